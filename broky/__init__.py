@@ -1,0 +1,1 @@
+"""Broky: a low-latency publish/subscribe message broker on trio."""

@@ -1,0 +1,130 @@
+"""The protocol state machine, sans-IO (the h11 pattern): bytes in, frames out.
+
+Rules, in order of the conversation:
+
+========== ================================ ==================================
+state      client receives                  server receives
+========== ================================ ==================================
+PREAMBLE   8-byte preamble                  8-byte preamble
+HANDSHAKE  Welcome (or Error)               Hello
+OPEN       Deliver Subscribed Notice Ping   Publish Subscribe Unsubscribe Flow
+           Pong Error                       Ping Pong Error
+CLOSED     nothing                          nothing
+========== ================================ ==================================
+
+Anything else raises RemoteProtocolError and moves to CLOSED. The user of this
+class writes ``initiate()`` first, then whatever ``send``-side bytes it
+encodes; the machine only polices what it receives.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+from broky.protocol.codec import decode_frame
+from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import (
+    Deliver,
+    Error,
+    Flow,
+    Frame,
+    Hello,
+    Notice,
+    Ping,
+    Pong,
+    Publish,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+    Welcome,
+)
+from broky.protocol.framing import FrameReader, encode_preamble, parse_preamble
+
+
+class Role(enum.Enum):
+    """Which end of the connection this machine runs."""
+
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class State(enum.Enum):
+    """Where the conversation is."""
+
+    PREAMBLE = "preamble"
+    HANDSHAKE = "handshake"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+_OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
+    Role.CLIENT: (Deliver, Subscribed, Notice, Ping, Pong, Error),
+    Role.SERVER: (Publish, Subscribe, Unsubscribe, Flow, Ping, Pong, Error),
+}
+_HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}
+
+
+class ProtocolMachine:
+    """Decode and police one side's incoming bytes."""
+
+    def __init__(self, role: Role, max_frame_bytes: int) -> None:
+        self.role = role
+        self.state = State.PREAMBLE
+        self.reader = FrameReader(max_frame_bytes)
+        self._preamble = b""
+        self._allowed = _OPEN_FRAMES[role]
+
+    def initiate(self) -> bytes:
+        """The bytes this side sends first (its preamble)."""
+        return encode_preamble()
+
+    def receive_data(self, data: bytes) -> list[Frame]:
+        """Feed received bytes; return the frames they complete, in order.
+
+        Raises RemoteProtocolError (and moves to CLOSED) on any violation;
+        frames decoded before the bad one are lost with the connection.
+        """
+        if self.state is State.CLOSED:
+            return []
+        try:
+            if self.state is State.PREAMBLE:
+                need = PREAMBLE_SIZE - len(self._preamble)
+                self._preamble += data[:need]
+                data = data[need:]
+                if len(self._preamble) < PREAMBLE_SIZE:
+                    return []
+                parse_preamble(self._preamble)
+                self.state = State.HANDSHAKE
+                if not data:
+                    return []
+            frames = [decode_frame(view) for view in self.reader.feed(data)]
+            if self.state is State.HANDSHAKE and frames:
+                self._check_handshake(frames[0])
+                start = 1
+            else:
+                start = 0
+            allowed = self._allowed
+            for frame in frames[start:]:
+                if not isinstance(frame, allowed):
+                    raise RemoteProtocolError(
+                        f"{type(frame).__name__} frames are not sent to a {self.role.value}",
+                        ErrorCode.MALFORMED_FRAME,
+                    )
+        except RemoteProtocolError:
+            self.state = State.CLOSED
+            raise
+        return frames
+
+    def _check_handshake(self, frame: Frame) -> None:
+        expected = _HANDSHAKE_FRAME[self.role]
+        if isinstance(frame, Error) and self.role is Role.CLIENT:
+            self.state = State.OPEN
+            return
+        if not isinstance(frame, expected):
+            raise RemoteProtocolError(
+                f"expected {expected.__name__} as the first frame, got {type(frame).__name__}",
+                ErrorCode.MALFORMED_FRAME,
+            )
+        self.state = State.OPEN

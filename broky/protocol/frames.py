@@ -1,0 +1,156 @@
+"""Typed, immutable frames: what the codec decodes to and encodes from.
+
+Control frames are frozen attrs classes. ``Run`` is the hot-path unit: the
+decoder hands out its ``sizes`` and ``messages`` as zero-copy views into the
+received bytes, so a run must be consumed (copied or forwarded) before the
+buffer it views is reused; ``bytes`` objects from the socket are immutable, so
+holding a view is always safe, it only keeps that buffer alive.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import attrs
+
+from broky.protocol.constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    NoticeKind,
+    SlowConsumerPolicy,
+)
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+
+@attrs.frozen(slots=True)
+class Run:
+    """Consecutive messages with one key, as carried by Publish and Deliver.
+
+    ``sizes`` is the little-endian uint32 size table and ``messages`` the
+    message FlatBuffers back to back; ``count`` is ``len(sizes) // 4``.
+    """
+
+    key: bytes
+    ts_broker: int
+    count: int
+    sizes: Buffer
+    messages: Buffer
+
+
+@attrs.frozen(slots=True)
+class Hello:
+    """Client's opening frame."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    client_name: str = ""
+    max_frame_bytes: int = 0
+
+
+@attrs.frozen(slots=True)
+class Welcome:
+    """Broker's answer to Hello."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    server_name: str = ""
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    heartbeat_interval_ms: int = 0
+    idle_timeout_ms: int = 0
+
+
+@attrs.frozen(slots=True)
+class Publish:
+    """A batch of runs published on one publish stream."""
+
+    stream: int
+    runs: tuple[Run, ...]
+    stamp_ts_broker: bool = False
+
+
+@attrs.frozen(slots=True)
+class Subscribe:
+    """Open a subscription on ``stream``."""
+
+    stream: int
+    pattern: bytes
+    slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP
+    credit: int = 0
+
+
+@attrs.frozen(slots=True)
+class Subscribed:
+    """The broker's confirmation that a subscription is active."""
+
+    stream: int
+
+
+@attrs.frozen(slots=True)
+class Unsubscribe:
+    """Close a subscription."""
+
+    stream: int
+
+
+@attrs.frozen(slots=True)
+class Deliver:
+    """Runs delivered to one subscription."""
+
+    stream: int
+    runs: tuple[Run, ...]
+
+
+@attrs.frozen(slots=True)
+class Flow:
+    """Grant ``credit`` more messages to a subscription."""
+
+    stream: int
+    credit: int
+
+
+@attrs.frozen(slots=True)
+class Ping:
+    """Liveness probe and flush barrier."""
+
+    nonce: int
+
+
+@attrs.frozen(slots=True)
+class Pong:
+    """Answer to Ping."""
+
+    nonce: int
+
+
+@attrs.frozen(slots=True)
+class Error:
+    """Stream error (stream != 0) or connection error (stream == 0)."""
+
+    code: ErrorCode
+    message: str
+    stream: int = 0
+
+
+@attrs.frozen(slots=True)
+class Notice:
+    """Non-error information about a stream (e.g. messages dropped)."""
+
+    stream: int
+    kind: NoticeKind
+    count: int
+
+
+Frame: TypeAlias = (
+    Hello
+    | Welcome
+    | Publish
+    | Subscribe
+    | Subscribed
+    | Unsubscribe
+    | Deliver
+    | Flow
+    | Ping
+    | Pong
+    | Error
+    | Notice
+)

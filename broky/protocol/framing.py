@@ -1,0 +1,118 @@
+"""Splitting a byte stream into frames, and the connection preamble.
+
+The reader hands out zero-copy views into the bytes it was fed whenever a
+frame lies wholly inside one chunk, and copies only frames that straddle two
+chunks. It rejects an oversize frame as soon as its 4-byte size prefix is
+known, before buffering any of it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from broky.protocol.constants import MAGIC, PREAMBLE_SIZE, PROTOCOL_VERSION, ErrorCode
+from broky.protocol.errors import RemoteProtocolError
+
+_U32 = struct.Struct("<I")
+_PREAMBLE: Final = struct.Struct(f"<{len(MAGIC)}sH")
+_HTTP_METHODS: Final = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
+
+
+def encode_preamble(version: int = PROTOCOL_VERSION) -> bytes:
+    """The 8 bytes each side sends first."""
+    return _PREAMBLE.pack(MAGIC, version)
+
+
+def describe_foreign_preamble(data: bytes) -> str:
+    """Say, as helpfully as possible, what a peer with a bad preamble speaks."""
+    if data[:1] == b"\x16" and data[1:2] == b"\x03":
+        return (
+            "the peer sent a TLS ClientHello to a plain-TCP Broky port: connect without TLS, "
+            "or to the broker's TLS listener"
+        )
+    if data[:4] in _HTTP_METHODS or data.startswith(b"HTTP/"):
+        return "the peer sent an HTTP request to a Broky port: Broky speaks its own binary protocol"
+    return f"the peer did not send the Broky preamble {MAGIC!r} (got {data[:8]!r})"
+
+
+def parse_preamble(data: bytes) -> int:
+    """Validate an 8-byte preamble and return the peer's protocol version."""
+    magic, version = _PREAMBLE.unpack(data)
+    if magic != MAGIC:
+        raise RemoteProtocolError(describe_foreign_preamble(data), ErrorCode.BAD_PREAMBLE)
+    if version != PROTOCOL_VERSION:
+        raise RemoteProtocolError(
+            f"unsupported protocol version {version}; this side speaks version {PROTOCOL_VERSION}",
+            ErrorCode.UNSUPPORTED_VERSION,
+        )
+    return int(version)
+
+
+class FrameReader:
+    """Bytes in, complete frames (the FlatBuffer after each size prefix) out."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._pending = bytearray()
+        self._frame_size = -1  # size of the pending frame, once its prefix is known
+
+    @property
+    def bytes_needed(self) -> int:
+        """How many more bytes complete the pending frame (or its prefix)."""
+        if self._frame_size < 0:
+            return 4 - len(self._pending)
+        return 4 + self._frame_size - len(self._pending)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for an incomplete frame."""
+        return len(self._pending)
+
+    def _check(self, size: int) -> int:
+        if size > self.max_frame_bytes:
+            raise RemoteProtocolError(
+                f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes} bytes",
+                ErrorCode.FRAME_TOO_LARGE,
+            )
+        return size
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        """Add received bytes; return every frame they complete, in order.
+
+        ``data`` must not be mutated afterwards: frames may be views into it.
+        """
+        frames: list[memoryview] = []
+        view = memoryview(data)
+        if self._pending:
+            view = self._complete_pending(view, frames)
+            if self._pending:
+                return frames
+        position, end = 0, len(view)
+        while end - position >= 4:
+            size = self._check(_U32.unpack_from(view, position)[0])
+            if end - position - 4 < size:
+                self._frame_size = size
+                break
+            frames.append(view[position + 4 : position + 4 + size])
+            position += 4 + size
+        if position < end:
+            self._pending += view[position:]
+        return frames
+
+    def _complete_pending(self, view: memoryview, frames: list[memoryview]) -> memoryview:
+        pending = self._pending
+        if self._frame_size < 0:
+            take = 4 - len(pending)
+            pending += view[:take]
+            view = view[take:]
+            if len(pending) < 4:
+                return view
+            self._frame_size = self._check(_U32.unpack_from(pending, 0)[0])
+        take = 4 + self._frame_size - len(pending)
+        pending += view[:take]
+        if len(pending) == 4 + self._frame_size:
+            frames.append(memoryview(bytes(pending))[4:])
+            self._pending = bytearray()
+            self._frame_size = -1
+        return view[take:]
