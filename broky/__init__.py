@@ -1,1 +1,31 @@
-"""Broky: a low-latency publish/subscribe message broker on trio."""
+"""Broky: a low-latency publish/subscribe message broker on trio.
+
+The public API is re-exported here; ``tests/test_exports.py`` keeps the list
+honest.
+"""
+
+from broky.client.client import Client, Subscription, SubscriptionStatistics, connect
+from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
+from broky.config import Config, ConfigError
+from broky.protocol.constants import ErrorCode, SlowConsumerPolicy
+from broky.protocol.message import Message
+from broky.server import Broker, BrokerStatistics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Broker",
+    "BrokerStatistics",
+    "BrokyError",
+    "Client",
+    "Config",
+    "ConfigError",
+    "ConnectionClosed",
+    "ErrorCode",
+    "Message",
+    "SlowConsumerPolicy",
+    "Subscription",
+    "SubscriptionError",
+    "SubscriptionStatistics",
+    "connect",
+]

@@ -25,7 +25,6 @@ from typing import Final
 import flatbuffers
 
 from broky.protocol.constants import (
-    MAX_KEY_BYTES,
     BodyType,
     ErrorCode,
     NoticeKind,
@@ -85,18 +84,23 @@ _RUNS_HEAD: Final = struct.Struct("<II4HiIB3x6HiIIB3xI")
 _RUNS_VECTOR_AT: Final = 56
 
 
-def _little_endian_sum(view: memoryview) -> int:
-    return sum(view.cast("I"))
+def _native_u32(view: memoryview) -> Sequence[int]:
+    return view.cast("B").cast("I") if view else ()
 
 
-def _portable_sum(view: memoryview) -> int:
-    return sum(struct.unpack(f"<{len(view) // 4}I", view))
+def _portable_u32(view: memoryview) -> Sequence[int]:
+    return struct.unpack(f"<{len(view) // 4}I", view)
 
 
-#: Sum of a little-endian uint32 array; C speed on little-endian hosts.
-sum_u32: Callable[[memoryview], int] = (
-    _little_endian_sum if sys.byteorder == "little" else _portable_sum
+#: A little-endian uint32 array as integers; zero-copy on little-endian hosts.
+u32_array: Callable[[memoryview], Sequence[int]] = (
+    _native_u32 if sys.byteorder == "little" else _portable_u32
 )
+
+
+def sum_u32(view: memoryview) -> int:
+    """Sum of a little-endian uint32 array, at C speed."""
+    return sum(u32_array(view))
 
 
 def _align8(n: int) -> int:
@@ -121,8 +125,18 @@ def encode_run_chunk(key: bytes, ts_broker: int, sizes: Buffer, messages: Buffer
     return b"".join(
         (
             _CHUNK_HEAD.pack(
-                12, 28, 12, 4, 16, 20, 12, ts_broker, key_at - 24, _CHUNK_SIZES_AT - 28,
-                messages_at - 32, 0,
+                12,
+                28,
+                12,
+                4,
+                16,
+                20,
+                12,
+                ts_broker,
+                key_at - 24,
+                _CHUNK_SIZES_AT - 28,
+                messages_at - 32,
+                0,
             ),
             _U32.pack(sizes_len >> 2),
             sizes,
@@ -154,13 +168,23 @@ def runs_frame_parts(
         offsets.append(position)
         position += len(chunk) - 4
     total = vector_end + pad + sum(len(chunk) for chunk in chunks)
-    if body_type == BodyType.PUBLISH:
-        vtable = (10, 16, 4, 12, 8, 0)
-    else:
-        vtable = (8, 12, 4, 8, 0, 0)
+    vtable = (10, 16, 4, 12, 8, 0) if body_type == BodyType.PUBLISH else (8, 12, 4, 8, 0, 0)
     head = _RUNS_HEAD.pack(
-        total - 4, 12, 8, 12, 8, 4, 8, 20, body_type, *vtable, 12, stream, 8,
-        1 if stamp_ts_broker else 0, count,
+        total - 4,
+        12,
+        8,
+        12,
+        8,
+        4,
+        8,
+        20,
+        body_type,
+        *vtable,
+        12,
+        stream,
+        8,
+        1 if stamp_ts_broker else 0,
+        count,
     )
     parts = [head, struct.pack(f"<{count}I", *offsets), PADDING[pad]]
     parts.extend(chunks)
@@ -178,7 +202,7 @@ def _finish(builder: flatbuffers.Builder, body_type: BodyType, body: int) -> byt
     return bytes(builder.Output())
 
 
-def _encode_control(frame: Frame) -> bytes:
+def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Hello):
         name = builder.CreateString(frame.client_name)
@@ -313,7 +337,7 @@ def read_text(buf: Buffer, field: int) -> str:
 
 
 def _scalar(unpacker: struct.Struct, buf: Buffer, field: int, default: int = 0) -> int:
-    return unpacker.unpack_from(buf, field)[0] if field else default  # type: ignore[no-any-return]
+    return unpacker.unpack_from(buf, field)[0] if field else default
 
 
 def _decode_run(buf: Buffer, table: int) -> Run:
@@ -321,10 +345,6 @@ def _decode_run(buf: Buffer, table: int) -> Run:
     if not (key_field and sizes_field and messages_field):
         raise _malformed("run lacks a required field (key, sizes, messages)")
     key_start, key_len = vector(buf, key_field, 1)
-    if key_len == 0 or key_len > MAX_KEY_BYTES:
-        raise RemoteProtocolError(
-            f"run key must be 1..{MAX_KEY_BYTES} bytes, got {key_len}", ErrorCode.INVALID_KEY
-        )
     sizes_start, count = vector(buf, sizes_field, 4)
     messages_start, messages_len = vector(buf, messages_field, 1)
     view = memoryview(buf)
@@ -344,10 +364,10 @@ def _decode_runs(buf: Buffer, field: int) -> tuple[Run, ...]:
     if not field:
         return ()
     start, count = vector(buf, field, 4)
-    runs = []
-    for slot in range(start, start + 4 * count, 4):
-        runs.append(_decode_run(buf, slot + _U32.unpack_from(buf, slot)[0]))
-    return tuple(runs)
+    return tuple(
+        _decode_run(buf, slot + _U32.unpack_from(buf, slot)[0])
+        for slot in range(start, start + 4 * count, 4)
+    )
 
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
@@ -442,3 +462,21 @@ def decode_frame(buf: Buffer) -> Frame:
         return _decode_body(buf, body_type, body)
     except struct.error as exc:
         raise _malformed(str(exc)) from exc
+
+
+def split_run_chunk(chunk: bytes, first_count: int) -> tuple[bytes, bytes]:
+    """Split a run chunk after its first ``first_count`` messages.
+
+    Used when a subscription's flow-control credit ends inside a run; costs
+    two re-encodes, so it happens at most once per credit window.
+    """
+    run = _decode_run(chunk, CHUNK_TABLE_OFFSET)
+    if not 0 < first_count < run.count:
+        raise LocalProtocolError(f"cannot split a run of {run.count} after {first_count}")
+    sizes = memoryview(run.sizes)
+    cut = sum_u32(sizes[: 4 * first_count])
+    messages = memoryview(run.messages)
+    return (
+        encode_run_chunk(run.key, run.ts_broker, sizes[: 4 * first_count], messages[:cut]),
+        encode_run_chunk(run.key, run.ts_broker, sizes[4 * first_count :], messages[cut:]),
+    )

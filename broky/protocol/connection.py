@@ -80,7 +80,7 @@ class ProtocolMachine:
         """The bytes this side sends first (its preamble)."""
         return encode_preamble()
 
-    def receive_data(self, data: bytes) -> list[Frame]:
+    def receive_data(self, data: bytes | bytearray) -> list[Frame]:
         """Feed received bytes; return the frames they complete, in order.
 
         Raises RemoteProtocolError (and moves to CLOSED) on any violation;

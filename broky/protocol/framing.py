@@ -11,12 +11,22 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from broky.protocol.constants import MAGIC, PREAMBLE_SIZE, PROTOCOL_VERSION, ErrorCode
+from broky.protocol.constants import MAGIC, PROTOCOL_VERSION, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 
 _U32 = struct.Struct("<I")
 _PREAMBLE: Final = struct.Struct(f"<{len(MAGIC)}sH")
-_HTTP_METHODS: Final = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
+_HTTP_METHODS: Final = (
+    b"GET ",
+    b"POST",
+    b"PUT ",
+    b"HEAD",
+    b"DELE",
+    b"OPTI",
+    b"PATC",
+    b"CONN",
+    b"PRI ",
+)
 
 
 def encode_preamble(version: int = PROTOCOL_VERSION) -> bytes:
@@ -77,7 +87,7 @@ class FrameReader:
             )
         return size
 
-    def feed(self, data: bytes) -> list[memoryview]:
+    def feed(self, data: bytes | bytearray) -> list[memoryview]:
         """Add received bytes; return every frame they complete, in order.
 
         ``data`` must not be mutated afterwards: frames may be views into it.

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
-from broky.protocol.codec import PADDING, sum_u32, table_fields, vector
+from broky.protocol.codec import PADDING, sum_u32, table_fields, u32_array, vector
 from broky.protocol.constants import UID_BYTES
 from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
 from broky.protocol.frames import Buffer, Run
@@ -99,8 +99,9 @@ def encode_message(
             blocks.append(
                 b"".join(
                     (
-                        _TAG_HEAD.pack(8, 12, 4, 8, 8, name_at - (table_at + 4),
-                                       value_at - (table_at + 8)),
+                        _TAG_HEAD.pack(
+                            8, 12, 4, 8, 8, name_at - (table_at + 4), value_at - (table_at + 8)
+                        ),
                         _U32.pack(len(name_bytes)),
                         name_bytes,
                         PADDING[value_at - (name_at + 4 + len(name_bytes))],
@@ -115,8 +116,20 @@ def encode_message(
         parts.extend(blocks)
     parts.append(PADDING[-position & 7])
     head = _HEAD.pack(
-        20, 14, 28, 16 if key_partition else 0, 12, 4, 20 if uid else 0, 24 if tag_list else 0,
-        16, ts_producer, payload_offset, kp_offset, uid_offset, tags_offset,
+        20,
+        14,
+        28,
+        16 if key_partition else 0,
+        12,
+        4,
+        20 if uid else 0,
+        24 if tag_list else 0,
+        16,
+        ts_producer,
+        payload_offset,
+        kp_offset,
+        uid_offset,
+        tags_offset,
     )
     return head + b"".join(parts)
 
@@ -147,10 +160,12 @@ def decode_message(buf: memoryview, key: str, ts_broker: int) -> Message:
             start, count = vector(buf, tags_field, 4)
             decoded = []
             for slot in range(start, start + 4 * count, 4):
-                name_field, value_field = table_fields(buf, slot + _U32.unpack_from(buf, slot)[0], 2)
+                tag = slot + _U32.unpack_from(buf, slot)[0]
+                name_field, value_field = table_fields(buf, tag, 2)
                 if not name_field:
                     raise RemoteProtocolError("malformed message: tag without a key")
-                decoded.append((_text(buf, name_field), _text(buf, value_field) if value_field else ""))
+                value = _text(buf, value_field) if value_field else ""
+                decoded.append((_text(buf, name_field), value))
             tags = tuple(decoded)
         return Message(
             key,
@@ -168,10 +183,9 @@ def decode_message(buf: memoryview, key: str, ts_broker: int) -> Message:
 def message_views(run: Run) -> list[memoryview]:
     """Split a run's messages into one view per message."""
     view = memoryview(run.messages)
-    sizes = memoryview(run.sizes)
     views = []
     position = 0
-    for size in sizes.cast("I") if len(sizes) else ():
+    for size in u32_array(memoryview(run.sizes)):
         views.append(view[position : position + size])
         position += size
     return views

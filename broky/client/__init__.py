@@ -1,0 +1,1 @@
+"""The trio client library."""

@@ -1,0 +1,483 @@
+"""The trio client: batching publisher, credit-based subscriber iterators.
+
+One connection multiplexes any number of subscriptions and publishes. Two
+background tasks own the socket: the writer (the only task that writes) and
+the reader (the only task that reads). ``publish`` encodes the message, adds
+it to the current run and returns without yielding unless the send buffer is
+full: the writer sends whatever accumulated the next time the publishing task
+yields, so a busy publisher batches naturally and an idle one adds no delay.
+Call ``flush`` to wait until the broker has routed everything published.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Final
+
+import attrs
+import trio
+
+from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
+from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
+from broky.protocol.connection import ProtocolMachine, Role
+from broky.protocol.constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BodyType,
+    SlowConsumerPolicy,
+)
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import (
+    Deliver,
+    Error,
+    Flow,
+    Frame,
+    Hello,
+    Notice,
+    Ping,
+    Pong,
+    Run,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+    Welcome,
+)
+from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
+
+log = logging.getLogger("broky.client")
+
+#: Bytes a client buffers for sending before ``publish`` waits: enough for
+#: the writer to send large batches while the publisher keeps encoding.
+DEFAULT_SEND_BUFFER_BYTES: Final = 1024 * 1024
+#: Largest Publish frame the client builds; far below any broker's maximum.
+PUBLISH_FRAME_BYTES: Final = 256 * 1024
+#: Default flow-control window per subscription, in messages: bounds the
+#: client's memory per subscription (~20k x message size) while keeping
+#: several write batches in flight.
+DEFAULT_CREDIT: Final = 20_000
+RECEIVE_BYTES: Final = 256 * 1024
+CONNECT_TIMEOUT: Final = 5.0
+
+
+@attrs.frozen
+class SubscriptionStatistics:
+    """Counters of one client subscription."""
+
+    received: int
+    dropped_by_broker: int
+    buffered_messages: int
+
+
+class Subscription:
+    """An open subscription; iterate it with ``async for``.
+
+    Messages are decoded a run at a time, when the iterator reaches the run,
+    and flow-control credit is returned to the broker as runs are consumed.
+    """
+
+    def __init__(self, client: Client, stream: int, pattern: str, credit: int) -> None:
+        self._client = client
+        self.stream = stream
+        self.pattern = pattern
+        self._credit = credit
+        self._runs: deque[Run] = deque()
+        self._buffered = 0
+        self._batch: list[Message] = []
+        self._position = 0
+        self._ready = trio.Event()
+        self._confirmed = trio.Event()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._ungranted = 0
+        self.received = 0
+        self.dropped_by_broker = 0
+
+    # called by the client's reader task --------------------------------------
+
+    def _deliver(self, runs: tuple[Run, ...]) -> None:
+        self._runs.extend(runs)
+        self._buffered += sum(run.count for run in runs)
+        self._ready.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._confirmed.set()
+        self._ready.set()
+
+    # the consumer's side ------------------------------------------------------
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        position = self._position
+        if position < len(self._batch):
+            self._position = position + 1
+            return self._batch[position]
+        return await self._next_batch()
+
+    async def _next_batch(self) -> Message:
+        waited = False
+        while not self._runs:
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise StopAsyncIteration
+            self._ready = trio.Event()
+            await self._ready.wait()
+            waited = True
+        if not waited:
+            await trio.lowlevel.checkpoint()  # one checkpoint per run, not per message
+        run = self._runs.popleft()
+        self._buffered -= run.count
+        self.received += run.count
+        if self._credit:
+            self._ungranted += run.count
+            if self._ungranted * 2 >= self._credit:
+                self._client._send_control(Flow(self.stream, self._ungranted))
+                self._ungranted = 0
+        try:
+            self._batch = decode_run(run)
+        except RemoteProtocolError as exc:
+            log.warning("subscription %d: dropped an undecodable run: %s", self.stream, exc)
+            self._batch = []
+        if not self._batch:
+            return await self._next_batch()
+        self._position = 1
+        return self._batch[0]
+
+    def statistics(self) -> SubscriptionStatistics:
+        """What this subscription received, lost and holds."""
+        return SubscriptionStatistics(
+            received=self.received,
+            dropped_by_broker=self.dropped_by_broker,
+            buffered_messages=self._buffered + len(self._batch) - self._position,
+        )
+
+    async def unsubscribe(self) -> None:
+        """Stop the subscription; iteration ends after what is already buffered."""
+        if not self._closed:
+            self._closed = True
+            self._ready.set()
+            self._client._forget(self)
+            if not self._client.closed:
+                self._client._send_control(Unsubscribe(self.stream))
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.unsubscribe()
+
+
+class Client:
+    """A connection to a broker. Create it with :func:`connect` or ``Broker.connect``."""
+
+    def __init__(self, stream: trio.abc.Stream, name: str = "") -> None:
+        self._stream = stream
+        self.name = name
+        self._machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
+        self._send_buffer_bytes = DEFAULT_SEND_BUFFER_BYTES
+        # publish state: the open run, finished run chunks, finished frames
+        self._run_key = b""
+        self._run_key_text = ""
+        self._run_sizes: list[int] = []
+        self._run_messages: list[bytes] = []
+        self._chunks: list[bytes] = []
+        self._chunk_bytes = 0
+        self._frames: list[bytes] = []
+        self._buffered = 0
+        self._writer_idle = True
+        self._wake_writer = trio.Event()
+        self._space = trio.Event()
+        self._stamp = False
+        # subscriptions, pings
+        self._streams = itertools.count(1)
+        self._subscriptions: dict[int, Subscription] = {}
+        self._pings: dict[int, trio.Event] = {}
+        self._nonces = itertools.count(1)
+        self._welcome = trio.Event()
+        self.server: Welcome | None = None
+        self.closed = False
+        self._error: BaseException | None = None
+        self.on_error: Callable[[Error], None] = self._log_error
+
+    @classmethod
+    @asynccontextmanager
+    async def over(
+        cls, stream: trio.abc.Stream, name: str = "", stamp_ts_broker: bool = False
+    ) -> AsyncIterator[Client]:
+        """Run a client over an already connected stream."""
+        client = cls(stream, name)
+        client._stamp = stamp_ts_broker
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._writer)
+            nursery.start_soon(client._reader)
+            client._send_raw(client._machine.initiate())
+            client._send_control(Hello(client_name=name))
+            try:
+                with trio.fail_after(CONNECT_TIMEOUT):
+                    await client._welcome.wait()
+                if client._error is not None:
+                    raise client._error
+                yield client
+                if not client.closed:
+                    await client.flush()
+            finally:
+                client._shutdown(ConnectionClosed("the client was closed"))
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+                nursery.cancel_scope.cancel()
+
+    # --- publishing ---------------------------------------------------------
+
+    async def publish(
+        self,
+        key: str,
+        payload: bytes,
+        *,
+        key_partition: bytes = b"",
+        tags: Iterable[tuple[str, str]] = (),
+        ts_producer: int = 0,
+        uid: bytes = b"",
+    ) -> None:
+        """Queue one message; waits only when the send buffer is full.
+
+        At-most-once: the message is on its way when this returns; ``flush``
+        confirms the broker has routed it.
+        """
+        if self.closed:
+            raise self._error or ConnectionClosed("the client is closed")
+        if key != self._run_key_text:
+            self._close_run()
+            self._run_key_text = key
+            self._run_key = key.encode()
+        message = encode_message(payload, key_partition, ts_producer, uid, tags)
+        self._run_messages.append(message)
+        self._run_sizes.append(len(message))
+        self._buffered += len(message)
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
+        if self._buffered >= self._send_buffer_bytes:
+            await self._wait_for_space()
+
+    async def _wait_for_space(self) -> None:
+        while self._buffered >= self._send_buffer_bytes and not self.closed:
+            self._space = trio.Event()
+            await self._space.wait()
+        if self.closed:
+            raise self._error or ConnectionClosed("the client is closed")
+
+    def _close_run(self) -> None:
+        if not self._run_messages:
+            return
+        chunk = encode_run_chunk(
+            self._run_key, 0, pack_sizes(self._run_sizes), b"".join(self._run_messages)
+        )
+        self._run_sizes = []
+        self._run_messages = []
+        self._chunks.append(chunk)
+        self._chunk_bytes += len(chunk)
+        if self._chunk_bytes >= PUBLISH_FRAME_BYTES:
+            self._close_frame()
+
+    def _close_frame(self) -> None:
+        if self._chunks:
+            self._frames.extend(runs_frame_parts(BodyType.PUBLISH, 0, self._chunks, self._stamp))
+            self._chunks = []
+            self._chunk_bytes = 0
+
+    async def flush(self) -> None:
+        """Wait until the broker has received and routed everything published so far."""
+        await self.ping()
+
+    async def ping(self) -> float:
+        """Round trip to the broker, in seconds; doubles as a flush barrier."""
+        nonce = next(self._nonces)
+        done = self._pings[nonce] = trio.Event()
+        start = trio.current_time()
+        self._send_control(Ping(nonce))
+        await done.wait()
+        if self._error is not None and self.closed:
+            raise self._error
+        return trio.current_time() - start
+
+    # --- subscribing ------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        pattern: str,
+        *,
+        credit: int = DEFAULT_CREDIT,
+        slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
+    ) -> Subscription:
+        """Subscribe and wait for the broker's confirmation.
+
+        Once this returns, every matching message the broker receives is
+        delivered. Use as ``async with await client.subscribe(...)`` or
+        ``async with client.subscription(...)``. ``credit`` is the flow-control
+        window in messages (0: none, the broker sends as fast as TCP takes).
+        """
+        if self.closed:
+            raise self._error or ConnectionClosed("the client is closed")
+        stream = next(self._streams)
+        subscription = Subscription(self, stream, pattern, credit)
+        self._subscriptions[stream] = subscription
+        self._send_control(Subscribe(stream, pattern.encode(), slow_consumer, credit))
+        await subscription._confirmed.wait()
+        if subscription._error is not None:
+            self._subscriptions.pop(stream, None)
+            raise subscription._error
+        return subscription
+
+    @asynccontextmanager
+    async def subscription(
+        self,
+        pattern: str,
+        *,
+        credit: int = DEFAULT_CREDIT,
+        slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
+    ) -> AsyncIterator[Subscription]:
+        """``async with client.subscription("orders.>") as sub: async for msg in sub``."""
+        subscription = await self.subscribe(pattern, credit=credit, slow_consumer=slow_consumer)
+        try:
+            yield subscription
+        finally:
+            await subscription.unsubscribe()
+
+    def _forget(self, subscription: Subscription) -> None:
+        self._subscriptions.pop(subscription.stream, None)
+
+    # --- the socket's two owners ------------------------------------------------
+
+    def _send_raw(self, data: bytes) -> None:
+        self._close_run()
+        self._close_frame()
+        self._frames.append(data)
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
+
+    def _send_control(self, frame: Frame) -> None:
+        self._send_raw(encode_frame(frame))
+
+    async def _writer(self) -> None:
+        stream = self._stream
+        try:
+            while True:
+                if self._writer_idle:
+                    await self._wake_writer.wait()
+                    self._wake_writer = trio.Event()
+                self._close_run()
+                self._close_frame()
+                data = b"".join(self._frames)
+                self._frames = []
+                self._writer_idle = True
+                if data:
+                    await stream.send_all(data)
+                    self._buffered = max(0, self._buffered - len(data))
+                else:
+                    self._buffered = 0
+                self._space.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._shutdown(ConnectionClosed(f"connection lost while sending: {exc}"))
+
+    async def _reader(self) -> None:
+        stream = self._stream
+        machine = self._machine
+        try:
+            while True:
+                data = await stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    self._shutdown(ConnectionClosed("the broker closed the connection"))
+                    return
+                for frame in machine.receive_data(data):
+                    self._handle(frame)
+        except RemoteProtocolError as exc:
+            self._shutdown(BrokyError(exc.code, f"the broker broke the protocol: {exc}"))
+            self._send_raw(encode_frame(Error(exc.code, str(exc))))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._shutdown(ConnectionClosed(f"connection lost: {exc}"))
+
+    def _handle(self, frame: Frame) -> None:
+        if type(frame) is Deliver:
+            subscription = self._subscriptions.get(frame.stream)
+            if subscription is not None:
+                subscription._deliver(frame.runs)
+        elif type(frame) is Subscribed:
+            subscription = self._subscriptions.get(frame.stream)
+            if subscription is not None:
+                subscription._confirmed.set()
+        elif type(frame) is Pong:
+            event = self._pings.pop(frame.nonce, None)
+            if event is not None:
+                event.set()
+        elif type(frame) is Ping:
+            self._send_control(Pong(frame.nonce))
+        elif type(frame) is Notice:
+            subscription = self._subscriptions.get(frame.stream)
+            if subscription is not None:
+                subscription.dropped_by_broker += frame.count
+            log.warning("stream %d: the broker dropped %d messages", frame.stream, frame.count)
+        elif type(frame) is Error:
+            self._handle_error(frame)
+        elif type(frame) is Welcome:
+            self.server = frame
+            self._welcome.set()
+
+    def _handle_error(self, frame: Error) -> None:
+        if frame.stream == 0:
+            self._shutdown(
+                BrokyError(frame.code, f"the broker closed the connection: {frame.message}")
+            )
+            return
+        subscription = self._subscriptions.get(frame.stream)
+        if subscription is not None:
+            self._subscriptions.pop(frame.stream, None)
+            subscription._fail(SubscriptionError(frame.code, frame.message))
+        else:
+            self.on_error(frame)
+
+    @staticmethod
+    def _log_error(frame: Error) -> None:
+        log.warning(
+            "broker error on stream %d: %s: %s", frame.stream, frame.code.name, frame.message
+        )
+
+    def _shutdown(self, error: BaseException) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._error = error
+        for subscription in list(self._subscriptions.values()):
+            subscription._fail(error)
+        for event in self._pings.values():
+            event.set()
+        self._welcome.set()
+        self._space.set()
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split "HOST:PORT" (IPv6 as "[::1]:PORT")."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address must be HOST:PORT, got {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@asynccontextmanager
+async def connect(
+    address: str, *, name: str = "", stamp_ts_broker: bool = False
+) -> AsyncIterator[Client]:
+    """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``."""
+    host, port = parse_address(address)
+    with trio.fail_after(CONNECT_TIMEOUT):
+        stream = await trio.open_tcp_stream(host, port)
+    async with Client.over(stream, name=name, stamp_ts_broker=stamp_ts_broker) as client:
+        yield client

@@ -1,0 +1,122 @@
+"""Broker configuration: a few named settings, loadable from TOML.
+
+Errors name the bad key and what it accepts; there are no hidden knobs.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from broky.connection.handler import ConnectionSettings
+from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
+from broky.router.router import RouterLimits
+
+#: Broky's registered-looking default port (NATS uses 4222, MQTT 1883).
+DEFAULT_PORT: Final = 7722
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+
+_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key."""
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything a broker can be told. Defaults serve a local in-memory broker."""
+
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=DEFAULT_PORT)
+    listen: bool = True
+    log_level: str = attrs.field(default="info")
+    max_frame_bytes: int = attrs.field(default=DEFAULT_MAX_FRAME_BYTES)
+    heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
+    idle_timeout: float = attrs.field(default=30.0, validator=_positive)
+    handshake_timeout: float = attrs.field(default=5.0, validator=_positive)
+    outbox_messages: int = attrs.field(default=RouterLimits().outbox_messages, validator=_positive)
+    outbox_bytes: int = attrs.field(default=RouterLimits().outbox_bytes, validator=_positive)
+    write_batch_bytes: int = attrs.field(
+        default=RouterLimits().write_batch_bytes, validator=_positive
+    )
+    max_subscriptions_per_connection: int = attrs.field(
+        default=RouterLimits().max_subscriptions_per_connection, validator=_positive
+    )
+
+    @port.validator
+    def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"port must be 0..65535 (0 picks a free port), got {value!r}")
+
+    @max_frame_bytes.validator
+    def _check_frame(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value < MIN_MAX_FRAME_BYTES:
+            raise ConfigError(f"max_frame_bytes must be >= {MIN_MAX_FRAME_BYTES}, got {value!r}")
+
+    @log_level.validator
+    def _check_level(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+
+    @property
+    def router_limits(self) -> RouterLimits:
+        """The router's share of the settings."""
+        return RouterLimits(
+            outbox_messages=self.outbox_messages,
+            outbox_bytes=self.outbox_bytes,
+            write_batch_bytes=self.write_batch_bytes,
+            max_subscriptions_per_connection=self.max_subscriptions_per_connection,
+        )
+
+    @property
+    def connection_settings(self) -> ConnectionSettings:
+        """The connections' share of the settings."""
+        return ConnectionSettings(
+            max_frame_bytes=self.max_frame_bytes,
+            heartbeat_interval=self.heartbeat_interval,
+            idle_timeout=self.idle_timeout,
+            handshake_timeout=self.handshake_timeout,
+        )
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> Config:
+        """Build from a mapping, checking every key and type."""
+        fields = {field.name: field for field in attrs.fields(cls)}
+        for key, value in values.items():
+            field = fields.get(key)
+            if field is None:
+                raise ConfigError(
+                    f"unknown setting {key!r}; accepted settings: {', '.join(sorted(fields))}"
+                )
+            expected = _TYPES[str(field.type)]
+            if not isinstance(value, expected) or (
+                isinstance(value, bool) and str(field.type) != "bool"
+            ):
+                raise ConfigError(f"{key} must be of type {field.type}, got {value!r}")
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path: Path) -> Config:
+        """Load a TOML file of top-level settings."""
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        return cls.from_mapping(data)

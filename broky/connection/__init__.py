@@ -1,0 +1,1 @@
+"""Connection tasks: the trio side of the protocol, one per client."""

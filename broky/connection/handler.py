@@ -1,0 +1,272 @@
+"""The broker side of one connection: a reader, a writer and a keepalive task.
+
+The connection holds no routing state. The reader decodes whatever one
+``receive_some`` returned and hands it to the router in order, one call per
+frame (a Publish frame carries many runs); the writer drains the connection's
+outlet into one ``send_all`` per batch; the keepalive task pings a quiet
+client and enforces the idle timeout. Every close goes through
+``_close_reason`` once: logged, counted, and (where the peer can still read)
+announced with an Error frame.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+import trio
+
+from broky.connection.reasons import CloseReason
+from broky.protocol.codec import encode_frame
+from broky.protocol.connection import ProtocolMachine, Role, State
+from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, ErrorCode
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import (
+    Error,
+    Flow,
+    Frame,
+    Hello,
+    Ping,
+    Pong,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    Welcome,
+)
+from broky.router.router import Router
+
+log = logging.getLogger("broky.connection")
+
+#: Bytes asked of the socket per read: big reads mean few syscalls per
+#: message; 256 KiB is what a busy publisher's kernel buffer typically holds.
+RECEIVE_BYTES: Final = 256 * 1024
+#: How long a closing connection may take to flush its last frames.
+CLOSE_TIMEOUT: Final = 1.0
+SERVER_NAME: Final = "broky/0.1.0"
+
+
+@attrs.frozen
+class ConnectionSettings:
+    """Per-connection protocol settings (from the broker's config)."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    heartbeat_interval: float = 10.0
+    idle_timeout: float = 30.0
+    handshake_timeout: float = 5.0
+
+
+@attrs.define(slots=True, eq=False)
+class ConnectionCounters:
+    """Counters shared by every connection of one broker."""
+
+    opened: int = 0
+    closed: Counter[CloseReason] = attrs.field(factory=Counter)
+    bytes_received: int = 0
+    bytes_sent: int = 0
+
+    @property
+    def current(self) -> int:
+        """Connections open now."""
+        return self.opened - sum(self.closed.values())
+
+
+class ServerConnection:
+    """Serve one client stream until it closes; see the module docstring."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        router: Router,
+        settings: ConnectionSettings,
+        counters: ConnectionCounters,
+        peer: str,
+    ) -> None:
+        self._stream = stream
+        self._router = router
+        self._settings = settings
+        self._counters = counters
+        self.peer = peer
+        self._machine = ProtocolMachine(Role.SERVER, settings.max_frame_bytes)
+        self._work = trio.Event()
+        self._outlet = router.attach(self._wake)
+        self._send_scope: trio.CancelScope | None = None
+        self._last_received = trio.current_time()
+        self._reason: CloseReason | None = None
+        self._reason_detail = ""
+        self.client_name = ""
+
+    def _wake(self) -> None:
+        self._work.set()
+        if self._outlet.failure is not None and self._send_scope is not None:
+            # A blocked write gets CLOSE_TIMEOUT more seconds, then is abandoned.
+            self._send_scope.deadline = min(
+                self._send_scope.deadline, trio.current_time() + CLOSE_TIMEOUT
+            )
+
+    def _close_reason(self, reason: CloseReason, detail: str = "") -> None:
+        if self._reason is None:
+            self._reason = reason
+            self._reason_detail = detail
+
+    async def run(self) -> None:
+        """Serve until the client leaves, fails, or the broker shuts down."""
+        self._counters.opened += 1
+        self._outlet.send_control(self._machine.initiate())
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, nursery.cancel_scope)
+                nursery.start_soon(self._keepalive)
+                await self._reader()
+                if self._outlet.failure is None:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._router.detach(self._outlet)
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                await self._stream.aclose()
+            reason = self._reason or CloseReason.SERVER_SHUTDOWN
+            self._counters.closed[reason] += 1
+            level = logging.INFO if reason is CloseReason.CLIENT_CLOSED else logging.WARNING
+            log.log(
+                level,
+                "connection %s (%s) closed: %s%s",
+                self.peer,
+                self.client_name or "?",
+                reason.value,
+                f" ({self._reason_detail})" if self._reason_detail else "",
+            )
+
+    def shutdown(self) -> None:
+        """Ask the connection to close with ServerShutdown (broker stopping)."""
+        self._outlet.fail(ErrorCode.SERVER_SHUTDOWN, "the broker is shutting down")
+
+    async def _reader(self) -> None:
+        stream = self._stream
+        machine = self._machine
+        handle = self._handle_frames
+        counters = self._counters
+        try:
+            while self._outlet.failure is None:
+                data = await stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    self._close_reason(CloseReason.CLIENT_CLOSED)
+                    return
+                counters.bytes_received += len(data)
+                self._last_received = trio.current_time()
+                handle(machine.receive_data(data))
+        except RemoteProtocolError as exc:
+            self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
+            self._outlet.fail(exc.code, str(exc))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
+
+    def _handle_frames(self, frames: Sequence[Frame]) -> None:
+        router = self._router
+        outlet = self._outlet
+        for frame in frames:
+            if type(frame) is Publish:
+                router.publish(
+                    router.encode(frame.runs, frame.stamp_ts_broker), outlet, frame.stream
+                )
+            elif type(frame) is Subscribe:
+                router.subscribe(
+                    outlet, frame.stream, frame.pattern, frame.slow_consumer, frame.credit
+                )
+            elif type(frame) is Flow:
+                router.grant(outlet, frame.stream, frame.credit)
+            elif type(frame) is Unsubscribe:
+                router.unsubscribe(outlet, frame.stream)
+            elif type(frame) is Ping:
+                outlet.send_control(encode_frame(Pong(frame.nonce)))
+            elif type(frame) is Hello:
+                self.client_name = frame.client_name
+                outlet.send_control(encode_frame(self._welcome(frame)))
+            elif type(frame) is Error:
+                detail = f"{frame.code.name}: {frame.message}"
+                if frame.stream:
+                    log.warning(
+                        "connection %s: client error on stream %d: %s",
+                        self.peer,
+                        frame.stream,
+                        detail,
+                    )
+                    continue
+                self._close_reason(CloseReason.CLIENT_ERROR, detail)
+                raise trio.ClosedResourceError("client sent an Error frame")
+            # Pong: receiving it already refreshed the idle timer.
+
+    def _welcome(self, hello: Hello) -> Welcome:
+        settings = self._settings
+        return Welcome(
+            protocol_version=PROTOCOL_VERSION,
+            server_name=SERVER_NAME,
+            max_frame_bytes=settings.max_frame_bytes,
+            heartbeat_interval_ms=int(settings.heartbeat_interval * 1000),
+            idle_timeout_ms=int(settings.idle_timeout * 1000),
+        )
+
+    async def _writer(self, connection_scope: trio.CancelScope) -> None:
+        outlet = self._outlet
+        stream = self._stream
+        counters = self._counters
+        try:
+            while True:
+                if not outlet.has_work:
+                    await self._work.wait()
+                    self._work = trio.Event()
+                parts = outlet.take()
+                failure = outlet.failure
+                if failure is not None:
+                    self._close_reason(CloseReason.for_error(failure[0]), failure[1])
+                    parts.append(encode_frame(Error(failure[0], failure[1])))
+                if parts:
+                    data = b"".join(parts)
+                    with trio.CancelScope() as self._send_scope:
+                        if failure is not None:
+                            self._send_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
+                        await stream.send_all(data)
+                    self._send_scope = None
+                    counters.bytes_sent += len(data)
+                if failure is not None:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
+        finally:
+            connection_scope.cancel()
+
+    async def _keepalive(self) -> None:
+        settings = self._settings
+        interval = settings.heartbeat_interval
+        nonce = 0
+        # Until the handshake completes, the handshake timeout is the idle limit.
+        limit = settings.handshake_timeout
+        while True:
+            quiet_for = trio.current_time() - self._last_received
+            if self._machine.state is State.OPEN:
+                limit = settings.idle_timeout
+            if quiet_for >= limit:
+                self._outlet.fail(
+                    ErrorCode.IDLE_TIMEOUT,
+                    f"nothing received for {quiet_for:.1f} s (limit {limit} s)",
+                )
+                return
+            if quiet_for >= interval and self._machine.state is State.OPEN:
+                nonce += 1
+                self._outlet.send_control(encode_frame(Ping(nonce)))
+            wait = min(limit - quiet_for, interval - quiet_for % interval)
+            await trio.sleep(max(wait, 0.01) if math.isfinite(wait) else interval)
+
+
+def describe_peer(stream: trio.abc.Stream) -> str:
+    """host:port of a socket stream's peer, or a generic name."""
+    socket = getattr(stream, "socket", None)
+    if socket is None:
+        return "in-process"
+    try:
+        host, port = socket.getpeername()[:2]
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"

@@ -1,0 +1,1 @@
+"""Routing: the subscription index, outboxes and the router that owns them."""

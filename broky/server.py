@@ -1,0 +1,136 @@
+"""The broker: listeners, connection tasks and the router, in one trio nursery.
+
+Embed it with ``address = await nursery.start(broker.serve)``; connect
+in-process with ``async with broker.connect() as client``. Cancelling
+``serve`` shuts down gracefully: listeners close, every connection gets an
+Error(ServerShutdown) frame, and connections still open after
+``SHUTDOWN_GRACE`` seconds are cut.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Final
+
+import attrs
+import trio
+
+from broky.client.client import Client
+from broky.config import Config
+from broky.connection.handler import (
+    ConnectionCounters,
+    ServerConnection,
+    describe_peer,
+)
+from broky.connection.inproc import pipe_pair
+from broky.router.router import Router, RouterStatistics
+
+log = logging.getLogger("broky.server")
+
+#: Seconds connections get to flush and close when the broker stops.
+SHUTDOWN_GRACE: Final = 2.0
+
+
+@attrs.frozen
+class BrokerStatistics:
+    """A snapshot of the broker: its router and its connections."""
+
+    router: RouterStatistics
+    connections_opened: int
+    connections_current: int
+    connections_closed: dict[str, int]
+    bytes_received: int
+    bytes_sent: int
+
+
+class Broker:
+    """An in-memory broker. One instance serves one router (one worker)."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self.router = Router(self.config.router_limits)
+        self.counters = ConnectionCounters()
+        self._connections: set[ServerConnection] = set()
+        self._connection_nursery: trio.Nursery | None = None
+        self._all_closed = trio.Event()
+        self.address: tuple[str, int] | None = None
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[tuple[str, int] | None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until cancelled; reports the bound (host, port), or None when
+        ``config.listen`` is false (in-process clients only)."""
+        async with trio.open_nursery() as connections:
+            # Connections outlive a cancelled serve() long enough to be told why.
+            connections.cancel_scope.shield = True
+            self._connection_nursery = connections
+            try:
+                async with trio.open_nursery() as acceptors:
+                    if self.config.listen:
+                        listeners = await trio.open_tcp_listeners(
+                            self.config.port, host=self.config.host
+                        )
+                        sockname = listeners[0].socket.getsockname()
+                        self.address = (sockname[0], sockname[1])
+                        await acceptors.start(
+                            partial(
+                                trio.serve_listeners,
+                                self._serve_stream,
+                                listeners,
+                                handler_nursery=connections,
+                            )
+                        )
+                        log.info("broky listening on %s:%d", *self.address)
+                    task_status.started(self.address)
+                    await trio.sleep_forever()
+            finally:
+                self._connection_nursery = None
+                for connection in list(self._connections):
+                    connection.shutdown()
+                with trio.move_on_after(SHUTDOWN_GRACE):
+                    while self._connections:
+                        await self._all_closed.wait()
+                connections.cancel_scope.cancel()
+
+    async def _serve_stream(self, stream: trio.abc.Stream) -> None:
+        connection = ServerConnection(
+            stream,
+            self.router,
+            self.config.connection_settings,
+            self.counters,
+            describe_peer(stream),
+        )
+        self._connections.add(connection)
+        self._all_closed = trio.Event()
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(connection)
+            if not self._connections:
+                self._all_closed.set()
+
+    @asynccontextmanager
+    async def connect(self, name: str = "in-process") -> AsyncIterator[Client]:
+        """An in-process client: no TCP, same protocol, same router path."""
+        nursery = self._connection_nursery
+        if nursery is None:
+            raise RuntimeError("the broker is not serving: start broker.serve first")
+        client_end, broker_end = pipe_pair()
+        nursery.start_soon(self._serve_stream, broker_end)
+        async with Client.over(client_end, name=name) as client:
+            yield client
+
+    def statistics(self) -> BrokerStatistics:
+        """Router and connection figures, for metrics and tests."""
+        counters = self.counters
+        return BrokerStatistics(
+            router=self.router.statistics(),
+            connections_opened=counters.opened,
+            connections_current=counters.current,
+            connections_closed={reason.value: n for reason, n in counters.closed.items()},
+            bytes_received=counters.bytes_received,
+            bytes_sent=counters.bytes_sent,
+        )

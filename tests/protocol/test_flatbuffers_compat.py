@@ -1,0 +1,632 @@
+"""Byte compatibility with flatc's generated code, both ways.
+
+Broky's codec is hand-written for speed, so these tests hold it to the
+reference: what it writes must read back through flatc's generated Python, and
+what flatc's builders write (with their own field order, alignment and omitted
+defaults) must decode through Broky. A third group checks the alignment
+promises the schema makes about run chunks.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from types import SimpleNamespace
+from typing import Any
+
+import flatbuffers
+import pytest
+
+from broky.protocol.codec import (
+    CHUNK_TS_OFFSET,
+    decode_frame,
+    encode_frame,
+    encode_run_chunk,
+    runs_frame_parts,
+)
+from broky.protocol.constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BodyType,
+    ErrorCode,
+    NoticeKind,
+    SlowConsumerPolicy,
+)
+from broky.protocol.frames import (
+    Deliver,
+    Error,
+    Flow,
+    Frame,
+    Hello,
+    Notice,
+    Ping,
+    Pong,
+    Publish,
+    Run,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+    Welcome,
+)
+from broky.protocol.message import Message, decode_message, decode_run, encode_message, pack_sizes
+
+_U32 = struct.Struct("<I")
+UID = bytes(range(1, 21))
+UID_2 = bytes(range(100, 120))
+
+#: Every control frame with every field set to a value other than its default.
+CONTROL_FRAMES: list[Frame] = [
+    Hello(protocol_version=7, client_name="orders-service/1.4 ✓", max_frame_bytes=123_456),
+    Welcome(
+        protocol_version=3,
+        server_name="broky/0.1.0",
+        max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
+        heartbeat_interval_ms=5_000,
+        idle_timeout_ms=15_000,
+    ),
+    Subscribe(
+        stream=0xFFFF_FFFF,
+        pattern=b"orders.*.eu.>",
+        slow_consumer=SlowConsumerPolicy.DISCONNECT,
+        credit=1_000,
+    ),
+    Subscribed(stream=42),
+    Unsubscribe(stream=43),
+    Flow(stream=44, credit=0xFFFF_FFFF),
+    Ping(nonce=0xFFFF_FFFF_FFFF_FFFF),
+    Pong(nonce=0x0123_4567_89AB_CDEF),
+    Error(code=ErrorCode.SLOW_CONSUMER, message="subscriber 9 fell behind", stream=9),
+    Error(code=ErrorCode.LIMIT_EXCEEDED, message="too many subscriptions", stream=0),
+    Notice(stream=45, kind=NoticeKind.DROPPED, count=2**63 + 5),
+]
+
+#: Control frames whose fields all hold their schema defaults (omitted on the wire).
+DEFAULT_CONTROL_FRAMES: list[Frame] = [
+    Hello(),
+    Welcome(max_frame_bytes=0),
+    Subscribe(stream=0, pattern=b">"),
+    Subscribed(stream=0),
+    Unsubscribe(stream=0),
+    Flow(stream=0, credit=0),
+    Ping(nonce=0),
+    Pong(nonce=0),
+    Error(code=ErrorCode.INTERNAL, message=""),
+    Notice(stream=0, kind=NoticeKind.DROPPED, count=0),
+]
+
+MESSAGES: list[Message] = [
+    Message("", b"plain payload"),
+    Message("", b""),
+    Message("", b"x" * 13, ts_producer=1_700_000_000_123_456_789),
+    Message("", b"neg", ts_producer=-(2**63)),
+    Message("", b"kp", key_partition=b"\x00customer-17"),
+    Message("", b"with uid", uid=UID, ts_producer=2**63 - 1),
+    Message("", b"tags", tags=(("region", "eu-west"), ("empty", ""), ("ünï", "çødé"))),
+    # Lengths that are multiples of 4 leave no room for the NUL without padding.
+    Message("", b"tags", tags=(("zone", "abcd"), ("", "12345678"), ("", ""))),
+    Message(
+        "",
+        bytes(range(256)),
+        key_partition=b"k",
+        ts_producer=99,
+        uid=UID_2,
+        tags=(("a", "b"),),
+    ),
+]
+
+
+def _id(frame: Frame) -> str:
+    return type(frame).__name__
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _encode(message: Message) -> bytes:
+    return encode_message(
+        message.payload,
+        key_partition=message.key_partition,
+        ts_producer=message.ts_producer,
+        uid=message.uid,
+        tags=message.tags,
+    )
+
+
+def _make_run(key: bytes, ts_broker: int, messages: list[Message]) -> Run:
+    blobs = [_encode(message) for message in messages]
+    return Run(
+        key=key,
+        ts_broker=ts_broker,
+        count=len(blobs),
+        sizes=pack_sizes([len(blob) for blob in blobs]),
+        messages=b"".join(blobs),
+    )
+
+
+def _plain(frame: Frame) -> Frame:
+    """``frame`` with its runs' buffers copied to bytes, for comparisons."""
+    if isinstance(frame, (Publish, Deliver)):
+        runs = tuple(
+            Run(run.key, run.ts_broker, run.count, bytes(run.sizes), bytes(run.messages))
+            for run in frame.runs
+        )
+        if isinstance(frame, Publish):
+            return Publish(frame.stream, runs, frame.stamp_ts_broker)
+        return Deliver(frame.stream, runs)
+    return frame
+
+
+# --- reading with generated code ---------------------------------------------
+
+
+def _generated_body(gen: SimpleNamespace, data: bytes) -> tuple[BodyType, Any]:
+    """The body of a size-prefixed frame, as an object of its generated class."""
+    assert _U32.unpack_from(data)[0] == len(data) - 4, "size prefix must count the rest"
+    root = gen.Frame.Frame.GetRootAs(data, 4)
+    body_type = BodyType(root.BodyType())
+    table = root.Body()
+    assert table is not None
+    name = body_type.name.capitalize()
+    body = getattr(getattr(gen, name), name)()
+    body.Init(table.Bytes, table.Pos)
+    return body_type, body
+
+
+def _check_nul_terminated(table: Any, field_id: int) -> None:
+    """flatc's verifiers (C++, Rust, ...) reject a string without its NUL;
+    the generated Python readers do not check, so check here."""
+    tab = table._tab
+    offset = tab.Offset(4 + 2 * field_id)
+    if offset:
+        end = tab.Vector(offset) + tab.VectorLen(offset)
+        assert tab.Bytes[end] == 0, f"string field {field_id} is not NUL-terminated"
+
+
+def _generated_vector(length: int, item: Any) -> bytes:
+    return bytes(item(index) for index in range(length))
+
+
+def _generated_run(run: Any) -> Run:
+    _check_nul_terminated(run, 0)
+    sizes = [run.Sizes(index) for index in range(run.SizesLength())]
+    return Run(
+        key=run.Key(),
+        ts_broker=run.TsBroker(),
+        count=len(sizes),
+        sizes=pack_sizes(sizes),
+        messages=_generated_vector(run.MessagesLength(), run.Messages),
+    )
+
+
+def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PLR0911
+    """Decode a size-prefixed frame using only flatc's generated readers."""
+    body_type, body = _generated_body(gen, data)
+    if body_type in (BodyType.HELLO, BodyType.WELCOME, BodyType.SUBSCRIBE, BodyType.ERROR):
+        _check_nul_terminated(body, 1)  # client_name, server_name, pattern, message
+    if body_type == BodyType.HELLO:
+        return Hello(
+            protocol_version=body.ProtocolVersion(),
+            client_name=(body.ClientName() or b"").decode(),
+            max_frame_bytes=body.MaxFrameBytes(),
+        )
+    if body_type == BodyType.WELCOME:
+        return Welcome(
+            protocol_version=body.ProtocolVersion(),
+            server_name=(body.ServerName() or b"").decode(),
+            max_frame_bytes=body.MaxFrameBytes(),
+            heartbeat_interval_ms=body.HeartbeatIntervalMs(),
+            idle_timeout_ms=body.IdleTimeoutMs(),
+        )
+    if body_type == BodyType.SUBSCRIBE:
+        return Subscribe(
+            stream=body.Stream(),
+            pattern=body.Pattern(),
+            slow_consumer=SlowConsumerPolicy(body.SlowConsumer()),
+            credit=body.Credit(),
+        )
+    if body_type == BodyType.SUBSCRIBED:
+        return Subscribed(stream=body.Stream())
+    if body_type == BodyType.UNSUBSCRIBE:
+        return Unsubscribe(stream=body.Stream())
+    if body_type == BodyType.FLOW:
+        return Flow(stream=body.Stream(), credit=body.Credit())
+    if body_type == BodyType.PING:
+        return Ping(nonce=body.Nonce())
+    if body_type == BodyType.PONG:
+        return Pong(nonce=body.Nonce())
+    if body_type == BodyType.ERROR:
+        return Error(
+            code=ErrorCode(body.Code()),
+            message=(body.Message() or b"").decode(),
+            stream=body.Stream(),
+        )
+    if body_type == BodyType.NOTICE:
+        return Notice(stream=body.Stream(), kind=NoticeKind(body.Kind()), count=body.Count())
+    runs = tuple(_generated_run(body.Runs(index)) for index in range(body.RunsLength()))
+    if body_type == BodyType.PUBLISH:
+        return Publish(stream=body.Stream(), runs=runs, stamp_ts_broker=body.StampTsBroker())
+    assert body_type == BodyType.DELIVER
+    return Deliver(stream=body.Stream(), runs=runs)
+
+
+def read_message_with_generated(gen: SimpleNamespace, data: bytes, key: str) -> Message:
+    """Decode one message FlatBuffer using only flatc's generated readers."""
+    message = gen.Message.Message.GetRootAs(data, 0)
+    tags = []
+    for index in range(message.TagsLength()):
+        tag = message.Tags(index)
+        _check_nul_terminated(tag, 0)
+        _check_nul_terminated(tag, 1)
+        tags.append((tag.Key().decode(), (tag.Value() or b"").decode()))
+    return Message(
+        key,
+        _generated_vector(message.PayloadLength(), message.Payload),
+        _generated_vector(message.KeyPartitionLength(), message.KeyPartition),
+        message.TsProducer(),
+        0,
+        _generated_vector(message.UidLength(), message.Uid),
+        tuple(tags),
+    )
+
+
+def _split_run(run: Run) -> list[bytes]:
+    sizes = struct.unpack(f"<{run.count}I", run.sizes)
+    blobs, position = [], 0
+    for size in sizes:
+        blobs.append(bytes(run.messages[position : position + size]))
+        position += size
+    return blobs
+
+
+# --- building with generated code --------------------------------------------
+
+
+def build_message_with_generated(gen: SimpleNamespace, message: Message) -> bytes:
+    """A message FlatBuffer from flatc's builders, fields added in reverse order.
+
+    Empty tag values are left out (absent, not empty strings), and so are
+    empty byte vectors and a zero timestamp.
+    """
+    builder = flatbuffers.Builder(64)
+    tag_tables = []
+    for name, value in message.tags:
+        value_offset = builder.CreateString(value) if value else 0
+        name_offset = builder.CreateString(name)
+        gen.Tag.Start(builder)
+        if value_offset:
+            gen.Tag.AddValue(builder, value_offset)
+        gen.Tag.AddKey(builder, name_offset)
+        tag_tables.append(gen.Tag.End(builder))
+    tags = 0
+    if tag_tables:
+        gen.Message.StartTagsVector(builder, len(tag_tables))
+        for table in reversed(tag_tables):
+            builder.PrependUOffsetTRelative(table)
+        tags = builder.EndVector()
+    uid = builder.CreateByteVector(message.uid) if message.uid else 0
+    key_partition = builder.CreateByteVector(message.key_partition) if message.key_partition else 0
+    payload = builder.CreateByteVector(message.payload) if message.payload else 0
+    gen.Message.Start(builder)
+    if tags:
+        gen.Message.AddTags(builder, tags)
+    if uid:
+        gen.Message.AddUid(builder, uid)
+    gen.Message.AddTsProducer(builder, message.ts_producer)
+    if payload:
+        gen.Message.AddPayload(builder, payload)
+    if key_partition:
+        gen.Message.AddKeyPartition(builder, key_partition)
+    builder.Finish(gen.Message.End(builder))
+    return bytes(builder.Output())
+
+
+def _build_run(
+    gen: SimpleNamespace, builder: flatbuffers.Builder, run: Run, omit_ts_broker: bool
+) -> int:
+    # Vectors in the opposite order to encode_run_chunk, fields in reverse id order.
+    messages = builder.CreateByteVector(bytes(run.messages))
+    sizes = struct.unpack(f"<{run.count}I", run.sizes)
+    gen.Run.StartSizesVector(builder, len(sizes))
+    for size in reversed(sizes):
+        builder.PrependUint32(size)
+    sizes_vector = builder.EndVector()
+    key = builder.CreateString(run.key)
+    gen.Run.Start(builder)
+    gen.Run.AddMessages(builder, messages)
+    gen.Run.AddSizes(builder, sizes_vector)
+    if not omit_ts_broker:
+        gen.Run.AddTsBroker(builder, run.ts_broker)
+    gen.Run.AddKey(builder, key)
+    return int(gen.Run.End(builder))
+
+
+def _build_body(  # noqa: PLR0911
+    gen: SimpleNamespace, builder: flatbuffers.Builder, frame: Frame, omit_ts_broker: bool
+) -> int:
+    if isinstance(frame, Hello):
+        name = builder.CreateString(frame.client_name)
+        gen.Hello.Start(builder)
+        gen.Hello.AddMaxFrameBytes(builder, frame.max_frame_bytes)
+        gen.Hello.AddClientName(builder, name)
+        gen.Hello.AddProtocolVersion(builder, frame.protocol_version)
+        return int(gen.Hello.End(builder))
+    if isinstance(frame, Welcome):
+        name = builder.CreateString(frame.server_name)
+        gen.Welcome.Start(builder)
+        gen.Welcome.AddProtocolVersion(builder, frame.protocol_version)
+        gen.Welcome.AddIdleTimeoutMs(builder, frame.idle_timeout_ms)
+        gen.Welcome.AddServerName(builder, name)
+        gen.Welcome.AddHeartbeatIntervalMs(builder, frame.heartbeat_interval_ms)
+        gen.Welcome.AddMaxFrameBytes(builder, frame.max_frame_bytes)
+        return int(gen.Welcome.End(builder))
+    if isinstance(frame, Subscribe):
+        pattern = builder.CreateString(frame.pattern)
+        gen.Subscribe.Start(builder)
+        gen.Subscribe.AddSlowConsumer(builder, frame.slow_consumer)
+        gen.Subscribe.AddStream(builder, frame.stream)
+        gen.Subscribe.AddCredit(builder, frame.credit)
+        gen.Subscribe.AddPattern(builder, pattern)
+        return int(gen.Subscribe.End(builder))
+    if isinstance(frame, (Subscribed, Unsubscribe, Ping, Pong)):
+        module = getattr(gen, type(frame).__name__)
+        module.Start(builder)
+        if isinstance(frame, (Ping, Pong)):
+            module.AddNonce(builder, frame.nonce)
+        else:
+            module.AddStream(builder, frame.stream)
+        return int(module.End(builder))
+    if isinstance(frame, Flow):
+        gen.Flow.Start(builder)
+        gen.Flow.AddCredit(builder, frame.credit)
+        gen.Flow.AddStream(builder, frame.stream)
+        return int(gen.Flow.End(builder))
+    if isinstance(frame, Error):
+        message = builder.CreateString(frame.message)
+        gen.Error.Start(builder)
+        gen.Error.AddStream(builder, frame.stream)
+        gen.Error.AddMessage(builder, message)
+        gen.Error.AddCode(builder, frame.code)
+        return int(gen.Error.End(builder))
+    if isinstance(frame, Notice):
+        gen.Notice.Start(builder)
+        gen.Notice.AddKind(builder, frame.kind)
+        gen.Notice.AddCount(builder, frame.count)
+        gen.Notice.AddStream(builder, frame.stream)
+        return int(gen.Notice.End(builder))
+    run_tables = [_build_run(gen, builder, run, omit_ts_broker) for run in frame.runs]
+    module = gen.Publish if isinstance(frame, Publish) else gen.Deliver
+    module.StartRunsVector(builder, len(run_tables))
+    for table in reversed(run_tables):
+        builder.PrependUOffsetTRelative(table)
+    runs = builder.EndVector()
+    module.Start(builder)
+    module.AddRuns(builder, runs)
+    if isinstance(frame, Publish):
+        module.AddStampTsBroker(builder, frame.stamp_ts_broker)
+    module.AddStream(builder, frame.stream)
+    return int(module.End(builder))
+
+
+def build_with_generated(
+    gen: SimpleNamespace,
+    frame: Frame,
+    *,
+    force_defaults: bool = False,
+    omit_ts_broker: bool = False,
+) -> bytes:
+    """A size-prefixed frame from flatc's builders (``FinishSizePrefixed``)."""
+    builder = flatbuffers.Builder(256)
+    builder.ForceDefaults(force_defaults)
+    body = _build_body(gen, builder, frame, omit_ts_broker)
+    gen.Frame.Start(builder)
+    gen.Frame.AddBodyType(builder, BodyType[type(frame).__name__.upper()])
+    gen.Frame.AddBody(builder, body)
+    builder.FinishSizePrefixed(gen.Frame.End(builder))
+    return bytes(builder.Output())
+
+
+# --- the schema and the constants agree --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (BodyType, "Body"),
+        (ErrorCode, "ErrorCode"),
+        (SlowConsumerPolicy, "SlowConsumerPolicy"),
+        (NoticeKind, "NoticeKind"),
+    ],
+)
+def test_enums_match_schema(
+    generated: SimpleNamespace, ours: type[enum.IntEnum], theirs: str
+) -> None:
+    generated_enum = getattr(getattr(generated, theirs), theirs)
+    schema = {
+        name: value
+        for name, value in vars(generated_enum).items()
+        if not name.startswith("_") and name != "NONE"
+    }
+    assert schema == {_camel(member.name): int(member) for member in ours}
+
+
+# --- (a) Broky writes, generated code reads ----------------------------------
+
+
+@pytest.mark.parametrize("frame", CONTROL_FRAMES + DEFAULT_CONTROL_FRAMES, ids=_id)
+def test_generated_code_reads_control_frames(generated: SimpleNamespace, frame: Frame) -> None:
+    assert read_with_generated(generated, encode_frame(frame)) == frame
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=range(len(MESSAGES)))
+def test_generated_code_reads_messages(generated: SimpleNamespace, message: Message) -> None:
+    data = _encode(message)
+    assert len(data) % 8 == 0
+    assert read_message_with_generated(generated, data, "") == message
+
+
+def _several_runs() -> tuple[Run, ...]:
+    return (
+        _make_run(b"orders.eu.created", 0, MESSAGES[:3]),
+        _make_run(b"k", 1_700_000_000_000_000_001, MESSAGES[3:]),
+        _make_run(b"empty.run", -5, []),
+        _make_run("ünicode.kéy".encode(), 2**63 - 1, [MESSAGES[6]] * 4),
+    )
+
+
+@pytest.mark.parametrize("stamp", [False, True])
+def test_generated_code_reads_publish_runs(generated: SimpleNamespace, stamp: bool) -> None:
+    frame = Publish(stream=0xFFFF_FFFE, runs=_several_runs(), stamp_ts_broker=stamp)
+    read = read_with_generated(generated, encode_frame(frame))
+    assert read == _plain(frame)
+    assert isinstance(read, Publish)
+    expected_messages = [MESSAGES[:3], MESSAGES[3:], [], [MESSAGES[6]] * 4]
+    for run, expected in zip(read.runs, expected_messages, strict=True):
+        key = run.key.decode()
+        decoded = [read_message_with_generated(generated, blob, key) for blob in _split_run(run)]
+        assert decoded == [message._replace(key=key) for message in expected]
+
+
+def test_generated_code_reads_deliver_built_from_chunks(generated: SimpleNamespace) -> None:
+    runs = _several_runs()
+    chunks = [encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages) for run in runs]
+    data = b"".join(runs_frame_parts(BodyType.DELIVER, 7, chunks))
+    assert read_with_generated(generated, data) == _plain(Deliver(stream=7, runs=runs))
+
+
+# --- (b) generated code writes, Broky reads ----------------------------------
+
+
+@pytest.mark.parametrize("force_defaults", [False, True])
+@pytest.mark.parametrize("frame", CONTROL_FRAMES + DEFAULT_CONTROL_FRAMES, ids=_id)
+def test_broky_reads_generated_control_frames(
+    generated: SimpleNamespace, frame: Frame, force_defaults: bool
+) -> None:
+    data = build_with_generated(generated, frame, force_defaults=force_defaults)
+    assert decode_frame(data[4:]) == frame
+
+
+def test_defaults_really_are_omitted_by_the_generated_builder(generated: SimpleNamespace) -> None:
+    # Guards the test above: with defaults omitted, Broky must fill them in itself.
+    lean = build_with_generated(generated, Hello())
+    full = build_with_generated(generated, Hello(), force_defaults=True)
+    assert len(lean) < len(full)
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=range(len(MESSAGES)))
+def test_broky_reads_generated_messages(generated: SimpleNamespace, message: Message) -> None:
+    data = build_message_with_generated(generated, message)
+    assert decode_message(memoryview(data), "some.key", 17) == message._replace(
+        key="some.key", ts_broker=17
+    )
+
+
+def _generated_message_run(
+    gen: SimpleNamespace, key: bytes, ts: int, messages: list[Message]
+) -> Run:
+    blobs = [build_message_with_generated(gen, message) for message in messages]
+    return Run(key, ts, len(blobs), pack_sizes([len(b) for b in blobs]), b"".join(blobs))
+
+
+@pytest.mark.parametrize("omit_ts_broker", [False, True])
+def test_broky_reads_generated_publish(generated: SimpleNamespace, omit_ts_broker: bool) -> None:
+    runs = (
+        _generated_message_run(generated, b"a.b.c", 123_456_789, MESSAGES[:4]),
+        _generated_message_run(generated, b"$SYS.x", 987, MESSAGES[4:]),
+        _generated_message_run(generated, b"z", 5, []),
+    )
+    frame = Publish(stream=3, runs=runs, stamp_ts_broker=True)
+    data = build_with_generated(generated, frame, omit_ts_broker=omit_ts_broker)
+    if omit_ts_broker:
+        _, body = _generated_body(generated, data)
+        # The field is really absent from each run's vtable, not written as 0.
+        assert [body.Runs(index)._tab.Offset(6) for index in range(3)] == [0, 0, 0]
+
+    decoded = decode_frame(data[4:])
+
+    assert isinstance(decoded, Publish)
+    assert (decoded.stream, decoded.stamp_ts_broker) == (3, True)
+    expected_ts = [0, 0, 0] if omit_ts_broker else [123_456_789, 987, 5]
+    assert [run.ts_broker for run in decoded.runs] == expected_ts
+    assert [run.key for run in decoded.runs] == [b"a.b.c", b"$SYS.x", b"z"]
+    expected_groups = [MESSAGES[:4], MESSAGES[4:], []]
+    for run, ts, key, group in zip(
+        decoded.runs, expected_ts, ["a.b.c", "$SYS.x", "z"], expected_groups, strict=True
+    ):
+        assert decode_run(run) == [m._replace(key=key, ts_broker=ts) for m in group]
+
+
+def test_broky_reads_generated_deliver(generated: SimpleNamespace) -> None:
+    runs = (_generated_message_run(generated, b"x.y", 1, MESSAGES),)
+    data = build_with_generated(generated, Deliver(stream=11, runs=runs))
+    decoded = decode_frame(data[4:])
+    assert _plain(decoded) == Deliver(stream=11, runs=runs)
+    assert isinstance(decoded, Deliver)
+    assert decode_run(decoded.runs[0]) == [m._replace(key="x.y", ts_broker=1) for m in MESSAGES]
+
+
+# --- (c) alignment of runs ---------------------------------------------------
+
+
+def _run_positions(gen: SimpleNamespace, data: bytes) -> list[tuple[int, int, int]]:
+    """(messages data start, ts_broker position, run table) per run, from the prefix."""
+    _, body = _generated_body(gen, data)
+    positions = []
+    for index in range(body.RunsLength()):
+        table = body.Runs(index)._tab
+        ts_field = table.Offset(6)
+        assert ts_field != 0, "encoders must always write ts_broker"
+        positions.append((table.Vector(table.Offset(10)), table.Pos + ts_field, table.Pos))
+    return positions
+
+
+@pytest.mark.parametrize("body_type", [BodyType.PUBLISH, BodyType.DELIVER])
+@pytest.mark.parametrize("run_count", [1, 2, 3, 5])
+def test_runs_are_8_aligned(
+    generated: SimpleNamespace, body_type: BodyType, run_count: int
+) -> None:
+    runs = [
+        _make_run(
+            b"k" * (1 + 3 * index),  # key lengths 1, 4, 7, ... cover every residue mod 8
+            index,
+            [Message("", b"p" * (index + size)) for size in range(index % 3)],
+        )
+        for index in range(run_count * 3)
+    ]
+    chunks = [encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages) for run in runs]
+    parts = runs_frame_parts(body_type, 1, chunks)
+    data = b"".join(parts)
+    header = sum(len(part) for part in parts[:3])
+    chunk_starts = [header + sum(len(chunk) for chunk in chunks[:i]) for i in range(len(chunks))]
+
+    positions = _run_positions(generated, data)
+
+    assert len(positions) == len(runs)
+    for run, position, chunk_at in zip(runs, positions, chunk_starts, strict=True):
+        messages_at, ts_at, table_at = position
+        assert messages_at % 8 == 0
+        assert ts_at % 8 == 0
+        assert ts_at == chunk_at + CHUNK_TS_OFFSET
+        assert table_at < ts_at
+        # Every message inside the run starts 8-aligned too (sizes are multiples of 8).
+        offset = messages_at
+        for size in struct.unpack(f"<{run.count}I", run.sizes):
+            assert offset % 8 == 0
+            offset += size
+
+
+def test_ts_broker_can_be_stamped_in_place(generated: SimpleNamespace) -> None:
+    runs = (_make_run(b"a", 0, MESSAGES[:2]), _make_run(b"bb.cc", 0, MESSAGES[2:3]))
+    data = bytearray(encode_frame(Publish(stream=1, runs=runs, stamp_ts_broker=True)))
+    for stamp, (_, ts_at, _) in enumerate(_run_positions(generated, bytes(data)), start=1000):
+        struct.pack_into("<q", data, ts_at, stamp)
+
+    decoded = decode_frame(bytes(data[4:]))
+
+    assert isinstance(decoded, Publish)
+    assert [run.ts_broker for run in decoded.runs] == [1000, 1001]
+    stamped = tuple(
+        Run(run.key, 1000 + index, run.count, run.sizes, run.messages)
+        for index, run in enumerate(runs)
+    )
+    expected = Publish(stream=1, runs=stamped, stamp_ts_broker=True)
+    assert read_with_generated(generated, bytes(data)) == _plain(expected)
