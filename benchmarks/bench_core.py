@@ -1,0 +1,223 @@
+"""Core benchmark: fan-in and fan-out through Broky and through a byte pump.
+
+Run: ``.venv/bin/python -m benchmarks.bench_core [--duration S] [--size B]``.
+Prints one JSON object per line (one per scenario, then a summary), so
+results can be compared across runs; the ratio to the pump, measured in the
+same run, is the number that survives a noisy shared machine.
+
+Scenarios (100-byte payloads by default, one broker process):
+- ``fanin_raw``: 4 publishers writing pre-encoded frames -> 1 subscriber.
+- ``fanout_raw``: 1 pre-encoded publisher -> 8 subscribers.
+- ``fanin_client``: 4 publishers using the client library -> 1 subscriber.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+from benchmarks import loadgen
+
+CONTEXT = multiprocessing.get_context("fork")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@contextmanager
+def server(command: list[str]) -> Iterator[tuple[int, tuple[str, int]]]:
+    """Start a server that prints "... listening on HOST:PORT"; stop it by PID."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening on" not in line:
+            raise RuntimeError(f"server did not start: {line!r}")
+        host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
+        yield process.pid, (host, int(port))
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def measure(
+    target: str,
+    scenario: str,
+    command: list[str],
+    publishers: int,
+    patterns: list[str],
+    publisher: Callable[..., None],
+    publisher_args: tuple[Any, ...],
+    duration: float,
+    rate: float,
+) -> dict[str, Any]:
+    """Run one scenario against a fresh server at ``rate`` messages/s in total
+    (0: publishers go flat out) and return its figures."""
+    with server(command) as (pid, address):
+        stop = CONTEXT.Event()
+        ready = CONTEXT.Event()
+        received = CONTEXT.Value("q", 0, lock=False)
+        dropped = CONTEXT.Value("q", 0, lock=False)
+        sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(publishers)]
+        subscriber = CONTEXT.Process(
+            target=loadgen.raw_subscribers,
+            args=(address, patterns, received, dropped, ready, stop),
+        )
+        subscriber.start()
+        if not ready.wait(10):
+            raise RuntimeError("subscribers were not confirmed")
+        workers = [
+            CONTEXT.Process(
+                target=publisher,
+                args=(address, *publisher_args, rate / publishers, counter, stop),
+            )
+            for counter in sent
+        ]
+        for worker in workers:
+            worker.start()
+        time.sleep(min(1.0, duration / 3))  # warm-up
+        start_received, start_sent = received.value, sum(c.value for c in sent)
+        start_cpu, start_time = cpu_seconds(pid), time.perf_counter()
+        time.sleep(duration)
+        elapsed = time.perf_counter() - start_time
+        server_cpu = cpu_seconds(pid) - start_cpu
+        delivered = received.value - start_received
+        published = sum(c.value for c in sent) - start_sent
+        stop.set()
+        for process in (*workers, subscriber):
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+    fanout = len(patterns)
+    return {
+        "target": target,
+        "scenario": scenario,
+        "offered_per_s": round(rate) if rate else "max",
+        "publishers": publishers,
+        "subscribers": fanout,
+        "published_per_s": round(published / elapsed),
+        "delivered_per_s": round(delivered / elapsed),
+        "messages_per_s": round(delivered / fanout / elapsed),
+        "dropped": dropped.value,
+        "server_cpu_us_per_delivery": round(server_cpu * 1e6 / delivered, 3) if delivered else None,
+        "server_cpu_utilisation": round(server_cpu / elapsed, 2),
+    }
+
+
+def sustained(result: dict[str, Any], rate: float) -> bool:
+    """Did the target keep up: (almost) everything offered published and delivered?"""
+    fanout = result["subscribers"]
+    return bool(
+        result["published_per_s"] >= 0.9 * rate
+        and result["delivered_per_s"] >= 0.97 * result["published_per_s"] * fanout
+    )
+
+
+def sweep(run: Callable[[float], dict[str, Any]], start_rate: float, step: float) -> dict[str, Any]:
+    """Raise the offered rate until the target stops keeping up; return the
+    best sustained result (the highest delivery rate with < 3% loss)."""
+    best: dict[str, Any] | None = None
+    rate = start_rate
+    while True:
+        result = run(rate)
+        print(json.dumps({"step": True, **result}), file=sys.stderr, flush=True)
+        if not sustained(result, rate):
+            break
+        if best is None or result["delivered_per_s"] > best["delivered_per_s"]:
+            best = result
+        rate *= step
+    return best or result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per step")
+    parser.add_argument("--size", type=int, default=100, help="payload bytes")
+    parser.add_argument("--run", type=int, default=500, help="messages per pre-encoded run")
+    parser.add_argument("--step", type=float, default=1.25, help="rate multiplier per step")
+    args = parser.parse_args()
+
+    broky_cmd = [sys.executable, "-m", "broky", "serve", "--port", "0", "--log-level", "error"]
+    pump_cmd = [sys.executable, "-m", "benchmarks.pump"]
+    raw: tuple[Callable[..., None], tuple[Any, ...]] = (
+        loadgen.raw_publisher,
+        ("bench.data", args.size, args.run),
+    )
+    client: tuple[Callable[..., None], tuple[Any, ...]] = (
+        loadgen.client_publisher,
+        ("bench.data", args.size),
+    )
+    # (name, publishers, subscriber patterns, publisher, its args, first rate, targets)
+    scenarios: list[
+        tuple[str, int, list[str], Callable[..., None], tuple[Any, ...], int, tuple[str, ...]]
+    ] = [
+        ("fanin_raw", 4, ["bench.data"], *raw, 400_000, ("pump", "broky")),
+        ("fanout_raw", 1, ["bench.data"] * 8, *raw, 200_000, ("pump", "broky")),
+        ("fanin_client", 4, ["bench.data"], *client, 200_000, ("broky",)),
+    ]
+    commands = {"broky": broky_cmd, "pump": pump_cmd}
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, publishers, patterns, publisher, publisher_args, first_rate, targets in scenarios:
+        for target in targets:
+            run = partial(
+                measure,
+                target,
+                name,
+                commands[target],
+                publishers,
+                patterns,
+                publisher,
+                publisher_args,
+                args.duration,
+            )
+
+            result = sweep(run, first_rate, args.step)
+            flat_out = run(0)
+            result["flat_out_published_per_s"] = flat_out["published_per_s"]
+            result["flat_out_delivered_per_s"] = flat_out["delivered_per_s"]
+            pump = results.get(("pump", name))
+            if target == "broky" and pump and pump["delivered_per_s"]:
+                result["ratio_to_pump"] = round(
+                    result["delivered_per_s"] / pump["delivered_per_s"], 3
+                )
+            results[(target, name)] = result
+            print(json.dumps(result), flush=True)
+    print(
+        json.dumps(
+            {
+                "summary": "core",
+                "payload_bytes": args.size,
+                "fanin_msgs_per_s": results[("broky", "fanin_raw")]["messages_per_s"],
+                "fanout_deliveries_per_s": results[("broky", "fanout_raw")]["delivered_per_s"],
+                "client_publish_msgs_per_s": results[("broky", "fanin_client")][
+                    "flat_out_published_per_s"
+                ],
+                "client_sustained_msgs_per_s": results[("broky", "fanin_client")]["messages_per_s"],
+                "fanin_ratio_to_pump": results[("broky", "fanin_raw")].get("ratio_to_pump"),
+                "fanout_ratio_to_pump": results[("broky", "fanout_raw")].get("ratio_to_pump"),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The ``broky`` command: ``serve`` for operators, ``pub`` and ``sub`` for humans."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from broky.client.client import connect
+from broky.client.errors import BrokyError
+from broky.config import DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.server import Broker
+
+log = logging.getLogger("broky")
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    """The config file's settings, overridden by command-line flags."""
+    base = Config.from_toml(Path(args.config)) if args.config else Config()
+    values: dict[str, object] = {
+        field.name: getattr(base, field.name) for field in attrs.fields(Config)
+    }
+    for name in ("host", "port", "log_level"):
+        value = getattr(args, name)
+        if value is not None:
+            values[name] = value
+    return Config.from_mapping(values)
+
+
+async def serve(config: Config) -> None:
+    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully."""
+    broker = Broker(config)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(broker.serve)
+            # One parseable line on stdout for scripts and benchmarks.
+            print(f"broky listening on {address[0]}:{address[1]}", flush=True)
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+async def publish(args: argparse.Namespace) -> None:
+    """``broky pub``: publish a payload (or each stdin line) to a key."""
+    async with connect(args.address, name="broky-pub") as client:
+        if args.payload is None:
+            count = 0
+            for count, line in enumerate(sys.stdin.buffer, start=1):  # noqa: B007
+                await client.publish(args.key, line.rstrip(b"\n"))
+        else:
+            payload = args.payload.encode()
+            for _ in range(args.count):
+                await client.publish(args.key, payload)
+            count = args.count
+        await client.flush()
+    print(f"published {count} message(s) to {args.key}", file=sys.stderr)
+
+
+async def subscribe(args: argparse.Namespace) -> None:
+    """``broky sub``: print messages matching a pattern."""
+    received = 0
+    async with (
+        connect(args.address, name="broky-sub") as client,
+        client.subscription(args.pattern) as subscription,
+    ):
+        print(f"subscribed to {args.pattern}", file=sys.stderr, flush=True)
+        async for message in subscription:
+            payload = message.payload.decode(errors="backslashreplace")
+            print(f"[{message.key}] {payload}", flush=True)
+            received += 1
+            if args.count and received >= args.count:
+                break
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(prog="broky", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve_cmd = commands.add_parser("serve", help="run a broker")
+    serve_cmd.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve_cmd.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT}; 0 = any)")
+    serve_cmd.add_argument("--config", help="TOML file of settings (see README)")
+    serve_cmd.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
+
+    default_address = f"127.0.0.1:{DEFAULT_PORT}"
+    pub_cmd = commands.add_parser("pub", help="publish messages")
+    pub_cmd.add_argument("key")
+    pub_cmd.add_argument("payload", nargs="?", help="payload; omitted: one message per stdin line")
+    pub_cmd.add_argument("--count", type=int, default=1, help="publish the payload N times")
+    pub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+
+    sub_cmd = commands.add_parser("sub", help="print messages matching a pattern")
+    sub_cmd.add_argument("pattern")
+    sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
+    sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``broky`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            config = load_config(args)
+            _configure_logging(config.log_level)
+            trio.run(serve, config)
+        elif args.command == "pub":
+            _configure_logging("warning")
+            trio.run(publish, args)
+        else:
+            _configure_logging("warning")
+            trio.run(subscribe, args)
+    except ConfigError as exc:
+        print(f"broky: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (BrokyError, OSError) as exc:
+        print(f"broky: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
