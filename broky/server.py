@@ -53,7 +53,7 @@ class Broker:
         self.config = config or Config()
         self.router = Router(self.config.router_limits)
         self.counters = ConnectionCounters()
-        self._connections: set[ServerConnection] = set()
+        self._connections: dict[ServerConnection, trio.CancelScope] = {}
         self._connection_nursery: trio.Nursery | None = None
         self._all_closed = trio.Event()
         self.address: tuple[str, int] | None = None
@@ -63,16 +63,17 @@ class Broker:
     ) -> None:
         """Run until cancelled; reports the bound (host, port), or None when
         ``config.listen`` is false (in-process clients only)."""
+        # Bound before any nursery opens, so that a taken port is a plain OSError.
+        listeners = (
+            await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+            if self.config.listen
+            else []
+        )
         async with trio.open_nursery() as connections:
-            # Connections outlive a cancelled serve() long enough to be told why.
-            connections.cancel_scope.shield = True
             self._connection_nursery = connections
             try:
                 async with trio.open_nursery() as acceptors:
-                    if self.config.listen:
-                        listeners = await trio.open_tcp_listeners(
-                            self.config.port, host=self.config.host
-                        )
+                    if listeners:
                         sockname = listeners[0].socket.getsockname()
                         self.address = (sockname[0], sockname[1])
                         await acceptors.start(
@@ -88,29 +89,40 @@ class Broker:
                     await trio.sleep_forever()
             finally:
                 self._connection_nursery = None
-                for connection in list(self._connections):
-                    connection.shutdown()
-                with trio.move_on_after(SHUTDOWN_GRACE):
-                    while self._connections:
-                        await self._all_closed.wait()
-                connections.cancel_scope.cancel()
+                # Connection tasks are shielded (see _serve_stream): tell each
+                # why it closes, give them SHUTDOWN_GRACE, then cut the rest.
+                with trio.CancelScope(shield=True):
+                    for connection in list(self._connections):
+                        connection.shutdown()
+                    with trio.move_on_after(SHUTDOWN_GRACE):
+                        while self._connections:
+                            await self._all_closed.wait()
+                for scope in self._connections.values():
+                    scope.cancel()
 
     async def _serve_stream(self, stream: trio.abc.Stream) -> None:
-        connection = ServerConnection(
-            stream,
-            self.router,
-            self.config.connection_settings,
-            self.counters,
-            describe_peer(stream),
-        )
-        self._connections.add(connection)
-        self._all_closed = trio.Event()
-        try:
-            await connection.run()
-        finally:
-            self._connections.discard(connection)
-            if not self._connections:
-                self._all_closed.set()
+        # Shielded so that a cancelled serve() does not kill the connection
+        # before it has sent Error(ServerShutdown); serve() cancels the scope
+        # once the grace period is over.
+        with trio.CancelScope(shield=True) as scope:
+            connection = ServerConnection(
+                stream,
+                self.router,
+                self.config.connection_settings,
+                self.counters,
+                describe_peer(stream),
+            )
+            self._connections[connection] = scope
+            if self._all_closed.is_set():
+                self._all_closed = trio.Event()
+            if self._connection_nursery is None:
+                connection.shutdown()  # accepted just as the broker began to stop
+            try:
+                await connection.run()
+            finally:
+                del self._connections[connection]
+                if not self._connections:
+                    self._all_closed.set()
 
     @asynccontextmanager
     async def connect(self, name: str = "in-process") -> AsyncIterator[Client]:

@@ -26,10 +26,12 @@ from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_part
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
+    MAX_KEY_BYTES,
+    MIN_MAX_FRAME_BYTES,
     BodyType,
     SlowConsumerPolicy,
 )
-from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
     Error,
@@ -52,8 +54,17 @@ log = logging.getLogger("broky.client")
 #: Bytes a client buffers for sending before ``publish`` waits: enough for
 #: the writer to send large batches while the publisher keeps encoding.
 DEFAULT_SEND_BUFFER_BYTES: Final = 1024 * 1024
-#: Largest Publish frame the client builds; far below any broker's maximum.
+#: Largest Publish frame the client builds (less if the broker's Welcome
+#: announces a smaller maximum): big enough that per-frame costs vanish, small
+#: enough that a frame never waits long for the next one to start.
 PUBLISH_FRAME_BYTES: Final = 256 * 1024
+#: Bytes a Publish frame adds around its run chunks: the header (56 bytes)
+#: and 4 bytes per run, which is at most 1/16 of a run chunk (>= 64 bytes).
+_FRAME_HEADER_BYTES: Final = 64
+#: Bytes a run chunk adds around its messages besides the 4-byte size per
+#: message (at most 1/14 of a message, which is >= 56 bytes): header,
+#: padding and the key with its length and NUL.
+_RUN_OVERHEAD_BYTES: Final = 80 + MAX_KEY_BYTES
 #: Default flow-control window per subscription, in messages: bounds the
 #: client's memory per subscription (~20k x message size) while keeping
 #: several write batches in flight.
@@ -188,16 +199,20 @@ class Client:
         self._run_key_text = ""
         self._run_sizes: list[int] = []
         self._run_messages: list[bytes] = []
+        self._run_bytes = 0
         self._chunks: list[bytes] = []
         self._chunk_bytes = 0
         self._frames: list[bytes] = []
+        #: Bytes in _chunks and _frames plus those being written (not the open run).
         self._buffered = 0
+        self._set_frame_limit(DEFAULT_MAX_FRAME_BYTES)
         self._writer_idle = True
         self._wake_writer = trio.Event()
         self._space = trio.Event()
         self._stamp = False
-        # subscriptions, pings
+        # streams: one label for publishes (so a stream Error can name it), then subscriptions
         self._streams = itertools.count(1)
+        self._publish_stream = next(self._streams)
         self._subscriptions: dict[int, Subscription] = {}
         self._pings: dict[int, trio.Event] = {}
         self._nonces = itertools.count(1)
@@ -258,38 +273,83 @@ class Client:
             self._run_key_text = key
             self._run_key = key.encode()
         message = encode_message(payload, key_partition, ts_producer, uid, tags)
+        size = len(message)
         self._run_messages.append(message)
-        self._run_sizes.append(len(message))
-        self._buffered += len(message)
+        self._run_sizes.append(size)
+        self._run_bytes += size
         if self._writer_idle:
             self._writer_idle = False
             self._wake_writer.set()
-        if self._buffered >= self._send_buffer_bytes:
-            await self._wait_for_space()
+        if self._run_bytes >= self._run_limit:
+            await self._run_full()
 
-    async def _wait_for_space(self) -> None:
-        while self._buffered >= self._send_buffer_bytes and not self.closed:
+    def _set_frame_limit(self, max_frame_bytes: int) -> None:
+        """Size runs and frames to fit frames of ``max_frame_bytes`` (the broker's)."""
+        frame_limit = max(max_frame_bytes, MIN_MAX_FRAME_BYTES)
+        self._chunk_budget = (
+            (min(PUBLISH_FRAME_BYTES, frame_limit) - _FRAME_HEADER_BYTES) * 16 // 17
+        )
+        self._run_budget = (self._chunk_budget - _RUN_OVERHEAD_BYTES) * 14 // 15
+        # A message bigger than a run's budget travels alone: one run, one frame.
+        self._max_message_bytes = frame_limit - _FRAME_HEADER_BYTES - _RUN_OVERHEAD_BYTES - 4
+        self._update_run_limit()
+
+    def _update_run_limit(self) -> None:
+        # The open run is closed at _run_budget, and publish waits once the
+        # open run would push the send buffer past its size.
+        self._run_limit = min(self._run_budget, self._send_buffer_bytes - self._buffered)
+
+    async def _run_full(self) -> None:
+        """The open run reached its size limit or filled the send buffer."""
+        size = self._run_sizes[-1]
+        if size > self._max_message_bytes:
+            self._run_messages.pop()
+            self._run_sizes.pop()
+            self._run_bytes -= size
+            raise LocalProtocolError(
+                f"a message of {size} encoded bytes does not fit the broker's frames "
+                f"(at most {self._max_message_bytes} bytes)"
+            )
+        if self._run_bytes > self._run_budget and len(self._run_sizes) > 1:
+            # Close the run before the message that overflowed it, which starts the next.
+            message = self._run_messages.pop()
+            self._run_sizes.pop()
+            self._run_bytes -= size
+            self._close_run()
+            self._run_messages.append(message)
+            self._run_sizes.append(size)
+            self._run_bytes = size
+        if self._run_bytes >= self._run_budget:
+            self._close_run()
+        while self._buffered + self._run_bytes >= self._send_buffer_bytes and not self.closed:
             self._space = trio.Event()
             await self._space.wait()
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
+        self._update_run_limit()
 
     def _close_run(self) -> None:
-        if not self._run_messages:
-            return
-        chunk = encode_run_chunk(
-            self._run_key, 0, pack_sizes(self._run_sizes), b"".join(self._run_messages)
-        )
-        self._run_sizes = []
-        self._run_messages = []
-        self._chunks.append(chunk)
-        self._chunk_bytes += len(chunk)
-        if self._chunk_bytes >= PUBLISH_FRAME_BYTES:
-            self._close_frame()
+        if self._run_messages:
+            chunk = encode_run_chunk(
+                self._run_key, 0, pack_sizes(self._run_sizes), b"".join(self._run_messages)
+            )
+            self._run_sizes = []
+            self._run_messages = []
+            self._run_bytes = 0
+            if self._chunk_bytes + len(chunk) > self._chunk_budget:
+                self._close_frame()
+            self._chunks.append(chunk)
+            self._chunk_bytes += len(chunk)
+            self._buffered += len(chunk)
+        self._update_run_limit()
 
     def _close_frame(self) -> None:
         if self._chunks:
-            self._frames.extend(runs_frame_parts(BodyType.PUBLISH, 0, self._chunks, self._stamp))
+            parts = runs_frame_parts(
+                BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp
+            )
+            self._buffered += sum(len(part) for part in parts) - self._chunk_bytes
+            self._frames.extend(parts)
             self._chunks = []
             self._chunk_bytes = 0
 
@@ -299,6 +359,8 @@ class Client:
 
     async def ping(self) -> float:
         """Round trip to the broker, in seconds; doubles as a flush barrier."""
+        if self.closed:
+            raise self._error or ConnectionClosed("the client is closed")
         nonce = next(self._nonces)
         done = self._pings[nonce] = trio.Event()
         start = trio.current_time()
@@ -360,6 +422,7 @@ class Client:
         self._close_run()
         self._close_frame()
         self._frames.append(data)
+        self._buffered += len(data)
         if self._writer_idle:
             self._writer_idle = False
             self._wake_writer.set()
@@ -381,9 +444,8 @@ class Client:
                 self._writer_idle = True
                 if data:
                     await stream.send_all(data)
-                    self._buffered = max(0, self._buffered - len(data))
-                else:
-                    self._buffered = 0
+                    self._buffered -= len(data)
+                    self._update_run_limit()
                 self._space.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._shutdown(ConnectionClosed(f"connection lost while sending: {exc}"))
@@ -429,6 +491,7 @@ class Client:
             self._handle_error(frame)
         elif type(frame) is Welcome:
             self.server = frame
+            self._set_frame_limit(frame.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES)
             self._welcome.set()
 
     def _handle_error(self, frame: Error) -> None:

@@ -224,11 +224,19 @@ class ServerConnection:
                     parts.append(encode_frame(Error(failure[0], failure[1])))
                 if parts:
                     data = b"".join(parts)
-                    with trio.CancelScope() as self._send_scope:
+                    with trio.CancelScope() as send_scope:
+                        self._send_scope = send_scope
                         if failure is not None:
-                            self._send_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
+                            send_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
                         await stream.send_all(data)
                     self._send_scope = None
+                    if send_scope.cancelled_caught:
+                        # The write was abandoned mid-frame (see _wake): nothing
+                        # more can be framed on this stream, so close it as is.
+                        failure = outlet.failure or failure
+                        if failure is not None:
+                            self._close_reason(CloseReason.for_error(failure[0]), failure[1])
+                        return
                     counters.bytes_sent += len(data)
                 if failure is not None:
                     return
@@ -241,12 +249,16 @@ class ServerConnection:
         settings = self._settings
         interval = settings.heartbeat_interval
         nonce = 0
-        # Until the handshake completes, the handshake timeout is the idle limit.
+        # Until the handshake completes, the handshake timeout counts from the
+        # connection's start: a client trickling bytes does not extend it.
         limit = settings.handshake_timeout
+        opened = trio.current_time()
         while True:
-            quiet_for = trio.current_time() - self._last_received
             if self._machine.state is State.OPEN:
                 limit = settings.idle_timeout
+                quiet_for = trio.current_time() - self._last_received
+            else:
+                quiet_for = trio.current_time() - opened
             if quiet_for >= limit:
                 self._outlet.fail(
                     ErrorCode.IDLE_TIMEOUT,

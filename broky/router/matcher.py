@@ -53,6 +53,10 @@ def validate_pattern(pattern: bytes) -> list[bytes]:
 
 def validate_key(key: bytes) -> list[bytes]:
     """Split a publish key into tokens, or raise InvalidKey."""
+    if not key or len(key) > MAX_KEY_BYTES:
+        raise RemoteProtocolError(
+            f"publish key must be 1..{MAX_KEY_BYTES} bytes", ErrorCode.INVALID_KEY
+        )
     tokens = key.split(b".")
     for token in tokens:
         if not token or token in _WILDCARDS:
@@ -173,10 +177,6 @@ class SubscriptionIndex(Generic[T]):
         found = self._cache.get(key)
         if found is not None:
             return found
-        if not key or len(key) > MAX_KEY_BYTES:
-            raise RemoteProtocolError(
-                f"publish key must be 1..{MAX_KEY_BYTES} bytes", ErrorCode.INVALID_KEY
-            )
         tokens = validate_key(key)
         matches: list[T] = list(self._exact.get(key, ()))
         self._walk(self._root, tokens, 0, matches, key.startswith(SYSTEM_PREFIX))

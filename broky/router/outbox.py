@@ -95,7 +95,8 @@ class Subscription:
     def _overflow(self, run: EncodedRun) -> None:
         counters = self.outlet.counters
         if self.policy is SlowConsumerPolicy.DISCONNECT:
-            counters.slow_consumer_disconnects += 1
+            if self.outlet.failure is None:  # one disconnect, however many runs overflow
+                counters.slow_consumer_disconnects += 1
             self.outlet.fail(
                 ErrorCode.SLOW_CONSUMER,
                 f"subscription {self.stream} ({self.pattern.decode(errors='replace')}) fell "
@@ -205,10 +206,15 @@ class Outlet:
         self._notify()
 
     def fail(self, code: ErrorCode, message: str) -> None:
-        """Mark the connection for closing; the writer sends the Error and stops."""
+        """Mark the connection for closing; the writer sends the Error and stops.
+
+        The first failure always calls ``wake``, even if the outlet is already
+        awake: a writer blocked on a slow socket learns from it to give up.
+        """
         if self.failure is None:
             self.failure = (code, message)
-        self._notify()
+            self._woken = True
+            self._wake()
 
     @property
     def pending_bytes(self) -> int:

@@ -183,14 +183,16 @@ class Router:
         counters = self.counters
         match = self._index.match
         for run in runs:
-            counters.published_runs += 1
-            counters.published_messages += run.count
             try:
                 subscriptions = match(run.key)
             except RemoteProtocolError as exc:
+                # Rejected, not published: counting it would leave messages
+                # that are neither delivered, dropped nor queued.
                 if origin is not None:
                     origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
                 continue
+            counters.published_runs += 1
+            counters.published_messages += run.count
             if not subscriptions:
                 counters.dropped_no_subscriber += run.count
                 continue
