@@ -153,6 +153,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100, help="payload bytes")
     parser.add_argument("--run", type=int, default=500, help="messages per pre-encoded run")
     parser.add_argument("--step", type=float, default=1.25, help="rate multiplier per step")
+    parser.add_argument(
+        "--only", action="append", help="run only this scenario (repeatable); no summary"
+    )
     args = parser.parse_args()
 
     broky_cmd = [sys.executable, "-m", "broky", "serve", "--port", "0", "--log-level", "error"]
@@ -176,6 +179,8 @@ def main() -> None:
     commands = {"broky": broky_cmd, "pump": pump_cmd}
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for name, publishers, patterns, publisher, publisher_args, first_rate, targets in scenarios:
+        if args.only and name not in args.only:
+            continue
         for target in targets:
             run = partial(
                 measure,
@@ -200,6 +205,8 @@ def main() -> None:
                 )
             results[(target, name)] = result
             print(json.dumps(result), flush=True)
+    if args.only:
+        return
     print(
         json.dumps(
             {

@@ -7,7 +7,9 @@ honest.
 from broky.client.client import Client, Subscription, SubscriptionStatistics, connect
 from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
 from broky.config import Config, ConfigError
+from broky.ksuid import new_ksuid
 from broky.protocol.constants import ErrorCode, SlowConsumerPolicy
+from broky.protocol.errors import LocalProtocolError, ProtocolError
 from broky.protocol.message import Message
 from broky.server import Broker, BrokerStatistics
 
@@ -22,10 +24,13 @@ __all__ = [
     "ConfigError",
     "ConnectionClosed",
     "ErrorCode",
+    "LocalProtocolError",
     "Message",
+    "ProtocolError",
     "SlowConsumerPolicy",
     "Subscription",
     "SubscriptionError",
     "SubscriptionStatistics",
     "connect",
+    "new_ksuid",
 ]

@@ -73,6 +73,13 @@ class Config:
         if value not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
 
+    def __attrs_post_init__(self) -> None:
+        if self.heartbeat_interval >= self.idle_timeout:
+            raise ConfigError(
+                f"heartbeat_interval ({self.heartbeat_interval}) must be less than idle_timeout "
+                f"({self.idle_timeout}): clients answer pings, they do not send them unasked"
+            )
+
     @property
     def router_limits(self) -> RouterLimits:
         """The router's share of the settings."""

@@ -170,3 +170,8 @@ def test_invalid_toml(tmp_path: Path) -> None:
     path.write_text("port = = 3\n")
     with pytest.raises(ConfigError, match=r"is not valid TOML"):
         Config.from_toml(path)
+
+
+def test_heartbeat_must_be_shorter_than_the_idle_timeout() -> None:
+    with pytest.raises(ConfigError, match="heartbeat_interval"):
+        Config(heartbeat_interval=30.0, idle_timeout=30.0)

@@ -13,7 +13,9 @@ import broky
 import broky.client.client
 import broky.client.errors
 import broky.config
+import broky.ksuid
 import broky.protocol.constants
+import broky.protocol.errors
 import broky.protocol.message
 import broky.server
 
@@ -27,12 +29,15 @@ HOMES = {
     "ConfigError": broky.config,
     "ConnectionClosed": broky.client.errors,
     "ErrorCode": broky.protocol.constants,
+    "LocalProtocolError": broky.protocol.errors,
     "Message": broky.protocol.message,
+    "ProtocolError": broky.protocol.errors,
     "SlowConsumerPolicy": broky.protocol.constants,
     "Subscription": broky.client.client,
     "SubscriptionError": broky.client.errors,
     "SubscriptionStatistics": broky.client.client,
     "connect": broky.client.client,
+    "new_ksuid": broky.ksuid,
 }
 
 

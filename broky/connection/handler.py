@@ -23,7 +23,12 @@ import trio
 from broky.connection.reasons import CloseReason
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role, State
-from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, ErrorCode
+from broky.protocol.constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    MIN_MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    ErrorCode,
+)
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Error,
@@ -183,6 +188,8 @@ class ServerConnection:
                 outlet.send_control(encode_frame(Pong(frame.nonce)))
             elif type(frame) is Hello:
                 self.client_name = frame.client_name
+                if frame.max_frame_bytes:
+                    outlet.max_frame_bytes = max(frame.max_frame_bytes, MIN_MAX_FRAME_BYTES)
                 outlet.send_control(encode_frame(self._welcome(frame)))
             elif type(frame) is Error:
                 detail = f"{frame.code.name}: {frame.message}"

@@ -464,6 +464,16 @@ def decode_frame(buf: Buffer) -> Frame:
         raise _malformed(str(exc)) from exc
 
 
+#: Upper bound of what a run chunk adds to its messages, its key and 4 bytes
+#: per message: the 40-byte table, three vector lengths, the NUL and padding.
+RUN_CHUNK_OVERHEAD: Final = 72
+
+
+def run_chunk_message_sizes(chunk: bytes) -> Sequence[int]:
+    """The message sizes of a run chunk made by :func:`encode_run_chunk`."""
+    return u32_array(memoryview(_decode_run(chunk, CHUNK_TABLE_OFFSET).sizes))
+
+
 def split_run_chunk(chunk: bytes, first_count: int) -> tuple[bytes, bytes]:
     """Split a run chunk after its first ``first_count`` messages.
 

@@ -20,10 +20,25 @@ from typing import Final
 
 import attrs
 
-from broky.protocol.codec import encode_frame, runs_frame_parts, split_run_chunk
-from broky.protocol.constants import BodyType, ErrorCode, NoticeKind, SlowConsumerPolicy
+from broky.protocol.codec import (
+    RUN_CHUNK_OVERHEAD,
+    encode_frame,
+    run_chunk_message_sizes,
+    runs_frame_parts,
+    split_run_chunk,
+)
+from broky.protocol.constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BodyType,
+    ErrorCode,
+    NoticeKind,
+    SlowConsumerPolicy,
+)
 from broky.protocol.frames import Notice
 
+#: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
+#: Frame and Deliver tables and vtables, the runs vector's length, padding.
+DELIVER_HEADER_BYTES: Final = 68
 #: Default per-subscription outbox bound in bytes: 4 MiB is ~25k messages of
 #: 100 bytes, a quarter of a second of a fast stream. Worst-case memory is
 #: this times the number of stalled subscriptions.
@@ -121,34 +136,43 @@ class Subscription:
             self.outlet.schedule(self)
 
     def take(self, budget: int, parts: list[bytes]) -> int:
-        """Move runs (within credit and ``budget`` bytes) into a Deliver frame.
+        """Move runs (within credit and ``budget`` bytes) into Deliver frames.
 
-        Appends the frame's parts (and a drop Notice once the outbox is empty)
-        to ``parts``; returns the bytes taken. Leaves the subscription
+        Each frame fits the client's ``Outlet.max_frame_bytes``; a run too
+        big for one frame is split between messages, and a single message
+        that fits no frame is dropped (counted and announced like any drop).
+        Appends the frames' parts (and a drop Notice once the outbox is
+        empty) to ``parts``; returns the bytes taken. Leaves the subscription
         scheduled only if it still has deliverable runs.
         """
         chunks: list[bytes] = []
+        frame_bytes = 0
+        frame_room = self.outlet.max_frame_bytes - DELIVER_HEADER_BYTES
         taken_bytes = 0
         taken_messages = 0
         runs = self.runs
         credit = self.credit
         while runs and taken_bytes < budget:
+            if credit is not None and credit <= 0:
+                break
             run = runs[0]
-            if credit is not None:
-                if credit <= 0:
-                    break
-                if run.count > credit:
-                    head, tail = split_run_chunk(run.chunk, credit)
-                    runs[0] = EncodedRun(run.key, run.count - credit, tail)
-                    self.pending_bytes += len(tail) - len(run.chunk)
-                    run = EncodedRun(run.key, credit, head)
-                    self.pending_bytes += len(head)
-                else:
-                    runs.popleft()
-                credit -= run.count
+            room = frame_room - frame_bytes - 4 * len(chunks)
+            over_credit = credit is not None and run.count > credit
+            if len(run.chunk) + 4 > room or over_credit:
+                if chunks and len(run.chunk) + 4 > room:
+                    parts.extend(runs_frame_parts(BodyType.DELIVER, self.stream, chunks))
+                    chunks, frame_bytes = [], 0
+                    continue
+                head = self._split_front(run, room - 4, credit)
+                if head is None:
+                    continue
+                run = head
             else:
                 runs.popleft()
+            if credit is not None:
+                credit -= run.count
             chunks.append(run.chunk)
+            frame_bytes += len(run.chunk)
             taken_bytes += len(run.chunk)
             taken_messages += run.count
         self.credit = credit
@@ -166,6 +190,39 @@ class Subscription:
         self.scheduled = bool(runs) and (credit is None or credit > 0)
         return taken_bytes
 
+    def _split_front(self, run: EncodedRun, room: int, credit: int | None) -> EncodedRun | None:
+        """Split off the longest front of ``runs[0]`` that fits ``room`` bytes
+        and ``credit`` messages, leaving the rest queued; the pending counters
+        count the head until ``take`` takes it. Returns None after dropping a
+        first message that fits no frame at all."""
+        sizes = run_chunk_message_sizes(run.chunk)
+        budget = room - RUN_CHUNK_OVERHEAD - len(run.key)
+        limit = run.count if credit is None else min(credit, run.count)
+        count = used = 0
+        while count < limit and used + sizes[count] + 4 <= budget:
+            used += sizes[count] + 4
+            count += 1
+        if count == 0:
+            # The first message alone fits no frame the client accepts.
+            count, dropped = 1, True
+        else:
+            dropped = False
+        if count == run.count:
+            self.runs.popleft()
+            head_chunk = run.chunk
+        else:
+            head_chunk, tail = split_run_chunk(run.chunk, count)
+            self.runs[0] = EncodedRun(run.key, run.count - count, tail)
+            self.pending_bytes += len(tail) + len(head_chunk) - len(run.chunk)
+        if dropped:
+            self.pending_messages -= 1
+            self.pending_bytes -= len(head_chunk)
+            self.unreported_drops += 1
+            self.dropped_messages += 1
+            self.outlet.counters.dropped_slow_consumer += 1
+            return None
+        return EncodedRun(run.key, count, head_chunk)
+
 
 class Outlet:
     """The outgoing side of one connection, as the router sees it.
@@ -181,6 +238,8 @@ class Outlet:
         write_batch_bytes: int = DEFAULT_WRITE_BATCH_BYTES,
     ) -> None:
         self._wake = wake
+        #: Largest frame the client accepts (its Hello); Deliver frames fit it.
+        self.max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         self.counters = counters
         self.write_batch_bytes = write_batch_bytes
         self.subscriptions: dict[int, Subscription] = {}

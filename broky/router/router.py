@@ -178,7 +178,8 @@ class Router:
         """Fan runs out to every matching subscription, in order, never waiting.
 
         A run with an invalid key is skipped and answered with a stream Error
-        to ``origin`` (the publishing connection); the connection stays up.
+        to ``origin`` (the publishing connection), which stays up; on publish
+        stream 0 the error is a connection error and routing stops there.
         """
         counters = self.counters
         match = self._index.match
@@ -188,8 +189,12 @@ class Router:
             except RemoteProtocolError as exc:
                 # Rejected, not published: counting it would leave messages
                 # that are neither delivered, dropped nor queued.
-                if origin is not None:
-                    origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
+                if origin is None:
+                    continue
+                if stream == 0:  # nothing to blame but the connection: stream 0 errors close it
+                    origin.fail(exc.code, str(exc))
+                    return
+                origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
                 continue
             counters.published_runs += 1
             counters.published_messages += run.count

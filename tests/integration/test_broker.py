@@ -530,10 +530,6 @@ async def test_library_client_answers_pings_and_outlives_the_idle_timeout(
     assert broker.statistics().connections_closed == {"client_closed": 1, "idle_timeout": 1}
 
 
-@pytest.mark.xfail(
-    reason="the broker ignores Hello.max_frame_bytes: Deliver frames are not sized to it",
-    strict=True,
-)
 async def test_deliver_frames_respect_the_clients_frame_limit(broker: Broker, address: str) -> None:
     with trio.fail_after(10):
         async with raw_connection(broker) as raw, broky.connect(address) as publisher:

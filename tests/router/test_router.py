@@ -17,6 +17,7 @@ from broky.protocol.codec import decode_frame
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     MAX_KEY_BYTES,
+    MIN_MAX_FRAME_BYTES,
     ErrorCode,
     NoticeKind,
     SlowConsumerPolicy,
@@ -322,6 +323,20 @@ def test_invalid_key_is_a_stream_error_and_later_runs_are_still_routed() -> None
     # Without an origin (e.g. the broker's own traffic) a bad key is skipped quietly.
     router.publish(router.encode([make_run(b"x..y", [b"z"])], stamp_ts_broker=False))
     assert subscriber.take() == []
+
+
+def test_invalid_key_on_publish_stream_0_fails_the_connection() -> None:
+    router = Router()
+    subscriber = subscribed_peer(router, (1, b">"))
+    publisher = Peer(router)
+    runs = [make_run(b"a..b", [b"bad"]), make_run(b"a.c", [b"after"])]
+    router.publish(router.encode(runs, stamp_ts_broker=False), publisher.outlet, 0)
+
+    failure = publisher.failure()
+    assert failure is not None
+    assert failure[0] is ErrorCode.INVALID_KEY
+    # Routing stopped at the bad run: the connection is being closed.
+    assert delivered(subscriber.take(), 1) == []
 
 
 def test_ts_broker_is_stamped_once_per_publish_when_asked() -> None:
@@ -708,3 +723,36 @@ def test_statistics_account_for_every_published_message() -> None:
     )
     assert statistics.match_cache_keys == 2  # k and other; a bad key is never cached
     assert (statistics.connections, statistics.subscriptions, statistics.topics) == (1, 1, 1)
+
+
+# --- the client's frame limit ---------------------------------------------------
+
+
+def test_deliver_frames_fit_the_clients_frame_limit_and_runs_split_between_messages() -> None:
+    router = Router(RouterLimits(outbox_bytes=16 << 20, write_batch_bytes=8 << 20))
+    subscriber = subscribed_peer(router, (1, b"k"))
+    subscriber.outlet.max_frame_bytes = MIN_MAX_FRAME_BYTES
+    payload_list = [b"%06d" % number + bytes(994) for number in range(300)]  # ~300 KiB run
+    publish(router, b"k", *payload_list)
+
+    data = b"".join(subscriber.outlet.take())
+    reader = FrameReader(MIN_MAX_FRAME_BYTES)  # raises if any frame is larger
+    frames = [decode_frame(view) for view in reader.feed(data)]
+    assert reader.buffered_bytes == 0
+    assert len(frames) >= 5
+    assert payloads(frames, 1) == payload_list
+    assert_outbox_accounting(subscriber.subscription(1))
+    assert subscriber.subscription(1).pending_messages == 0
+
+
+def test_a_message_larger_than_the_clients_frame_limit_is_dropped_and_reported() -> None:
+    router = Router(RouterLimits(outbox_bytes=16 << 20))
+    subscriber = subscribed_peer(router, (1, b"k"))
+    subscriber.outlet.max_frame_bytes = MIN_MAX_FRAME_BYTES
+    publish(router, b"k", b"small-1", bytes(MIN_MAX_FRAME_BYTES), b"small-2")
+
+    frames = subscriber.take()
+    assert payloads(frames, 1) == [b"small-1", b"small-2"]
+    assert frames[-1] == Notice(1, NoticeKind.DROPPED, 1)
+    assert router.statistics().dropped_slow_consumer == 1
+    assert_outbox_accounting(subscriber.subscription(1))
