@@ -10,7 +10,8 @@ Error(ServerShutdown) frame, and connections still open after
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Final
@@ -26,6 +27,8 @@ from broky.connection.handler import (
     describe_peer,
 )
 from broky.connection.inproc import pipe_pair
+from broky.mesh.link import Connector, Link, LinkStatus
+from broky.protocol.constants import LinkKind
 from broky.router.router import Router, RouterStatistics
 
 log = logging.getLogger("broky.server")
@@ -44,14 +47,34 @@ class BrokerStatistics:
     connections_closed: dict[str, int]
     bytes_received: int
     bytes_sent: int
+    links: tuple[LinkStatus, ...] = ()
 
 
 class Broker:
-    """An in-memory broker. One instance serves one router (one worker)."""
+    """An in-memory broker. One instance serves one router (one worker).
 
-    def __init__(self, config: Config | None = None) -> None:
+    ``client_listeners`` replaces the TCP listener the config describes (a
+    worker process brings its own SO_REUSEPORT socket); ``link_listeners``
+    accept peer routers' links (a Unix socket between workers, a cluster
+    port between nodes). Every listener serves the same protocol: a
+    connection's Hello says whether it is a client or a link.
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        node_id: str | None = None,
+        client_listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
+        link_listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] = (),
+    ) -> None:
         self.config = config or Config()
         self.router = Router(self.config.router_limits)
+        self.router.node_id = node_id or uuid.uuid4().hex[:12]
+        self._client_listeners = client_listeners
+        self._link_listeners = list(link_listeners)
+        self._links: list[Link] = []
+        self._link_nursery: trio.Nursery | None = None
         self.counters = ConnectionCounters()
         self._connections: dict[ServerConnection, trio.CancelScope] = {}
         self._connection_nursery: trio.Nursery | None = None
@@ -64,31 +87,37 @@ class Broker:
         """Run until cancelled; reports the bound (host, port), or None when
         ``config.listen`` is false (in-process clients only)."""
         # Bound before any nursery opens, so that a taken port is a plain OSError.
-        listeners = (
-            await trio.open_tcp_listeners(self.config.port, host=self.config.host)
-            if self.config.listen
-            else []
-        )
+        if self._client_listeners is not None:
+            listeners = list(self._client_listeners)
+        elif self.config.listen:
+            listeners = list(await trio.open_tcp_listeners(self.config.port, host=self.config.host))
+        else:
+            listeners = []
         async with trio.open_nursery() as connections:
             self._connection_nursery = connections
             try:
                 async with trio.open_nursery() as acceptors:
                     if listeners:
-                        sockname = listeners[0].socket.getsockname()
+                        sockname = listeners[0].socket.getsockname()  # type: ignore[attr-defined]
                         self.address = (sockname[0], sockname[1])
+                        log.info("broky listening on %s:%d", *self.address)
+                    if listeners or self._link_listeners:
                         await acceptors.start(
                             partial(
                                 trio.serve_listeners,
                                 self._serve_stream,
-                                listeners,
+                                [*listeners, *self._link_listeners],
                                 handler_nursery=connections,
                             )
                         )
-                        log.info("broky listening on %s:%d", *self.address)
+                    self._link_nursery = acceptors
+                    for link in self._links:
+                        acceptors.start_soon(link.run)
                     task_status.started(self.address)
                     await trio.sleep_forever()
             finally:
                 self._connection_nursery = None
+                self._link_nursery = None
                 # Connection tasks are shielded (see _serve_stream): tell each
                 # why it closes, give them SHUTDOWN_GRACE, then cut the rest.
                 with trio.CancelScope(shield=True):
@@ -135,6 +164,36 @@ class Broker:
         async with Client.over(client_end, name=name) as client:
             yield client
 
+    def add_link(self, kind: LinkKind, connect: Connector, name: str) -> Link:
+        """Keep a link to a peer router (reconnecting), starting now if serving."""
+        link = Link(self.router, kind, connect, name, self.router.node_id)
+        self._links.append(link)
+        if self._link_nursery is not None:
+            self._link_nursery.start_soon(link.run)
+        return link
+
+    def link_to(self, peer: Broker, kind: LinkKind = LinkKind.LOCAL) -> Link:
+        """An in-process link that brings ``peer``'s traffic to this broker's
+        subscribers: routers sharing a process (tests, embedding). Link both
+        ways for a two-router mesh."""
+
+        async def connect() -> trio.abc.Stream:
+            nursery = peer._connection_nursery
+            if nursery is None:
+                raise OSError("the peer broker is not serving")
+            near, far = pipe_pair()
+            nursery.start_soon(peer._serve_stream, far)
+            return near
+
+        return self.add_link(kind, connect, f"in-process:{peer.router.node_id}")
+
+    def adopt(self, stream: trio.abc.Stream) -> None:
+        """Serve a connection accepted elsewhere (a supervisor's hand-off)."""
+        nursery = self._connection_nursery
+        if nursery is None:
+            raise RuntimeError("the broker is not serving")
+        nursery.start_soon(self._serve_stream, stream)
+
     def statistics(self) -> BrokerStatistics:
         """Router and connection figures, for metrics and tests."""
         counters = self.counters
@@ -145,4 +204,5 @@ class Broker:
             connections_closed={reason.value: n for reason, n in counters.closed.items()},
             bytes_received=counters.bytes_received,
             bytes_sent=counters.bytes_sent,
+            links=tuple(link.status() for link in self._links),
         )

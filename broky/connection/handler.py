@@ -28,6 +28,7 @@ from broky.protocol.constants import (
     MIN_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     ErrorCode,
+    LinkKind,
 )
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
@@ -188,6 +189,14 @@ class ServerConnection:
                 outlet.send_control(encode_frame(Pong(frame.nonce)))
             elif type(frame) is Hello:
                 self.client_name = frame.client_name
+                if frame.link is not LinkKind.CLIENT:
+                    if frame.node and frame.node == router.node_id:
+                        raise RemoteProtocolError(
+                            "a router tried to link to its own node (check --peers)",
+                            ErrorCode.MALFORMED_FRAME,
+                        )
+                    outlet.kind = frame.link
+                outlet.peer = f"{frame.client_name}@{self.peer}"
                 if frame.max_frame_bytes:
                     outlet.max_frame_bytes = max(frame.max_frame_bytes, MIN_MAX_FRAME_BYTES)
                 outlet.send_control(encode_frame(self._welcome(frame)))

@@ -27,6 +27,7 @@ import flatbuffers
 from broky.protocol.constants import (
     BodyType,
     ErrorCode,
+    LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
 )
@@ -206,10 +207,14 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Hello):
         name = builder.CreateString(frame.client_name)
-        builder.StartObject(3)
+        node = builder.CreateString(frame.node) if frame.node else 0
+        builder.StartObject(5)
+        if node:
+            builder.PrependUOffsetTRelativeSlot(4, node, 0)
         builder.PrependUint32Slot(2, frame.max_frame_bytes, 0)
         builder.PrependUOffsetTRelativeSlot(1, name, 0)
         builder.PrependUint16Slot(0, frame.protocol_version, 1)
+        builder.PrependUint8Slot(3, frame.link, 0)
         return _finish(builder, BodyType.HELLO, builder.EndObject())
     if isinstance(frame, Welcome):
         name = builder.CreateString(frame.server_name)
@@ -407,11 +412,17 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
         cls_ping = Ping if body_type == BodyType.PING else Pong
         return cls_ping(nonce=_scalar(_U64, buf, nonce))
     if body_type == BodyType.HELLO:
-        version, name, max_frame = table_fields(buf, table, 3)
+        version, name, max_frame, link, node = table_fields(buf, table, 5)
+        try:
+            link_kind = LinkKind(_scalar(_U8, buf, link))
+        except ValueError as exc:
+            raise _malformed("unknown link kind") from exc
         return Hello(
             protocol_version=_scalar(_U16, buf, version, 1),
             client_name=read_text(buf, name),
             max_frame_bytes=_scalar(_U32, buf, max_frame),
+            link=link_kind,
+            node=read_text(buf, node),
         )
     if body_type == BodyType.WELCOME:
         version, name, max_frame, heartbeat, idle = table_fields(buf, table, 5)

@@ -68,6 +68,14 @@ class SlowConsumerPolicy(enum.IntEnum):
     DISCONNECT = 1
 
 
+class LinkKind(enum.IntEnum):
+    """Who opened a connection: a client, or another router (``Hello.link``)."""
+
+    CLIENT = 0
+    LOCAL = 1
+    CLUSTER = 2
+
+
 class NoticeKind(enum.IntEnum):
     """Kinds of ``Notice`` frame."""
 

@@ -17,6 +17,7 @@ from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     ErrorCode,
+    LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
 )
@@ -46,6 +47,8 @@ class Hello:
     protocol_version: int = PROTOCOL_VERSION
     client_name: str = ""
     max_frame_bytes: int = 0
+    link: LinkKind = LinkKind.CLIENT
+    node: str = ""
 
 
 @attrs.frozen(slots=True)

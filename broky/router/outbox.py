@@ -31,6 +31,7 @@ from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     BodyType,
     ErrorCode,
+    LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
 )
@@ -121,6 +122,7 @@ class Subscription:
         self.unreported_drops += run.count
         self.dropped_messages += run.count
         counters.dropped_slow_consumer += run.count
+        self.outlet.dropped_messages += run.count
         if not self.scheduled and not self.runs:
             # Nothing queued: schedule anyway so the Notice goes out promptly.
             self.scheduled = True
@@ -180,6 +182,7 @@ class Subscription:
         self.pending_bytes -= taken_bytes
         self.delivered_messages += taken_messages
         self.outlet.counters.delivered_messages += taken_messages
+        self.outlet.delivered_messages += taken_messages
         if chunks:
             parts.extend(runs_frame_parts(BodyType.DELIVER, self.stream, chunks))
         if not runs and self.unreported_drops:
@@ -220,6 +223,7 @@ class Subscription:
             self.unreported_drops += 1
             self.dropped_messages += 1
             self.outlet.counters.dropped_slow_consumer += 1
+            self.outlet.dropped_messages += 1
             return None
         return EncodedRun(run.key, count, head_chunk)
 
@@ -240,6 +244,13 @@ class Outlet:
         self._wake = wake
         #: Largest frame the client accepts (its Hello); Deliver frames fit it.
         self.max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
+        #: A client, or a peer router's link (from Hello.link; set before subscribing).
+        self.kind = LinkKind.CLIENT
+        #: Who is on the other end, for statistics and logs.
+        self.peer = ""
+        #: Messages handed to the writer / dropped for this connection, ever.
+        self.delivered_messages = 0
+        self.dropped_messages = 0
         self.counters = counters
         self.write_batch_bytes = write_batch_bytes
         self.subscriptions: dict[int, Subscription] = {}

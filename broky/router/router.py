@@ -20,10 +20,12 @@ from typing import Final
 import attrs
 
 from broky.protocol.codec import encode_frame, encode_run_chunk
-from broky.protocol.constants import ErrorCode, SlowConsumerPolicy
+from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Error, Run, Subscribed
-from broky.router.matcher import SubscriptionIndex, validate_pattern
+from broky.router.interest import Interest, LinkListener, PendingConfirmation
+from broky.router.matcher import MATCH_CACHE_SIZE, SubscriptionIndex, validate_pattern
+from broky.observability.topics import DEFAULT_TOP_TOPICS, TopicCounter, TopicFigures
 from broky.router.outbox import (
     DEFAULT_OUTBOX_BYTES,
     DEFAULT_OUTBOX_MESSAGES,
@@ -36,6 +38,20 @@ from broky.router.outbox import (
 
 #: Most subscriptions one connection may hold; bounds per-connection state.
 DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 10_000
+#: Outbox bound of a peer router's link subscription: larger than a client's
+#: because one link carries what many subscribers on the other side want;
+#: 16 MiB is ~100k messages of 100 bytes, ~50 ms of a saturated link.
+DEFAULT_LINK_OUTBOX_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_LINK_OUTBOX_MESSAGES: Final = 1_000_000
+#: Which subscriptions a run may reach, by where the run came from (one hop
+#: per tier: see broky.router.interest).
+_ELIGIBLE: Final = {
+    LinkKind.CLIENT: frozenset((LinkKind.CLIENT, LinkKind.LOCAL, LinkKind.CLUSTER)),
+    LinkKind.CLUSTER: frozenset((LinkKind.CLIENT, LinkKind.LOCAL)),
+    LinkKind.LOCAL: frozenset((LinkKind.CLIENT,)),
+}
+#: Keys cached per source kind; same bound and reasoning as the match cache.
+ROUTE_CACHE_SIZE: Final = MATCH_CACHE_SIZE
 
 
 @attrs.frozen
@@ -46,6 +62,10 @@ class RouterLimits:
     outbox_bytes: int = DEFAULT_OUTBOX_BYTES
     write_batch_bytes: int = DEFAULT_WRITE_BATCH_BYTES
     max_subscriptions_per_connection: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION
+    link_outbox_messages: int = DEFAULT_LINK_OUTBOX_MESSAGES
+    link_outbox_bytes: int = DEFAULT_LINK_OUTBOX_BYTES
+    #: How many of the busiest keys the router reports (K; see TopicCounter).
+    top_topics: int = DEFAULT_TOP_TOPICS
 
 
 @attrs.frozen
@@ -64,6 +84,22 @@ class RouterStatistics:
     slow_consumer_disconnects: int
     outbox_messages: int
     outbox_bytes: int
+    links: tuple[LinkStatistics, ...] = ()
+    #: The busiest keys, busiest first (at most ``RouterLimits.top_topics``).
+    top_topics: tuple[TopicFigures, ...] = ()
+
+
+@attrs.frozen
+class LinkStatistics:
+    """What a router has queued for, forwarded to and dropped for one peer link."""
+
+    peer: str
+    kind: str
+    subscriptions: int
+    queued_messages: int
+    queued_bytes: int
+    forwarded_messages: int
+    dropped_messages: int
 
 
 class Router:
@@ -77,6 +113,15 @@ class Router:
         self._index: SubscriptionIndex[Subscription] = SubscriptionIndex()
         self._outlets: set[Outlet] = set()
         self._clock = clock
+        #: Per-key figures for the busiest keys; counted once per run in publish.
+        self.topics = TopicCounter(self.limits.top_topics)
+        self.interest = Interest()
+        #: This broker node's id; links refuse a Hello carrying it (a self-link).
+        self.node_id = ""
+        self._routes: dict[LinkKind, dict[bytes, tuple[Subscription, ...]]] = {
+            kind: {} for kind in LinkKind
+        }
+        self._routes_generation = -1
 
     # --- connections -------------------------------------------------------
 
@@ -122,18 +167,32 @@ class Router:
         except RemoteProtocolError as exc:
             outlet.send_control(encode_frame(Error(exc.code, str(exc), stream)))
             return None
+        limits = self.limits
+        if outlet.kind is LinkKind.CLIENT:
+            max_messages, max_bytes = limits.outbox_messages, limits.outbox_bytes
+        else:  # a peer's interest: never disconnect a link, never flow-control it
+            max_messages, max_bytes = limits.link_outbox_messages, limits.link_outbox_bytes
+            policy, credit = SlowConsumerPolicy.DROP, 0
         subscription = Subscription(
             stream=stream,
             pattern=pattern,
             policy=policy,
             outlet=outlet,
-            max_messages=self.limits.outbox_messages,
-            max_bytes=self.limits.outbox_bytes,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
             credit=credit or None,
         )
         outlet.subscriptions[stream] = subscription
         self._index.add(pattern, subscription)
-        outlet.send_control(encode_frame(Subscribed(stream)))
+        interest = self.interest
+        confirming = interest.added(pattern, outlet.kind)
+        pending = interest.pending.get(pattern)
+        if pending is None and confirming:
+            pending = interest.pending[pattern] = PendingConfirmation(confirming)
+        if pending is not None and outlet.kind is LinkKind.CLIENT:
+            pending.waiters.append(subscription)  # Subscribed once the local links confirm
+        else:
+            outlet.send_control(encode_frame(Subscribed(stream)))
         return subscription
 
     def unsubscribe(self, outlet: Outlet, stream: int) -> None:
@@ -157,6 +216,35 @@ class Router:
         subscription.closed = True
         del subscription.outlet.subscriptions[subscription.stream]
         self._index.remove(subscription.pattern, subscription)
+        self.interest.removed(subscription.pattern, subscription.outlet.kind)
+
+    # --- links to peer routers ---------------------------------------------
+
+    def add_link(self, link: LinkListener) -> list[bytes]:
+        """Register an outgoing link that just connected; returns the
+        patterns it must announce now (later changes arrive as calls)."""
+        self.interest.listeners.append(link)
+        return self.interest.patterns(link.kind)
+
+    def remove_link(self, link: LinkListener) -> None:
+        """Forget a link that went down; nobody waits for its confirmations."""
+        if link in self.interest.listeners:
+            self.interest.listeners.remove(link)
+        for pattern in list(self.interest.pending):
+            self.link_confirmed(pattern, link)
+
+    def link_confirmed(self, pattern: bytes, link: LinkListener) -> None:
+        """A link's peer confirmed ``pattern``; release subscribers waiting on it."""
+        pending = self.interest.pending.get(pattern)
+        if pending is None:
+            return
+        pending.links.discard(link)
+        if pending.links:
+            return
+        del self.interest.pending[pattern]
+        for waiter in pending.waiters:
+            if isinstance(waiter, Subscription) and not waiter.closed:
+                waiter.outlet.send_control(encode_frame(Subscribed(waiter.stream)))
 
     # --- publishing --------------------------------------------------------
 
@@ -172,32 +260,66 @@ class Router:
             for run in runs
         ]
 
+    def _route(self, key: bytes, source: LinkKind) -> tuple[Subscription, ...]:
+        """Subscriptions a run from ``source`` reaches: the eligible matches,
+        with at most one subscription per link (a peer gets a run once)."""
+        eligible = _ELIGIBLE[source]
+        route: list[Subscription] = []
+        links: set[Outlet] = set()
+        for subscription in self._index.match(key):
+            outlet = subscription.outlet
+            if outlet.kind not in eligible:
+                continue
+            if outlet.kind is not LinkKind.CLIENT:
+                if outlet in links:
+                    continue
+                links.add(outlet)
+            route.append(subscription)
+        return tuple(route)
+
     def publish(
-        self, runs: Iterable[EncodedRun], origin: Outlet | None = None, stream: int = 0
+        self,
+        runs: Iterable[EncodedRun],
+        origin: Outlet | None = None,
+        stream: int = 0,
+        source: LinkKind = LinkKind.CLIENT,
     ) -> None:
         """Fan runs out to every matching subscription, in order, never waiting.
 
+        ``source`` says where the runs came from: a client, or a peer router's
+        link (whose runs reach only the subscriptions one hop allows).
         A run with an invalid key is skipped and answered with a stream Error
         to ``origin`` (the publishing connection), which stays up; on publish
         stream 0 the error is a connection error and routing stops there.
         """
         counters = self.counters
-        match = self._index.match
+        count_topic = self.topics.count
+        if self._routes_generation != self._index.generation:
+            for cached in self._routes.values():
+                cached.clear()
+            self._routes_generation = self._index.generation
+        routes = self._routes[source]
         for run in runs:
-            try:
-                subscriptions = match(run.key)
-            except RemoteProtocolError as exc:
-                # Rejected, not published: counting it would leave messages
-                # that are neither delivered, dropped nor queued.
-                if origin is None:
+            subscriptions = routes.get(run.key)
+            if subscriptions is None:
+                try:
+                    subscriptions = self._route(run.key, source)
+                except RemoteProtocolError as exc:
+                    # Rejected, not published: counting it would leave messages
+                    # that are neither delivered, dropped nor queued.
+                    if origin is None:
+                        continue
+                    if stream == 0:  # nothing but the connection to blame: stream 0 errors close it
+                        origin.fail(exc.code, str(exc))
+                        return
+                    origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
                     continue
-                if stream == 0:  # nothing to blame but the connection: stream 0 errors close it
-                    origin.fail(exc.code, str(exc))
-                    return
-                origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
-                continue
+                if len(routes) >= ROUTE_CACHE_SIZE:
+                    routes.clear()
+                routes[run.key] = subscriptions
             counters.published_runs += 1
             counters.published_messages += run.count
+            count_topic(run.key, run.count, len(run.chunk))
             if not subscriptions:
                 counters.dropped_no_subscriber += run.count
                 continue
@@ -227,4 +349,18 @@ class Router:
             slow_consumer_disconnects=counters.slow_consumer_disconnects,
             outbox_messages=outbox_messages,
             outbox_bytes=outbox_bytes,
+            top_topics=tuple(self.topics.top()),
+            links=tuple(
+                LinkStatistics(
+                    peer=outlet.peer,
+                    kind=outlet.kind.name.lower(),
+                    subscriptions=len(outlet.subscriptions),
+                    queued_messages=sum(s.pending_messages for s in outlet.subscriptions.values()),
+                    queued_bytes=sum(s.pending_bytes for s in outlet.subscriptions.values()),
+                    forwarded_messages=outlet.delivered_messages,
+                    dropped_messages=outlet.dropped_messages,
+                )
+                for outlet in self._outlets
+                if outlet.kind is not LinkKind.CLIENT
+            ),
         )

@@ -28,6 +28,7 @@ from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     BodyType,
     ErrorCode,
+    LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
 )
@@ -56,6 +57,7 @@ UID_2 = bytes(range(100, 120))
 #: Every control frame with every field set to a value other than its default.
 CONTROL_FRAMES: list[Frame] = [
     Hello(protocol_version=7, client_name="orders-service/1.4 ✓", max_frame_bytes=123_456),
+    Hello(client_name="router", link=LinkKind.CLUSTER, node="node-a ✓"),
     Welcome(
         protocol_version=3,
         server_name="broky/0.1.0",
@@ -208,6 +210,8 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             protocol_version=body.ProtocolVersion(),
             client_name=(body.ClientName() or b"").decode(),
             max_frame_bytes=body.MaxFrameBytes(),
+            link=LinkKind(body.Link()),
+            node=(body.Node() or b"").decode(),
         )
     if body_type == BodyType.WELCOME:
         return Welcome(
@@ -345,7 +349,11 @@ def _build_body(  # noqa: PLR0911
 ) -> int:
     if isinstance(frame, Hello):
         name = builder.CreateString(frame.client_name)
+        node = builder.CreateString(frame.node) if frame.node else 0
         gen.Hello.Start(builder)
+        if node:
+            gen.Hello.AddNode(builder, node)
+        gen.Hello.AddLink(builder, frame.link)
         gen.Hello.AddMaxFrameBytes(builder, frame.max_frame_bytes)
         gen.Hello.AddClientName(builder, name)
         gen.Hello.AddProtocolVersion(builder, frame.protocol_version)

@@ -1,0 +1,1 @@
+"""The router mesh: links between routers, worker processes, the cluster."""

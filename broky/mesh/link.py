@@ -1,0 +1,236 @@
+"""Outgoing router links: how runs published on one router reach another.
+
+A link is an ordinary protocol connection from this router to a peer router,
+with ``Hello.link`` set. Over it, this router *subscribes on the peer* to
+the patterns its own side wants (see ``broky.router.interest``); the peer's
+router then treats the link like a subscriber, forwarding each matching run
+once, and this side hands every run it receives to its own router with
+``source`` set to the link's kind, so it goes one hop and no further.
+
+One abstraction, any transport: ``connect`` returns a trio Stream, a pipe
+for routers sharing a process, a Unix socket between worker processes, TCP
+between nodes. A link reconnects with exponential backoff and re-announces
+its interest each time; while it is down, nothing waits for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import attrs
+import trio
+
+from broky.protocol.codec import encode_frame
+from broky.protocol.connection import ProtocolMachine, Role
+from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, LinkKind, SlowConsumerPolicy
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import (
+    Deliver,
+    Error,
+    Frame,
+    Hello,
+    Notice,
+    Ping,
+    Pong,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+)
+from broky.router.router import Router
+
+log = logging.getLogger("broky.link")
+
+#: First and largest pause between reconnection attempts. Short enough that a
+#: restarted worker is rejoined within a fraction of a second, capped so that
+#: a dead node costs one connection attempt every few seconds.
+INITIAL_BACKOFF: Final = 0.05
+MAX_BACKOFF: Final = 2.0
+#: A session that lasted this long resets the backoff.
+STABLE_SESSION: Final = 5.0
+RECEIVE_BYTES: Final = 256 * 1024
+
+Connector = Callable[[], Awaitable[trio.abc.Stream]]
+
+
+@attrs.frozen
+class LinkStatus:
+    """A snapshot of one outgoing link, for statistics and metrics."""
+
+    name: str
+    kind: str
+    connected: bool
+    connects: int
+    disconnects: int
+    received_runs: int
+    received_messages: int
+    dropped_by_peer: int
+    announced_patterns: int
+
+
+@attrs.define(slots=True, eq=False)
+class LinkCounters:
+    """What one outgoing link has seen (the receiving side of the link)."""
+
+    connects: int = 0
+    disconnects: int = 0
+    received_runs: int = 0
+    received_messages: int = 0
+    dropped_by_peer: int = 0
+
+
+class Link:
+    """Keep a link to one peer router up and route what it delivers."""
+
+    def __init__(
+        self, router: Router, kind: LinkKind, connect: Connector, name: str, node_id: str = ""
+    ) -> None:
+        if kind is LinkKind.CLIENT:
+            raise ValueError("a link is LOCAL or CLUSTER")
+        self._router = router
+        self._kind = kind
+        self._connect = connect
+        self.name = name
+        self._node_id = node_id
+        self.counters = LinkCounters()
+        self.connected = False
+        self._stream_ids = itertools.count(1)
+        self._streams: dict[bytes, int] = {}
+        self._patterns: dict[int, bytes] = {}
+        self._outgoing: list[bytes] = []
+        self._work = trio.Event()
+        self.ready = trio.Event()  # set once the first session has announced its interest
+
+    @property
+    def kind(self) -> LinkKind:
+        """LOCAL or CLUSTER."""
+        return self._kind
+
+    def status(self) -> LinkStatus:
+        """Counters and state of this link."""
+        counters = self.counters
+        return LinkStatus(
+            name=self.name,
+            kind=self._kind.name.lower(),
+            connected=self.connected,
+            connects=counters.connects,
+            disconnects=counters.disconnects,
+            received_runs=counters.received_runs,
+            received_messages=counters.received_messages,
+            dropped_by_peer=counters.dropped_by_peer,
+            announced_patterns=len(self._streams),
+        )
+
+    # --- LinkListener: called by the router --------------------------------------
+
+    def interest_added(self, pattern: bytes) -> bool:
+        if not self.connected:
+            return False
+        stream = next(self._stream_ids)
+        self._streams[pattern] = stream
+        self._patterns[stream] = pattern
+        self._send(Subscribe(stream, pattern, SlowConsumerPolicy.DROP, 0))
+        return True
+
+    def interest_removed(self, pattern: bytes) -> None:
+        stream = self._streams.pop(pattern, None)
+        if stream is not None:
+            del self._patterns[stream]
+            if self.connected:
+                self._send(Unsubscribe(stream))
+
+    # --- the connection ------------------------------------------------------------
+
+    def _send(self, frame: Frame) -> None:
+        self._outgoing.append(encode_frame(frame))
+        self._work.set()
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect: until cancelled."""
+        backoff = INITIAL_BACKOFF
+        while True:
+            try:
+                stream = await self._connect()
+            except OSError as exc:
+                log.debug("link %s: connect failed: %s", self.name, exc)
+            else:
+                started = trio.current_time()
+                try:
+                    await self._session(stream)
+                except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+                    log.warning("link %s: connection lost: %s", self.name, group.exceptions[0])
+                except* RemoteProtocolError as group:
+                    log.warning("link %s: protocol error: %s", self.name, group.exceptions[0])
+                finally:
+                    self._down()
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        await stream.aclose()
+                if trio.current_time() - started > STABLE_SESSION:
+                    backoff = INITIAL_BACKOFF
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _down(self) -> None:
+        if self.connected:
+            self.connected = False
+            self.counters.disconnects += 1
+            self._router.remove_link(self)
+
+    async def _session(self, stream: trio.abc.Stream) -> None:
+        machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
+        self._streams.clear()
+        self._patterns.clear()
+        self._outgoing = [
+            machine.initiate(),
+            encode_frame(Hello(client_name=self.name, link=self._kind, node=self._node_id)),
+        ]
+        self._work.set()
+        self.connected = True
+        self.counters.connects += 1
+        for pattern in self._router.add_link(self):
+            self.interest_added(pattern)
+        log.info("link %s: connected (%s)", self.name, self._kind.name.lower())
+        self.ready.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, stream)
+            await self._reader(stream, machine)
+            nursery.cancel_scope.cancel()
+
+    async def _writer(self, stream: trio.abc.Stream) -> None:
+        while True:
+            if not self._outgoing:
+                await self._work.wait()
+                self._work = trio.Event()
+            data = b"".join(self._outgoing)
+            self._outgoing = []
+            if data:
+                await stream.send_all(data)
+
+    async def _reader(self, stream: trio.abc.Stream, machine: ProtocolMachine) -> None:
+        router = self._router
+        counters = self.counters
+        source = self._kind
+        while True:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                raise trio.BrokenResourceError("the peer closed the link")
+            for frame in machine.receive_data(data):
+                if type(frame) is Deliver:
+                    counters.received_runs += len(frame.runs)
+                    counters.received_messages += sum(run.count for run in frame.runs)
+                    router.publish(router.encode(frame.runs, False), source=source)
+                elif type(frame) is Subscribed:
+                    pattern = self._patterns.get(frame.stream)
+                    if pattern is not None:
+                        router.link_confirmed(pattern, self)
+                elif type(frame) is Ping:
+                    self._send(Pong(frame.nonce))
+                elif type(frame) is Notice:
+                    counters.dropped_by_peer += frame.count
+                    log.warning("link %s: the peer dropped %d messages", self.name, frame.count)
+                elif type(frame) is Error:
+                    if frame.stream == 0:
+                        raise trio.BrokenResourceError(f"peer error: {frame.message}")
+                    log.warning("link %s: stream %d: %s", self.name, frame.stream, frame.message)
