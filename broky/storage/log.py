@@ -1,0 +1,534 @@
+"""PartitionLog: the append-only, offset-addressed log of one topic partition.
+
+Ownership: one ``PartitionLog`` per partition directory, owned by one caller
+(the router that owns the partition). Its methods are synchronous and not
+thread-safe, like the router's; two ``PartitionLog`` objects must never open
+the same directory.
+
+Offsets are dense and increasing: message *n* of the partition has offset
+*n*, with no gaps across appends, rolls, retention and restarts. Retention
+only moves ``start_offset`` forward, by whole segments.
+
+Durability: ``end_offset`` is the offset the next message gets;
+``durable_offset`` says how far an fsync has covered. With
+``FsyncPolicy.ALWAYS`` the caller acknowledges a publish only once
+``sync()`` has returned a ``durable_offset`` past it; one ``sync()`` covers
+every batch appended since the last one (group commit).
+
+Corruption: every batch a read returns has passed its CRC32C (reads verify;
+recovery alone is not trusted, because sealed segments are not rescanned on
+every open). Recovery truncates a torn tail of the active segment; damage
+inside a sealed segment is reported and raises CorruptRecordError on read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import attrs
+
+from broky.protocol.frames import Run
+from broky.storage.batch import StoredBatch, encode_batch
+from broky.storage.config import FsyncPolicy, LogConfig
+from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
+from broky.storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    Segment,
+    fsync_directory,
+    parse_stem,
+)
+
+log = logging.getLogger("broky.storage")
+
+#: A clock: wall time in nanoseconds since the Unix epoch. Injected so that
+#: tests drive rolls and retention; the log never lets its readings go
+#: backwards (it keeps the maximum seen), so time lookups stay sorted.
+Clock = Callable[[], int]
+#: Default byte budget of ``read``: what one Deliver frame can carry with
+#: room to spare under the 4 MiB frame limit.
+DEFAULT_READ_BYTES: Final = 1024 * 1024
+#: Index entries store offsets relative to the segment's base as u32.
+_MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
+
+
+@attrs.frozen(slots=True)
+class AppendResult:
+    """Offsets given to an append: ``first_offset`` to ``last_offset``
+    inclusive, in the order of the runs (run *i* starts after the counts of
+    the runs before it)."""
+
+    first_offset: int
+    last_offset: int
+
+    @property
+    def count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+@attrs.frozen(slots=True)
+class RecoveryReport:
+    """What opening a log found and repaired. ``clean`` when nothing was."""
+
+    directory: str
+    segments: int
+    start_offset: int
+    end_offset: int
+    segments_scanned: int = 0
+    batches_scanned: int = 0
+    truncated_bytes: int = 0
+    indexes_rebuilt: int = 0
+    orphans_removed: int = 0
+    corrupt_segments: tuple[int, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """Nothing was cut and nothing is damaged (rebuilt indexes are fine)."""
+        return not (self.truncated_bytes or self.corrupt_segments)
+
+
+@attrs.frozen(slots=True)
+class RetentionResult:
+    """What one retention pass deleted."""
+
+    deleted_segments: int
+    deleted_bytes: int
+    start_offset: int
+
+
+@attrs.frozen(slots=True)
+class LogStatistics:
+    """A snapshot of a log's counters since it was opened."""
+
+    start_offset: int
+    end_offset: int
+    durable_offset: int
+    segments: int
+    size_bytes: int
+    appended_batches: int
+    appended_messages: int
+    appended_bytes: int
+    fsyncs: int
+    rolls: int
+    deleted_segments: int
+
+
+class PartitionLog:
+    """Segments of one partition; see the module docstring for the rules."""
+
+    def __init__(
+        self, directory: str, config: LogConfig, clock: Clock, segments: list[Segment]
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self._clock = clock
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._last_log_time = max(segment.last_log_time for segment in segments)
+        self._durable_offset = segments[-1].next_offset
+        self._last_sync = clock()
+        self._last_by_key: dict[bytes, int] | None = None
+        self._closed = False
+        self.recovery = RecoveryReport(directory, len(segments), 0, 0)
+        self._appended_batches = 0
+        self._appended_messages = 0
+        self._appended_bytes = 0
+        self._fsyncs = 0
+        self._rolls = 0
+        self._deleted_segments = 0
+
+    # --- opening and recovery ----------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: str, config: LogConfig | None = None, clock: Clock = time.time_ns
+    ) -> PartitionLog:
+        """Open (creating if needed) the log in ``directory`` and recover it.
+
+        Sealed segments with a valid index are trusted without a scan; any
+        segment without one is scanned with CRC32C and its index rebuilt; a
+        torn tail of the last segment is truncated. ``log.recovery`` says
+        what was done, and a warning is logged when anything was cut.
+        """
+        config = config or LogConfig()
+        os.makedirs(directory, exist_ok=True)
+        names = os.listdir(directory)
+        bases = sorted(b for b in (parse_stem(n, LOG_SUFFIX) for n in names) if b is not None)
+        orphans = 0
+        for name in names:
+            base = parse_stem(name, INDEX_SUFFIX)
+            if base is not None and base not in bases:
+                os.unlink(os.path.join(directory, name))
+                orphans += 1
+        segments: list[Segment] = []
+        corrupt: list[int] = []
+        scanned = batches = truncated = rebuilt = 0
+        try:
+            for position, base in enumerate(bases):
+                active = position == len(bases) - 1
+                segment, repair = Segment.open(
+                    directory, base, config.index_interval_bytes, active=active
+                )
+                segments.append(segment)
+                if repair.index_rebuilt:
+                    scanned += 1
+                    rebuilt += 1
+                batches += repair.scanned_batches
+                truncated += repair.truncated_bytes
+                if not active and segment.next_offset != bases[position + 1]:
+                    if repair.corrupt is None:
+                        log.error(
+                            "%s ends at offset %d but the next segment starts at %d",
+                            segment.path,
+                            segment.next_offset,
+                            bases[position + 1],
+                        )
+                    segment.next_offset = bases[position + 1]
+                    corrupt.append(base)
+                elif repair.corrupt is not None:
+                    corrupt.append(base)
+        except BaseException:
+            for segment in segments:
+                segment.abandon()
+            raise
+        if not segments:
+            segments = [Segment.create(directory, 0, config.index_interval_bytes)]
+            fsync_directory(directory)
+        instance = cls(directory, config, clock, segments)
+        instance.recovery = RecoveryReport(
+            directory,
+            len(segments),
+            instance.start_offset,
+            instance.end_offset,
+            segments_scanned=scanned,
+            batches_scanned=batches,
+            truncated_bytes=truncated,
+            indexes_rebuilt=rebuilt,
+            orphans_removed=orphans,
+            corrupt_segments=tuple(corrupt),
+        )
+        level = logging.INFO if instance.recovery.clean else logging.WARNING
+        log.log(level, "opened %s: %s", directory, instance.recovery)
+        return instance
+
+    # --- offsets -------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset still held (retention moves it forward)."""
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended message will get."""
+        return self._segments[-1].next_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every offset below this one has been fsynced."""
+        return self._durable_offset
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments, oldest first; the last one is active. Read-only use."""
+        return tuple(self._segments)
+
+    # --- appending -----------------------------------------------------------
+
+    def append(self, runs: Iterable[Run]) -> AppendResult:
+        """Append runs as batches, one per run, with one ``write()``.
+
+        All batches of one call share one ``log_time``. A roll (by size or
+        time) splits the call into one write per segment. Runs are checked
+        before anything is written, so a bad run (empty, oversize) raises
+        StorageError with nothing appended. A failed write (disk full)
+        raises StorageError; batches written to an earlier segment by the
+        same call before a roll stay, unacknowledged, like any data the
+        caller did not get offsets for.
+
+        The data is durable only per the fsync policy: with ``ALWAYS``, call
+        ``sync()`` before acknowledging.
+        """
+        self._check_open()
+        now = self._now()
+        first = offset = self.end_offset
+        encoded: list[tuple[int, int, bytes, bytes]] = []
+        for run in runs:
+            encoded.append((offset, run.count, run.key, encode_batch(offset, now, run)))
+            offset += run.count
+        if not encoded:
+            raise StorageError("append needs at least one run")
+        if self._time_roll_due(now):
+            self.roll()
+        parts: list[bytes] = []
+        positions: list[tuple[int, int, int]] = []
+        pending = 0
+        for base, count, _key, data in encoded:
+            active = self._segments[-1]
+            written = active.size + pending
+            if written and (
+                written + len(data) > self.config.segment_bytes
+                or base + count - active.base_offset > _MAX_RELATIVE_OFFSET
+            ):
+                self._write(parts, positions, base)
+                parts, positions, pending = [], [], 0
+                self.roll()
+            positions.append((base, pending, now))
+            parts.append(data)
+            pending += len(data)
+        self._write(parts, positions, offset)
+        if self._last_by_key is not None:
+            for base, count, key, _data in encoded:
+                self._last_by_key[key] = base + count - 1
+        self._appended_messages += offset - first
+        if self.config.fsync is FsyncPolicy.INTERVAL:
+            self._sync_if_due(now)
+        return AppendResult(first, offset - 1)
+
+    def _write(self, parts: list[bytes], positions: list[tuple[int, int, int]], end: int) -> None:
+        if not parts:
+            return
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._segments[-1].append(data, end, positions)
+        self._last_log_time = positions[-1][2]
+        self._appended_batches += len(parts)
+        self._appended_bytes += len(data)
+
+    def sync(self) -> int:
+        """fsync everything appended so far (group commit); return ``durable_offset``.
+
+        Cheap when nothing is pending. Sealed segments were synced when they
+        rolled, so one fdatasync of the active segment covers everything.
+        Blocking: the broker calls it once per batch of appends, not per
+        publish.
+        """
+        self._check_open()
+        end = self.end_offset
+        if self._durable_offset < end:
+            self._segments[-1].sync()
+            self._fsyncs += 1
+            self._durable_offset = end
+        self._last_sync = self._clock()
+        return self._durable_offset
+
+    def tick(self) -> None:
+        """Periodic housekeeping: the ``INTERVAL`` fsync, time rolls, retention.
+
+        The broker calls this every so often (a fraction of the fsync
+        interval), so that an idle partition still syncs, rolls and expires.
+        """
+        self._check_open()
+        now = self._now()
+        if self.config.fsync is FsyncPolicy.INTERVAL:
+            self._sync_if_due(now)
+        if self._time_roll_due(now):
+            self.roll()
+        self.enforce_retention()
+
+    def _sync_if_due(self, now: int) -> None:
+        if now - self._last_sync >= self.config.fsync_interval_ns:
+            self.sync()
+
+    def _now(self) -> int:
+        now = self._clock()
+        return now if now > self._last_log_time else self._last_log_time
+
+    def _time_roll_due(self, now: int) -> bool:
+        schedule = self.config.roll
+        first = self._segments[-1].first_log_time
+        return schedule is not None and first is not None and now >= schedule.deadline(first)
+
+    # --- segments ------------------------------------------------------------
+
+    def roll(self) -> None:
+        """Seal the active segment and start a new one at ``end_offset``.
+
+        Does nothing when the active segment is empty. Sealing fsyncs the
+        old segment whatever the fsync policy, so that only the active
+        segment can ever hold a torn tail.
+        """
+        self._check_open()
+        active = self._segments[-1]
+        if not active.size:
+            return
+        active.seal()
+        self._durable_offset = max(self._durable_offset, active.next_offset)
+        segment = Segment.create(
+            self.directory, active.next_offset, self.config.index_interval_bytes
+        )
+        fsync_directory(self.directory)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        self._rolls += 1
+
+    def enforce_retention(self) -> RetentionResult:
+        """Delete the oldest sealed segments that retention no longer keeps.
+
+        By age: a segment goes when its newest batch is older than
+        ``retention_seconds`` (an idle active segment that old is rolled
+        first, so it can go too). By bytes: the oldest go while the
+        partition holds more than ``retention_bytes``. The active segment is
+        never deleted, so a partition keeps at most
+        ``max(retention_bytes, active segment)`` bytes.
+        """
+        self._check_open()
+        age = self.config.retention_ns
+        limit = self.config.retention_bytes
+        now = self._now()
+        active = self._segments[-1]
+        if age is not None and active.size and active.last_log_time < now - age:
+            self.roll()
+        total = sum(segment.size for segment in self._segments)
+        deleted = deleted_bytes = 0
+        while len(self._segments) > 1:
+            oldest = self._segments[0]
+            expired = age is not None and oldest.last_log_time < now - age
+            oversize = limit is not None and total > limit
+            if not (expired or oversize):
+                break
+            oldest.delete()
+            del self._segments[0]
+            del self._bases[0]
+            total -= oldest.size
+            deleted += 1
+            deleted_bytes += oldest.size
+        if deleted:
+            fsync_directory(self.directory)
+            self._deleted_segments += deleted
+            log.info(
+                "%s: retention deleted %d segments (%d bytes); start offset now %d",
+                self.directory,
+                deleted,
+                deleted_bytes,
+                self.start_offset,
+            )
+        return RetentionResult(deleted, deleted_bytes, self.start_offset)
+
+    # --- reading -------------------------------------------------------------
+
+    def read(
+        self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, stop_offset: int | None = None
+    ) -> list[StoredBatch]:
+        """Verified batches from ``offset``, up to ``stop_offset`` (default: the end).
+
+        The first batch starts exactly at ``offset`` (sliced if ``offset``
+        falls inside a stored batch), and none passes ``stop_offset``. Whole
+        batches are returned while their on-disk size fits in ``max_bytes``,
+        and always at least one when any is available. Pass
+        ``durable_offset`` as ``stop_offset`` to serve only fsynced data.
+        An offset outside ``[start_offset, end_offset]`` raises
+        OffsetOutOfRangeError; ``end_offset`` itself gives ``[]``.
+        """
+        self._check_open()
+        end = self.end_offset
+        if not self.start_offset <= offset <= end:
+            raise OffsetOutOfRangeError(offset, self.start_offset, end)
+        stop = end if stop_offset is None else min(stop_offset, end)
+        batches: list[StoredBatch] = []
+        used = 0
+        slot = bisect_right(self._bases, offset) - 1
+        while offset < stop and slot < len(self._segments):
+            segment = self._segments[slot]
+            found, used = segment.read(offset, stop, max_bytes, used)
+            batches.extend(found)
+            if found:
+                offset = found[-1].next_offset
+            if offset < segment.next_offset and offset < stop:
+                if used:
+                    break  # the byte budget ran out inside this segment
+                raise CorruptRecordError(
+                    f"offsets {offset} to {segment.next_offset} are missing", segment.path
+                )
+            slot += 1
+        return batches
+
+    def offset_for_time(self, log_time: int) -> int:
+        """The first offset appended at or after ``log_time`` (ns since the
+        epoch), or ``end_offset`` if none: the start of a replay by time."""
+        self._check_open()
+        for segment in self._segments:
+            if segment.size and segment.last_log_time >= log_time:
+                return max(segment.offset_for_time(log_time), self.start_offset)
+        return self.end_offset
+
+    def last_offsets(self) -> dict[bytes, int]:
+        """The offset of the last message of each key still held.
+
+        What a late joiner asking for ``last`` needs. The first call scans
+        every segment's batch headers (no message bytes); appends keep the
+        table current after that. Memory: one entry per distinct key.
+        """
+        self._check_open()
+        if self._last_by_key is None:
+            table: dict[bytes, int] = {}
+            for segment in self._segments:
+                table.update(segment.last_offsets())
+            self._last_by_key = table
+        start = self.start_offset
+        stale = [key for key, offset in self._last_by_key.items() if offset < start]
+        for key in stale:
+            del self._last_by_key[key]
+        return dict(self._last_by_key)
+
+    def read_last(self, keys: Callable[[bytes], bool] | None = None) -> list[StoredBatch]:
+        """The last message of each key (that ``keys`` accepts), oldest first.
+
+        Each comes back as a one-message batch, ready to replay.
+        """
+        wanted = sorted(
+            offset for key, offset in self.last_offsets().items() if keys is None or keys(key)
+        )
+        return [self.read(offset, 1, offset + 1)[0] for offset in wanted]
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def statistics(self) -> LogStatistics:
+        return LogStatistics(
+            start_offset=self.start_offset,
+            end_offset=self.end_offset,
+            durable_offset=self._durable_offset,
+            segments=len(self._segments),
+            size_bytes=sum(segment.size for segment in self._segments),
+            appended_batches=self._appended_batches,
+            appended_messages=self._appended_messages,
+            appended_bytes=self._appended_bytes,
+            fsyncs=self._fsyncs,
+            rolls=self._rolls,
+            deleted_segments=self._deleted_segments,
+        )
+
+    def close(self) -> None:
+        """Clean shutdown: fsync, write the active segment's index, close files.
+
+        The next open then trusts every index and scans nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+
+    def abandon(self) -> None:
+        """Drop the log as a crash would: no fsync, no index. For tests."""
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            with contextlib.suppress(OSError):
+                segment.abandon()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"log {self.directory} is closed")
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
