@@ -1,0 +1,134 @@
+"""Durable topic policies: which keys are kept, in how many partitions, how.
+
+A *durable topic* is a named policy with a key pattern (the subscription
+pattern rules: ``*`` one token, a final ``>`` one or more, ``$SYS`` keys only
+for ``$SYS`` patterns). Every key the pattern matches is stored in that
+topic's partitions, under ``<data dir>/<topic name>/<partition>/``. Keys that
+match no policy stay ephemeral, exactly as without storage. When several
+policies match a key, the one declared first wins, so that a specific rule
+can be listed before a catch-all.
+
+Partitioning: a message goes to ``xxh3_64(key_partition) % partitions``;
+a message without ``key_partition`` uses its run's key instead, so that one
+key's messages stay in one partition and keep their order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+import xxhash
+
+from broky.protocol.codec import read_bytes, table_fields
+from broky.protocol.frames import Run
+from broky.protocol.message import message_views, pack_sizes
+from broky.router.matcher import SubscriptionIndex, validate_pattern
+from broky.storage.config import LogConfig
+from broky.storage.errors import StorageError
+
+#: A topic name becomes a directory name: keep it portable and unambiguous.
+TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+#: Most partitions per topic: each is a directory with open files, and each
+#: is owned by one router; thousands would only spread fsyncs thin.
+MAX_PARTITIONS: Final = 1024
+
+
+def _topic_name(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not TOPIC_NAME.fullmatch(value) or value in (".", ".."):
+        raise StorageError(f"topic name {value!r} must match {TOPIC_NAME.pattern}")
+
+
+def _pattern(instance: object, attribute: attrs.Attribute[Any], value: bytes) -> None:
+    validate_pattern(value)
+
+
+def _partitions(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 1 <= value <= MAX_PARTITIONS:
+        raise StorageError(f"partitions must be in [1, {MAX_PARTITIONS}], got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class TopicPolicy:
+    """One durable topic: its name, the keys it keeps, its partitions and log settings."""
+
+    name: str = attrs.field(validator=_topic_name)
+    pattern: bytes = attrs.field(validator=_pattern)
+    partitions: int = attrs.field(default=1, validator=_partitions)
+    log: LogConfig = attrs.field(factory=LogConfig)
+
+
+class TopicPolicies:
+    """The configured policies with a cached matcher (the router's index)."""
+
+    def __init__(self, policies: Sequence[TopicPolicy]) -> None:
+        names = [policy.name for policy in policies]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise StorageError(f"durable topic names must be unique: {duplicates}")
+        self.policies = tuple(policies)
+        self._index: SubscriptionIndex[int] = SubscriptionIndex()
+        for position, policy in enumerate(self.policies):
+            self._index.add(policy.pattern, position)
+
+    def match(self, key: bytes) -> TopicPolicy | None:
+        """The first-declared policy whose pattern matches ``key``, if any.
+
+        Raises the protocol's InvalidKey error for an invalid key, as the
+        router does.
+        """
+        found = self._index.match(key)
+        return self.policies[min(found)] if found else None
+
+
+def partition_for(partition_key: bytes, partitions: int) -> int:
+    """The partition of a message with this ``key_partition`` (or run key)."""
+    return xxhash.xxh3_64_intdigest(partition_key) % partitions
+
+
+def key_partition(message: memoryview) -> bytes:
+    """A message FlatBuffer's ``key_partition`` field (b"" when absent)."""
+    (field,) = table_fields(message, int.from_bytes(message[:4], "little"), 1)
+    return read_bytes(message, field)
+
+
+def partition_run(run: Run, partitions: int) -> list[tuple[int, Run]]:
+    """Split a run into per-partition runs, keeping message order.
+
+    Consecutive messages bound for one partition stay one run, so the usual
+    case (one partition, or a run whose messages share a key_partition)
+    returns the run itself. With one partition no message is looked at;
+    otherwise each message's ``key_partition`` field is read (a vtable
+    lookup, not a decode).
+    """
+    if partitions == 1:
+        return [(0, run)]
+    views = message_views(run)
+    default = partition_for(run.key, partitions)
+    targets = []
+    for view in views:
+        partition_key = key_partition(view)
+        targets.append(partition_for(partition_key, partitions) if partition_key else default)
+    if all(target == targets[0] for target in targets):
+        return [(targets[0], run)]
+    pieces: list[tuple[int, Run]] = []
+    start = 0
+    for index in range(1, len(views) + 1):
+        if index == len(views) or targets[index] != targets[start]:
+            group = views[start:index]
+            pieces.append(
+                (
+                    targets[start],
+                    Run(
+                        run.key,
+                        run.ts_broker,
+                        len(group),
+                        pack_sizes([len(view) for view in group]),
+                        b"".join(group),
+                    ),
+                )
+            )
+            start = index
+    return pieces

@@ -1,0 +1,135 @@
+"""Topic policies and partitioning, the state store, and the offline reader."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.message import decode_run
+from broky.storage.errors import CorruptRecordError, StorageError
+from broky.storage.log import PartitionLog
+from broky.storage.reader import iter_batches, iter_records, list_partitions
+from broky.storage.state import PartitionCursor, StateStore
+from broky.storage.topics import TopicPolicies, TopicPolicy, partition_for, partition_run
+from tests.storage.runs import make_run
+
+
+def test_first_declared_matching_policy_wins() -> None:
+    policies = TopicPolicies(
+        [
+            TopicPolicy(name="eu-orders", pattern=b"orders.eu.>", partitions=2),
+            TopicPolicy(name="orders", pattern=b"orders.>"),
+            TopicPolicy(name="system", pattern=b"$SYS.>"),
+        ]
+    )
+    assert policies.match(b"orders.eu.created").name == "eu-orders"  # type: ignore[union-attr]
+    assert policies.match(b"orders.us.created").name == "orders"  # type: ignore[union-attr]
+    assert policies.match(b"$SYS.load").name == "system"  # type: ignore[union-attr]
+    assert policies.match(b"metrics.cpu") is None, "no rule: stays ephemeral"
+    with pytest.raises(RemoteProtocolError):
+        policies.match(b"bad..key")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"name": "../x", "pattern": b"a"},
+        {"name": "ok", "pattern": b"a.>.b"},
+        {"name": "ok", "pattern": b"a", "partitions": 0},
+    ],
+)
+def test_bad_policies_are_refused(settings: dict[str, object]) -> None:
+    with pytest.raises((StorageError, RemoteProtocolError)):
+        TopicPolicy(**settings)  # type: ignore[arg-type]
+
+
+def test_duplicate_topic_names_are_refused() -> None:
+    with pytest.raises(StorageError):
+        TopicPolicies([TopicPolicy(name="t", pattern=b"a"), TopicPolicy(name="t", pattern=b"b")])
+
+
+def test_partition_is_xxh3_of_key_partition_modulo_partitions() -> None:
+    assert partition_for(b"customer-7", 12) == xxhash.xxh3_64_intdigest(b"customer-7") % 12
+
+
+def test_partition_run_splits_by_key_partition_and_keeps_order() -> None:
+    kps = [b"p%d" % (i % 3) for i in range(9)]
+    run = make_run(b"orders.x", [b"m%d" % i for i in range(9)], key_partitions=kps)
+    assert partition_run(run, 1) == [(0, run)]
+    pieces = partition_run(run, 4)
+    payloads = [m.payload for _, piece in pieces for m in decode_run(piece)]
+    assert payloads == [b"m%d" % i for i in range(9)]
+    for partition, piece in pieces:
+        for message in decode_run(piece):
+            assert partition == partition_for(message.key_partition, 4)
+    same = make_run(b"k", [b"a", b"b"])  # no key_partition: the run key decides
+    assert partition_run(same, 4) == [(partition_for(b"k", 4), same)]
+
+
+def test_state_store_saves_atomically_and_reloads(tmp_path: Path) -> None:
+    path = str(tmp_path / "state.db")
+    store = StateStore.open(path)
+    store.save("sub-a", [PartitionCursor("orders", 0, 10, ((12, 14), (20, 20)))])
+    store.save("sub-a", [PartitionCursor("orders", 1, 3)])
+
+    def fail_mid_transaction() -> None:
+        with store.transaction() as transaction:
+            transaction.save("sub-a", PartitionCursor("orders", 0, 99))
+            raise RuntimeError("crash mid-transaction")
+
+    with pytest.raises(RuntimeError):
+        fail_mid_transaction()
+    store.close()
+    store = StateStore.open(path)
+    assert store.load("sub-a") == [
+        PartitionCursor("orders", 0, 10, ((12, 14), (20, 20))),
+        PartitionCursor("orders", 1, 3),
+    ]
+    assert store.subscriptions() == ["sub-a"]
+    with store.transaction() as transaction:
+        transaction.delete("sub-a")
+    assert store.load("sub-a") == []
+    store.close()
+
+
+def test_offline_reader_sees_every_record_and_stops_at_a_write_in_progress(
+    tmp_path: Path,
+) -> None:
+    for partition in range(2):
+        with PartitionLog.open(str(tmp_path / "orders" / str(partition))) as log:
+            log.append([make_run(b"o.%d" % partition, [b"a", b"b"])])
+    (tmp_path / "orders" / "not-a-partition").mkdir()
+    assert [(f.topic, f.partition) for f in list_partitions(str(tmp_path))] == [
+        ("orders", 0),
+        ("orders", 1),
+    ]
+    records = list(iter_records(str(tmp_path)))
+    assert [(r.partition, r.offset, r.key) for r in records] == [
+        (0, 0, b"o.0"),
+        (0, 1, b"o.0"),
+        (1, 0, b"o.1"),
+        (1, 1, b"o.1"),
+    ]
+    files = list_partitions(str(tmp_path))[0]
+    segment = os.path.join(files.directory, f"{0:020d}.log")
+    with open(segment, "ab") as file:
+        file.write(b"\x40\x00\x00\x00 half a batch")
+    assert [b.base_offset for b in iter_batches(files, from_offset=1)] == [1]
+
+
+def test_offline_reader_raises_on_damage_in_a_sealed_segment(tmp_path: Path) -> None:
+    directory = tmp_path / "t" / "0"
+    with PartitionLog.open(str(directory)) as log:
+        log.append([make_run(b"k", [b"1"])])
+        log.roll()
+        log.append([make_run(b"k", [b"2"])])
+    first = directory / f"{0:020d}.log"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError):
+        list(iter_batches(list_partitions(str(tmp_path))[0]))
