@@ -16,46 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from benchmarks import loadgen
+from broky.loadtest import loadgen
+from broky.loadtest.bench import cpu_seconds
+from broky.loadtest.bench import server_process as server
 
 CONTEXT = multiprocessing.get_context("fork")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-@contextmanager
-def server(command: list[str]) -> Iterator[tuple[int, tuple[str, int]]]:
-    """Start a server that prints "... listening on HOST:PORT"; stop it by PID."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if "listening on" not in line:
-            raise RuntimeError(f"server did not start: {line!r}")
-        host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
-        yield process.pid, (host, int(port))
-    finally:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def measure(

@@ -15,6 +15,7 @@ import trio
 from broky.client.client import connect
 from broky.client.errors import BrokyError
 from broky.config import DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.loadtest import cli as bench
 from broky.server import Broker
 
 log = logging.getLogger("broky")
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub_cmd.add_argument("pattern")
     sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    bench.add_parser(commands)
     return parser
 
 
@@ -120,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args)
             _configure_logging(config.log_level)
             trio.run(serve, config)
+        elif args.command == "bench":
+            return int(args.handler(args))
         elif args.command == "pub":
             _configure_logging("warning")
             trio.run(publish, args)
