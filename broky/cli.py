@@ -16,6 +16,7 @@ from broky.client.client import connect
 from broky.client.errors import BrokyError
 from broky.config import DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.loadtest import cli as bench
+from broky.observability.top import watch
 from broky.server import Broker
 
 log = logging.getLogger("broky")
@@ -110,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub_cmd.add_argument("pattern")
     sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
+    top_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
     bench.add_parser(commands)
     return parser
 
@@ -124,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(serve, config)
         elif args.command == "bench":
             return int(args.handler(args))
+        elif args.command == "top":
+            trio.run(watch, args.address)
         elif args.command == "pub":
             _configure_logging("warning")
             trio.run(publish, args)

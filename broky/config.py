@@ -17,6 +17,8 @@ from broky.router.router import RouterLimits
 
 #: Broky's registered-looking default port (NATS uses 4222, MQTT 1883).
 DEFAULT_PORT: Final = 7722
+#: The Prometheus endpoint's default port (when metrics_listen is on).
+DEFAULT_METRICS_PORT: Final = 7723
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 
@@ -35,6 +37,16 @@ class ConfigError(ValueError):
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value <= 0:
         raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+def _not_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{attribute.name} must be >= 0 (0 turns it off), got {value!r}")
+
+
+def _valid_port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"{attribute.name} must be 0..65535 (0 picks a free port), got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -57,6 +69,16 @@ class Config:
     max_subscriptions_per_connection: int = attrs.field(
         default=RouterLimits().max_subscriptions_per_connection, validator=_positive
     )
+    #: Serve Prometheus /metrics and /healthz on metrics_host:metrics_port.
+    metrics_listen: bool = False
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = attrs.field(default=DEFAULT_METRICS_PORT, validator=_valid_port)
+    #: How many of the busiest keys get per-topic figures (K).
+    metrics_top_topics: int = attrs.field(default=RouterLimits().top_topics, validator=_positive)
+    #: Seconds between $SYS.metrics snapshots (0: none).
+    system_metrics_interval: float = attrs.field(default=5.0, validator=_not_negative)
+    #: Publish advisories on $SYS.events.*.
+    system_events: bool = True
 
     @port.validator
     def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
@@ -88,6 +110,7 @@ class Config:
             outbox_bytes=self.outbox_bytes,
             write_batch_bytes=self.write_batch_bytes,
             max_subscriptions_per_connection=self.max_subscriptions_per_connection,
+            top_topics=self.metrics_top_topics,
         )
 
     @property

@@ -28,6 +28,7 @@ from broky.connection.handler import (
 )
 from broky.connection.inproc import pipe_pair
 from broky.mesh.link import Connector, Link, LinkStatus
+from broky.observability.service import Observability
 from broky.protocol.constants import LinkKind
 from broky.router.router import Router, RouterStatistics
 
@@ -80,6 +81,9 @@ class Broker:
         self._connection_nursery: trio.Nursery | None = None
         self._all_closed = trio.Event()
         self.address: tuple[str, int] | None = None
+        self.observability = Observability(
+            self.config, self.router, self.statistics, lambda: list(self._connections)
+        )
 
     async def serve(
         self, *, task_status: trio.TaskStatus[tuple[str, int] | None] = trio.TASK_STATUS_IGNORED
@@ -113,6 +117,7 @@ class Broker:
                     self._link_nursery = acceptors
                     for link in self._links:
                         acceptors.start_soon(link.run)
+                    await acceptors.start(self.observability.run)
                     task_status.started(self.address)
                     await trio.sleep_forever()
             finally:
@@ -150,6 +155,7 @@ class Broker:
                 await connection.run()
             finally:
                 del self._connections[connection]
+                self.observability.connection_closed(connection)
                 if not self._connections:
                     self._all_closed.set()
 

@@ -43,6 +43,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.router.outbox import Outlet
 from broky.router.router import Router
 
 log = logging.getLogger("broky.connection")
@@ -144,6 +145,16 @@ class ServerConnection:
                 reason.value,
                 f" ({self._reason_detail})" if self._reason_detail else "",
             )
+
+    @property
+    def outlet(self) -> Outlet:
+        """The router's side of this connection: its subscriptions (for observers)."""
+        return self._outlet
+
+    @property
+    def close_reason(self) -> tuple[CloseReason, str]:
+        """Why the connection closed, and the detail; meaningful once ``run`` returned."""
+        return self._reason or CloseReason.SERVER_SHUTDOWN, self._reason_detail
 
     def shutdown(self) -> None:
         """Ask the connection to close with ServerShutdown (broker stopping)."""

@@ -28,7 +28,7 @@ import attrs
 #: build up a count before the next cut.
 TRACKED_PER_REPORTED: Final = 8
 #: Fewest keys tracked, whatever K is.
-MIN_TRACKED: Final = 64
+MIN_TRACKED: Final = 1024
 #: Default number of busiest keys reported (K).
 DEFAULT_TOP_TOPICS: Final = 10
 

@@ -19,13 +19,13 @@ from typing import Final
 
 import attrs
 
+from broky.observability.topics import DEFAULT_TOP_TOPICS, TopicCounter, TopicFigures
 from broky.protocol.codec import encode_frame, encode_run_chunk
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Error, Run, Subscribed
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.matcher import MATCH_CACHE_SIZE, SubscriptionIndex, validate_pattern
-from broky.observability.topics import DEFAULT_TOP_TOPICS, TopicCounter, TopicFigures
 from broky.router.outbox import (
     DEFAULT_OUTBOX_BYTES,
     DEFAULT_OUTBOX_MESSAGES,
@@ -327,6 +327,12 @@ class Router:
                 subscription.push(run)
 
     # --- introspection -----------------------------------------------------
+
+    def has_subscribers(self, key: bytes) -> bool:
+        """Whether a run on ``key`` would reach any subscription (a cached
+        match): the broker's own optional traffic ($SYS) is only built and
+        published when someone listens, so it never shows up as drops."""
+        return bool(self._index.match(key))
 
     def statistics(self) -> RouterStatistics:
         """A consistent snapshot (the router is single-threaded)."""
