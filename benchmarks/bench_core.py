@@ -127,9 +127,22 @@ def main() -> None:
     parser.add_argument(
         "--only", action="append", help="run only this scenario (repeatable); no summary"
     )
+    parser.add_argument(
+        "--workers", default="1,2", help="comma-separated worker counts to run Broky with"
+    )
+    parser.add_argument("--accept", default="handoff", help="how connections reach workers")
     args = parser.parse_args()
+    worker_counts = [int(count) for count in args.workers.split(",")]
 
-    broky_cmd = [sys.executable, "-m", "broky", "serve", "--port", "0", "--log-level", "error"]
+    def broky_cmd(workers: int) -> list[str]:
+        return [
+            *(sys.executable, "-m", "broky", "serve", "--port", "0", "--log-level", "error"),
+            *("--workers", str(workers), "--accept", args.accept),
+        ]
+
+    def name_of(workers: int) -> str:
+        return "broky" if workers == 1 else f"broky-{workers}w"
+
     pump_cmd = [sys.executable, "-m", "benchmarks.pump"]
     raw: tuple[Callable[..., None], tuple[Any, ...]] = (
         loadgen.raw_publisher,
@@ -143,11 +156,19 @@ def main() -> None:
     scenarios: list[
         tuple[str, int, list[str], Callable[..., None], tuple[Any, ...], int, tuple[str, ...]]
     ] = [
-        ("fanin_raw", 4, ["bench.data"], *raw, 400_000, ("pump", "broky")),
-        ("fanout_raw", 1, ["bench.data"] * 8, *raw, 200_000, ("pump", "broky")),
-        ("fanin_client", 4, ["bench.data"], *client, 200_000, ("broky",)),
+        ("fanin_raw", 4, ["bench.data"], *raw, 400_000, ("pump", *map(name_of, worker_counts))),
+        (
+            "fanout_raw",
+            1,
+            ["bench.data"] * 8,
+            *raw,
+            200_000,
+            ("pump", *map(name_of, worker_counts)),
+        ),
+        ("fanin_client", 4, ["bench.data"], *client, 200_000, tuple(map(name_of, worker_counts))),
     ]
-    commands = {"broky": broky_cmd, "pump": pump_cmd}
+    commands = {name_of(count): broky_cmd(count) for count in worker_counts}
+    commands["pump"] = pump_cmd
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for name, publishers, patterns, publisher, publisher_args, first_rate, targets in scenarios:
         if args.only and name not in args.only:
@@ -170,14 +191,20 @@ def main() -> None:
             result["flat_out_published_per_s"] = flat_out["published_per_s"]
             result["flat_out_delivered_per_s"] = flat_out["delivered_per_s"]
             pump = results.get(("pump", name))
-            if target == "broky" and pump and pump["delivered_per_s"]:
+            if target.startswith("broky") and pump and pump["delivered_per_s"]:
                 result["ratio_to_pump"] = round(
                     result["delivered_per_s"] / pump["delivered_per_s"], 3
                 )
+            single = results.get(("broky", name))
+            if target != "broky" and target.startswith("broky") and single:
+                result["ratio_to_1_worker"] = round(
+                    result["delivered_per_s"] / single["delivered_per_s"], 3
+                )
             results[(target, name)] = result
             print(json.dumps(result), flush=True)
-    if args.only:
+    if args.only or "broky" not in commands:
         return
+    two = results.get(("broky-2w", "fanin_raw"))
     print(
         json.dumps(
             {
@@ -191,6 +218,13 @@ def main() -> None:
                 "client_sustained_msgs_per_s": results[("broky", "fanin_client")]["messages_per_s"],
                 "fanin_ratio_to_pump": results[("broky", "fanin_raw")].get("ratio_to_pump"),
                 "fanout_ratio_to_pump": results[("broky", "fanout_raw")].get("ratio_to_pump"),
+                "fanin_2_workers_msgs_per_s": two["messages_per_s"] if two else None,
+                "fanin_2_workers_vs_1": two.get("ratio_to_1_worker") if two else None,
+                "fanout_2_workers_deliveries_per_s": (
+                    results[("broky-2w", "fanout_raw")]["delivered_per_s"]
+                    if ("broky-2w", "fanout_raw") in results
+                    else None
+                ),
             }
         ),
         flush=True,

@@ -14,8 +14,9 @@ import trio
 
 from broky.client.client import connect
 from broky.client.errors import BrokyError
-from broky.config import DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.loadtest import cli as bench
+from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
 from broky.server import Broker
 
@@ -36,10 +37,12 @@ def load_config(args: argparse.Namespace) -> Config:
     values: dict[str, object] = {
         field.name: getattr(base, field.name) for field in attrs.fields(Config)
     }
-    for name in ("host", "port", "log_level"):
-        value = getattr(args, name)
+    for name in ("host", "port", "log_level", "workers", "accept", "cluster_listen"):
+        value = getattr(args, name, None)
         if value is not None:
             values[name] = value
+    if getattr(args, "peers", None) is not None:
+        values["peers"] = [peer for peer in args.peers.split(",") if peer]
     return Config.from_mapping(values)
 
 
@@ -99,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT}; 0 = any)")
     serve_cmd.add_argument("--config", help="TOML file of settings (see README)")
     serve_cmd.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
+    serve_cmd.add_argument(
+        "--workers", type=int, help="worker processes, one router each (default: one per core)"
+    )
+    serve_cmd.add_argument(
+        "--accept", choices=ACCEPT_MODES, help="how connections reach workers (default reuseport)"
+    )
+    serve_cmd.add_argument(
+        "--cluster-listen", help="HOST:PORT for other nodes' links (worker i uses PORT+i)"
+    )
+    serve_cmd.add_argument(
+        "--peers", help="comma-separated cluster_listen addresses of the other nodes"
+    )
 
     default_address = f"127.0.0.1:{DEFAULT_PORT}"
     pub_cmd = commands.add_parser("pub", help="publish messages")
@@ -124,7 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             config = load_config(args)
             _configure_logging(config.log_level)
-            trio.run(serve, config)
+            if worker_count(config) == 1 and not config.cluster_listen:
+                trio.run(serve, config)
+            else:
+                trio.run(serve_node, config)
         elif args.command == "bench":
             return int(args.handler(args))
         elif args.command == "top":

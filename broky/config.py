@@ -20,6 +20,7 @@ DEFAULT_PORT: Final = 7722
 #: The Prometheus endpoint's default port (when metrics_listen is on).
 DEFAULT_METRICS_PORT: Final = 7723
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+ACCEPT_MODES: Final = ("reuseport", "handoff")
 
 
 _TYPES: Final[dict[str, tuple[type, ...]]] = {
@@ -27,6 +28,7 @@ _TYPES: Final[dict[str, tuple[type, ...]]] = {
     "float": (int, float),
     "str": (str,),
     "bool": (bool,),
+    "tuple[str, ...]": (list, tuple),
 }
 
 
@@ -56,6 +58,16 @@ class Config:
     host: str = "127.0.0.1"
     port: int = attrs.field(default=DEFAULT_PORT)
     listen: bool = True
+    #: Worker processes for ``broky serve`` (0: one per core); each runs a router.
+    workers: int = attrs.field(default=0, validator=_not_negative)
+    #: How connections reach workers: "reuseport" (each worker accepts on its
+    #: own SO_REUSEPORT socket) or "handoff" (the supervisor accepts and hands
+    #: sockets to workers round-robin). See docs/architecture.md.
+    accept: str = attrs.field(default="reuseport")
+    #: HOST:PORT for other nodes' links; worker i listens on PORT + i. Empty: no cluster.
+    cluster_listen: str = ""
+    #: Other nodes' cluster_listen addresses (HOST:PORT each), for a full mesh.
+    peers: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     log_level: str = attrs.field(default="info")
     max_frame_bytes: int = attrs.field(default=DEFAULT_MAX_FRAME_BYTES)
     heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
@@ -68,6 +80,10 @@ class Config:
     )
     max_subscriptions_per_connection: int = attrs.field(
         default=RouterLimits().max_subscriptions_per_connection, validator=_positive
+    )
+    #: Bound of what one router queues for one peer router's link.
+    link_outbox_bytes: int = attrs.field(
+        default=RouterLimits().link_outbox_bytes, validator=_positive
     )
     #: Serve Prometheus /metrics and /healthz on metrics_host:metrics_port.
     metrics_listen: bool = False
@@ -95,7 +111,28 @@ class Config:
         if value not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
 
+    @accept.validator
+    def _check_accept(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in ACCEPT_MODES:
+            raise ConfigError(f"accept must be one of {', '.join(ACCEPT_MODES)}, got {value!r}")
+
+    @peers.validator
+    def _check_peers(
+        self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+    ) -> None:
+        for peer in value:
+            host, sep, port = str(peer).rpartition(":")
+            if not (isinstance(peer, str) and sep and host and port.isdigit()):
+                raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
+
     def __attrs_post_init__(self) -> None:
+        if self.cluster_listen:
+            host, sep, port = self.cluster_listen.rpartition(":")
+            if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+                raise ConfigError(
+                    f"cluster_listen must be HOST:PORT with a port 1..65535, "
+                    f"got {self.cluster_listen!r}"
+                )
         if self.heartbeat_interval >= self.idle_timeout:
             raise ConfigError(
                 f"heartbeat_interval ({self.heartbeat_interval}) must be less than idle_timeout "
@@ -111,6 +148,7 @@ class Config:
             write_batch_bytes=self.write_batch_bytes,
             max_subscriptions_per_connection=self.max_subscriptions_per_connection,
             top_topics=self.metrics_top_topics,
+            link_outbox_bytes=self.link_outbox_bytes,
         )
 
     @property

@@ -68,6 +68,7 @@ class Broker:
         node_id: str | None = None,
         client_listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
         link_listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] = (),
+        worker: int = 0,
     ) -> None:
         self.config = config or Config()
         self.router = Router(self.config.router_limits)
@@ -82,7 +83,11 @@ class Broker:
         self._all_closed = trio.Event()
         self.address: tuple[str, int] | None = None
         self.observability = Observability(
-            self.config, self.router, self.statistics, lambda: list(self._connections)
+            self.config,
+            self.router,
+            self.statistics,
+            lambda: list(self._connections),
+            worker=str(worker),
         )
 
     async def serve(

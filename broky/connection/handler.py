@@ -201,7 +201,7 @@ class ServerConnection:
             elif type(frame) is Hello:
                 self.client_name = frame.client_name
                 if frame.link is not LinkKind.CLIENT:
-                    if frame.node and frame.node == router.node_id:
+                    if frame.link is LinkKind.CLUSTER and frame.node == router.node_id:
                         raise RemoteProtocolError(
                             "a router tried to link to its own node (check --peers)",
                             ErrorCode.MALFORMED_FRAME,
@@ -305,7 +305,9 @@ def describe_peer(stream: trio.abc.Stream) -> str:
     if socket is None:
         return "in-process"
     try:
-        host, port = socket.getpeername()[:2]
+        address = socket.getpeername()
     except OSError:
         return "unknown"
-    return f"{host}:{port}"
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return f"unix:{address}" if address else "unix"

@@ -7,7 +7,11 @@ import trio
 
 import broky
 from broky.mesh.link import Link
+from broky.protocol.codec import encode_frame
 from broky.protocol.constants import LinkKind
+from broky.protocol.frames import Hello, Subscribe
+from broky.protocol.framing import encode_preamble
+from tests.conftest import StartBroker, raw_connection
 
 
 async def _mesh(
@@ -16,11 +20,9 @@ async def _mesh(
     brokers = [broky.Broker(broky.Config(listen=False)) for _ in range(count)]
     for broker in brokers:
         await nursery.start(broker.serve)
-    links: list[Link] = []
-    for broker in brokers:
-        for peer in brokers:
-            if peer is not broker:
-                links.append(broker.link_to(peer, kind))
+    links: list[Link] = [
+        broker.link_to(peer, kind) for broker in brokers for peer in brokers if peer is not broker
+    ]
     for link in links:
         await link.ready.wait()
     return brokers
@@ -154,3 +156,48 @@ async def test_a_link_reconnects_and_reannounces_interest(
                 await trio.sleep(0.01)
             await publisher.publish("again", b"after")
             assert await _take(subscription, 1) == [b"after"]
+
+
+async def test_a_stalled_link_drops_for_itself_and_never_slows_local_delivery(
+    start_broker: StartBroker,
+) -> None:
+    broker = await start_broker(broky.Config(port=0, link_outbox_bytes=1 << 20))
+    with trio.fail_after(20):
+        async with (
+            raw_connection(broker, receive_buffer=4096) as stalled_peer,
+            broker.connect() as publisher,
+            broker.connect() as local,
+            local.subscription("load.>") as subscription,
+        ):
+            # A peer router that announces interest, then never reads again.
+            await stalled_peer.send(
+                encode_preamble()
+                + encode_frame(Hello(client_name="stalled", link=LinkKind.LOCAL, node="other"))
+                + encode_frame(Subscribe(1, b"load.>"))
+            )
+            for _ in range(100):
+                if broker.statistics().router.subscriptions == 2:
+                    break
+                await trio.sleep(0.01)
+            count = 60_000
+            payload = bytes(200)
+            received = 0
+
+            async def consume() -> None:
+                nonlocal received
+                async for _ in subscription:
+                    received += 1
+                    if received == count:
+                        return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consume)
+                for _ in range(count):
+                    await publisher.publish("load.x", payload)
+                await publisher.flush()
+            assert received == count
+            assert subscription.statistics().dropped_by_broker == 0
+            (link,) = broker.statistics().router.links
+            assert link.kind == "local"
+            assert link.dropped_messages > 0
+            assert link.queued_bytes <= broker.config.router_limits.link_outbox_bytes

@@ -1,0 +1,29 @@
+"""Ownership by ``key_partition``: which router owns a partition.
+
+Ephemeral messages are matched where they enter (the ingress router) and go
+one hop to every router with interest: nothing is owned, because nothing
+needs a single point of order beyond "per publisher". Ownership matters for
+durable topics, where each partition has one appender: the partition is
+``xxh3_64(key_partition) % partitions`` and partition *p* belongs to router
+``p % routers``, so every worker (and, with replication, every node) agrees
+without coordination, and the same key always lands on the same partition.
+"""
+
+from __future__ import annotations
+
+import xxhash
+
+
+def partition_of(key_partition: bytes, partitions: int) -> int:
+    """The partition a message's ``key_partition`` maps to (stable across
+    processes, versions and machines: xxh3 has no per-process seed)."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    return xxhash.xxh3_64_intdigest(key_partition) % partitions
+
+
+def owner_of(partition: int, routers: int) -> int:
+    """The index of the router that owns ``partition`` among ``routers``."""
+    if routers < 1:
+        raise ValueError(f"routers must be >= 1, got {routers}")
+    return partition % routers
