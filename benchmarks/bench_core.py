@@ -5,7 +5,11 @@ Prints one JSON object per line (one per scenario, then a summary), so
 results can be compared across runs; the ratio to the pump, measured in the
 same run, is the number that survives a noisy shared machine.
 
-Scenarios (100-byte payloads by default, one broker process):
+Targets: Broky with 1 and 2 workers (``--workers``), the pump, and
+nats-server when it is installed (started on 127.0.0.1, stopped by PID, and
+driven through its own protocol with the same raw-socket load).
+
+Scenarios (100-byte payloads by default):
 - ``fanin_raw``: 4 publishers writing pre-encoded frames -> 1 subscriber.
 - ``fanout_raw``: 1 pre-encoded publisher -> 8 subscribers.
 - ``fanin_client``: 4 publishers using the client library -> 1 subscriber.
@@ -19,20 +23,26 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
-from broky.loadtest import loadgen
+from broky.loadtest import loadgen, peers
 from broky.loadtest.bench import cpu_seconds
 from broky.loadtest.bench import server_process as server
 
 CONTEXT = multiprocessing.get_context("fork")
+#: Peer brokers swept in the same run when their server is installed.
+PEER_TARGETS = ("nats",)
+
+
+Server = Callable[[], AbstractContextManager[tuple[int, tuple[str, int]]]]
 
 
 def measure(
     target: str,
     scenario: str,
-    command: list[str],
+    start_server: Server,
     publishers: int,
     patterns: list[str],
     publisher: Callable[..., None],
@@ -42,14 +52,21 @@ def measure(
 ) -> dict[str, Any]:
     """Run one scenario against a fresh server at ``rate`` messages/s in total
     (0: publishers go flat out) and return its figures."""
-    with server(command) as (pid, address):
+    peer = target if target in PEER_TARGETS else None
+    if peer is not None:
+        # The same load through the peer's own wire protocol.
+        publisher = partial(peers.peer_publisher, peer)
+        subscribe: Callable[..., None] = partial(peers.peer_subscribers, peer)
+    else:
+        subscribe = loadgen.raw_subscribers
+    with start_server() as (pid, address):
         stop = CONTEXT.Event()
         ready = CONTEXT.Event()
         received = CONTEXT.Value("q", 0, lock=False)
         dropped = CONTEXT.Value("q", 0, lock=False)
         sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(publishers)]
         subscriber = CONTEXT.Process(
-            target=loadgen.raw_subscribers,
+            target=subscribe,
             args=(address, patterns, received, dropped, ready, stop),
         )
         subscriber.start()
@@ -152,23 +169,35 @@ def main() -> None:
         loadgen.client_publisher,
         ("bench.data", args.size),
     )
+    installed = [peer for peer in PEER_TARGETS if peer in peers.installed_peers()]
     # (name, publishers, subscriber patterns, publisher, its args, first rate, targets)
     scenarios: list[
         tuple[str, int, list[str], Callable[..., None], tuple[Any, ...], int, tuple[str, ...]]
     ] = [
-        ("fanin_raw", 4, ["bench.data"], *raw, 400_000, ("pump", *map(name_of, worker_counts))),
+        (
+            "fanin_raw",
+            4,
+            ["bench.data"],
+            *raw,
+            400_000,
+            ("pump", *installed, *map(name_of, worker_counts)),
+        ),
         (
             "fanout_raw",
             1,
             ["bench.data"] * 8,
             *raw,
             200_000,
-            ("pump", *map(name_of, worker_counts)),
+            ("pump", *installed, *map(name_of, worker_counts)),
         ),
         ("fanin_client", 4, ["bench.data"], *client, 200_000, tuple(map(name_of, worker_counts))),
     ]
-    commands = {name_of(count): broky_cmd(count) for count in worker_counts}
-    commands["pump"] = pump_cmd
+    servers: dict[str, Server] = {
+        name_of(count): partial(server, broky_cmd(count)) for count in worker_counts
+    }
+    servers["pump"] = partial(server, pump_cmd)
+    for peer in installed:
+        servers[peer] = partial(peers.peer_server, peer)
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for name, publishers, patterns, publisher, publisher_args, first_rate, targets in scenarios:
         if args.only and name not in args.only:
@@ -178,7 +207,7 @@ def main() -> None:
                 measure,
                 target,
                 name,
-                commands[target],
+                servers[target],
                 publishers,
                 patterns,
                 publisher,
@@ -195,6 +224,11 @@ def main() -> None:
                 result["ratio_to_pump"] = round(
                     result["delivered_per_s"] / pump["delivered_per_s"], 3
                 )
+            nats = results.get(("nats", name))
+            if target.startswith("broky") and nats:
+                result["ratio_to_nats"] = round(
+                    result["delivered_per_s"] / nats["delivered_per_s"], 3
+                )
             single = results.get(("broky", name))
             if target != "broky" and target.startswith("broky") and single:
                 result["ratio_to_1_worker"] = round(
@@ -202,7 +236,7 @@ def main() -> None:
                 )
             results[(target, name)] = result
             print(json.dumps(result), flush=True)
-    if args.only or "broky" not in commands:
+    if args.only or "broky" not in servers:
         return
     two = results.get(("broky-2w", "fanin_raw"))
     print(
@@ -218,6 +252,8 @@ def main() -> None:
                 "client_sustained_msgs_per_s": results[("broky", "fanin_client")]["messages_per_s"],
                 "fanin_ratio_to_pump": results[("broky", "fanin_raw")].get("ratio_to_pump"),
                 "fanout_ratio_to_pump": results[("broky", "fanout_raw")].get("ratio_to_pump"),
+                "fanin_ratio_to_nats": results[("broky", "fanin_raw")].get("ratio_to_nats"),
+                "fanout_ratio_to_nats": results[("broky", "fanout_raw")].get("ratio_to_nats"),
                 "fanin_2_workers_msgs_per_s": two["messages_per_s"] if two else None,
                 "fanin_2_workers_vs_1": two.get("ratio_to_1_worker") if two else None,
                 "fanout_2_workers_deliveries_per_s": (

@@ -85,11 +85,36 @@ class BenchOptions:
         return 0.0
 
 
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                found.extend(int(child) for child in children.read().split())
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its reaped children, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return sum(int(field) for field in fields[11:15]) / TICKS
+    """User + system CPU time of a process and all its descendants, live ones
+    (a supervisor's workers) and reaped ones, from /proc."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # exited between the listing and the read
+        total += sum(int(field) for field in fields[11:15]) / TICKS
+        pending.extend(_children(current))
+    return total
 
 
 @contextmanager
