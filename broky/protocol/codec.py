@@ -30,19 +30,25 @@ from broky.protocol.constants import (
     LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
+    StartKind,
 )
 from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
 from broky.protocol.frames import (
     Buffer,
     Deliver,
     Error,
+    Fetch,
+    Fetched,
     Flow,
     Frame,
     Hello,
+    ListPartitions,
     Notice,
+    Partitions,
     Ping,
     Pong,
     Publish,
+    PublishAck,
     Run,
     Subscribe,
     Subscribed,
@@ -79,9 +85,10 @@ _CHUNK_SIZES_AT: Final = 40
 #  8  Frame vtable (8 bytes): body_type@8 body@4
 # 16  Frame table: soffset 8, 20 body uoffset -> 40, 24 body_type, pad
 # 28  body vtable (Publish 10 bytes / Deliver 8 bytes, padded to 12)
-# 40  body table: soffset 12, 44 stream, 48 runs uoffset -> 56, 52 stamp flag
+# 40  body table: soffset 12, 44 stream, 48 runs uoffset -> 56, 52 stamp flag,
+#     53 ack flag (Publish with ack only)
 # 56  runs vector: count, then one uoffset per run; padded to 8; chunks follow.
-_RUNS_HEAD: Final = struct.Struct("<II4HiIB3x6HiIIB3xI")
+_RUNS_HEAD: Final = struct.Struct("<II4HiIB3x6HiIIBB2xI")
 _RUNS_VECTOR_AT: Final = 56
 
 
@@ -108,37 +115,24 @@ def _align8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def encode_run_chunk(key: bytes, ts_broker: int, sizes: Buffer, messages: Buffer) -> bytes:
-    """Encode a relocatable Run chunk (see module docstring).
-
-    ``sizes`` is the raw little-endian uint32 size table and ``messages`` the
-    concatenated message buffers. The caller guarantees they agree.
-    """
+def _chunk_tail(
+    sizes_at: int, key: bytes, sizes: Buffer, messages: Buffer
+) -> tuple[int, int, list[Buffer]]:
+    """Lay out a chunk's vectors from ``sizes_at``: return where the messages
+    vector and the key string start, and the parts after the chunk's head."""
     sizes_len = len(sizes)
     messages_len = len(messages)
     key_len = len(key)
-    sizes_end = _CHUNK_SIZES_AT + 4 + sizes_len
+    sizes_end = sizes_at + 4 + sizes_len
     messages_at = sizes_end + ((4 - sizes_end) & 7)  # data at messages_at + 4, 8-aligned
     messages_end = messages_at + 4 + messages_len
     key_at = (messages_end + 3) & ~3
     key_end = key_at + 4 + key_len + 1  # strings carry a NUL terminator
     chunk_end = _align8(key_end)
-    return b"".join(
-        (
-            _CHUNK_HEAD.pack(
-                12,
-                28,
-                12,
-                4,
-                16,
-                20,
-                12,
-                ts_broker,
-                key_at - 24,
-                _CHUNK_SIZES_AT - 28,
-                messages_at - 32,
-                0,
-            ),
+    return (
+        messages_at,
+        key_at,
+        [
             _U32.pack(sizes_len >> 2),
             sizes,
             PADDING[messages_at - sizes_end],
@@ -148,14 +142,75 @@ def encode_run_chunk(key: bytes, ts_broker: int, sizes: Buffer, messages: Buffer
             _U32.pack(key_len),
             key,
             PADDING[chunk_end - key_end + 1],
-        )
+        ],
     )
 
 
+def encode_run_chunk(key: bytes, ts_broker: int, sizes: Buffer, messages: Buffer) -> bytes:
+    """Encode a relocatable Run chunk (see module docstring).
+
+    ``sizes`` is the raw little-endian uint32 size table and ``messages`` the
+    concatenated message buffers. The caller guarantees they agree.
+    """
+    messages_at, key_at, tail = _chunk_tail(_CHUNK_SIZES_AT, key, sizes, messages)
+    head = _CHUNK_HEAD.pack(
+        12, 28, 12, 4, 16, 20, 12, ts_broker, key_at - 24, _CHUNK_SIZES_AT - 28, messages_at - 32, 0
+    )
+    return b"".join((head, *tail))
+
+
+# --- durable run chunk layout: the table's vtable sits after it --------------
+#  0  12 bytes of zeros (so that the table starts at CHUNK_TABLE_OFFSET too)
+# 12  table: soffset -36 (vtable at 48), 16 int64 ts_broker, 24 int64
+#     base_offset, 32 uoffset key, 36 uoffset sizes, 40 uoffset messages,
+#     44 uint32 partition
+# 48  vtable: size 16, table size 36, key@20 ts@4 sizes@24 messages@28
+#     partition@32 base_offset@12
+# 64  sizes vector, messages vector, key, as in the ephemeral chunk.
+_DURABLE_CHUNK_HEAD: Final = struct.Struct("<12xiqqIIII8H")
+_DURABLE_SIZES_AT: Final = 64
+
+
+def encode_durable_run_chunk(run: Run) -> bytes:
+    """Encode a relocatable chunk of a run that carries ``partition`` and
+    ``base_offset`` (a run of a durable topic). Same rules as
+    :func:`encode_run_chunk`; only runs with offsets pay for the two fields."""
+    messages_at, key_at, tail = _chunk_tail(_DURABLE_SIZES_AT, run.key, run.sizes, run.messages)
+    head = _DURABLE_CHUNK_HEAD.pack(
+        -36,
+        run.ts_broker,
+        run.base_offset,
+        key_at - 32,
+        _DURABLE_SIZES_AT - 36,
+        messages_at - 40,
+        run.partition,
+        16,
+        36,
+        20,
+        4,
+        24,
+        28,
+        32,
+        12,
+    )
+    return b"".join((head, *tail))
+
+
+def encode_chunk(run: Run) -> bytes:
+    """The chunk of any run: with its offsets when it has them."""
+    if run.base_offset >= 0:
+        return encode_durable_run_chunk(run)
+    return encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages)
+
+
 def runs_frame_parts(
-    body_type: BodyType, stream: int, chunks: Sequence[bytes], stamp_ts_broker: bool = False
+    body_type: BodyType,
+    stream: int,
+    chunks: Sequence[bytes],
+    stamp_ts_broker: bool = False,
+    ack: bool = False,
 ) -> list[bytes]:
-    """Return the parts of a size-prefixed Publish or Deliver frame.
+    """Return the parts of a size-prefixed Publish, Deliver or Fetched frame.
 
     The caller joins the parts (usually together with other frames, for one
     write). ``chunks`` must come from :func:`encode_run_chunk`.
@@ -169,7 +224,10 @@ def runs_frame_parts(
         offsets.append(position)
         position += len(chunk) - 4
     total = vector_end + pad + sum(len(chunk) for chunk in chunks)
-    vtable = (10, 16, 4, 12, 8, 0) if body_type == BodyType.PUBLISH else (8, 12, 4, 8, 0, 0)
+    if body_type == BodyType.PUBLISH:
+        vtable = (12, 16, 4, 12, 8, 13) if ack else (10, 16, 4, 12, 8, 0)
+    else:
+        vtable = (8, 12, 4, 8, 0, 0)
     head = _RUNS_HEAD.pack(
         total - 4,
         12,
@@ -185,6 +243,7 @@ def runs_frame_parts(
         stream,
         8,
         1 if stamp_ts_broker else 0,
+        1 if ack else 0,
         count,
     )
     parts = [head, struct.pack(f"<{count}I", *offsets), PADDING[pad]]
@@ -227,11 +286,16 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         return _finish(builder, BodyType.WELCOME, builder.EndObject())
     if isinstance(frame, Subscribe):
         pattern = builder.CreateString(frame.pattern)
-        builder.StartObject(4)
+        offsets = _vector(builder, frame.start_offsets, 8, True) if frame.start_offsets else 0
+        builder.StartObject(7)
+        builder.PrependInt64Slot(5, frame.start_time, 0)
+        if offsets:
+            builder.PrependUOffsetTRelativeSlot(6, offsets, 0)
         builder.PrependUint32Slot(3, frame.credit, 0)
         builder.PrependUOffsetTRelativeSlot(1, pattern, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUint8Slot(2, frame.slow_consumer, 0)
+        builder.PrependUint8Slot(4, frame.start, 0)
         return _finish(builder, BodyType.SUBSCRIBE, builder.EndObject())
     if isinstance(frame, (Subscribed, Unsubscribe)):
         builder.StartObject(1)
@@ -261,17 +325,76 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUint8Slot(1, frame.kind, 0)
         return _finish(builder, BodyType.NOTICE, builder.EndObject())
+    return _encode_storage_control(builder, frame)
+
+
+def _vector(builder: flatbuffers.Builder, values: Sequence[int], size: int, signed: bool) -> int:
+    builder.StartVector(size, len(values), size)
+    prepend = builder.PrependInt64 if signed else builder.PrependUint32
+    for value in reversed(values):
+        prepend(value)
+    return int(builder.EndVector())
+
+
+def _encode_storage_control(builder: flatbuffers.Builder, frame: Frame) -> bytes:
+    """The control frames of the durable-topic read and ack API."""
+    if isinstance(frame, PublishAck):
+        last = _vector(builder, frame.last_offsets, 8, True)
+        first = _vector(builder, frame.first_offsets, 8, True)
+        partitions = _vector(builder, frame.partitions, 4, False)
+        runs = _vector(builder, frame.runs, 4, False)
+        builder.StartObject(6)
+        builder.PrependUint64Slot(1, frame.sequence, 0)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(2, runs, 0)
+        builder.PrependUOffsetTRelativeSlot(3, partitions, 0)
+        builder.PrependUOffsetTRelativeSlot(4, first, 0)
+        builder.PrependUOffsetTRelativeSlot(5, last, 0)
+        return _finish(builder, BodyType.PUBLISH_ACK, builder.EndObject())
+    if isinstance(frame, ListPartitions):
+        topic = builder.CreateString(frame.topic)
+        builder.StartObject(2)
+        builder.PrependUOffsetTRelativeSlot(1, topic, 0)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        return _finish(builder, BodyType.LIST_PARTITIONS, builder.EndObject())
+    if isinstance(frame, Partitions):
+        names = [builder.CreateString(name) for name in frame.topics]
+        builder.StartVector(4, len(names), 4)
+        for name in reversed(names):
+            builder.PrependUOffsetTRelative(name)
+        topics = builder.EndVector()
+        ends = _vector(builder, frame.end_offsets, 8, True)
+        starts = _vector(builder, frame.start_offsets, 8, True)
+        partitions = _vector(builder, frame.partitions, 4, False)
+        builder.StartObject(5)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(1, topics, 0)
+        builder.PrependUOffsetTRelativeSlot(2, partitions, 0)
+        builder.PrependUOffsetTRelativeSlot(3, starts, 0)
+        builder.PrependUOffsetTRelativeSlot(4, ends, 0)
+        return _finish(builder, BodyType.PARTITIONS, builder.EndObject())
+    if isinstance(frame, Fetch):
+        topic = builder.CreateString(frame.topic)
+        builder.StartObject(5)
+        builder.PrependInt64Slot(3, frame.offset, 0)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(1, topic, 0)
+        builder.PrependUint32Slot(2, frame.partition, 0)
+        builder.PrependUint32Slot(4, frame.max_bytes, 0)
+        return _finish(builder, BodyType.FETCH, builder.EndObject())
     raise LocalProtocolError(f"cannot encode {type(frame).__name__} as a control frame")
 
 
 def encode_frame(frame: Frame) -> bytes:
     """Encode any frame as size-prefixed bytes, ready to write."""
-    if isinstance(frame, (Publish, Deliver)):
-        chunks = [
-            encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages) for run in frame.runs
-        ]
+    if isinstance(frame, (Publish, Deliver, Fetched)):
+        chunks = [encode_chunk(run) for run in frame.runs]
         if isinstance(frame, Publish):
-            parts = runs_frame_parts(BodyType.PUBLISH, frame.stream, chunks, frame.stamp_ts_broker)
+            parts = runs_frame_parts(
+                BodyType.PUBLISH, frame.stream, chunks, frame.stamp_ts_broker, frame.ack
+            )
+        elif isinstance(frame, Fetched):
+            parts = runs_frame_parts(BodyType.FETCHED, frame.stream, chunks)
         else:
             parts = runs_frame_parts(BodyType.DELIVER, frame.stream, chunks)
         return b"".join(parts)
@@ -346,7 +469,9 @@ def _scalar(unpacker: struct.Struct, buf: Buffer, field: int, default: int = 0) 
 
 
 def _decode_run(buf: Buffer, table: int) -> Run:
-    key_field, ts_field, sizes_field, messages_field = table_fields(buf, table, 4)
+    key_field, ts_field, sizes_field, messages_field, partition_field, offset_field = table_fields(
+        buf, table, 6
+    )
     if not (key_field and sizes_field and messages_field):
         raise _malformed("run lacks a required field (key, sizes, messages)")
     key_start, key_len = vector(buf, key_field, 1)
@@ -362,6 +487,8 @@ def _decode_run(buf: Buffer, table: int) -> Run:
         count=count,
         sizes=sizes,
         messages=view[messages_start : messages_start + messages_len],
+        partition=_scalar(_U32, buf, partition_field),
+        base_offset=_scalar(_I64, buf, offset_field, -1),
     )
 
 
@@ -377,29 +504,37 @@ def _decode_runs(buf: Buffer, field: int) -> tuple[Run, ...]:
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
     if body_type == BodyType.PUBLISH:
-        stream, stamp, runs = table_fields(buf, table, 3)
+        stream, stamp, runs, ack = table_fields(buf, table, 4)
         return Publish(
             stream=_scalar(_U32, buf, stream),
             runs=_decode_runs(buf, runs),
             stamp_ts_broker=bool(_scalar(_U8, buf, stamp)),
+            ack=bool(_scalar(_U8, buf, ack)),
         )
-    if body_type == BodyType.DELIVER:
+    if body_type in (BodyType.DELIVER, BodyType.FETCHED):
         stream, runs = table_fields(buf, table, 2)
-        return Deliver(stream=_scalar(_U32, buf, stream), runs=_decode_runs(buf, runs))
+        cls_runs = Deliver if body_type == BodyType.DELIVER else Fetched
+        return cls_runs(stream=_scalar(_U32, buf, stream), runs=_decode_runs(buf, runs))
     if body_type == BodyType.SUBSCRIBE:
-        stream, pattern, policy, credit = table_fields(buf, table, 4)
+        stream, pattern, policy, credit, start, start_time, offsets = table_fields(buf, table, 7)
         if not pattern:
             raise _malformed("subscribe lacks its pattern")
         try:
             slow_consumer = SlowConsumerPolicy(_scalar(_U8, buf, policy))
+            start_kind = StartKind(_scalar(_U8, buf, start))
         except ValueError as exc:
-            raise _malformed("unknown slow-consumer policy") from exc
+            raise _malformed("unknown slow-consumer policy or start position") from exc
         return Subscribe(
             stream=_scalar(_U32, buf, stream),
             pattern=read_bytes(buf, pattern),
             slow_consumer=slow_consumer,
             credit=_scalar(_U32, buf, credit),
+            start=start_kind,
+            start_time=_scalar(_I64, buf, start_time),
+            start_offsets=_numbers(buf, offsets, "q"),
         )
+    if body_type in _STORAGE_BODIES:
+        return _decode_storage_body(buf, body_type, table)
     if body_type in (BodyType.SUBSCRIBED, BodyType.UNSUBSCRIBE):
         (stream,) = table_fields(buf, table, 1)
         cls = Subscribed if body_type == BodyType.SUBSCRIBED else Unsubscribe
@@ -455,6 +590,90 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
     raise _malformed(f"unknown frame body type {body_type}")
 
 
+_STORAGE_BODIES: Final = frozenset(
+    (BodyType.PUBLISH_ACK, BodyType.LIST_PARTITIONS, BodyType.PARTITIONS, BodyType.FETCH)
+)
+
+
+def _numbers(buf: Buffer, field: int, code: str) -> tuple[int, ...]:
+    """A ``[uint32]`` (code "I") or ``[int64]`` (code "q") field as a tuple."""
+    if not field:
+        return ()
+    size = struct.calcsize(code)
+    start, length = vector(buf, field, size)
+    return struct.unpack_from(f"<{length}{code}", buf, start)
+
+
+def _check_parallel(what: str, *vectors: Sequence[object]) -> None:
+    """Parallel vectors (entry i of each describes one thing) must agree in length."""
+    if len({len(items) for items in vectors}) > 1:
+        raise _malformed(f"{what} vectors differ in length")
+
+
+def _decode_storage_body(buf: Buffer, body_type: int, table: int) -> Frame:
+    if body_type == BodyType.PUBLISH_ACK:
+        stream, sequence, runs, partitions, first, last = table_fields(buf, table, 6)
+        ack = PublishAck(
+            stream=_scalar(_U32, buf, stream),
+            sequence=_scalar(_U64, buf, sequence),
+            runs=_numbers(buf, runs, "I"),
+            partitions=_numbers(buf, partitions, "I"),
+            first_offsets=_numbers(buf, first, "q"),
+            last_offsets=_numbers(buf, last, "q"),
+        )
+        _check_parallel(
+            "publish ack", ack.runs, ack.partitions, ack.first_offsets, ack.last_offsets
+        )
+        return ack
+    if body_type == BodyType.LIST_PARTITIONS:
+        stream, topic = table_fields(buf, table, 2)
+        return ListPartitions(stream=_scalar(_U32, buf, stream), topic=read_text(buf, topic))
+    if body_type == BodyType.PARTITIONS:
+        stream, topics_field, partitions, starts, ends = table_fields(buf, table, 5)
+        names: list[str] = []
+        if topics_field:
+            start, count = vector(buf, topics_field, 4)
+            for slot in range(start, start + 4 * count, 4):
+                position = slot + _U32.unpack_from(buf, slot)[0]
+                names.append(_string_at(buf, position))
+        answer = Partitions(
+            stream=_scalar(_U32, buf, stream),
+            topics=tuple(names),
+            partitions=_numbers(buf, partitions, "I"),
+            start_offsets=_numbers(buf, starts, "q"),
+            end_offsets=_numbers(buf, ends, "q"),
+        )
+        _check_parallel(
+            "partitions",
+            answer.topics,
+            answer.partitions,
+            answer.start_offsets,
+            answer.end_offsets,
+        )
+        return answer
+    stream, topic, partition, offset, max_bytes = table_fields(buf, table, 5)
+    return Fetch(
+        stream=_scalar(_U32, buf, stream),
+        topic=read_text(buf, topic),
+        partition=_scalar(_U32, buf, partition),
+        offset=_scalar(_I64, buf, offset),
+        max_bytes=_scalar(_U32, buf, max_bytes),
+    )
+
+
+def _string_at(buf: Buffer, position: int) -> str:
+    """The string whose length prefix is at ``position`` (a vector element)."""
+    if position + 4 > len(buf):
+        raise _malformed("string offset out of bounds")
+    length = _U32.unpack_from(buf, position)[0]
+    if position + 4 + length > len(buf):
+        raise _malformed("string runs past the end of the frame")
+    try:
+        return bytes(buf[position + 4 : position + 4 + length]).decode()
+    except UnicodeDecodeError as exc:
+        raise _malformed("string is not valid UTF-8") from exc
+
+
 def decode_frame(buf: Buffer) -> Frame:
     """Decode one frame: the FlatBuffer after its size prefix.
 
@@ -497,7 +716,23 @@ def split_run_chunk(chunk: bytes, first_count: int) -> tuple[bytes, bytes]:
     sizes = memoryview(run.sizes)
     cut = sum_u32(sizes[: 4 * first_count])
     messages = memoryview(run.messages)
-    return (
-        encode_run_chunk(run.key, run.ts_broker, sizes[: 4 * first_count], messages[:cut]),
-        encode_run_chunk(run.key, run.ts_broker, sizes[4 * first_count :], messages[cut:]),
+    head = Run(
+        run.key,
+        run.ts_broker,
+        first_count,
+        sizes[: 4 * first_count],
+        messages[:cut],
+        run.partition,
+        run.base_offset,
     )
+    tail_offset = run.base_offset + first_count if run.base_offset >= 0 else -1
+    tail = Run(
+        run.key,
+        run.ts_broker,
+        run.count - first_count,
+        sizes[4 * first_count :],
+        messages[cut:],
+        run.partition,
+        tail_offset,
+    )
+    return encode_chunk(head), encode_chunk(tail)

@@ -8,7 +8,8 @@ state      client receives                  server receives
 PREAMBLE   8-byte preamble                  8-byte preamble
 HANDSHAKE  Welcome (or Error)               Hello
 OPEN       Deliver Subscribed Notice Ping   Publish Subscribe Unsubscribe Flow
-           Pong Error                       Ping Pong Error
+           Pong Error PublishAck            Ping Pong Error ListPartitions
+           Partitions Fetched               Fetch
 CLOSED     nothing                          nothing
 ========== ================================ ==================================
 
@@ -28,13 +29,18 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
     Error,
+    Fetch,
+    Fetched,
     Flow,
     Frame,
     Hello,
+    ListPartitions,
     Notice,
+    Partitions,
     Ping,
     Pong,
     Publish,
+    PublishAck,
     Subscribe,
     Subscribed,
     Unsubscribe,
@@ -60,8 +66,18 @@ class State(enum.Enum):
 
 
 _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
-    Role.CLIENT: (Deliver, Subscribed, Notice, Ping, Pong, Error),
-    Role.SERVER: (Publish, Subscribe, Unsubscribe, Flow, Ping, Pong, Error),
+    Role.CLIENT: (Deliver, Subscribed, Notice, Ping, Pong, Error, PublishAck, Partitions, Fetched),
+    Role.SERVER: (
+        Publish,
+        Subscribe,
+        Unsubscribe,
+        Flow,
+        Ping,
+        Pong,
+        Error,
+        ListPartitions,
+        Fetch,
+    ),
 }
 _HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}
 

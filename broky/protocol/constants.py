@@ -41,6 +41,11 @@ class BodyType(enum.IntEnum):
     PONG = 10
     ERROR = 11
     NOTICE = 12
+    PUBLISH_ACK = 13
+    LIST_PARTITIONS = 14
+    PARTITIONS = 15
+    FETCH = 16
+    FETCHED = 17
 
 
 class ErrorCode(enum.IntEnum):
@@ -59,6 +64,9 @@ class ErrorCode(enum.IntEnum):
     IDLE_TIMEOUT = 10
     SERVER_SHUTDOWN = 11
     LIMIT_EXCEEDED = 12
+    OFFSET_OUT_OF_RANGE = 13
+    UNKNOWN_TOPIC = 14
+    STORAGE_FAILURE = 15
 
 
 class SlowConsumerPolicy(enum.IntEnum):
@@ -80,3 +88,13 @@ class NoticeKind(enum.IntEnum):
     """Kinds of ``Notice`` frame."""
 
     DROPPED = 0
+
+
+class StartKind(enum.IntEnum):
+    """Where a subscription starts reading a durable topic (``Subscribe.start``)."""
+
+    LATEST = 0
+    EARLIEST = 1
+    OFFSET = 2
+    TIME = 3
+    LAST = 4

@@ -20,6 +20,7 @@ from broky.protocol.constants import (
     LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
+    StartKind,
 )
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -31,6 +32,9 @@ class Run:
 
     ``sizes`` is the little-endian uint32 size table and ``messages`` the
     message FlatBuffers back to back; ``count`` is ``len(sizes) // 4``.
+    A run read from a durable topic's log also says where it lives: its
+    ``partition`` and the offset of its first message (``base_offset``,
+    -1 for an ephemeral run, which has no offsets).
     """
 
     key: bytes
@@ -38,6 +42,8 @@ class Run:
     count: int
     sizes: Buffer
     messages: Buffer
+    partition: int = 0
+    base_offset: int = -1
 
 
 @attrs.frozen(slots=True)
@@ -69,6 +75,8 @@ class Publish:
     stream: int
     runs: tuple[Run, ...]
     stamp_ts_broker: bool = False
+    #: Ask for a PublishAck once the frame's durable runs reach their durability point.
+    ack: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -79,6 +87,12 @@ class Subscribe:
     pattern: bytes
     slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP
     credit: int = 0
+    #: Where durable topics matching the pattern start (ephemeral keys are always live).
+    start: StartKind = StartKind.LATEST
+    #: ``StartKind.TIME``: ns since the epoch.
+    start_time: int = 0
+    #: ``StartKind.OFFSET``: the start offset of partition i at index i.
+    start_offsets: tuple[int, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -143,6 +157,62 @@ class Notice:
     count: int
 
 
+@attrs.frozen(slots=True)
+class PublishAck:
+    """The durability point of one acked Publish frame was reached.
+
+    ``sequence`` counts the connection's acked Publish frames from 1; acks come
+    in that order. Entry i says that run ``runs[i]`` of the frame (or the part
+    of it that went to ``partitions[i]``) got offsets ``first_offsets[i]`` to
+    ``last_offsets[i]``. Ephemeral runs of the frame have no entry.
+    """
+
+    stream: int
+    sequence: int
+    runs: tuple[int, ...] = ()
+    partitions: tuple[int, ...] = ()
+    first_offsets: tuple[int, ...] = ()
+    last_offsets: tuple[int, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class ListPartitions:
+    """Ask for the partitions of the durable topics named ``topic`` ("" for all)."""
+
+    stream: int
+    topic: str = ""
+
+
+@attrs.frozen(slots=True)
+class Partitions:
+    """Answer to ListPartitions: one entry per partition, as parallel tuples."""
+
+    stream: int
+    topics: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()
+    start_offsets: tuple[int, ...] = ()
+    end_offsets: tuple[int, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class Fetch:
+    """Read a durable partition from ``offset``, at most ``max_bytes`` of stored batches."""
+
+    stream: int
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = 0
+
+
+@attrs.frozen(slots=True)
+class Fetched:
+    """Answer to Fetch: runs carrying their partition and base offset (none: at the end)."""
+
+    stream: int
+    runs: tuple[Run, ...]
+
+
 Frame: TypeAlias = (
     Hello
     | Welcome
@@ -156,4 +226,9 @@ Frame: TypeAlias = (
     | Pong
     | Error
     | Notice
+    | PublishAck
+    | ListPartitions
+    | Partitions
+    | Fetch
+    | Fetched
 )

@@ -31,6 +31,9 @@ class Message(NamedTuple):
     ts_broker: int = 0
     uid: bytes = b""
     tags: Tags = ()
+    #: Durable topics only: the message's partition and offset (-1: ephemeral).
+    partition: int = -1
+    offset: int = -1
 
 
 # Layout written by encode_message (offsets from the message start):
@@ -149,7 +152,9 @@ def _bytes(buf: memoryview, field: int) -> bytes:
     return bytes(buf[start : start + length])
 
 
-def decode_message(buf: memoryview, key: str, ts_broker: int) -> Message:
+def decode_message(
+    buf: memoryview, key: str, ts_broker: int, partition: int = -1, offset: int = -1
+) -> Message:
     """Decode one message FlatBuffer (exactly the bytes of one message)."""
     try:
         kp_field, payload_field, ts_field, uid_field, tags_field = table_fields(
@@ -175,6 +180,8 @@ def decode_message(buf: memoryview, key: str, ts_broker: int) -> Message:
             ts_broker,
             _bytes(buf, uid_field),
             tags,
+            partition,
+            offset,
         )
     except struct.error as exc:
         raise RemoteProtocolError(f"malformed message: {exc}") from exc
@@ -195,7 +202,14 @@ def decode_run(run: Run) -> list[Message]:
     """Decode every message of a run; raises RemoteProtocolError on the first bad one."""
     key = run.key.decode(errors="replace")
     ts_broker = run.ts_broker
-    return [decode_message(view, key, ts_broker) for view in message_views(run)]
+    base = run.base_offset
+    if base < 0:
+        return [decode_message(view, key, ts_broker) for view in message_views(run)]
+    partition = run.partition
+    return [
+        decode_message(view, key, ts_broker, partition, base + index)
+        for index, view in enumerate(message_views(run))
+    ]
 
 
 def pack_sizes(sizes: Sequence[int]) -> bytes:

@@ -10,16 +10,19 @@ promises the schema makes about run chunks.
 from __future__ import annotations
 
 import enum
+import re
 import struct
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import flatbuffers
 import pytest
 
 from broky.protocol.codec import (
     CHUNK_TS_OFFSET,
     decode_frame,
+    encode_durable_run_chunk,
     encode_frame,
     encode_run_chunk,
     runs_frame_parts,
@@ -31,17 +34,23 @@ from broky.protocol.constants import (
     LinkKind,
     NoticeKind,
     SlowConsumerPolicy,
+    StartKind,
 )
 from broky.protocol.frames import (
     Deliver,
     Error,
+    Fetch,
+    Fetched,
     Flow,
     Frame,
     Hello,
+    ListPartitions,
     Notice,
+    Partitions,
     Ping,
     Pong,
     Publish,
+    PublishAck,
     Run,
     Subscribe,
     Subscribed,
@@ -79,6 +88,30 @@ CONTROL_FRAMES: list[Frame] = [
     Error(code=ErrorCode.SLOW_CONSUMER, message="subscriber 9 fell behind", stream=9),
     Error(code=ErrorCode.LIMIT_EXCEEDED, message="too many subscriptions", stream=0),
     Notice(stream=45, kind=NoticeKind.DROPPED, count=2**63 + 5),
+    Subscribe(
+        stream=7,
+        pattern=b"orders.>",
+        start=StartKind.OFFSET,
+        start_time=-5,
+        start_offsets=(0, 2**62, -1),
+    ),
+    PublishAck(
+        stream=3,
+        sequence=2**64 - 1,
+        runs=(0, 0, 2),
+        partitions=(1, 3, 0),
+        first_offsets=(0, 10, 2**62),
+        last_offsets=(4, 11, 2**62 + 9),
+    ),
+    ListPartitions(stream=9, topic="orders ✓"),
+    Partitions(
+        stream=9,
+        topics=("orders", "audit ✓"),
+        partitions=(0, 7),
+        start_offsets=(0, 5),
+        end_offsets=(100, 2**62),
+    ),
+    Fetch(stream=10, topic="orders", partition=3, offset=2**40, max_bytes=65_536),
 ]
 
 #: Control frames whose fields all hold their schema defaults (omitted on the wire).
@@ -93,6 +126,10 @@ DEFAULT_CONTROL_FRAMES: list[Frame] = [
     Pong(nonce=0),
     Error(code=ErrorCode.INTERNAL, message=""),
     Notice(stream=0, kind=NoticeKind.DROPPED, count=0),
+    PublishAck(stream=0, sequence=0),
+    ListPartitions(stream=0),
+    Partitions(stream=0),
+    Fetch(stream=0, topic="", partition=0, offset=0),
 ]
 
 MESSAGES: list[Message] = [
@@ -147,14 +184,12 @@ def _make_run(key: bytes, ts_broker: int, messages: list[Message]) -> Run:
 
 def _plain(frame: Frame) -> Frame:
     """``frame`` with its runs' buffers copied to bytes, for comparisons."""
-    if isinstance(frame, (Publish, Deliver)):
+    if isinstance(frame, (Publish, Deliver, Fetched)):
         runs = tuple(
-            Run(run.key, run.ts_broker, run.count, bytes(run.sizes), bytes(run.messages))
+            attrs.evolve(run, sizes=bytes(run.sizes), messages=bytes(run.messages))
             for run in frame.runs
         )
-        if isinstance(frame, Publish):
-            return Publish(frame.stream, runs, frame.stamp_ts_broker)
-        return Deliver(frame.stream, runs)
+        return attrs.evolve(frame, runs=runs)
     return frame
 
 
@@ -168,7 +203,7 @@ def _generated_body(gen: SimpleNamespace, data: bytes) -> tuple[BodyType, Any]:
     body_type = BodyType(root.BodyType())
     table = root.Body()
     assert table is not None
-    name = body_type.name.capitalize()
+    name = _camel(body_type.name.lower())
     body = getattr(getattr(gen, name), name)()
     body.Init(table.Bytes, table.Pos)
     return body_type, body
@@ -197,6 +232,8 @@ def _generated_run(run: Any) -> Run:
         count=len(sizes),
         sizes=pack_sizes(sizes),
         messages=_generated_vector(run.MessagesLength(), run.Messages),
+        partition=run.Partition(),
+        base_offset=run.BaseOffset(),
     )
 
 
@@ -227,6 +264,36 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             pattern=body.Pattern(),
             slow_consumer=SlowConsumerPolicy(body.SlowConsumer()),
             credit=body.Credit(),
+            start=StartKind(body.Start()),
+            start_time=body.StartTime(),
+            start_offsets=tuple(body.StartOffsets(i) for i in range(body.StartOffsetsLength())),
+        )
+    if body_type == BodyType.PUBLISH_ACK:
+        return PublishAck(
+            stream=body.Stream(),
+            sequence=body.Sequence(),
+            runs=tuple(body.Runs(i) for i in range(body.RunsLength())),
+            partitions=tuple(body.Partitions(i) for i in range(body.PartitionsLength())),
+            first_offsets=tuple(body.FirstOffsets(i) for i in range(body.FirstOffsetsLength())),
+            last_offsets=tuple(body.LastOffsets(i) for i in range(body.LastOffsetsLength())),
+        )
+    if body_type == BodyType.LIST_PARTITIONS:
+        return ListPartitions(stream=body.Stream(), topic=(body.Topic() or b"").decode())
+    if body_type == BodyType.PARTITIONS:
+        return Partitions(
+            stream=body.Stream(),
+            topics=tuple(body.Topics(i).decode() for i in range(body.TopicsLength())),
+            partitions=tuple(body.Partitions(i) for i in range(body.PartitionsLength())),
+            start_offsets=tuple(body.StartOffsets(i) for i in range(body.StartOffsetsLength())),
+            end_offsets=tuple(body.EndOffsets(i) for i in range(body.EndOffsetsLength())),
+        )
+    if body_type == BodyType.FETCH:
+        return Fetch(
+            stream=body.Stream(),
+            topic=(body.Topic() or b"").decode(),
+            partition=body.Partition(),
+            offset=body.Offset(),
+            max_bytes=body.MaxBytes(),
         )
     if body_type == BodyType.SUBSCRIBED:
         return Subscribed(stream=body.Stream())
@@ -248,7 +315,11 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
         return Notice(stream=body.Stream(), kind=NoticeKind(body.Kind()), count=body.Count())
     runs = tuple(_generated_run(body.Runs(index)) for index in range(body.RunsLength()))
     if body_type == BodyType.PUBLISH:
-        return Publish(stream=body.Stream(), runs=runs, stamp_ts_broker=body.StampTsBroker())
+        return Publish(
+            stream=body.Stream(), runs=runs, stamp_ts_broker=body.StampTsBroker(), ack=body.Ack()
+        )
+    if body_type == BodyType.FETCHED:
+        return Fetched(stream=body.Stream(), runs=runs)
     assert body_type == BodyType.DELIVER
     return Deliver(stream=body.Stream(), runs=runs)
 
@@ -341,6 +412,8 @@ def _build_run(
     if not omit_ts_broker:
         gen.Run.AddTsBroker(builder, run.ts_broker)
     gen.Run.AddKey(builder, key)
+    gen.Run.AddPartition(builder, run.partition)
+    gen.Run.AddBaseOffset(builder, run.base_offset)
     return int(gen.Run.End(builder))
 
 
@@ -368,12 +441,17 @@ def _build_body(  # noqa: PLR0911
         gen.Welcome.AddMaxFrameBytes(builder, frame.max_frame_bytes)
         return int(gen.Welcome.End(builder))
     if isinstance(frame, Subscribe):
+        offsets = _int_vector(builder, gen.Subscribe.StartStartOffsetsVector, frame.start_offsets)
         pattern = builder.CreateString(frame.pattern)
         gen.Subscribe.Start(builder)
         gen.Subscribe.AddSlowConsumer(builder, frame.slow_consumer)
         gen.Subscribe.AddStream(builder, frame.stream)
         gen.Subscribe.AddCredit(builder, frame.credit)
         gen.Subscribe.AddPattern(builder, pattern)
+        gen.Subscribe.AddStart(builder, frame.start)
+        gen.Subscribe.AddStartTime(builder, frame.start_time)
+        if offsets:
+            gen.Subscribe.AddStartOffsets(builder, offsets)
         return int(gen.Subscribe.End(builder))
     if isinstance(frame, (Subscribed, Unsubscribe, Ping, Pong)):
         module = getattr(gen, type(frame).__name__)
@@ -401,8 +479,10 @@ def _build_body(  # noqa: PLR0911
         gen.Notice.AddCount(builder, frame.count)
         gen.Notice.AddStream(builder, frame.stream)
         return int(gen.Notice.End(builder))
+    if isinstance(frame, (PublishAck, ListPartitions, Partitions, Fetch)):
+        return _build_storage_body(gen, builder, frame)
     run_tables = [_build_run(gen, builder, run, omit_ts_broker) for run in frame.runs]
-    module = gen.Publish if isinstance(frame, Publish) else gen.Deliver
+    module = getattr(gen, type(frame).__name__)
     module.StartRunsVector(builder, len(run_tables))
     for table in reversed(run_tables):
         builder.PrependUOffsetTRelative(table)
@@ -411,8 +491,83 @@ def _build_body(  # noqa: PLR0911
     module.AddRuns(builder, runs)
     if isinstance(frame, Publish):
         module.AddStampTsBroker(builder, frame.stamp_ts_broker)
+        module.AddAck(builder, frame.ack)
     module.AddStream(builder, frame.stream)
     return int(module.End(builder))
+
+
+def _int_vector(builder: flatbuffers.Builder, start: Any, values: tuple[int, ...]) -> int:
+    if not values:
+        return 0
+    start(builder, len(values))
+    for value in reversed(values):
+        if start.__name__.endswith(("OffsetsVector",)):
+            builder.PrependInt64(value)
+        else:
+            builder.PrependUint32(value)
+    return int(builder.EndVector())
+
+
+def _build_storage_body(
+    gen: SimpleNamespace,
+    builder: flatbuffers.Builder,
+    frame: PublishAck | ListPartitions | Partitions | Fetch,
+) -> int:
+    if isinstance(frame, PublishAck):
+        last = _int_vector(builder, gen.PublishAck.StartLastOffsetsVector, frame.last_offsets)
+        first = _int_vector(builder, gen.PublishAck.StartFirstOffsetsVector, frame.first_offsets)
+        parts = _int_vector(builder, gen.PublishAck.StartPartitionsVector, frame.partitions)
+        runs = _int_vector(builder, gen.PublishAck.StartRunsVector, frame.runs)
+        gen.PublishAck.Start(builder)
+        for add, value in (
+            (gen.PublishAck.AddLastOffsets, last),
+            (gen.PublishAck.AddRuns, runs),
+            (gen.PublishAck.AddFirstOffsets, first),
+            (gen.PublishAck.AddPartitions, parts),
+        ):
+            if value:
+                add(builder, value)
+        gen.PublishAck.AddSequence(builder, frame.sequence)
+        gen.PublishAck.AddStream(builder, frame.stream)
+        return int(gen.PublishAck.End(builder))
+    if isinstance(frame, ListPartitions):
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
+        gen.ListPartitions.Start(builder)
+        if topic:
+            gen.ListPartitions.AddTopic(builder, topic)
+        gen.ListPartitions.AddStream(builder, frame.stream)
+        return int(gen.ListPartitions.End(builder))
+    if isinstance(frame, Partitions):
+        ends = _int_vector(builder, gen.Partitions.StartEndOffsetsVector, frame.end_offsets)
+        starts = _int_vector(builder, gen.Partitions.StartStartOffsetsVector, frame.start_offsets)
+        parts = _int_vector(builder, gen.Partitions.StartPartitionsVector, frame.partitions)
+        names = [builder.CreateString(name) for name in frame.topics]
+        topics = 0
+        if names:
+            gen.Partitions.StartTopicsVector(builder, len(names))
+            for name in reversed(names):
+                builder.PrependUOffsetTRelative(name)
+            topics = int(builder.EndVector())
+        gen.Partitions.Start(builder)
+        for add, value in (
+            (gen.Partitions.AddTopics, topics),
+            (gen.Partitions.AddEndOffsets, ends),
+            (gen.Partitions.AddPartitions, parts),
+            (gen.Partitions.AddStartOffsets, starts),
+        ):
+            if value:
+                add(builder, value)
+        gen.Partitions.AddStream(builder, frame.stream)
+        return int(gen.Partitions.End(builder))
+    topic = builder.CreateString(frame.topic) if frame.topic else 0
+    gen.Fetch.Start(builder)
+    gen.Fetch.AddMaxBytes(builder, frame.max_bytes)
+    if topic:
+        gen.Fetch.AddTopic(builder, topic)
+    gen.Fetch.AddOffset(builder, frame.offset)
+    gen.Fetch.AddPartition(builder, frame.partition)
+    gen.Fetch.AddStream(builder, frame.stream)
+    return int(gen.Fetch.End(builder))
 
 
 def build_with_generated(
@@ -427,7 +582,9 @@ def build_with_generated(
     builder.ForceDefaults(force_defaults)
     body = _build_body(gen, builder, frame, omit_ts_broker)
     gen.Frame.Start(builder)
-    gen.Frame.AddBodyType(builder, BodyType[type(frame).__name__.upper()])
+    gen.Frame.AddBodyType(
+        builder, BodyType[re.sub(r"(?<!^)(?=[A-Z])", "_", type(frame).__name__).upper()]
+    )
     gen.Frame.AddBody(builder, body)
     builder.FinishSizePrefixed(gen.Frame.End(builder))
     return bytes(builder.Output())
@@ -499,6 +656,22 @@ def test_generated_code_reads_deliver_built_from_chunks(generated: SimpleNamespa
     chunks = [encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages) for run in runs]
     data = b"".join(runs_frame_parts(BodyType.DELIVER, 7, chunks))
     assert read_with_generated(generated, data) == _plain(Deliver(stream=7, runs=runs))
+
+
+@pytest.mark.parametrize("body_type", [BodyType.DELIVER, BodyType.FETCHED])
+def test_generated_code_reads_durable_runs(generated: SimpleNamespace, body_type: BodyType) -> None:
+    """Durable chunks (vtable after the table) carry partition and base_offset,
+    read by flatc's code and by ours, and still stamp ts_broker in place."""
+    runs = tuple(
+        attrs.evolve(run, partition=index + 2, base_offset=2**40 + index)
+        for index, run in enumerate(_several_runs())
+    )
+    chunks = [encode_durable_run_chunk(run) for run in runs]
+    assert all(len(chunk) % 8 == 0 for chunk in chunks)
+    data = b"".join(runs_frame_parts(body_type, 7, chunks))
+    frame = Deliver(stream=7, runs=runs) if body_type == BodyType.DELIVER else Fetched(7, runs)
+    assert read_with_generated(generated, data) == _plain(frame)
+    assert _plain(decode_frame(data[4:])) == _plain(frame)
 
 
 # --- (b) generated code writes, Broky reads ----------------------------------
