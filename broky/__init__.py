@@ -5,6 +5,7 @@ honest.
 """
 
 from broky.client.client import Client, Subscription, SubscriptionStatistics, connect
+from broky.client.durable import AckedRun, PartitionInfo, Start
 from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
 from broky.config import Config, ConfigError
 from broky.ksuid import new_ksuid
@@ -16,6 +17,7 @@ from broky.server import Broker, BrokerStatistics
 __version__ = "0.1.0"
 
 __all__ = [
+    "AckedRun",
     "Broker",
     "BrokerStatistics",
     "BrokyError",
@@ -26,8 +28,10 @@ __all__ = [
     "ErrorCode",
     "LocalProtocolError",
     "Message",
+    "PartitionInfo",
     "ProtocolError",
     "SlowConsumerPolicy",
+    "Start",
     "Subscription",
     "SubscriptionError",
     "SubscriptionStatistics",

@@ -141,6 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _configure_logging(config.log_level)
             if worker_count(config) == 1 and not config.cluster_listen:
                 trio.run(serve, config)
+            elif config.durable:
+                raise ConfigError(
+                    "durable topics need one worker and no cluster (workers = 1, no "
+                    "cluster_listen): forwarding durable runs to the worker that owns "
+                    "their partition is not implemented yet"
+                )
             else:
                 trio.run(serve_node, config)
         elif args.command == "bench":

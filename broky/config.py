@@ -12,8 +12,10 @@ from typing import Any, Final
 import attrs
 
 from broky.connection.handler import ConnectionSettings
+from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
 from broky.router.router import RouterLimits
+from broky.storage.topics import TopicPolicy
 
 #: Broky's registered-looking default port (NATS uses 4222, MQTT 1883).
 DEFAULT_PORT: Final = 7722
@@ -95,6 +97,11 @@ class Config:
     system_metrics_interval: float = attrs.field(default=5.0, validator=_not_negative)
     #: Publish advisories on $SYS.events.*.
     system_events: bool = True
+    #: Where durable topics keep their logs (required when ``durable`` is set).
+    data_dir: str = ""
+    #: Durable topic policies (``[[durable]]`` tables; broky.durable.config).
+    #: Keys matching none stay ephemeral. Needs a single worker per node.
+    durable: tuple[TopicPolicy, ...] = attrs.field(default=(), converter=tuple)
 
     @port.validator
     def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
@@ -126,6 +133,8 @@ class Config:
                 raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
 
     def __attrs_post_init__(self) -> None:
+        if self.durable and not self.data_dir:
+            raise ConfigError("durable topics need data_dir (where their logs live)")
         if self.cluster_listen:
             host, sep, port = self.cluster_listen.rpartition(":")
             if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
@@ -165,7 +174,14 @@ class Config:
     def from_mapping(cls, values: dict[str, Any]) -> Config:
         """Build from a mapping, checking every key and type."""
         fields = {field.name: field for field in attrs.fields(cls)}
+        if "durable" in values:
+            try:
+                values = {**values, "durable": parse_policies(values["durable"])}
+            except DurableConfigError as exc:
+                raise ConfigError(str(exc)) from exc
         for key, value in values.items():
+            if key == "durable":
+                continue
             field = fields.get(key)
             if field is None:
                 raise ConfigError(
@@ -180,7 +196,7 @@ class Config:
 
     @classmethod
     def from_toml(cls, path: Path) -> Config:
-        """Load a TOML file of top-level settings."""
+        """Load a TOML file of top-level settings and ``[[durable]]`` tables."""
         try:
             data = tomllib.loads(path.read_text())
         except OSError as exc:

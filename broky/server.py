@@ -27,6 +27,7 @@ from broky.connection.handler import (
     describe_peer,
 )
 from broky.connection.inproc import pipe_pair
+from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability
 from broky.protocol.constants import LinkKind
@@ -49,6 +50,8 @@ class BrokerStatistics:
     bytes_received: int
     bytes_sent: int
     links: tuple[LinkStatus, ...] = ()
+    #: Durable topics' totals (None: no durable topics configured).
+    durable: DurableStatistics | None = None
 
 
 class Broker:
@@ -73,6 +76,12 @@ class Broker:
         self.config = config or Config()
         self.router = Router(self.config.router_limits)
         self.router.node_id = node_id or uuid.uuid4().hex[:12]
+        #: The durable topics' logs and owners (None: every key is ephemeral).
+        self.store = (
+            DurableStore(self.config.data_dir, self.config.durable, self.router)
+            if self.config.durable
+            else None
+        )
         self._client_listeners = client_listeners
         self._link_listeners = list(link_listeners)
         self._links: list[Link] = []
@@ -102,6 +111,21 @@ class Broker:
             listeners = list(await trio.open_tcp_listeners(self.config.port, host=self.config.host))
         else:
             listeners = []
+        async with trio.open_nursery() as storage:
+            if self.store is not None:
+                # Opened (and recovered) before the first connection; closed
+                # after the last one, when this nursery is cancelled below.
+                await storage.start(self.store.run)
+            try:
+                await self._serve(listeners, task_status)
+            finally:
+                storage.cancel_scope.cancel()
+
+    async def _serve(
+        self,
+        listeners: list[trio.abc.Listener[trio.abc.Stream]],
+        task_status: trio.TaskStatus[tuple[str, int] | None],
+    ) -> None:
         async with trio.open_nursery() as connections:
             self._connection_nursery = connections
             try:
@@ -150,6 +174,7 @@ class Broker:
                 self.config.connection_settings,
                 self.counters,
                 describe_peer(stream),
+                self.store,
             )
             self._connections[connection] = scope
             if self._all_closed.is_set():
@@ -216,4 +241,5 @@ class Broker:
             bytes_received=counters.bytes_received,
             bytes_sent=counters.bytes_sent,
             links=tuple(link.status() for link in self._links),
+            durable=self.store.statistics() if self.store is not None else None,
         )

@@ -11,6 +11,7 @@ import pytest
 
 import broky
 import broky.client.client
+import broky.client.durable
 import broky.client.errors
 import broky.config
 import broky.ksuid
@@ -21,6 +22,9 @@ import broky.server
 
 #: Where each public name is defined (its one home).
 HOMES = {
+    "AckedRun": broky.client.durable,
+    "PartitionInfo": broky.client.durable,
+    "Start": broky.client.durable,
     "Broker": broky.server,
     "BrokerStatistics": broky.server,
     "BrokyError": broky.client.errors,

@@ -21,6 +21,7 @@ from typing import Final
 import attrs
 import trio
 
+from broky.client.durable import AckedRun, PartitionInfo, Start
 from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
 from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
 from broky.protocol.connection import ProtocolMachine, Role
@@ -29,18 +30,24 @@ from broky.protocol.constants import (
     MAX_KEY_BYTES,
     MIN_MAX_FRAME_BYTES,
     BodyType,
+    ErrorCode,
     SlowConsumerPolicy,
 )
 from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
     Error,
+    Fetch,
+    Fetched,
     Flow,
     Frame,
     Hello,
+    ListPartitions,
     Notice,
+    Partitions,
     Ping,
     Pong,
+    PublishAck,
     Run,
     Subscribe,
     Subscribed,
@@ -210,6 +217,16 @@ class Client:
         self._wake_writer = trio.Event()
         self._space = trio.Event()
         self._stamp = False
+        # acked publishing: frames are either all acked or not; acks come in order
+        self._ack_mode = False
+        self._chunk_keys: list[str] = []
+        self._ack_sequence = 0
+        self._ack_frames: dict[int, list[str]] = {}
+        self._acked: list[AckedRun] = []
+        self._acks_done = trio.Event()
+        self._ack_error: BaseException | None = None
+        # request/response streams (ListPartitions, Fetch)
+        self._requests: dict[int, tuple[trio.Event, list[Frame]]] = {}
         # streams: one label for publishes (so a stream Error can name it), then subscriptions
         self._streams = itertools.count(1)
         self._publish_stream = next(self._streams)
@@ -260,14 +277,22 @@ class Client:
         tags: Iterable[tuple[str, str]] = (),
         ts_producer: int = 0,
         uid: bytes = b"",
+        ack: bool = False,
     ) -> None:
         """Queue one message; waits only when the send buffer is full.
 
         At-most-once: the message is on its way when this returns; ``flush``
-        confirms the broker has routed it.
+        confirms the broker has routed it. With ``ack=True`` the message goes
+        in an acked Publish frame: ``flush_acks`` then waits for the broker's
+        acks (one per frame: batch-first) and returns the offsets durable
+        topics gave.
         """
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
+        if ack is not self._ack_mode:
+            self._close_run()
+            self._close_frame()
+            self._ack_mode = ack
         if key != self._run_key_text:
             self._close_run()
             self._run_key_text = key
@@ -338,6 +363,8 @@ class Client:
             self._run_bytes = 0
             if self._chunk_bytes + len(chunk) > self._chunk_budget:
                 self._close_frame()
+            if self._ack_mode:
+                self._chunk_keys.append(self._run_key_text)
             self._chunks.append(chunk)
             self._chunk_bytes += len(chunk)
             self._buffered += len(chunk)
@@ -346,12 +373,93 @@ class Client:
     def _close_frame(self) -> None:
         if self._chunks:
             parts = runs_frame_parts(
-                BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp
+                BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp, self._ack_mode
             )
+            if self._ack_mode:
+                self._ack_sequence += 1
+                self._ack_frames[self._ack_sequence] = self._chunk_keys
+                self._chunk_keys = []
             self._buffered += sum(len(part) for part in parts) - self._chunk_bytes
             self._frames.extend(parts)
             self._chunks = []
             self._chunk_bytes = 0
+
+    async def flush_acks(self) -> list[AckedRun]:
+        """Send what ``publish(..., ack=True)`` queued and wait for every ack.
+
+        Returns the offsets of everything acked since the last call, in
+        publish order per partition (ephemeral keys get no entry). An ack
+        means the message reached its topic's durability point (fsync
+        ``always``: on disk). Raises BrokyError if the broker could not store
+        some of it; what was acked before stays acked.
+        """
+        self._close_run()
+        self._close_frame()
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
+        while self._ack_frames and not self.closed:
+            self._acks_done = trio.Event()
+            await self._acks_done.wait()
+        error, self._ack_error = self._ack_error, None
+        if error is None and self._ack_frames:
+            error = self._error or ConnectionClosed("the client is closed")
+        if error is not None:
+            raise error
+        acked, self._acked = self._acked, []
+        return acked
+
+    def _handle_ack(self, frame: PublishAck) -> None:
+        keys = self._ack_frames.pop(frame.sequence, [])
+        for run, partition, first, last in zip(
+            frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
+        ):
+            self._acked.append(AckedRun(keys[run], partition, first, last))
+        self._acks_done.set()
+
+    async def _request(self, frame_for: Callable[[int], Frame]) -> Frame:
+        """Send a request frame on a fresh stream id and wait for its answer."""
+        if self.closed:
+            raise self._error or ConnectionClosed("the client is closed")
+        stream = next(self._streams)
+        done = trio.Event()
+        box: list[Frame] = []
+        self._requests[stream] = (done, box)
+        self._send_control(frame_for(stream))
+        await done.wait()
+        if not box:
+            raise self._error or ConnectionClosed("the client is closed")
+        answer = box[0]
+        if isinstance(answer, Error):
+            raise BrokyError(answer.code, answer.message)
+        return answer
+
+    async def partitions(self, topic: str = "") -> list[PartitionInfo]:
+        """The partitions of durable topic ``topic`` ("" for all) and their offsets."""
+        answer = await self._request(lambda stream: ListPartitions(stream, topic))
+        assert isinstance(answer, Partitions)
+        return [
+            PartitionInfo(*entry)
+            for entry in zip(
+                answer.topics,
+                answer.partitions,
+                answer.start_offsets,
+                answer.end_offsets,
+                strict=True,
+            )
+        ]
+
+    async def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int = 0
+    ) -> list[Message]:
+        """Messages of a durable partition from ``offset`` (at most about
+        ``max_bytes`` of stored batches, 0: the broker's default), each with
+        its ``partition`` and ``offset``; empty at the end of the partition."""
+        answer = await self._request(
+            lambda stream: Fetch(stream, topic, partition, offset, max_bytes)
+        )
+        assert isinstance(answer, Fetched)
+        return [message for run in answer.runs for message in decode_run(run)]
 
     async def flush(self) -> None:
         """Wait until the broker has received and routed everything published so far."""
@@ -378,6 +486,7 @@ class Client:
         *,
         credit: int = DEFAULT_CREDIT,
         slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
+        start: Start | None = None,
     ) -> Subscription:
         """Subscribe and wait for the broker's confirmation.
 
@@ -385,13 +494,27 @@ class Client:
         delivered. Use as ``async with await client.subscribe(...)`` or
         ``async with client.subscription(...)``. ``credit`` is the flow-control
         window in messages (0: none, the broker sends as fast as TCP takes).
+        ``start`` says where durable topics matching the pattern begin
+        (``Start.earliest()``, ``Start.offset({0: 42})``, ``Start.time(ns)``,
+        ``Start.last()``); the default is live only.
         """
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
         stream = next(self._streams)
         subscription = Subscription(self, stream, pattern, credit)
         self._subscriptions[stream] = subscription
-        self._send_control(Subscribe(stream, pattern.encode(), slow_consumer, credit))
+        start = start or Start()
+        self._send_control(
+            Subscribe(
+                stream,
+                pattern.encode(),
+                slow_consumer,
+                credit,
+                start.kind,
+                start.time_ns,
+                start.offsets,
+            )
+        )
         await subscription._confirmed.wait()
         if subscription._error is not None:
             self._subscriptions.pop(stream, None)
@@ -405,9 +528,12 @@ class Client:
         *,
         credit: int = DEFAULT_CREDIT,
         slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
+        start: Start | None = None,
     ) -> AsyncIterator[Subscription]:
         """``async with client.subscription("orders.>") as sub: async for msg in sub``."""
-        subscription = await self.subscribe(pattern, credit=credit, slow_consumer=slow_consumer)
+        subscription = await self.subscribe(
+            pattern, credit=credit, slow_consumer=slow_consumer, start=start
+        )
         try:
             yield subscription
         finally:
@@ -487,6 +613,10 @@ class Client:
             if subscription is not None:
                 subscription.dropped_by_broker += frame.count
             log.warning("stream %d: the broker dropped %d messages", frame.stream, frame.count)
+        elif type(frame) is PublishAck:
+            self._handle_ack(frame)
+        elif type(frame) is Fetched or type(frame) is Partitions:
+            self._answer(frame.stream, frame)
         elif type(frame) is Error:
             self._handle_error(frame)
         elif type(frame) is Welcome:
@@ -504,8 +634,22 @@ class Client:
         if subscription is not None:
             self._subscriptions.pop(frame.stream, None)
             subscription._fail(SubscriptionError(frame.code, frame.message))
+        elif frame.stream in self._requests:
+            self._answer(frame.stream, frame)
+        elif frame.stream == self._publish_stream and frame.code is ErrorCode.STORAGE_FAILURE:
+            # The broker answers a failed acked frame with this error in its place.
+            if self._ack_frames:
+                del self._ack_frames[min(self._ack_frames)]
+            self._ack_error = BrokyError(frame.code, frame.message)
+            self._acks_done.set()
         else:
             self.on_error(frame)
+
+    def _answer(self, stream: int, frame: Frame) -> None:
+        request = self._requests.pop(stream, None)
+        if request is not None:
+            request[1].append(frame)
+            request[0].set()
 
     @staticmethod
     def _log_error(frame: Error) -> None:
@@ -522,6 +666,9 @@ class Client:
             subscription._fail(error)
         for event in self._pings.values():
             event.set()
+        for done, _ in self._requests.values():
+            done.set()
+        self._acks_done.set()
         self._welcome.set()
         self._space.set()
 

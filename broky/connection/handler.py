@@ -21,30 +21,41 @@ import attrs
 import trio
 
 from broky.connection.reasons import CloseReason
-from broky.protocol.codec import encode_frame
+from broky.durable.acks import AckQueue
+from broky.durable.replay import Replay
+from broky.durable.store import DurableStore, located_chunk
+from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.connection import ProtocolMachine, Role, State
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     MIN_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    BodyType,
     ErrorCode,
     LinkKind,
+    StartKind,
 )
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Error,
+    Fetch,
     Flow,
     Frame,
     Hello,
+    ListPartitions,
+    Partitions,
     Ping,
     Pong,
     Publish,
+    Run,
     Subscribe,
     Unsubscribe,
     Welcome,
 )
 from broky.router.outbox import Outlet
 from broky.router.router import Router
+from broky.storage.errors import OffsetOutOfRangeError
+from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
 log = logging.getLogger("broky.connection")
 
@@ -91,9 +102,12 @@ class ServerConnection:
         settings: ConnectionSettings,
         counters: ConnectionCounters,
         peer: str,
+        store: DurableStore | None = None,
     ) -> None:
         self._stream = stream
         self._router = router
+        self._store = store
+        self._acks: AckQueue | None = None
         self._settings = settings
         self._counters = counters
         self.peer = peer
@@ -174,6 +188,8 @@ class ServerConnection:
                 counters.bytes_received += len(data)
                 self._last_received = trio.current_time()
                 handle(machine.receive_data(data))
+                if self._store is not None and self._store.congested:
+                    await self._store.wait_for_room()  # durable backpressure, via TCP
         except RemoteProtocolError as exc:
             self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
             self._outlet.fail(exc.code, str(exc))
@@ -183,15 +199,32 @@ class ServerConnection:
     def _handle_frames(self, frames: Sequence[Frame]) -> None:
         router = self._router
         outlet = self._outlet
+        store = self._store
         for frame in frames:
             if type(frame) is Publish:
-                router.publish(
-                    router.encode(frame.runs, frame.stamp_ts_broker), outlet, frame.stream
-                )
+                if store is None and not frame.ack:
+                    router.publish(
+                        router.encode(frame.runs, frame.stamp_ts_broker), outlet, frame.stream
+                    )
+                else:
+                    self._publish(frame)
             elif type(frame) is Subscribe:
-                router.subscribe(
+                subscription = router.subscribe(
                     outlet, frame.stream, frame.pattern, frame.slow_consumer, frame.credit
                 )
+                if (
+                    subscription is not None
+                    and store is not None
+                    and frame.start is not StartKind.LATEST
+                ):
+                    replay = Replay(
+                        store, subscription, frame.start, frame.start_time, frame.start_offsets
+                    )
+                    store.spawn(replay.run)
+            elif type(frame) is Fetch:
+                self._fetch(frame)
+            elif type(frame) is ListPartitions:
+                self._list_partitions(frame)
             elif type(frame) is Flow:
                 router.grant(outlet, frame.stream, frame.credit)
             elif type(frame) is Unsubscribe:
@@ -224,6 +257,88 @@ class ServerConnection:
                 self._close_reason(CloseReason.CLIENT_ERROR, detail)
                 raise trio.ClosedResourceError("client sent an Error frame")
             # Pong: receiving it already refreshed the idle timer.
+
+    def _publish(self, frame: Publish) -> None:
+        """A Publish with durable runs or an ack request: durable runs go to
+        their partitions' owners, the rest is routed at once."""
+        router = self._router
+        store = self._store
+        acks = self._acks
+        if acks is None:
+            acks = self._acks = AckQueue(self._outlet)
+        ticket = acks.open(frame.stream) if frame.ack else None
+        ephemeral: list[Run] = []
+        stamp = 0
+        for index, run in enumerate(frame.runs):
+            topic = store.match(run.key) if store is not None else None
+            if topic is None or store is None:
+                ephemeral.append(run)
+                continue
+            stamp = stamp or store.now()
+            store.append(topic, run, stamp, ticket, acks if ticket else None, index)
+        if ephemeral:
+            router.publish(
+                router.encode(ephemeral, frame.stamp_ts_broker), self._outlet, frame.stream
+            )
+        if ticket is not None:
+            acks.release()
+
+    def _stream_error(self, code: ErrorCode, message: str, stream: int) -> None:
+        self._outlet.send_control(encode_frame(Error(code, message, stream)))
+
+    def _fetch(self, frame: Fetch) -> None:
+        """Answer a Fetch from the partition's owner, without waiting here."""
+        store = self._store
+        owner = store.owners.get((frame.topic, frame.partition)) if store is not None else None
+        if owner is None:
+            self._stream_error(
+                ErrorCode.UNKNOWN_TOPIC,
+                f"no durable topic {frame.topic!r} with partition {frame.partition}",
+                frame.stream,
+            )
+            return
+        outlet = self._outlet
+        # Leave room for the frame's header and one run's overhead.
+        budget = min(frame.max_bytes or DEFAULT_READ_BYTES, outlet.max_frame_bytes // 2)
+        partition = frame.partition
+
+        def read(partition_log: PartitionLog) -> list[bytes]:
+            return [
+                located_chunk(batch.run, partition, batch.base_offset)
+                for batch in partition_log.read(frame.offset, budget)
+            ]
+
+        def done(result: list[bytes] | BaseException) -> None:
+            if isinstance(result, OffsetOutOfRangeError):
+                self._stream_error(ErrorCode.OFFSET_OUT_OF_RANGE, str(result), frame.stream)
+            elif isinstance(result, BaseException):
+                self._stream_error(ErrorCode.STORAGE_FAILURE, str(result), frame.stream)
+            else:
+                outlet.send_control(
+                    b"".join(runs_frame_parts(BodyType.FETCHED, frame.stream, result))
+                )
+
+        owner.submit(read, done)
+
+    def _list_partitions(self, frame: ListPartitions) -> None:
+        """Answer from the owners' cached offsets (no disk access)."""
+        owners = self._store.topics(frame.topic) if self._store is not None else []
+        if not owners:
+            self._stream_error(
+                ErrorCode.UNKNOWN_TOPIC, f"no durable topic named {frame.topic!r}", frame.stream
+            )
+            return
+        self._outlet.send_control(
+            encode_frame(
+                Partitions(
+                    stream=frame.stream,
+                    topics=tuple(owner.topic.name for owner in owners),
+                    partitions=tuple(owner.partition for owner in owners),
+                    start_offsets=tuple(owner.start_offset for owner in owners),
+                    end_offsets=tuple(owner.end_offset for owner in owners),
+                )
+            )
+        )
 
     def _welcome(self, hello: Hello) -> Welcome:
         settings = self._settings

@@ -77,6 +77,11 @@ FAMILIES: Final = {
     "broky_topic_published_messages": "counter",
     "broky_topic_published_bytes": "counter",
     "broky_advisories": "counter",
+    "broky_durable_appended_messages": "counter",
+    "broky_durable_appended_bytes": "counter",
+    "broky_durable_fsyncs": "counter",
+    "broky_durable_log_bytes": "gauge",
+    "broky_durable_recovery_truncated_bytes": "counter",
 }
 
 
@@ -228,6 +233,46 @@ class BrokerCollector(Collector):
             for kind, count in sorted(sample.advisories.items()):
                 advisories.add_metric([sample.worker, kind], count)
         yield advisories
+        yield from _durable_families(samples, counter, gauge)
+
+
+def _durable_families(
+    samples: list[WorkerSample],
+    counter: Callable[[str, str, Callable[[WorkerSample], int]], Metric],
+    gauge: Callable[[str, str, Callable[[WorkerSample], float]], Metric],
+) -> Iterator[Metric]:
+    """Durable topics' totals; zero for a worker without durable topics."""
+
+    def durable(figure: str) -> Callable[[WorkerSample], int]:
+        def value(sample: WorkerSample) -> int:
+            statistics = sample.broker.durable
+            return int(getattr(statistics, figure)) if statistics is not None else 0
+
+        return value
+
+    yield counter(
+        "broky_durable_appended_messages",
+        "Messages appended to durable topic logs.",
+        durable("appended_messages"),
+    )
+    yield counter(
+        "broky_durable_appended_bytes",
+        "Bytes appended to durable topic logs (batch headers included).",
+        durable("appended_bytes"),
+    )
+    yield counter(
+        "broky_durable_fsyncs",
+        "fsyncs of durable topic logs (one covers a group of batches).",
+        durable("fsyncs"),
+    )
+    yield gauge(
+        "broky_durable_log_bytes", "Bytes held by durable topic logs.", durable("size_bytes")
+    )
+    yield counter(
+        "broky_durable_recovery_truncated_bytes",
+        "Torn tail bytes cut when the logs were opened (recovery after a crash).",
+        durable("recovery_truncated_bytes"),
+    )
 
 
 def broker_registry(source: Callable[[], Iterable[WorkerSample]]) -> CollectorRegistry:

@@ -61,6 +61,18 @@ class EncodedRun:
     chunk: bytes
 
 
+@attrs.frozen(slots=True)
+class DurableEncodedRun(EncodedRun):
+    """A run of a durable topic after its append: where it lives in the log.
+
+    ``log`` identifies the partition (its owner object), so that a replaying
+    subscription can tell which runs it already read from the log.
+    """
+
+    log: object
+    base_offset: int
+
+
 @attrs.define(slots=True, eq=False)
 class RouterCounters:
     """Monotonic counters shared by a router and its outboxes (one owner thread)."""
@@ -92,9 +104,21 @@ class Subscription:
     dropped_messages: int = 0
     scheduled: bool = False
     closed: bool = False
+    #: While a durable replay runs, live runs wait here (None: live). See
+    #: broky.durable.replay: the replay dedupes them by offset at the seam.
+    holding: list[EncodedRun] | None = None
+    holding_bytes: int = 0
+    #: Bumped whenever held durable runs had to be discarded (over the
+    #: outbox bound): the replay then reads them from the log instead.
+    holding_discards: int = 0
+    #: Called after each ``take`` (a replay waiting for room sets it).
+    drained: Callable[[], None] | None = None
 
     def push(self, run: EncodedRun) -> None:
         """Queue a run without waiting; apply the slow-consumer policy if full."""
+        if self.holding is not None:
+            self._hold(run)
+            return
         if (
             self.pending_messages + run.count > self.max_messages
             or self.pending_bytes + len(run.chunk) > self.max_bytes
@@ -107,6 +131,26 @@ class Subscription:
         if not self.scheduled and (self.credit is None or self.credit > 0):
             self.scheduled = True
             self.outlet.schedule(self)
+
+    def _hold(self, run: EncodedRun) -> None:
+        holding = self.holding
+        assert holding is not None
+        if self.holding_bytes + len(run.chunk) > self.max_bytes:
+            # Durable runs are in the log: drop them here and let the replay
+            # read them again; ephemeral ones are lost like any overflow.
+            kept = [held for held in holding if not isinstance(held, DurableEncodedRun)]
+            if len(kept) != len(holding):
+                self.holding_discards += 1
+                holding[:] = kept
+                self.holding_bytes = sum(len(held.chunk) for held in kept)
+            if isinstance(run, DurableEncodedRun):
+                self.holding_discards += 1
+                return
+            if self.holding_bytes + len(run.chunk) > self.max_bytes:
+                self._overflow(run)
+                return
+        holding.append(run)
+        self.holding_bytes += len(run.chunk)
 
     def _overflow(self, run: EncodedRun) -> None:
         counters = self.outlet.counters
@@ -191,6 +235,8 @@ class Subscription:
             )
             self.unreported_drops = 0
         self.scheduled = bool(runs) and (credit is None or credit > 0)
+        if self.drained is not None:
+            self.drained()
         return taken_bytes
 
     def _split_front(self, run: EncodedRun, room: int, credit: int | None) -> EncodedRun | None:

@@ -1,0 +1,266 @@
+"""Durable topics through a real broker: acks, offsets, replay, read API, restart."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from broky import Broker, BrokyError, Client, Config, ConfigError, ErrorCode, Message, Start
+from broky.cli import main
+from broky.storage.topics import partition_for
+
+TIMEOUT = 20
+
+
+def durable_config(data_dir: Path, **policy: Any) -> Config:
+    table = {"name": "orders", "pattern": "orders.>", "partitions": 3, **policy}
+    return Config.from_mapping(
+        {"listen": False, "data_dir": str(data_dir), "durable": [table], "system_events": False}
+    )
+
+
+async def publish_acked(client: Client, count: int, start: int = 0, keys: int = 5) -> list[Any]:
+    for index in range(start, start + count):
+        await client.publish(f"orders.k{index % keys}", str(index).encode(), ack=True)
+    return await client.flush_acks()
+
+
+async def take(subscription: Any, count: int) -> list[Message]:
+    received = []
+    async for message in subscription:
+        received.append(message)
+        if len(received) == count:
+            break
+    return received
+
+
+async def fetch_all(client: Client, topic: str = "orders") -> dict[int, list[Message]]:
+    """Every message of every partition, read back with Fetch."""
+    found: dict[int, list[Message]] = {}
+    for info in await client.partitions(topic):
+        messages: list[Message] = []
+        offset = info.start_offset
+        while offset < info.end_offset:
+            batch = await client.fetch(topic, info.partition, offset, 4096)
+            assert batch, "fetch returned nothing before the end"
+            messages.extend(batch)
+            offset = batch[-1].offset + 1
+        found[info.partition] = messages
+    return found
+
+
+def check_dense(messages: dict[int, list[Message]]) -> None:
+    for partition, items in messages.items():
+        offsets = [message.offset for message in items]
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))) if offsets else True
+        assert all(message.partition == partition for message in items)
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval", "never"])
+async def test_acked_publish_gets_dense_offsets_per_partition(tmp_path: Path, fsync: str) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = Broker(durable_config(tmp_path, fsync=fsync))
+            await nursery.start(broker.serve)
+            async with broker.connect() as client:
+                acks = await publish_acked(client, 500)
+                acks += await publish_acked(client, 500, start=500)
+                # An ephemeral key in an acked frame gets no entry, and no offsets.
+                await client.publish("prices.eu", b"x", ack=True)
+                assert await client.flush_acks() == []
+            by_partition: dict[int, list[int]] = defaultdict(list)
+            for ack in acks:
+                assert partition_for(ack.key.encode(), 3) == ack.partition
+                by_partition[ack.partition].extend(range(ack.first_offset, ack.last_offset + 1))
+            assert sum(len(offsets) for offsets in by_partition.values()) == 1000
+            for offsets in by_partition.values():
+                assert offsets == list(range(len(offsets)))
+            statistics = broker.statistics().durable
+            assert statistics is not None
+            assert statistics.appended_messages == 1000
+            if fsync == "always":
+                assert 0 < statistics.fsyncs <= 2 * 3 * 2  # group commit, not per message
+            nursery.cancel_scope.cancel()
+
+
+async def test_fetch_and_list_partitions(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = Broker(durable_config(tmp_path))
+            await nursery.start(broker.serve)
+            async with broker.connect() as client:
+                await publish_acked(client, 300)
+                infos = await client.partitions()
+                assert [info.partition for info in infos] == [0, 1, 2]
+                assert sum(info.end_offset for info in infos) == 300
+                stored = await fetch_all(client)
+                check_dense(stored)
+                payloads = sorted(int(m.payload) for items in stored.values() for m in items)
+                assert payloads == list(range(300))
+                assert all(m.ts_broker > 0 for items in stored.values() for m in items)
+                # Per key, publish order is kept.
+                for items in stored.values():
+                    per_key: dict[str, list[int]] = defaultdict(list)
+                    for message in items:
+                        per_key[message.key].append(int(message.payload))
+                    assert all(values == sorted(values) for values in per_key.values())
+                with pytest.raises(BrokyError) as info:
+                    await client.fetch("orders", 0, 10**9)
+                assert info.value.code is ErrorCode.OFFSET_OUT_OF_RANGE
+                with pytest.raises(BrokyError) as info:
+                    await client.fetch("nope", 0, 0)
+                assert info.value.code is ErrorCode.UNKNOWN_TOPIC
+                with pytest.raises(BrokyError):
+                    await client.partitions("nope")
+                assert await client.fetch("orders", 0, infos[0].end_offset) == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_restart_keeps_everything(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        for round_number in range(2):
+            async with trio.open_nursery() as nursery:
+                broker = Broker(durable_config(tmp_path))
+                await nursery.start(broker.serve)
+                async with broker.connect() as client:
+                    await publish_acked(client, 100, start=100 * round_number)
+                    stored = await fetch_all(client)
+                    check_dense(stored)
+                    payloads = sorted(int(m.payload) for items in stored.values() for m in items)
+                    assert payloads == list(range(100 * (round_number + 1)))
+                nursery.cancel_scope.cancel()
+
+
+async def _replay_case(tmp_path: Path, start: Start, expected: list[int]) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = Broker(durable_config(tmp_path, partitions=1))
+        await nursery.start(broker.serve)
+        async with broker.connect() as client:
+            acks = await publish_acked(client, 100, keys=4)
+            assert acks[0].first_offset == 0
+            async with client.subscription("orders.>", start=start) as subscription:
+                got = await take(subscription, len(expected)) if expected else []
+                await publish_acked(client, 5, start=100, keys=4)
+                live = await take(subscription, 5)
+            assert [int(m.payload) for m in got] == expected
+            assert [int(m.payload) for m in live] == list(range(100, 105))
+            assert [m.offset for m in live] == list(range(100, 105))
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"),
+    [
+        (Start.latest(), []),
+        (Start.earliest(), list(range(100))),
+        (Start.offset({0: 90}), list(range(90, 100))),
+        (Start.last(), [96, 97, 98, 99]),
+    ],
+    ids=["latest", "earliest", "offset", "last"],
+)
+async def test_replay_start_positions(tmp_path: Path, start: Start, expected: list[int]) -> None:
+    with trio.fail_after(TIMEOUT):
+        await _replay_case(tmp_path, start, expected)
+
+
+async def test_replay_from_time(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = Broker(durable_config(tmp_path, partitions=1))
+            await nursery.start(broker.serve)
+            async with broker.connect() as client:
+                await publish_acked(client, 50)
+                await trio.sleep(0.01)
+                middle = time.time_ns()
+                await trio.sleep(0.01)
+                await publish_acked(client, 50, start=50)
+                async with client.subscription("orders.>", start=Start.time(middle)) as sub:
+                    got = await take(sub, 50)
+                assert [int(m.payload) for m in got] == list(range(50, 100))
+            nursery.cancel_scope.cancel()
+
+
+async def test_replay_seam_under_concurrent_publishing(tmp_path: Path) -> None:
+    """A subscriber replaying from the earliest while a publisher keeps going
+    sees every message exactly once, in order per partition."""
+    total = 20_000
+    with trio.fail_after(TIMEOUT * 2):
+        async with trio.open_nursery() as nursery:
+            config = durable_config(tmp_path, fsync="never")
+            broker = Broker(config)
+            await nursery.start(broker.serve)
+            async with broker.connect("pub") as publisher, broker.connect("sub") as subscriber:
+                await publish_acked(publisher, 5_000, keys=50)
+
+                async def keep_publishing() -> None:
+                    for start in range(5_000, total, 500):
+                        await publish_acked(publisher, 500, start=start, keys=50)
+
+                nursery.start_soon(keep_publishing)
+                async with subscriber.subscription(
+                    "orders.>", start=Start.earliest(), credit=1000
+                ) as subscription:
+                    got = await take(subscription, total)
+            by_partition: dict[int, list[int]] = defaultdict(list)
+            for message in got:
+                by_partition[message.partition].append(message.offset)
+            for offsets in by_partition.values():
+                assert offsets == list(range(len(offsets)))
+            assert sorted(int(m.payload) for m in got) == list(range(total))
+            nursery.cancel_scope.cancel()
+
+
+def test_config_parses_durable_tables(tmp_path: Path) -> None:
+    path = tmp_path / "broky.toml"
+    path.write_text(
+        'data_dir = "/tmp/data"\n'
+        "[[durable]]\n"
+        'pattern = "orders.>"\npartitions = 4\nfsync = "interval"\nfsync_interval = 0.5\n'
+        'roll = "daily 02:30 +01:00"\nretention_seconds = 3600\nsegment_bytes = 1048576\n'
+        "[[durable]]\n"
+        'name = "audit"\npattern = "audit.*"\nroll = 60\nretention_bytes = 1000000\n'
+    )
+    config = Config.from_toml(path)
+    orders, audit = config.durable
+    assert (orders.name, orders.partitions) == ("orders.all", 4)
+    assert (orders.log.fsync.value, orders.log.fsync_interval_seconds) == ("interval", 0.5)
+    assert orders.log.roll is not None
+    assert orders.log.roll.utc_offset_ns == 3600 * 10**9
+    assert audit.name == "audit"
+    assert audit.log.roll is not None
+    assert audit.log.roll.interval_ns == 60 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ({"pattern": "orders.>", "fsync": "sometimes"}, "durable[0].fsync"),
+        ({"pattern": "orders.>", "partitions": "4"}, "durable[0].partitions"),
+        ({"pattern": "orders.>", "colour": 1}, "durable[0].colour"),
+        ({"partitions": 1}, "durable[0].pattern"),
+        ({"pattern": "orders.>", "roll": "weekly"}, "durable[0].roll"),
+        ({"pattern": "orders..x"}, "durable[0]"),
+    ],
+)
+def test_config_errors_name_the_key(table: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        Config.from_mapping({"data_dir": "/tmp/x", "durable": [table]})
+
+
+def test_durable_needs_a_data_dir() -> None:
+    with pytest.raises(ConfigError, match="data_dir"):
+        Config.from_mapping({"durable": [{"pattern": "a.>"}]})
+
+
+def test_serve_refuses_durable_topics_with_several_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "broky.toml"
+    path.write_text(f'workers = 2\ndata_dir = "{tmp_path}"\n[[durable]]\npattern = "orders.>"\n')
+    assert main(["serve", "--config", str(path)]) == 2
+    assert "durable topics need one worker" in capsys.readouterr().err
