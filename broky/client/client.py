@@ -414,7 +414,8 @@ class Client:
         for run, partition, first, last in zip(
             frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
         ):
-            self._acked.append(AckedRun(keys[run], partition, first, last))
+            key = keys[run] if run < len(keys) else ""  # a broker bug must not kill the reader
+            self._acked.append(AckedRun(key, partition, first, last))
         self._acks_done.set()
 
     async def _request(self, frame_for: Callable[[int], Frame]) -> Frame:

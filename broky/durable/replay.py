@@ -27,7 +27,7 @@ import trio
 from broky.durable.store import DurableStore, PartitionOwner, located_chunk
 from broky.protocol.codec import split_run_chunk
 from broky.protocol.constants import StartKind
-from broky.router.matcher import SubscriptionIndex
+from broky.router.matcher import SubscriptionIndex, patterns_overlap
 from broky.router.outbox import DurableEncodedRun, EncodedRun, Subscription
 from broky.storage.batch import StoredBatch
 from broky.storage.errors import StorageError
@@ -84,7 +84,10 @@ class Replay:
         """Replay, then switch to live; a closed subscription just stops."""
         subscription = self._subscription
         try:
+            pattern = subscription.pattern
             for owner in self._store.topics():
+                if not patterns_overlap(owner.topic.pattern, pattern):
+                    continue  # none of this topic's keys can match
                 if self._start is StartKind.LAST:
                     batches, end = await owner.call(self._read_last)
                     self._push(owner, batches)

@@ -147,6 +147,8 @@ class PartitionOwner:
             pending, self._pending = self._pending, []
             requests, self._requests = self._requests, []
             tick = time.monotonic() >= next_tick
+            if not (tick or pending or requests):
+                continue
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
             runs = [item.run for item in pending]
@@ -321,7 +323,8 @@ class DurableStore:
     async def wait_for_room(self) -> None:
         """Wait until the queued durable bytes fall under the bound."""
         while self.congested:
-            self._room = trio.Event()
+            if self._room.is_set():
+                self._room = trio.Event()  # one event shared by every waiting reader
             await self._room.wait()
 
     def room_changed(self) -> None:

@@ -695,8 +695,9 @@ def decode_frame(buf: Buffer) -> Frame:
 
 
 #: Upper bound of what a run chunk adds to its messages, its key and 4 bytes
-#: per message: the 40-byte table, three vector lengths, the NUL and padding.
-RUN_CHUNK_OVERHEAD: Final = 72
+#: per message: the table (40 bytes; 64 in a durable chunk, whose table also
+#: holds partition and base_offset), three vector lengths, the NUL and padding.
+RUN_CHUNK_OVERHEAD: Final = 96
 
 
 def run_chunk_message_sizes(chunk: bytes) -> Sequence[int]:

@@ -51,6 +51,25 @@ def validate_pattern(pattern: bytes) -> list[bytes]:
     return tokens
 
 
+def patterns_overlap(first: bytes, second: bytes) -> bool:
+    """Whether some key could match both (valid) patterns.
+
+    An over-approximation for ``$SYS`` keys (a leading wildcard does not match
+    them): callers use it to skip work, and then still match each key.
+    """
+    a, b = first.split(b"."), second.split(b".")
+    for index in range(max(len(a), len(b))):
+        if index < len(a) and a[index] == b">":
+            return len(b) > index
+        if index < len(b) and b[index] == b">":
+            return len(a) > index
+        if index == len(a) or index == len(b):
+            return False
+        if a[index] != b[index] and b"*" not in (a[index], b[index]):
+            return False
+    return True
+
+
 def validate_key(key: bytes) -> list[bytes]:
     """Split a publish key into tokens, or raise InvalidKey."""
     if not key or len(key) > MAX_KEY_BYTES:

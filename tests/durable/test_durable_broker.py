@@ -7,11 +7,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from broky import Broker, BrokyError, Client, Config, ConfigError, ErrorCode, Message, Start
 from broky.cli import main
+from broky.router.matcher import patterns_overlap
 from broky.storage.topics import partition_for
 
 TIMEOUT = 20
@@ -185,13 +187,19 @@ async def test_replay_from_time(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def test_replay_seam_under_concurrent_publishing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("outbox_bytes", [None, 256 * 1024], ids=["default", "small-outbox"])
+async def test_replay_seam_under_concurrent_publishing(
+    tmp_path: Path, outbox_bytes: int | None
+) -> None:
     """A subscriber replaying from the earliest while a publisher keeps going
-    sees every message exactly once, in order per partition."""
+    sees every message exactly once, in order per partition. A small outbox
+    makes the held live runs overflow, so the replay must read them again."""
     total = 20_000
     with trio.fail_after(TIMEOUT * 2):
         async with trio.open_nursery() as nursery:
             config = durable_config(tmp_path, fsync="never")
+            if outbox_bytes is not None:
+                config = attrs.evolve(config, outbox_bytes=outbox_bytes)
             broker = Broker(config)
             await nursery.start(broker.serve)
             async with broker.connect("pub") as publisher, broker.connect("sub") as subscriber:
@@ -264,3 +272,36 @@ def test_serve_refuses_durable_topics_with_several_workers(
     path.write_text(f'workers = 2\ndata_dir = "{tmp_path}"\n[[durable]]\npattern = "orders.>"\n')
     assert main(["serve", "--config", str(path)]) == 2
     assert "durable topics need one worker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "overlap"),
+    [
+        (b"orders.>", b"orders.eu", True),
+        (b"orders.>", b"orders", False),
+        (b"orders.*", b"*.eu", True),
+        (b"orders.*", b"prices.*", False),
+        (b">", b"a.b.c", True),
+        (b"a.*.c", b"a.b.>", True),
+        (b"a.b", b"a.b.c", False),
+        (b"a.>", b"*.>", True),
+    ],
+)
+def test_patterns_overlap(first: bytes, second: bytes, overlap: bool) -> None:
+    assert patterns_overlap(first, second) is overlap
+    assert patterns_overlap(second, first) is overlap
+
+
+async def test_replay_reads_only_topics_the_pattern_can_match(tmp_path: Path) -> None:
+    """A replay of an unrelated pattern gets no durable backlog (and reads none)."""
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = Broker(durable_config(tmp_path))
+            await nursery.start(broker.serve)
+            async with broker.connect() as client:
+                await publish_acked(client, 100)
+                async with client.subscription("prices.>", start=Start.earliest()) as sub:
+                    await client.publish("prices.eu", b"live")
+                    (message,) = await take(sub, 1)
+                assert (message.payload, message.offset, message.partition) == (b"live", -1, -1)
+            nursery.cancel_scope.cancel()

@@ -21,6 +21,7 @@ import pytest
 
 from broky.protocol.codec import (
     CHUNK_TS_OFFSET,
+    RUN_CHUNK_OVERHEAD,
     decode_frame,
     encode_durable_run_chunk,
     encode_frame,
@@ -668,6 +669,9 @@ def test_generated_code_reads_durable_runs(generated: SimpleNamespace, body_type
     )
     chunks = [encode_durable_run_chunk(run) for run in runs]
     assert all(len(chunk) % 8 == 0 for chunk in chunks)
+    for run, chunk in zip(runs, chunks, strict=True):
+        extra = len(chunk) - len(run.messages) - len(run.key) - 4 * run.count
+        assert extra <= RUN_CHUNK_OVERHEAD
     data = b"".join(runs_frame_parts(body_type, 7, chunks))
     frame = Deliver(stream=7, runs=runs) if body_type == BodyType.DELIVER else Fetched(7, runs)
     assert read_with_generated(generated, data) == _plain(frame)
