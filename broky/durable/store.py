@@ -305,6 +305,8 @@ class DurableStore:
         run_index: int,
     ) -> None:
         """Queue a published run for its partitions, stamped with ``stamp``."""
+        if not run.count:
+            return  # nothing to store (and a batch holds at least one message)
         run = Run(run.key, stamp, run.count, run.sizes, run.messages)
         for partition, part in partition_run(run, topic.partitions):
             if ticket is not None:

@@ -16,14 +16,15 @@ key's messages stay in one partition and keep their order.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 import xxhash
 
-from broky.protocol.codec import read_bytes, table_fields
-from broky.protocol.frames import Run
+from broky.protocol.codec import read_bytes, table_fields, u32_array
+from broky.protocol.frames import Buffer, Run
 from broky.protocol.message import message_views, pack_sizes
 from broky.router.matcher import SubscriptionIndex, validate_pattern
 from broky.storage.config import LogConfig
@@ -94,6 +95,35 @@ def key_partition(message: memoryview) -> bytes:
     return read_bytes(message, field)
 
 
+_U16: Final = struct.Struct("<H")
+_U32: Final = struct.Struct("<I")
+_I32: Final = struct.Struct("<i")
+#: The head of a message as ``encode_message`` lays it out (root uoffset 20,
+#: vtable at 4 whose first slot is key_partition, table soffset 16 at 20):
+#: one read answers for the usual message.
+_USUAL_HEAD: Final = struct.Struct("<IHHH10xi")
+
+
+def _has_key_partition(messages: Buffer, position: int) -> bool:
+    """Whether the message at ``position`` may carry ``key_partition``: its
+    vtable's first slot is set. One read for the usual layout, three for any
+    other, instead of a validated table walk: most messages have no
+    key_partition, and a message that has one (or whose header is garbage)
+    takes the validated path."""
+    try:
+        if len(messages) - position >= _USUAL_HEAD.size:
+            root, vtable_size, _, slot, soffset = _USUAL_HEAD.unpack_from(messages, position)
+            if root == 20 and soffset == 16:
+                return vtable_size > 4 and bool(slot)
+        table = position + _U32.unpack_from(messages, position)[0]
+        vtable: int = table - _I32.unpack_from(messages, table)[0]
+        if vtable < 0 or _U16.unpack_from(messages, vtable)[0] <= 4:
+            return vtable < 0
+        return bool(_U16.unpack_from(messages, vtable + 4)[0])
+    except struct.error:
+        return True  # let the validated path say what is wrong
+
+
 def partition_run(run: Run, partitions: int) -> list[tuple[int, Run]]:
     """Split a run into per-partition runs, keeping message order.
 
@@ -105,14 +135,20 @@ def partition_run(run: Run, partitions: int) -> list[tuple[int, Run]]:
     """
     if partitions == 1:
         return [(0, run)]
-    views = message_views(run)
     default = partition_for(run.key, partitions)
     targets = []
-    for view in views:
-        partition_key = key_partition(view)
-        targets.append(partition_for(partition_key, partitions) if partition_key else default)
+    messages = memoryview(run.messages)
+    position = 0
+    for size in u32_array(memoryview(run.sizes)):
+        if _has_key_partition(messages, position):
+            partition_key = key_partition(messages[position : position + size])
+            targets.append(partition_for(partition_key, partitions) if partition_key else default)
+        else:
+            targets.append(default)
+        position += size
     if all(target == targets[0] for target in targets):
         return [(targets[0], run)]
+    views = message_views(run)
     pieces: list[tuple[int, Run]] = []
     start = 0
     for index in range(1, len(views) + 1):

@@ -13,6 +13,8 @@ import trio
 
 from broky import Broker, BrokyError, Client, Config, ConfigError, ErrorCode, Message, Start
 from broky.cli import main
+from broky.protocol.codec import encode_frame
+from broky.protocol.frames import Publish, Run
 from broky.router.matcher import patterns_overlap
 from broky.storage.topics import partition_for
 
@@ -304,4 +306,18 @@ async def test_replay_reads_only_topics_the_pattern_can_match(tmp_path: Path) ->
                     await client.publish("prices.eu", b"live")
                     (message,) = await take(sub, 1)
                 assert (message.payload, message.offset, message.partition) == (b"live", -1, -1)
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_empty_durable_run_is_harmless(tmp_path: Path) -> None:
+    """A Publish run with no messages stores nothing and breaks nothing."""
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = Broker(durable_config(tmp_path))
+            await nursery.start(broker.serve)
+            async with broker.connect() as client:
+                client._send_raw(encode_frame(Publish(1, (Run(b"orders.x", 0, 0, b"", b""),))))
+                await client.flush()
+                await publish_acked(client, 10)
+                assert sum(info.end_offset for info in await client.partitions()) == 10
             nursery.cancel_scope.cancel()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
 import xxhash
 
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.message import decode_run
+from broky.protocol.frames import Run
+from broky.protocol.message import decode_run, encode_message, pack_sizes
 from broky.storage.errors import CorruptRecordError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.reader import iter_batches, iter_records, list_partitions
@@ -68,6 +70,22 @@ def test_partition_run_splits_by_key_partition_and_keeps_order() -> None:
             assert partition == partition_for(message.key_partition, 4)
     same = make_run(b"k", [b"a", b"b"])  # no key_partition: the run key decides
     assert partition_run(same, 4) == [(partition_for(b"k", 4), same)]
+
+
+def test_partition_run_reads_key_partition_from_any_layout() -> None:
+    """The quick "has it a key_partition?" check agrees with a full decode for
+    messages with and without the field, uids and tags, in one run."""
+    rng = random.Random(3)
+    messages, expected = [], []
+    for index in range(300):
+        kp = rng.choice([b"", b"a", b"customer-%d" % index])
+        uid = bytes(20) if rng.random() < 0.3 else b""
+        tags = [("t", "v")] if rng.random() < 0.3 else []
+        messages.append(encode_message(b"m%d" % index, kp, 0, uid, tags))
+        expected.append(partition_for(kp or b"k.x", 5))
+    run = Run(b"k.x", 0, len(messages), pack_sizes([len(m) for m in messages]), b"".join(messages))
+    got = [partition for partition, piece in partition_run(run, 5) for _ in range(piece.count)]
+    assert got == expected
 
 
 def test_state_store_saves_atomically_and_reloads(tmp_path: Path) -> None:
