@@ -4,7 +4,9 @@ Run: ``.venv/bin/python -m benchmarks.bench_durable [--duration S] [--dir DIR]``
 Prints one JSON object per line. A ``broky serve`` process (one worker) keeps
 topic ``bench.>`` durable (one partition per publisher key) with the policy
 under test; publisher connections in this process publish 100-byte payloads
-with ``ack=True`` and count a message only once its ack arrived. In the same
+with ``ack=True`` and count a message only once its ack arrived; then one
+subscriber replays everything from the earliest offset (``Start.earliest()``,
+decoding every message in the client), the replay read rate. In the same
 run, ``raw_write_fsync`` measures this disk's ceiling (write + fdatasync of
 1000-message runs, no broker, no log code), so the ratio survives a noisy
 machine.
@@ -24,10 +26,10 @@ from pathlib import Path
 import trio
 
 from benchmarks.bench_storage import make_run, raw_writer
-from broky import connect
+from broky import Start, connect
 
 PAYLOAD = b"x" * 100
-PUBLISHERS = 4
+PUBLISHERS = 8
 #: Messages a publisher queues before waiting for their acks (its window).
 WINDOW = 20_000
 
@@ -51,16 +53,41 @@ async def publisher(address: str, index: int, deadline: float, counts: list[int]
             counts[index] += sum(ack.last_offset - ack.first_offset + 1 for ack in acked)
 
 
-async def measure(address: str, duration: float) -> int:
+async def measure(address: str, duration: float, pid: int) -> dict[str, object]:
+    """Acked publish rate and the cores the broker and this client used
+    meanwhile, then the rate of a replay of everything from the earliest."""
     counts = [0] * PUBLISHERS
+    server_before, client_before = cpu_seconds(pid), time.process_time()
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         for index in range(PUBLISHERS):
             nursery.start_soon(publisher, address, index, start + duration, counts)
-    return round(sum(counts) / (time.monotonic() - start))
+    elapsed = time.monotonic() - start
+    figures: dict[str, object] = {
+        "msgs_per_s": round(sum(counts) / elapsed),
+        "server_cpu": round((cpu_seconds(pid) - server_before) / elapsed, 2),
+        "client_cpu": round((time.process_time() - client_before) / elapsed, 2),
+    }
+    async with connect(address, name="bench-replay") as client:
+        total = sum(info.end_offset - info.start_offset for info in await client.partitions())
+        start = time.monotonic()
+        received = 0
+        async with client.subscription("bench.>", start=Start.earliest()) as subscription:
+            async for _ in subscription:
+                received += 1
+                if received == total:
+                    break
+        figures["replay_msgs_per_s"] = round(total / (time.monotonic() - start))
+    return figures
 
 
-def broker_rate(root: Path, fsync: str, duration: float) -> int:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_rate(root: Path, fsync: str, duration: float) -> dict[str, object]:
     config = root / f"{fsync}.toml"
     write_config(config, root / f"data-{fsync}", fsync)
     process = subprocess.Popen(
@@ -72,7 +99,7 @@ def broker_rate(root: Path, fsync: str, duration: float) -> int:
         assert process.stdout is not None
         line = process.stdout.readline()
         address = line.strip().rsplit(" ", 1)[-1]
-        return trio.run(measure, address, duration)
+        return trio.run(measure, address, duration, process.pid)
     finally:
         process.terminate()
         process.wait(10)
@@ -99,15 +126,21 @@ def main() -> None:
         emit("raw_write_fsync", messages_per_fsync=1000, msgs_per_s=raw.rate)
         summary: dict[str, object] = {"raw_write_fsync_msgs_per_s": raw.rate}
         for fsync in ("always", "interval"):
-            rate = broker_rate(root, fsync, args.duration)
+            figures = broker_rate(root, fsync, args.duration)
+            replay_rate = figures.pop("replay_msgs_per_s")
+            rate = figures["msgs_per_s"]
+            assert isinstance(rate, int)
             emit(
                 f"broker_acked_fsync_{fsync}",
                 publishers=PUBLISHERS,
                 window=WINDOW,
-                msgs_per_s=rate,
+                **figures,
                 ratio_to_raw=round(rate / raw.rate, 2),
             )
             summary[f"acked_{fsync}_msgs_per_s"] = rate
+            if fsync == "always":
+                emit("broker_replay_earliest", msgs_per_s=replay_rate)
+                summary["replay_msgs_per_s"] = replay_rate
     emit("summary", **summary)
 
 
