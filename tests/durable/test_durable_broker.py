@@ -17,6 +17,8 @@ from broky.protocol.codec import encode_frame
 from broky.protocol.frames import Publish, Run
 from broky.router.matcher import patterns_overlap
 from broky.storage.topics import partition_for
+from tests.conftest import StartBroker
+from tests.observability.test_observability import http_get, sample_value
 
 TIMEOUT = 20
 
@@ -321,3 +323,22 @@ async def test_an_empty_durable_run_is_harmless(tmp_path: Path) -> None:
                 await publish_acked(client, 10)
                 assert sum(info.end_offset for info in await client.partitions()) == 10
             nursery.cancel_scope.cancel()
+
+
+async def test_metrics_export_the_durable_figures(
+    start_broker: StartBroker, tmp_path: Path
+) -> None:
+    config = attrs.evolve(
+        durable_config(tmp_path), listen=True, port=0, metrics_listen=True, metrics_port=0
+    )
+    broker = await start_broker(config)
+    metrics = broker.observability.metrics_address
+    assert metrics is not None
+    with trio.fail_after(TIMEOUT):
+        async with broker.connect() as client:
+            await publish_acked(client, 200)
+        _, text = await http_get(metrics, "/metrics")
+    assert sample_value(text, "broky_durable_appended_messages_total", 'worker="0"') == 200
+    assert sample_value(text, "broky_durable_fsyncs_total", 'worker="0"') >= 1
+    assert sample_value(text, "broky_durable_log_bytes", 'worker="0"') > 200 * 100
+    assert sample_value(text, "broky_durable_recovery_truncated_bytes_total", 'worker="0"') == 0
