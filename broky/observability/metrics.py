@@ -77,6 +77,11 @@ FAMILIES: Final = {
     "broky_topic_published_messages": "counter",
     "broky_topic_published_bytes": "counter",
     "broky_advisories": "counter",
+    "broky_link_queued_bytes": "gauge",
+    "broky_link_forwarded_messages": "counter",
+    "broky_link_dropped_messages": "counter",
+    "broky_link_connected": "gauge",
+    "broky_link_received_messages": "counter",
     "broky_durable_appended_messages": "counter",
     "broky_durable_appended_bytes": "counter",
     "broky_durable_fsyncs": "counter",
@@ -233,7 +238,51 @@ class BrokerCollector(Collector):
             for kind, count in sorted(sample.advisories.items()):
                 advisories.add_metric([sample.worker, kind], count)
         yield advisories
+        yield from _link_families(samples)
         yield from _durable_families(samples, counter, gauge)
+
+
+def _link_families(samples: list[WorkerSample]) -> Iterator[Metric]:
+    """Per-link figures. The ``link`` label is the link's name (the peer
+    router's worker or node address), so its values are bounded by the
+    cluster's size and stable across reconnects."""
+    labels = ["worker", "link", "kind"]
+    queued = GaugeMetricFamily(
+        "broky_link_queued_bytes",
+        "Bytes queued for a peer router's link (bounded by link_outbox_bytes).",
+        labels=labels,
+    )
+    forwarded = CounterMetricFamily(
+        "broky_link_forwarded_messages",
+        "Messages forwarded to a peer router over its link.",
+        labels=labels,
+    )
+    dropped = CounterMetricFamily(
+        "broky_link_dropped_messages",
+        "Messages dropped for a peer router whose link fell behind.",
+        labels=labels,
+    )
+    connected = GaugeMetricFamily(
+        "broky_link_connected",
+        "1 while this router's outgoing link to a peer is connected.",
+        labels=labels,
+    )
+    received = CounterMetricFamily(
+        "broky_link_received_messages",
+        "Messages received from a peer router over this router's outgoing link.",
+        labels=labels,
+    )
+    for sample in samples:
+        for link in sample.broker.router.links:
+            name = [sample.worker, link.peer.split("@", 1)[0], link.kind]
+            queued.add_metric(name, link.queued_bytes)
+            forwarded.add_metric(name, link.forwarded_messages)
+            dropped.add_metric(name, link.dropped_messages)
+        for status in sample.broker.links:
+            name = [sample.worker, status.name, status.kind]
+            connected.add_metric(name, 1 if status.connected else 0)
+            received.add_metric(name, status.received_messages)
+    yield from (queued, forwarded, dropped, connected, received)
 
 
 def _durable_families(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+from prometheus_client import generate_latest
 
 import broky
 from broky.mesh.link import Link
@@ -201,3 +202,27 @@ async def test_a_stalled_link_drops_for_itself_and_never_slows_local_delivery(
             assert link.kind == "local"
             assert link.dropped_messages > 0
             assert link.queued_bytes <= broker.config.router_limits.link_outbox_bytes
+
+
+async def test_links_are_in_the_metrics(nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        brokers = await _mesh(nursery, 2)
+        async with (
+            brokers[0].connect() as publisher,
+            brokers[1].connect() as subscriber,
+            subscriber.subscription("m.>") as subscription,
+        ):
+            await publisher.publish("m.x", b"1")
+            assert await _take(subscription, 1) == [b"1"]
+        text = generate_latest(brokers[0].observability.registry).decode()
+        forwarded = [
+            line
+            for line in text.splitlines()
+            if line.startswith("broky_link_forwarded_messages_total{")
+        ]
+        assert len(forwarded) == 1
+        assert 'kind="local"' in forwarded[0]
+        assert forwarded[0].endswith(" 1.0")
+        connected = [line for line in text.splitlines() if line.startswith("broky_link_connected{")]
+        assert connected
+        assert connected[0].endswith(" 1.0")
