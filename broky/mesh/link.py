@@ -25,7 +25,12 @@ import trio
 
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
-from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, LinkKind, SlowConsumerPolicy
+from broky.protocol.constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ErrorCode,
+    LinkKind,
+    SlowConsumerPolicy,
+)
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
@@ -231,6 +236,9 @@ class Link:
                     counters.dropped_by_peer += frame.count
                     log.warning("link %s: the peer dropped %d messages", self.name, frame.count)
                 elif type(frame) is Error:
+                    if frame.stream == 0 and frame.code is ErrorCode.SERVER_SHUTDOWN:
+                        log.info("link %s: the peer is shutting down", self.name)
+                        return
                     if frame.stream == 0:
                         raise trio.BrokenResourceError(f"peer error: {frame.message}")
                     log.warning("link %s: stream %d: %s", self.name, frame.stream, frame.message)
