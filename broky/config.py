@@ -5,6 +5,7 @@ Errors name the bad key and what it accepts; there are no hidden knobs.
 
 from __future__ import annotations
 
+import ssl
 import tomllib
 from pathlib import Path
 from typing import Any, Final
@@ -15,6 +16,7 @@ from broky.connection.handler import ConnectionSettings
 from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
 from broky.router.router import RouterLimits
+from broky.security.tls import server_context
 from broky.storage.topics import TopicPolicy
 
 #: Broky's registered-looking default port (NATS uses 4222, MQTT 1883).
@@ -87,6 +89,12 @@ class Config:
     link_outbox_bytes: int = attrs.field(
         default=RouterLimits().link_outbox_bytes, validator=_positive
     )
+    #: PEM certificate chain and key of the client listener; both set: the
+    #: listener speaks TLS only (1.2 or newer). See docs/security.md.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: PEM CA bundle; set: clients must present a certificate it signed (mTLS).
+    tls_client_ca: str = ""
     #: Serve Prometheus /metrics and /healthz on metrics_host:metrics_port.
     metrics_listen: bool = False
     metrics_host: str = "127.0.0.1"
@@ -133,6 +141,10 @@ class Config:
                 raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
 
     def __attrs_post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: set both (TLS) or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca needs tls_cert and tls_key (mTLS is TLS first)")
         if self.durable and not self.data_dir:
             raise ConfigError("durable topics need data_dir (where their logs live)")
         if self.cluster_listen:
@@ -147,6 +159,15 @@ class Config:
                 f"heartbeat_interval ({self.heartbeat_interval}) must be less than idle_timeout "
                 f"({self.idle_timeout}): clients answer pings, they do not send them unasked"
             )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client listener's TLS context (None: plain TCP). Reads the files."""
+        if not self.tls_cert:
+            return None
+        try:
+            return server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load tls_cert/tls_key/tls_client_ca: {exc}") from exc
 
     @property
     def router_limits(self) -> RouterLimits:

@@ -83,6 +83,7 @@ class Broker:
             else None
         )
         self._client_listeners = client_listeners
+        self._tls = self.config.tls_context()
         self._link_listeners = list(link_listeners)
         self._links: list[Link] = []
         self._link_nursery: trio.Nursery | None = None
@@ -133,7 +134,16 @@ class Broker:
                     if listeners:
                         sockname = listeners[0].socket.getsockname()  # type: ignore[attr-defined]
                         self.address = (sockname[0], sockname[1])
-                        log.info("broky listening on %s:%d", *self.address)
+                        log.info(
+                            "broky listening on %s:%d%s",
+                            *self.address,
+                            " (TLS)" if self._tls is not None else "",
+                        )
+                    if self._tls is not None:
+                        # The handshake happens in each connection's task
+                        # (ServerConnection.run), never in the accept loop.
+                        tls = self._tls
+                        listeners = [trio.SSLListener(listener, tls) for listener in listeners]
                     if listeners or self._link_listeners:
                         await acceptors.start(
                             partial(
@@ -228,6 +238,8 @@ class Broker:
         nursery = self._connection_nursery
         if nursery is None:
             raise RuntimeError("the broker is not serving")
+        if self._tls is not None:
+            stream = trio.SSLStream(stream, self._tls, server_side=True)
         nursery.start_soon(self._serve_stream, stream)
 
     def statistics(self) -> BrokerStatistics:

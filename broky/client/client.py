@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -584,7 +585,7 @@ class Client:
             while True:
                 data = await stream.receive_some(RECEIVE_BYTES)
                 if not data:
-                    self._shutdown(ConnectionClosed("the broker closed the connection"))
+                    self._shutdown(ConnectionClosed(self._lost("the broker closed the connection")))
                     return
                 for frame in machine.receive_data(data):
                     self._handle(frame)
@@ -592,7 +593,12 @@ class Client:
             self._shutdown(BrokyError(exc.code, f"the broker broke the protocol: {exc}"))
             self._send_raw(encode_frame(Error(exc.code, str(exc))))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._shutdown(ConnectionClosed(f"connection lost: {exc}"))
+            self._shutdown(ConnectionClosed(self._lost(f"connection lost: {exc.__cause__ or exc}")))
+
+    def _lost(self, what: str) -> str:
+        if self.server is not None or isinstance(self._stream, trio.SSLStream):
+            return what
+        return f"{what} during the handshake (a TLS-only port? connect with ssl_context=...)"
 
     def _handle(self, frame: Frame) -> None:
         if type(frame) is Deliver:
@@ -684,11 +690,37 @@ def parse_address(address: str) -> tuple[str, int]:
 
 @asynccontextmanager
 async def connect(
-    address: str, *, name: str = "", stamp_ts_broker: bool = False
+    address: str,
+    *,
+    name: str = "",
+    stamp_ts_broker: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Client]:
-    """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``."""
+    """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``.
+
+    With ``ssl_context`` (see ``broky.security.tls.client_context``) the
+    connection speaks TLS, checking the broker's certificate against ``host``;
+    a failed TLS handshake raises ConnectionClosed saying why.
+    """
     host, port = parse_address(address)
     with trio.fail_after(CONNECT_TIMEOUT):
-        stream = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        if ssl_context is not None:
+            stream = await _tls_handshake(stream, ssl_context, host, address)
     async with Client.over(stream, name=name, stamp_ts_broker=stamp_ts_broker) as client:
         yield client
+
+
+async def _tls_handshake(
+    stream: trio.abc.Stream, context: ssl.SSLContext, host: str, address: str
+) -> trio.SSLStream[trio.abc.Stream]:
+    tls = trio.SSLStream(stream, context, server_hostname=host)
+    try:
+        await tls.do_handshake()
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await trio.aclose_forcefully(stream)
+        raise ConnectionClosed(
+            f"TLS handshake with {address} failed ({exc.__cause__ or exc}): is that the "
+            "broker's TLS port, and does it trust this client's certificate?"
+        ) from exc
+    return tls

@@ -52,6 +52,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.protocol.framing import foreign_preamble_reply
 from broky.router.outbox import Outlet
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
@@ -118,6 +119,7 @@ class ServerConnection:
         self._last_received = trio.current_time()
         self._reason: CloseReason | None = None
         self._reason_detail = ""
+        self._greeted = False
         self.client_name = ""
 
     def _wake(self) -> None:
@@ -136,8 +138,11 @@ class ServerConnection:
     async def run(self) -> None:
         """Serve until the client leaves, fails, or the broker shuts down."""
         self._counters.opened += 1
-        self._outlet.send_control(self._machine.initiate())
         try:
+            if isinstance(self._stream, trio.SSLStream) and not await self._tls_handshake(
+                self._stream
+            ):
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, nursery.cancel_scope)
                 nursery.start_soon(self._keepalive)
@@ -170,13 +175,67 @@ class ServerConnection:
         """Why the connection closed, and the detail; meaningful once ``run`` returned."""
         return self._reason or CloseReason.SERVER_SHUTDOWN, self._reason_detail
 
+    async def _tls_handshake(self, stream: trio.SSLStream[trio.abc.Stream]) -> bool:
+        """Complete the TLS handshake within the handshake timeout; False if it failed.
+
+        Done here, in the connection's own task, so that a slow or foreign
+        peer on the TLS port costs one task, never the accept loop.
+        """
+        limit = self._settings.handshake_timeout
+        with trio.move_on_after(limit):
+            try:
+                await stream.do_handshake()
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                cause = exc.__cause__ or exc
+                self._close_reason(
+                    CloseReason.PROTOCOL_ERROR,
+                    f"TLS handshake failed ({cause}): is the peer speaking plain TCP "
+                    "or without a client certificate?",
+                )
+                return False
+            return True
+        self._close_reason(
+            CloseReason.IDLE_TIMEOUT, f"TLS handshake not completed within {limit} s"
+        )
+        return False
+
+    def _greet(self) -> None:
+        """Queue this side's preamble, once: it answers the peer's preamble, so
+        that a peer speaking TLS or HTTP can be answered in its own language."""
+        if not self._greeted:
+            self._greeted = True
+            self._outlet.send_control(self._machine.initiate())
+
+    def _receive(self, data: bytes | bytearray) -> list[Frame]:
+        machine = self._machine
+        if self._greeted:
+            return machine.receive_data(data)
+        try:
+            frames = machine.receive_data(data)
+        except RemoteProtocolError:
+            if foreign_preamble_reply(machine.received_preamble) is None:
+                self._greet()
+            raise
+        if machine.state is not State.PREAMBLE:
+            self._greet()
+        return frames
+
+    async def _answer_foreign(self, reply: bytes) -> None:
+        """Send a non-Broky answer (TLS alert, HTTP 400) and nothing more."""
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            try:
+                await self._stream.send_all(reply)
+                self._counters.bytes_sent += len(reply)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the peer is gone already; the close reason stands
+
     def shutdown(self) -> None:
         """Ask the connection to close with ServerShutdown (broker stopping)."""
         self._outlet.fail(ErrorCode.SERVER_SHUTDOWN, "the broker is shutting down")
 
     async def _reader(self) -> None:
         stream = self._stream
-        machine = self._machine
+        receive = self._receive
         handle = self._handle_frames
         counters = self._counters
         try:
@@ -187,12 +246,17 @@ class ServerConnection:
                     return
                 counters.bytes_received += len(data)
                 self._last_received = trio.current_time()
-                handle(machine.receive_data(data))
+                handle(receive(data))
                 if self._store is not None and self._store.congested:
                     await self._store.wait_for_room()  # durable backpressure, via TCP
         except RemoteProtocolError as exc:
             self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
-            self._outlet.fail(exc.code, str(exc))
+            if self._greeted:
+                self._outlet.fail(exc.code, str(exc))
+            else:
+                reply = foreign_preamble_reply(self._machine.received_preamble)
+                assert reply is not None  # _receive greeted a Broky-speaking peer
+                await self._answer_foreign(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
 
@@ -359,8 +423,10 @@ class ServerConnection:
                 if not outlet.has_work:
                     await self._work.wait()
                     self._work = trio.Event()
-                parts = outlet.take()
                 failure = outlet.failure
+                if failure is not None:
+                    self._greet()  # the Error frame must follow a preamble to be read
+                parts = outlet.take()
                 if failure is not None:
                     self._close_reason(CloseReason.for_error(failure[0]), failure[1])
                     parts.append(encode_frame(Error(failure[0], failure[1])))
@@ -416,7 +482,8 @@ class ServerConnection:
 
 def describe_peer(stream: trio.abc.Stream) -> str:
     """host:port of a socket stream's peer, or a generic name."""
-    socket = getattr(stream, "socket", None)
+    transport = getattr(stream, "transport_stream", stream)  # under TLS
+    socket = getattr(transport, "socket", None)
     if socket is None:
         return "in-process"
     try:

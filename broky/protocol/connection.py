@@ -92,6 +92,11 @@ class ProtocolMachine:
         self._preamble = b""
         self._allowed = _OPEN_FRAMES[role]
 
+    @property
+    def received_preamble(self) -> bytes:
+        """The peer's first bytes, up to the preamble's 8 (to answer a foreign peer)."""
+        return self._preamble
+
     def initiate(self) -> bytes:
         """The bytes this side sends first (its preamble)."""
         return encode_preamble()

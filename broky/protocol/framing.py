@@ -34,16 +34,55 @@ def encode_preamble(version: int = PROTOCOL_VERSION) -> bytes:
     return _PREAMBLE.pack(MAGIC, version)
 
 
+#: A fatal TLS alert record (TLS 1.0 record version, which every TLS client
+#: reads): level 2 (fatal), description 40 (handshake_failure). A TLS client
+#: that says hello to a plain port gets it and fails at once, not on a timeout.
+TLS_HANDSHAKE_FAILURE_ALERT: Final = b"\x15\x03\x01\x00\x02\x02\x28"
+_HTTP_BAD_REQUEST_BODY: Final = (
+    b"400 Bad Request: this port speaks the Broky protocol, not HTTP.\n"
+    b"Use a Broky client library; metrics are served on the broker's metrics port.\n"
+)
+#: The whole answer to an HTTP request on a Broky port.
+HTTP_BAD_REQUEST: Final = (
+    b"HTTP/1.1 400 Bad Request\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: " + str(len(_HTTP_BAD_REQUEST_BODY)).encode() + b"\r\n"
+    b"Connection: close\r\n\r\n" + _HTTP_BAD_REQUEST_BODY
+)
+
+
+def _is_tls_client_hello(data: bytes) -> bool:
+    return data[:1] == b"\x16" and data[1:2] == b"\x03"
+
+
+def _is_http_request(data: bytes) -> bool:
+    return data[:4] in _HTTP_METHODS or data.startswith(b"HTTP/")
+
+
 def describe_foreign_preamble(data: bytes) -> str:
     """Say, as helpfully as possible, what a peer with a bad preamble speaks."""
-    if data[:1] == b"\x16" and data[1:2] == b"\x03":
+    if _is_tls_client_hello(data):
         return (
             "the peer sent a TLS ClientHello to a plain-TCP Broky port: connect without TLS, "
             "or to the broker's TLS listener"
         )
-    if data[:4] in _HTTP_METHODS or data.startswith(b"HTTP/"):
+    if _is_http_request(data):
         return "the peer sent an HTTP request to a Broky port: Broky speaks its own binary protocol"
     return f"the peer did not send the Broky preamble {MAGIC!r} (got {data[:8]!r})"
+
+
+def foreign_preamble_reply(data: bytes) -> bytes | None:
+    """The bytes that answer a bad preamble in a language the peer reads.
+
+    A TLS ClientHello gets a fatal TLS alert and an HTTP request a
+    ``400 Bad Request`` with a plain-text body; for anything else this returns
+    None, and the caller answers in Broky (its preamble and an Error frame).
+    """
+    if _is_tls_client_hello(data):
+        return TLS_HANDSHAKE_FAILURE_ALERT
+    if _is_http_request(data):
+        return HTTP_BAD_REQUEST
+    return None
 
 
 def parse_preamble(data: bytes) -> int:

@@ -1,0 +1,1 @@
+"""Transport security: TLS contexts for the broker's listener and its clients."""

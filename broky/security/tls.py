@@ -1,0 +1,31 @@
+"""TLS contexts for the broker's client listener and for clients.
+
+Both refuse anything older than TLS 1.2. The broker's context requires and
+verifies a client certificate when given a client CA (mTLS).
+"""
+
+from __future__ import annotations
+
+import ssl
+
+
+def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """The broker's context: its certificate chain and key (PEM files), and,
+    with ``client_ca``, a required client certificate signed by that CA."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLContext:
+    """A client's context: trust ``ca`` (PEM; the system's CAs when empty) and,
+    for mTLS, present ``cert``/``key``. Host names are checked."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert:
+        context.load_cert_chain(cert, key or None)
+    return context
