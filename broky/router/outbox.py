@@ -333,6 +333,11 @@ class Outlet:
             self._wake()
 
     @property
+    def pending_messages(self) -> int:
+        """Messages queued for this connection across its subscriptions."""
+        return sum(sub.pending_messages for sub in self.subscriptions.values())
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes queued for this connection across its subscriptions."""
         return sum(sub.pending_bytes for sub in self.subscriptions.values())

@@ -337,11 +337,8 @@ class Router:
     def statistics(self) -> RouterStatistics:
         """A consistent snapshot (the router is single-threaded)."""
         counters = self.counters
-        outbox_messages = outbox_bytes = 0
-        for outlet in self._outlets:
-            for subscription in outlet.subscriptions.values():
-                outbox_messages += subscription.pending_messages
-                outbox_bytes += subscription.pending_bytes
+        outbox_messages = sum(outlet.pending_messages for outlet in self._outlets)
+        outbox_bytes = sum(outlet.pending_bytes for outlet in self._outlets)
         return RouterStatistics(
             connections=len(self._outlets),
             subscriptions=len(self._index),
@@ -361,8 +358,8 @@ class Router:
                     peer=outlet.peer,
                     kind=outlet.kind.name.lower(),
                     subscriptions=len(outlet.subscriptions),
-                    queued_messages=sum(s.pending_messages for s in outlet.subscriptions.values()),
-                    queued_bytes=sum(s.pending_bytes for s in outlet.subscriptions.values()),
+                    queued_messages=outlet.pending_messages,
+                    queued_bytes=outlet.pending_bytes,
                     forwarded_messages=outlet.delivered_messages,
                     dropped_messages=outlet.dropped_messages,
                 )
