@@ -6,18 +6,26 @@ honest.
 
 from broky.client.client import Client, Subscription, SubscriptionStatistics, connect
 from broky.client.durable import AckedRun, PartitionInfo, Start
-from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
+from broky.client.errors import (
+    AuthenticationError,
+    BrokyError,
+    ConnectionClosed,
+    PublishRefused,
+    SubscriptionError,
+)
 from broky.config import Config, ConfigError
 from broky.ksuid import new_ksuid
 from broky.protocol.constants import ErrorCode, SlowConsumerPolicy
 from broky.protocol.errors import LocalProtocolError, ProtocolError
 from broky.protocol.message import Message
+from broky.security.passwords import hash_secret
 from broky.server import Broker, BrokerStatistics
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AckedRun",
+    "AuthenticationError",
     "Broker",
     "BrokerStatistics",
     "BrokyError",
@@ -30,11 +38,13 @@ __all__ = [
     "Message",
     "PartitionInfo",
     "ProtocolError",
+    "PublishRefused",
     "SlowConsumerPolicy",
     "Start",
     "Subscription",
     "SubscriptionError",
     "SubscriptionStatistics",
     "connect",
+    "hash_secret",
     "new_ksuid",
 ]

@@ -5,6 +5,7 @@ Errors name the bad key and what it accepts; there are no hidden knobs.
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import tomllib
 from pathlib import Path
@@ -16,6 +17,7 @@ from broky.connection.handler import ConnectionSettings
 from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
 from broky.router.router import RouterLimits
+from broky.security.auth import AuthConfigError, User, parse_users
 from broky.security.tls import server_context
 from broky.storage.topics import TopicPolicy
 
@@ -25,6 +27,12 @@ DEFAULT_PORT: Final = 7722
 DEFAULT_METRICS_PORT: Final = 7723
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 ACCEPT_MODES: Final = ("reuseport", "handoff")
+#: Largest single message by default: 1 MiB, nats-server's max_payload.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 1024 * 1024
+#: Connections one broker (one worker) serves at once by default.
+DEFAULT_MAX_CONNECTIONS: Final = 10_000
+#: Bytes queued for one connection across all its subscriptions, by default.
+DEFAULT_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 
 
 _TYPES: Final[dict[str, tuple[type, ...]]] = {
@@ -32,6 +40,7 @@ _TYPES: Final[dict[str, tuple[type, ...]]] = {
     "float": (int, float),
     "str": (str,),
     "bool": (bool,),
+    "bool | None": (bool,),
     "tuple[str, ...]": (list, tuple),
 }
 
@@ -48,6 +57,16 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -
 def _not_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
         raise ConfigError(f"{attribute.name} must be >= 0 (0 turns it off), got {value!r}")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (an empty host means every interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere
 
 
 def _valid_port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -110,6 +129,23 @@ class Config:
     #: Durable topic policies (``[[durable]]`` tables; broky.durable.config).
     #: Keys matching none stay ephemeral. Needs a single worker per node.
     durable: tuple[TopicPolicy, ...] = attrs.field(default=(), converter=tuple)
+    #: Principals and their permissions (``[[users]]`` tables; broky.security.auth).
+    #: None: no authentication (then only loopback listeners, unless allow_anonymous).
+    users: tuple[User, ...] = attrs.field(default=(), converter=tuple)
+    #: Accept connections without credentials. Default (unset): only when no
+    #: users are configured. Set true to listen beyond loopback with no users.
+    allow_anonymous: bool | None = None
+    #: Token this node's outgoing cluster links present to peers (whose
+    #: [[users]] must hold it with ``link = true``). Keep the file private.
+    cluster_token: str = ""
+    #: Connections served at once (per worker); more are refused with LimitExceeded.
+    max_connections: int = attrs.field(default=DEFAULT_MAX_CONNECTIONS, validator=_positive)
+    #: Largest single message accepted; a publish with a bigger one gets a
+    #: LimitExceeded stream error and that run is not delivered.
+    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, validator=_positive)
+    #: Bytes queued for one connection across all its subscriptions; beyond
+    #: it, each subscription's slow-consumer policy applies (drop or disconnect).
+    max_pending_bytes: int = attrs.field(default=DEFAULT_MAX_PENDING_BYTES, validator=_positive)
 
     @port.validator
     def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
@@ -154,10 +190,32 @@ class Config:
                     f"cluster_listen must be HOST:PORT with a port 1..65535, "
                     f"got {self.cluster_listen!r}"
                 )
+        self._check_exposure()
         if self.heartbeat_interval >= self.idle_timeout:
             raise ConfigError(
                 f"heartbeat_interval ({self.heartbeat_interval}) must be less than idle_timeout "
                 f"({self.idle_timeout}): clients answer pings, they do not send them unasked"
+            )
+
+    def _check_exposure(self) -> None:
+        """Refuse to listen beyond loopback with nobody to authenticate.
+
+        An open broker on a reachable address lets anyone read every topic;
+        that must be the operator's explicit choice (``allow_anonymous``),
+        never the accident of a default.
+        """
+        if self.users or self.allow_anonymous is True:
+            return
+        exposed = []
+        if self.listen and not is_loopback(self.host) and not self.tls_client_ca:
+            exposed.append(f"host {self.host!r}")
+        if self.cluster_listen and not is_loopback(self.cluster_listen.rpartition(":")[0]):
+            exposed.append(f"cluster_listen {self.cluster_listen!r}")
+        if exposed:
+            raise ConfigError(
+                f"refusing to listen on {' and '.join(exposed)} without authentication: "
+                "configure [[users]] (see docs/security.md), require client certificates "
+                "(tls_client_ca), or set allow_anonymous = true to serve anyone who can connect"
             )
 
     def tls_context(self) -> ssl.SSLContext | None:
@@ -179,6 +237,7 @@ class Config:
             max_subscriptions_per_connection=self.max_subscriptions_per_connection,
             top_topics=self.metrics_top_topics,
             link_outbox_bytes=self.link_outbox_bytes,
+            max_pending_bytes=self.max_pending_bytes,
         )
 
     @property
@@ -189,6 +248,7 @@ class Config:
             heartbeat_interval=self.heartbeat_interval,
             idle_timeout=self.idle_timeout,
             handshake_timeout=self.handshake_timeout,
+            max_message_bytes=self.max_message_bytes,
         )
 
     @classmethod
@@ -200,8 +260,13 @@ class Config:
                 values = {**values, "durable": parse_policies(values["durable"])}
             except DurableConfigError as exc:
                 raise ConfigError(str(exc)) from exc
+        if "users" in values and not all(isinstance(user, User) for user in values["users"]):
+            try:
+                values = {**values, "users": parse_users(values["users"])}
+            except AuthConfigError as exc:
+                raise ConfigError(str(exc)) from exc
         for key, value in values.items():
-            if key == "durable":
+            if key in ("durable", "users"):
                 continue
             field = fields.get(key)
             if field is None:
@@ -209,6 +274,8 @@ class Config:
                     f"unknown setting {key!r}; accepted settings: {', '.join(sorted(fields))}"
                 )
             expected = _TYPES[str(field.type)]
+            if value is None and str(field.type).endswith("| None"):
+                continue
             if not isinstance(value, expected) or (
                 isinstance(value, bool) and str(field.type) != "bool"
             ):

@@ -10,6 +10,7 @@ Error(ServerShutdown) frame, and connections still open after
 from __future__ import annotations
 
 import logging
+import socket
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -30,8 +31,9 @@ from broky.connection.inproc import pipe_pair
 from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability
-from broky.protocol.constants import LinkKind
+from broky.protocol.constants import ErrorCode, LinkKind
 from broky.router.router import Router, RouterStatistics
+from broky.security.auth import Authenticator
 
 log = logging.getLogger("broky.server")
 
@@ -84,6 +86,8 @@ class Broker:
         )
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
+        #: Checks credentials of connections from the network (see _serve_stream).
+        self.authenticator = Authenticator(self.config.users, self.config.allow_anonymous)
         self._link_listeners = list(link_listeners)
         self._links: list[Link] = []
         self._link_nursery: trio.Nursery | None = None
@@ -185,7 +189,18 @@ class Broker:
                 self.counters,
                 describe_peer(stream),
                 self.store,
+                self.authenticator,
+                trusted=is_private(stream),
             )
+            limit = self.config.max_connections
+            if len(self._connections) >= limit:
+                # Refused after its Hello is read, so the client reads the
+                # reason instead of a reset.
+                connection.refusal = (
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"the broker serves at most {limit} connections (max_connections); "
+                    "try again later",
+                )
             self._connections[connection] = scope
             if self._all_closed.is_set():
                 self._all_closed = trio.Event()
@@ -255,3 +270,18 @@ class Broker:
             links=tuple(link.status() for link in self._links),
             durable=self.store.statistics() if self.store is not None else None,
         )
+
+
+def is_private(stream: trio.abc.Stream) -> bool:
+    """Whether a connection comes from inside this node and needs no credentials.
+
+    In-process pipes (embedding apps, in-process links) and Unix sockets
+    (worker links, in a 0700 directory of the supervisor's) are trusted: who
+    can reach them can already read the process's memory or files. Anything
+    arriving over TCP, TLS or not, authenticates.
+    """
+    transport = getattr(stream, "transport_stream", stream)
+    sock = getattr(transport, "socket", None)
+    if sock is None:
+        return not isinstance(stream, trio.SSLStream)
+    return bool(sock.family == socket.AF_UNIX)

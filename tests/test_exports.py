@@ -18,11 +18,15 @@ import broky.ksuid
 import broky.protocol.constants
 import broky.protocol.errors
 import broky.protocol.message
+import broky.security.passwords
 import broky.server
 
 #: Where each public name is defined (its one home).
 HOMES = {
     "AckedRun": broky.client.durable,
+    "AuthenticationError": broky.client.errors,
+    "PublishRefused": broky.client.errors,
+    "hash_secret": broky.security.passwords,
     "PartitionInfo": broky.client.durable,
     "Start": broky.client.durable,
     "Broker": broky.server,

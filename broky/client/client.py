@@ -23,7 +23,13 @@ import attrs
 import trio
 
 from broky.client.durable import AckedRun, PartitionInfo, Start
-from broky.client.errors import BrokyError, ConnectionClosed, SubscriptionError
+from broky.client.errors import (
+    AuthenticationError,
+    BrokyError,
+    ConnectionClosed,
+    PublishRefused,
+    SubscriptionError,
+)
 from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import (
@@ -200,6 +206,8 @@ class Client:
     def __init__(self, stream: trio.abc.Stream, name: str = "") -> None:
         self._stream = stream
         self.name = name
+        #: The broker's Welcome (its limits, who it authenticated us as).
+        self.server: Welcome | None = None
         self._machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
         self._send_buffer_bytes = DEFAULT_SEND_BUFFER_BYTES
         # publish state: the open run, finished run chunks, finished frames
@@ -235,24 +243,32 @@ class Client:
         self._pings: dict[int, trio.Event] = {}
         self._nonces = itertools.count(1)
         self._welcome = trio.Event()
-        self.server: Welcome | None = None
         self.closed = False
         self._error: BaseException | None = None
+        #: The first publish refusal since the last flush (flush raises it).
+        self._refused: PublishRefused | None = None
         self.on_error: Callable[[Error], None] = self._log_error
 
     @classmethod
     @asynccontextmanager
     async def over(
-        cls, stream: trio.abc.Stream, name: str = "", stamp_ts_broker: bool = False
+        cls,
+        stream: trio.abc.Stream,
+        name: str = "",
+        stamp_ts_broker: bool = False,
+        *,
+        user: str = "",
+        password: str = "",
+        token: str = "",
     ) -> AsyncIterator[Client]:
-        """Run a client over an already connected stream."""
+        """Run a client over an already connected stream, with optional credentials."""
         client = cls(stream, name)
         client._stamp = stamp_ts_broker
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._writer)
             nursery.start_soon(client._reader)
             client._send_raw(client._machine.initiate())
-            client._send_control(Hello(client_name=name))
+            client._send_control(Hello(client_name=name, user=user, password=password, token=token))
             try:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await client._welcome.wait()
@@ -300,6 +316,8 @@ class Client:
             self._run_key = key.encode()
         message = encode_message(payload, key_partition, ts_producer, uid, tags)
         size = len(message)
+        if size > self._max_message_bytes:
+            raise LocalProtocolError(self._too_large(size))
         self._run_messages.append(message)
         self._run_sizes.append(size)
         self._run_bytes += size
@@ -317,8 +335,21 @@ class Client:
         )
         self._run_budget = (self._chunk_budget - _RUN_OVERHEAD_BYTES) * 14 // 15
         # A message bigger than a run's budget travels alone: one run, one frame.
-        self._max_message_bytes = frame_limit - _FRAME_HEADER_BYTES - _RUN_OVERHEAD_BYTES - 4
+        self._frame_message_bytes = frame_limit - _FRAME_HEADER_BYTES - _RUN_OVERHEAD_BYTES - 4
+        server_limit = self.server.max_message_bytes if self.server is not None else 0
+        self._max_message_bytes = min(self._frame_message_bytes, server_limit or frame_limit)
         self._update_run_limit()
+
+    def _too_large(self, size: int) -> str:
+        if size > self._frame_message_bytes:
+            return (
+                f"a message of {size} encoded bytes does not fit the broker's frames "
+                f"(at most {self._frame_message_bytes} bytes)"
+            )
+        return (
+            f"a message of {size} encoded bytes exceeds the broker's max_message_bytes "
+            f"({self._max_message_bytes})"
+        )
 
     def _update_run_limit(self) -> None:
         # The open run is closed at _run_budget, and publish waits once the
@@ -328,14 +359,6 @@ class Client:
     async def _run_full(self) -> None:
         """The open run reached its size limit or filled the send buffer."""
         size = self._run_sizes[-1]
-        if size > self._max_message_bytes:
-            self._run_messages.pop()
-            self._run_sizes.pop()
-            self._run_bytes -= size
-            raise LocalProtocolError(
-                f"a message of {size} encoded bytes does not fit the broker's frames "
-                f"(at most {self._max_message_bytes} bytes)"
-            )
         if self._run_bytes > self._run_budget and len(self._run_sizes) > 1:
             # Close the run before the message that overflowed it, which starts the next.
             message = self._run_messages.pop()
@@ -464,8 +487,17 @@ class Client:
         return [message for run in answer.runs for message in decode_run(run)]
 
     async def flush(self) -> None:
-        """Wait until the broker has received and routed everything published so far."""
+        """Wait until the broker has received and routed everything published so far.
+
+        Raises PublishRefused if the broker refused some of it since the last
+        flush (a key this principal may not publish to, a message over the
+        broker's max_message_bytes); the rest was routed and the client stays
+        usable.
+        """
         await self.ping()
+        refused, self._refused = self._refused, None
+        if refused is not None:
+            raise refused
 
     async def ping(self) -> float:
         """Round trip to the broker, in seconds; doubles as a flush barrier."""
@@ -633,6 +665,16 @@ class Client:
 
     def _handle_error(self, frame: Error) -> None:
         if frame.stream == 0:
+            if frame.code is ErrorCode.AUTHENTICATION_FAILED:
+                self._shutdown(
+                    AuthenticationError(
+                        frame.code,
+                        f"the broker refused the connection: {frame.message} (pass user= and "
+                        "password=, or token=, to broky.connect; --user/--password/--token on "
+                        "the command line)",
+                    )
+                )
+                return
             self._shutdown(
                 BrokyError(frame.code, f"the broker closed the connection: {frame.message}")
             )
@@ -643,12 +685,18 @@ class Client:
             subscription._fail(SubscriptionError(frame.code, frame.message))
         elif frame.stream in self._requests:
             self._answer(frame.stream, frame)
-        elif frame.stream == self._publish_stream and frame.code is ErrorCode.STORAGE_FAILURE:
-            # The broker answers a failed acked frame with this error in its place.
+        elif frame.stream == self._publish_stream and (
+            frame.code is ErrorCode.STORAGE_FAILURE
+            or (frame.code in _REFUSALS and self._ack_frames)
+        ):
+            # The broker answers a failed or refused acked frame with an error in its place.
             if self._ack_frames:
                 del self._ack_frames[min(self._ack_frames)]
             self._ack_error = BrokyError(frame.code, frame.message)
             self._acks_done.set()
+        elif frame.stream == self._publish_stream and frame.code in _REFUSALS:
+            log.warning("the broker refused published messages: %s", frame.message)
+            self._refused = self._refused or PublishRefused(frame.code, frame.message)
         else:
             self.on_error(frame)
 
@@ -680,6 +728,10 @@ class Client:
         self._space.set()
 
 
+#: Publish-stream errors about messages this client may not send.
+_REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """Split "HOST:PORT" (IPv6 as "[::1]:PORT")."""
     host, sep, port = address.rpartition(":")
@@ -695,19 +747,31 @@ async def connect(
     name: str = "",
     stamp_ts_broker: bool = False,
     ssl_context: ssl.SSLContext | None = None,
+    user: str = "",
+    password: str = "",
+    token: str = "",
 ) -> AsyncIterator[Client]:
     """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``.
 
     With ``ssl_context`` (see ``broky.security.tls.client_context``) the
     connection speaks TLS, checking the broker's certificate against ``host``;
-    a failed TLS handshake raises ConnectionClosed saying why.
+    a failed TLS handshake raises ConnectionClosed saying why. ``user`` and
+    ``password``, or ``token``, authenticate (send them over TLS only); wrong
+    or missing credentials raise AuthenticationError.
     """
     host, port = parse_address(address)
     with trio.fail_after(CONNECT_TIMEOUT):
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if ssl_context is not None:
             stream = await _tls_handshake(stream, ssl_context, host, address)
-    async with Client.over(stream, name=name, stamp_ts_broker=stamp_ts_broker) as client:
+    async with Client.over(
+        stream,
+        name=name,
+        stamp_ts_broker=stamp_ts_broker,
+        user=user,
+        password=password,
+        token=token,
+    ) as client:
         yield client
 
 

@@ -22,3 +22,12 @@ class ConnectionClosed(BrokyError):
 
 class SubscriptionError(BrokyError):
     """The broker refused or ended one subscription; the connection stays up."""
+
+
+class AuthenticationError(BrokyError):
+    """The broker refused this client's credentials (or wanted some)."""
+
+
+class PublishRefused(BrokyError):
+    """The broker refused some published messages (permissions, message size);
+    raised by ``flush``. The connection stays up; the rest was routed."""

@@ -24,7 +24,7 @@ from broky.connection.reasons import CloseReason
 from broky.durable.acks import AckQueue
 from broky.durable.replay import Replay
 from broky.durable.store import DurableStore, located_chunk
-from broky.protocol.codec import encode_frame, runs_frame_parts
+from broky.protocol.codec import encode_frame, runs_frame_parts, u32_array
 from broky.protocol.connection import ProtocolMachine, Role, State
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -53,8 +53,11 @@ from broky.protocol.frames import (
     Welcome,
 )
 from broky.protocol.framing import foreign_preamble_reply
+from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet
 from broky.router.router import Router
+from broky.security.acl import PublishGate
+from broky.security.auth import TRUSTED, AuthenticationFailed, Authenticator, Principal
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
@@ -76,6 +79,8 @@ class ConnectionSettings:
     heartbeat_interval: float = 10.0
     idle_timeout: float = 30.0
     handshake_timeout: float = 5.0
+    #: Largest single message accepted (0: only the frame limit applies).
+    max_message_bytes: int = 0
 
 
 @attrs.define(slots=True, eq=False)
@@ -104,8 +109,19 @@ class ServerConnection:
         counters: ConnectionCounters,
         peer: str,
         store: DurableStore | None = None,
+        authenticator: Authenticator | None = None,
+        *,
+        trusted: bool = False,
     ) -> None:
         self._stream = stream
+        #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
+        #: the connection gets full permissions (in-process, private sockets).
+        self._authenticator = None if trusted else authenticator
+        #: Set once the Hello is admitted.
+        self.principal: Principal | None = None
+        self._gate: PublishGate | None = None
+        #: Why the Hello will be refused whatever it says (max_connections reached).
+        self.refusal: tuple[ErrorCode, str] | None = None
         self._router = router
         self._store = store
         self._acks: AckQueue | None = None
@@ -246,7 +262,10 @@ class ServerConnection:
                     return
                 counters.bytes_received += len(data)
                 self._last_received = trio.current_time()
-                handle(receive(data))
+                frames = receive(data)
+                if self.principal is None and frames:
+                    frames = await self._admit(frames)
+                handle(frames)
                 if self._store is not None and self._store.congested:
                     await self._store.wait_for_room()  # durable backpressure, via TCP
         except RemoteProtocolError as exc:
@@ -260,19 +279,131 @@ class ServerConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
 
+    async def _admit(self, frames: list[Frame]) -> list[Frame]:
+        """Authenticate the Hello (``frames[0]``) and decide what this
+        connection may do; the frames to handle, none if it is refused.
+
+        The slow hash runs in a worker thread (see broky.security.auth), so
+        this is the one place the reader waits on something but the socket;
+        the handshake timeout bounds it.
+        """
+        hello = frames[0]
+        assert isinstance(hello, Hello)  # the protocol machine checked it
+        self.client_name = hello.client_name
+        refusal = self.refusal
+        principal: Principal | None = TRUSTED
+        authenticator = self._authenticator
+        if refusal is None and authenticator is not None:
+            principal = None
+            with trio.move_on_after(self._settings.handshake_timeout):
+                try:
+                    principal = await authenticator.authenticate(
+                        hello.user, hello.password, hello.token
+                    )
+                except AuthenticationFailed as exc:
+                    refusal = (ErrorCode.AUTHENTICATION_FAILED, str(exc))
+            if principal is None and refusal is None:
+                refusal = (
+                    ErrorCode.AUTHENTICATION_FAILED,
+                    "authentication timed out (the broker is busy checking other logins)",
+                )
+        if (
+            refusal is None
+            and principal is not None
+            and hello.link is not LinkKind.CLIENT
+            and not principal.may_link
+        ):
+            refusal = (
+                ErrorCode.PERMISSION_DENIED,
+                f"principal {principal.name or 'anonymous'!r} may not open router links "
+                "(grant it with link = true in its [[users]] table)",
+            )
+        if refusal is not None or principal is None:
+            code, message = refusal or (ErrorCode.AUTHENTICATION_FAILED, "refused")
+            who = (
+                f" as user {hello.user!r}"
+                if hello.user
+                else (" with a token" if hello.token else "")
+            )
+            self._close_reason(CloseReason.for_error(code), f"{message}{who}")
+            self._outlet.fail(code, message)
+            return []
+        self.principal = principal
+        if principal.permissions is not None:
+            self._gate = PublishGate(principal.permissions)
+        return frames
+
+    def _admissible(self, frame: Publish) -> tuple[Run, ...]:
+        """The runs of ``frame`` this connection may publish: each message
+        within max_message_bytes, each key allowed by the principal's
+        permissions. Rejected runs get one stream Error per frame, or, for
+        an acked frame, the whole frame is refused in its ack's place (an
+        ack must never cover a message that was not stored)."""
+        runs = frame.runs
+        gate = self._gate
+        limit = self._settings.max_message_bytes
+        if gate is None and (not limit or not any(len(run.messages) > limit for run in runs)):
+            return runs
+        kept: list[Run] = []
+        refused: tuple[ErrorCode, str] | None = None
+        rejected = 0
+        for run in runs:
+            problem: tuple[ErrorCode, str] | None = None
+            if gate is not None and not gate.allows(run.key):
+                problem = (
+                    ErrorCode.PERMISSION_DENIED,
+                    f"publishing to {run.key.decode(errors='replace')!r} is not allowed for "
+                    f"principal {self.principal.name if self.principal else ''!r}",
+                )
+            elif limit and len(run.messages) > limit:
+                largest = max(u32_array(memoryview(run.sizes)))
+                if largest > limit:
+                    problem = (
+                        ErrorCode.LIMIT_EXCEEDED,
+                        f"a message of {largest} bytes on {run.key.decode(errors='replace')!r} "
+                        f"exceeds max_message_bytes ({limit})",
+                    )
+            if problem is None:
+                kept.append(run)
+            else:
+                refused = refused or problem
+                rejected += run.count
+        if refused is None:
+            return runs
+        code, message = refused
+        if frame.ack:
+            self._refuse_acked(frame.stream, code, f"{message}; nothing of this frame was stored")
+            return ()
+        self._stream_error(
+            code, f"{message} ({rejected} message(s) of this frame not published)", frame.stream
+        )
+        return tuple(kept)
+
+    def _refuse_acked(self, stream: int, code: ErrorCode, message: str) -> None:
+        acks = self._acks
+        if acks is None:
+            acks = self._acks = AckQueue(self._outlet)
+        acks.open(stream).refuse(code, message)
+        acks.release()
+
     def _handle_frames(self, frames: Sequence[Frame]) -> None:
         router = self._router
         outlet = self._outlet
         store = self._store
         for frame in frames:
             if type(frame) is Publish:
+                runs = self._admissible(frame)
+                if not runs:
+                    continue
                 if store is None and not frame.ack:
-                    router.publish(
-                        router.encode(frame.runs, frame.stamp_ts_broker), outlet, frame.stream
-                    )
+                    router.publish(router.encode(runs, frame.stamp_ts_broker), outlet, frame.stream)
                 else:
-                    self._publish(frame)
+                    self._publish(frame, runs)
             elif type(frame) is Subscribe:
+                refusal = self._subscribe_refusal(frame.pattern)
+                if refusal is not None:
+                    self._stream_error(ErrorCode.PERMISSION_DENIED, refusal, frame.stream)
+                    continue
                 subscription = router.subscribe(
                     outlet, frame.stream, frame.pattern, frame.slow_consumer, frame.credit
                 )
@@ -304,6 +435,7 @@ class ServerConnection:
                             ErrorCode.MALFORMED_FRAME,
                         )
                     outlet.kind = frame.link
+                    outlet.max_pending_bytes = 0  # links: per-subscription bounds only
                 outlet.peer = f"{frame.client_name}@{self.peer}"
                 if frame.max_frame_bytes:
                     outlet.max_frame_bytes = max(frame.max_frame_bytes, MIN_MAX_FRAME_BYTES)
@@ -322,7 +454,19 @@ class ServerConnection:
                 raise trio.ClosedResourceError("client sent an Error frame")
             # Pong: receiving it already refreshed the idle timer.
 
-    def _publish(self, frame: Publish) -> None:
+    def _subscribe_refusal(self, pattern: bytes) -> str | None:
+        """Why this principal may not subscribe to ``pattern`` (None: it may).
+        Invalid patterns pass here and are refused by the router as such."""
+        permissions = self.principal.permissions if self.principal is not None else None
+        if permissions is None:
+            return None
+        try:
+            validate_pattern(pattern)
+        except RemoteProtocolError:
+            return None
+        return permissions.subscribe_refusal(pattern)
+
+    def _publish(self, frame: Publish, runs: Sequence[Run]) -> None:
         """A Publish with durable runs or an ack request: durable runs go to
         their partitions' owners, the rest is routed at once."""
         router = self._router
@@ -333,7 +477,7 @@ class ServerConnection:
         ticket = acks.open(frame.stream) if frame.ack else None
         ephemeral: list[Run] = []
         stamp = 0
-        for index, run in enumerate(frame.runs):
+        for index, run in enumerate(runs):
             topic = store.match(run.key) if store is not None else None
             if topic is None or store is None:
                 ephemeral.append(run)
@@ -358,6 +502,14 @@ class ServerConnection:
             self._stream_error(
                 ErrorCode.UNKNOWN_TOPIC,
                 f"no durable topic {frame.topic!r} with partition {frame.partition}",
+                frame.stream,
+            )
+            return
+        refusal = self._subscribe_refusal(owner.topic.pattern)
+        if refusal is not None:
+            self._stream_error(
+                ErrorCode.PERMISSION_DENIED,
+                f"reading durable topic {frame.topic!r}: {refusal}",
                 frame.stream,
             )
             return
@@ -392,6 +544,18 @@ class ServerConnection:
                 ErrorCode.UNKNOWN_TOPIC, f"no durable topic named {frame.topic!r}", frame.stream
             )
             return
+        # Listing all topics shows the readable ones; naming one unreadable is refused.
+        readable = [
+            owner for owner in owners if self._subscribe_refusal(owner.topic.pattern) is None
+        ]
+        if frame.topic and not readable:
+            self._stream_error(
+                ErrorCode.PERMISSION_DENIED,
+                f"reading durable topic {frame.topic!r} is not allowed for this principal",
+                frame.stream,
+            )
+            return
+        owners = readable
         self._outlet.send_control(
             encode_frame(
                 Partitions(
@@ -412,6 +576,8 @@ class ServerConnection:
             max_frame_bytes=settings.max_frame_bytes,
             heartbeat_interval_ms=int(settings.heartbeat_interval * 1000),
             idle_timeout_ms=int(settings.idle_timeout * 1000),
+            max_message_bytes=settings.max_message_bytes,
+            principal=self.principal.name if self.principal is not None else "",
         )
 
     async def _writer(self, connection_scope: trio.CancelScope) -> None:

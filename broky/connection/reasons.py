@@ -24,6 +24,12 @@ class CloseReason(enum.Enum):
     """The broker is stopping."""
     TRANSPORT_ERROR = "transport_error"
     """The socket failed (reset, broken pipe)."""
+    AUTHENTICATION_FAILED = "authentication_failed"
+    """The Hello's credentials were missing or wrong."""
+    PERMISSION_DENIED = "permission_denied"
+    """The principal may not do what the Hello asked (open a router link)."""
+    LIMIT_EXCEEDED = "limit_exceeded"
+    """A connection-level limit was reached (max_connections)."""
 
     @classmethod
     def for_error(cls, code: ErrorCode) -> CloseReason:
@@ -35,4 +41,7 @@ _BY_CODE = {
     ErrorCode.SLOW_CONSUMER: CloseReason.SLOW_CONSUMER,
     ErrorCode.IDLE_TIMEOUT: CloseReason.IDLE_TIMEOUT,
     ErrorCode.SERVER_SHUTDOWN: CloseReason.SERVER_SHUTDOWN,
+    ErrorCode.AUTHENTICATION_FAILED: CloseReason.AUTHENTICATION_FAILED,
+    ErrorCode.PERMISSION_DENIED: CloseReason.PERMISSION_DENIED,
+    ErrorCode.LIMIT_EXCEEDED: CloseReason.LIMIT_EXCEEDED,
 }

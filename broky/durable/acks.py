@@ -28,6 +28,7 @@ class AckTicket:
     remaining: int = 0
     entries: list[tuple[int, int, int, int]] = attrs.field(factory=list)
     failure: str = ""
+    code: ErrorCode = ErrorCode.STORAGE_FAILURE
 
     def done(self, run_index: int, partition: int, first: int, last: int) -> None:
         self.entries.append((run_index, partition, first, last))
@@ -36,6 +37,11 @@ class AckTicket:
     def failed(self, reason: str) -> None:
         self.failure = self.failure or reason
         self.remaining -= 1
+
+    def refuse(self, code: ErrorCode, reason: str) -> None:
+        """Refuse the whole frame before any of it was stored (permissions, limits)."""
+        self.code = code
+        self.failure = reason
 
 
 class AckQueue:
@@ -60,9 +66,7 @@ class AckQueue:
         while tickets and tickets[0].remaining <= 0:
             ticket = tickets.popleft()
             if ticket.failure:
-                outlet.send_control(
-                    encode_frame(Error(ErrorCode.STORAGE_FAILURE, ticket.failure, ticket.stream))
-                )
+                outlet.send_control(encode_frame(Error(ticket.code, ticket.failure, ticket.stream)))
                 continue
             entries = sorted(ticket.entries)
             outlet.send_control(

@@ -267,9 +267,13 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
     if isinstance(frame, Hello):
         name = builder.CreateString(frame.client_name)
         node = builder.CreateString(frame.node) if frame.node else 0
-        builder.StartObject(5)
-        if node:
-            builder.PrependUOffsetTRelativeSlot(4, node, 0)
+        user = builder.CreateString(frame.user) if frame.user else 0
+        password = builder.CreateString(frame.password) if frame.password else 0
+        token = builder.CreateString(frame.token) if frame.token else 0
+        builder.StartObject(8)
+        for slot, text in ((7, token), (6, password), (5, user), (4, node)):
+            if text:
+                builder.PrependUOffsetTRelativeSlot(slot, text, 0)
         builder.PrependUint32Slot(2, frame.max_frame_bytes, 0)
         builder.PrependUOffsetTRelativeSlot(1, name, 0)
         builder.PrependUint16Slot(0, frame.protocol_version, 1)
@@ -277,7 +281,11 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         return _finish(builder, BodyType.HELLO, builder.EndObject())
     if isinstance(frame, Welcome):
         name = builder.CreateString(frame.server_name)
-        builder.StartObject(5)
+        principal = builder.CreateString(frame.principal) if frame.principal else 0
+        builder.StartObject(7)
+        if principal:
+            builder.PrependUOffsetTRelativeSlot(6, principal, 0)
+        builder.PrependUint32Slot(5, frame.max_message_bytes, 0)
         builder.PrependUint32Slot(4, frame.idle_timeout_ms, 0)
         builder.PrependUint32Slot(3, frame.heartbeat_interval_ms, 0)
         builder.PrependUint32Slot(2, frame.max_frame_bytes, 0)
@@ -547,7 +555,7 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
         cls_ping = Ping if body_type == BodyType.PING else Pong
         return cls_ping(nonce=_scalar(_U64, buf, nonce))
     if body_type == BodyType.HELLO:
-        version, name, max_frame, link, node = table_fields(buf, table, 5)
+        version, name, max_frame, link, node, user, password, token = table_fields(buf, table, 8)
         try:
             link_kind = LinkKind(_scalar(_U8, buf, link))
         except ValueError as exc:
@@ -558,15 +566,22 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
             max_frame_bytes=_scalar(_U32, buf, max_frame),
             link=link_kind,
             node=read_text(buf, node),
+            user=read_text(buf, user),
+            password=read_text(buf, password),
+            token=read_text(buf, token),
         )
     if body_type == BodyType.WELCOME:
-        version, name, max_frame, heartbeat, idle = table_fields(buf, table, 5)
+        version, name, max_frame, heartbeat, idle, max_message, principal = table_fields(
+            buf, table, 7
+        )
         return Welcome(
             protocol_version=_scalar(_U16, buf, version, 1),
             server_name=read_text(buf, name),
             max_frame_bytes=_scalar(_U32, buf, max_frame),
             heartbeat_interval_ms=_scalar(_U32, buf, heartbeat),
             idle_timeout_ms=_scalar(_U32, buf, idle),
+            max_message_bytes=_scalar(_U32, buf, max_message),
+            principal=read_text(buf, principal),
         )
     if body_type == BodyType.ERROR:
         code, message, stream = table_fields(buf, table, 3)

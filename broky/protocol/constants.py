@@ -67,6 +67,8 @@ class ErrorCode(enum.IntEnum):
     OFFSET_OUT_OF_RANGE = 13
     UNKNOWN_TOPIC = 14
     STORAGE_FAILURE = 15
+    AUTHENTICATION_FAILED = 16
+    PERMISSION_DENIED = 17
 
 
 class SlowConsumerPolicy(enum.IntEnum):

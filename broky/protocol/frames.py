@@ -55,6 +55,10 @@ class Hello:
     max_frame_bytes: int = 0
     link: LinkKind = LinkKind.CLIENT
     node: str = ""
+    #: Credentials: ``user`` with ``password``, or ``token`` alone; all empty: anonymous.
+    user: str = ""
+    password: str = attrs.field(default="", repr=False)
+    token: str = attrs.field(default="", repr=False)
 
 
 @attrs.frozen(slots=True)
@@ -66,6 +70,10 @@ class Welcome:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     heartbeat_interval_ms: int = 0
     idle_timeout_ms: int = 0
+    #: Largest single message the broker accepts (0: only the frame limit).
+    max_message_bytes: int = 0
+    #: Who the broker authenticated the connection as ("": anonymous).
+    principal: str = ""
 
 
 @attrs.frozen(slots=True)

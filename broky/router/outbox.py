@@ -119,15 +119,21 @@ class Subscription:
         if self.holding is not None:
             self._hold(run)
             return
+        size = len(run.chunk)
+        outlet = self.outlet
         if (
             self.pending_messages + run.count > self.max_messages
-            or self.pending_bytes + len(run.chunk) > self.max_bytes
+            or self.pending_bytes + size > self.max_bytes
         ):
             self._overflow(run)
             return
+        if outlet.max_pending_bytes and outlet.queued_bytes + size > outlet.max_pending_bytes:
+            self._overflow(run, connection_full=True)
+            return
         self.runs.append(run)
         self.pending_messages += run.count
-        self.pending_bytes += len(run.chunk)
+        self.pending_bytes += size
+        outlet.queued_bytes += size
         if not self.scheduled and (self.credit is None or self.credit > 0):
             self.scheduled = True
             self.outlet.schedule(self)
@@ -152,15 +158,20 @@ class Subscription:
         holding.append(run)
         self.holding_bytes += len(run.chunk)
 
-    def _overflow(self, run: EncodedRun) -> None:
+    def _overflow(self, run: EncodedRun, *, connection_full: bool = False) -> None:
         counters = self.outlet.counters
         if self.policy is SlowConsumerPolicy.DISCONNECT:
             if self.outlet.failure is None:  # one disconnect, however many runs overflow
                 counters.slow_consumer_disconnects += 1
+            pattern = self.pattern.decode(errors="replace")
             self.outlet.fail(
                 ErrorCode.SLOW_CONSUMER,
-                f"subscription {self.stream} ({self.pattern.decode(errors='replace')}) fell "
-                f"behind by more than {self.max_messages} messages or {self.max_bytes} bytes",
+                f"the connection fell behind by more than {self.outlet.max_pending_bytes} "
+                f"bytes (max_pending_bytes) while delivering subscription {self.stream} "
+                f"({pattern})"
+                if connection_full
+                else f"subscription {self.stream} ({pattern}) fell behind by more than "
+                f"{self.max_messages} messages or {self.max_bytes} bytes",
             )
             return
         self.unreported_drops += run.count
@@ -224,6 +235,7 @@ class Subscription:
         self.credit = credit
         self.pending_messages -= taken_messages
         self.pending_bytes -= taken_bytes
+        self.outlet.queued_bytes -= taken_bytes
         self.delivered_messages += taken_messages
         self.outlet.counters.delivered_messages += taken_messages
         self.outlet.delivered_messages += taken_messages
@@ -262,10 +274,13 @@ class Subscription:
         else:
             head_chunk, tail = split_run_chunk(run.chunk, count)
             self.runs[0] = EncodedRun(run.key, run.count - count, tail)
-            self.pending_bytes += len(tail) + len(head_chunk) - len(run.chunk)
+            grown = len(tail) + len(head_chunk) - len(run.chunk)
+            self.pending_bytes += grown
+            self.outlet.queued_bytes += grown
         if dropped:
             self.pending_messages -= 1
             self.pending_bytes -= len(head_chunk)
+            self.outlet.queued_bytes -= len(head_chunk)
             self.unreported_drops += 1
             self.dropped_messages += 1
             self.outlet.counters.dropped_slow_consumer += 1
@@ -286,8 +301,14 @@ class Outlet:
         wake: Callable[[], None],
         counters: RouterCounters,
         write_batch_bytes: int = DEFAULT_WRITE_BATCH_BYTES,
+        max_pending_bytes: int = 0,
     ) -> None:
         self._wake = wake
+        #: Bound of ``queued_bytes`` (0: none; links have only per-subscription bounds).
+        self.max_pending_bytes = max_pending_bytes
+        #: Bytes queued across this connection's subscriptions, kept by them as
+        #: they change (equal to ``pending_bytes``, without the sum).
+        self.queued_bytes = 0
         #: Largest frame the client accepts (its Hello); Deliver frames fit it.
         self.max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         #: A client, or a peer router's link (from Hello.link; set before subscribing).

@@ -62,6 +62,8 @@ class RouterLimits:
     outbox_bytes: int = DEFAULT_OUTBOX_BYTES
     write_batch_bytes: int = DEFAULT_WRITE_BATCH_BYTES
     max_subscriptions_per_connection: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION
+    #: Bytes queued for one client connection across its subscriptions (0: no bound).
+    max_pending_bytes: int = 0
     link_outbox_messages: int = DEFAULT_LINK_OUTBOX_MESSAGES
     link_outbox_bytes: int = DEFAULT_LINK_OUTBOX_BYTES
     #: How many of the busiest keys the router reports (K; see TopicCounter).
@@ -127,7 +129,9 @@ class Router:
 
     def attach(self, wake: Callable[[], None]) -> Outlet:
         """Register a connection; ``wake`` is called when it has work."""
-        outlet = Outlet(wake, self.counters, self.limits.write_batch_bytes)
+        outlet = Outlet(
+            wake, self.counters, self.limits.write_batch_bytes, self.limits.max_pending_bytes
+        )
         self._outlets.add(outlet)
         return outlet
 
@@ -214,6 +218,7 @@ class Router:
 
     def _drop_subscription(self, subscription: Subscription) -> None:
         subscription.closed = True
+        subscription.outlet.queued_bytes -= subscription.pending_bytes
         del subscription.outlet.subscriptions[subscription.stream]
         self._index.remove(subscription.pattern, subscription)
         self.interest.removed(subscription.pattern, subscription.outlet.kind)

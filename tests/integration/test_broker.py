@@ -922,7 +922,9 @@ async def test_publisher_respects_a_small_frame_limit(start_broker: StartBroker)
 async def test_large_messages_up_to_the_frame_limit(
     start_broker: StartBroker, max_frame_bytes: int
 ) -> None:
-    broker = await start_broker(Config(port=0, max_frame_bytes=max_frame_bytes))
+    broker = await start_broker(
+        Config(port=0, max_frame_bytes=max_frame_bytes, max_message_bytes=max_frame_bytes)
+    )
     fits = os.urandom(max_frame_bytes - 2048)
     with trio.fail_after(10):
         async with (

@@ -68,7 +68,10 @@ ROUND_TRIP_FRAMES: list[Frame] = [
         max_frame_bytes=0,
         heartbeat_interval_ms=MAX_U32,
         idle_timeout_ms=1,
+        max_message_bytes=MAX_U32,
+        principal="p" * 300,
     ),
+    Hello(user="u", password="p" * 1000, token="t"),
     Subscribe(stream=1, pattern=b"a.*.c"),
     Subscribe(
         stream=MAX_U32, pattern=b"$SYS.>", slow_consumer=SlowConsumerPolicy.DISCONNECT, credit=7

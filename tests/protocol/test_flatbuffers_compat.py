@@ -68,12 +68,16 @@ UID_2 = bytes(range(100, 120))
 CONTROL_FRAMES: list[Frame] = [
     Hello(protocol_version=7, client_name="orders-service/1.4 ✓", max_frame_bytes=123_456),
     Hello(client_name="router", link=LinkKind.CLUSTER, node="node-a ✓"),
+    Hello(client_name="svc", user="alice ✓", password="s3cret", token=""),
+    Hello(token="tok-" + "x" * 40),
     Welcome(
         protocol_version=3,
         server_name="broky/0.1.0",
         max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
         heartbeat_interval_ms=5_000,
         idle_timeout_ms=15_000,
+        max_message_bytes=1_048_576,
+        principal="alice ✓",
     ),
     Subscribe(
         stream=0xFFFF_FFFF,
@@ -250,6 +254,9 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             max_frame_bytes=body.MaxFrameBytes(),
             link=LinkKind(body.Link()),
             node=(body.Node() or b"").decode(),
+            user=(body.User() or b"").decode(),
+            password=(body.Password() or b"").decode(),
+            token=(body.Token() or b"").decode(),
         )
     if body_type == BodyType.WELCOME:
         return Welcome(
@@ -258,6 +265,8 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             max_frame_bytes=body.MaxFrameBytes(),
             heartbeat_interval_ms=body.HeartbeatIntervalMs(),
             idle_timeout_ms=body.IdleTimeoutMs(),
+            max_message_bytes=body.MaxMessageBytes(),
+            principal=(body.Principal() or b"").decode(),
         )
     if body_type == BodyType.SUBSCRIBE:
         return Subscribe(
@@ -424,9 +433,18 @@ def _build_body(  # noqa: PLR0911
     if isinstance(frame, Hello):
         name = builder.CreateString(frame.client_name)
         node = builder.CreateString(frame.node) if frame.node else 0
+        user = builder.CreateString(frame.user) if frame.user else 0
+        password = builder.CreateString(frame.password) if frame.password else 0
+        token = builder.CreateString(frame.token) if frame.token else 0
         gen.Hello.Start(builder)
         if node:
             gen.Hello.AddNode(builder, node)
+        if user:
+            gen.Hello.AddUser(builder, user)
+        if password:
+            gen.Hello.AddPassword(builder, password)
+        if token:
+            gen.Hello.AddToken(builder, token)
         gen.Hello.AddLink(builder, frame.link)
         gen.Hello.AddMaxFrameBytes(builder, frame.max_frame_bytes)
         gen.Hello.AddClientName(builder, name)
@@ -434,7 +452,11 @@ def _build_body(  # noqa: PLR0911
         return int(gen.Hello.End(builder))
     if isinstance(frame, Welcome):
         name = builder.CreateString(frame.server_name)
+        principal = builder.CreateString(frame.principal) if frame.principal else 0
         gen.Welcome.Start(builder)
+        if principal:
+            gen.Welcome.AddPrincipal(builder, principal)
+        gen.Welcome.AddMaxMessageBytes(builder, frame.max_message_bytes)
         gen.Welcome.AddProtocolVersion(builder, frame.protocol_version)
         gen.Welcome.AddIdleTimeoutMs(builder, frame.idle_timeout_ms)
         gen.Welcome.AddServerName(builder, name)

@@ -1,0 +1,242 @@
+"""Who is connecting: ``[[users]]`` tables, credentials checks, principals.
+
+Example::
+
+    allow_anonymous = false          # the default once users exist
+
+    [[users]]
+    name = "orders-service"
+    password_hash = "scrypt$ln=15,r=8,p=1$..."   # from `broky passwd`
+    publish = ["orders.>"]
+    subscribe = ["orders.>", "payments.*.done"]
+    subscribe_deny = ["orders.internal.>"]
+
+    [[users]]
+    name = "ops"
+    token_hash = "scrypt$ln=15,r=8,p=1$..."      # from `broky passwd --token`
+    subscribe = [">", "$SYS.>"]
+    publish = []
+
+    [[users]]
+    name = "node-b"                  # another node's cluster links
+    token_hash = "scrypt$..."
+    link = true
+
+A Hello carries ``user`` and ``password``, or ``token``, or nothing
+(anonymous). Checks run the slow hash in a worker thread, a few at a time,
+so a flood of logins costs threads, never the event loop. A successful
+check is remembered (as a SHA-256 of the credentials, in memory only) so a
+reconnecting fleet pays the slow hash once per credential, not once per
+connection; failures are never remembered, so every guess stays slow.
+
+Anonymous connections are accepted only when there are no users or when
+``allow_anonymous`` is true; they get the permissions of a user named
+``anonymous`` (no credentials) when one is configured, else full access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import trio
+
+from broky.security.acl import Permissions, parse_patterns
+from broky.security.passwords import SecretHash, SecretHashError, parse_hash
+
+ANONYMOUS: Final = "anonymous"
+#: Slow hashes computed at once; more logins wait their turn.
+HASH_THREADS: Final = 2
+#: Successful credentials remembered (see the module docstring).
+VERIFIED_CACHE_SIZE: Final = 1024
+
+USER_KEYS: Final[dict[str, tuple[type, ...]]] = {
+    "name": (str,),
+    "password_hash": (str,),
+    "token_hash": (str,),
+    "publish": (list,),
+    "publish_deny": (list,),
+    "subscribe": (list,),
+    "subscribe_deny": (list,),
+    "link": (bool,),
+}
+
+
+class AuthConfigError(ValueError):
+    """A ``[[users]]`` table is wrong; the message names the table and key."""
+
+
+class AuthenticationFailed(Exception):
+    """The credentials were missing or wrong; the message is safe to send."""
+
+
+@attrs.frozen(slots=True)
+class User:
+    """One configured principal: its credential hashes and permissions."""
+
+    name: str
+    password: SecretHash | None = None
+    token: SecretHash | None = None
+    permissions: Permissions = attrs.field(factory=Permissions)
+
+
+@attrs.frozen(slots=True)
+class Principal:
+    """Who a connection is, and what it may do (None: everything)."""
+
+    name: str
+    permissions: Permissions | None
+
+    @property
+    def may_link(self) -> bool:
+        """Whether this principal may open router links."""
+        return self.permissions is None or self.permissions.link
+
+
+#: Connections nobody needs to authenticate: embedded (in-process) clients,
+#: worker links over the node's private Unix sockets, and brokers without users.
+TRUSTED: Final = Principal("", None)
+
+
+def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
+    """Turn ``[[users]]`` tables into users; errors name ``users[i].key``."""
+    if not isinstance(tables, (list, tuple)):
+        raise AuthConfigError("users must be an array of tables ([[users]])")
+    users: list[User] = []
+    names: set[str] = set()
+    for index, table in enumerate(tables):
+        where = f"users[{index}]"
+        if not isinstance(table, Mapping):
+            raise AuthConfigError(f"{where} must be a table")
+        for key, value in table.items():
+            expected = USER_KEYS.get(key)
+            if expected is None:
+                raise AuthConfigError(
+                    f"{where}: unknown key {key!r}; accepted: {', '.join(sorted(USER_KEYS))}"
+                )
+            if not isinstance(value, expected):
+                raise AuthConfigError(f"{where}.{key} has the wrong type: {value!r}")
+        name = table.get("name", "")
+        if not name:
+            raise AuthConfigError(f"{where}.name is required")
+        if name in names:
+            raise AuthConfigError(f"{where}.name {name!r} is used twice")
+        names.add(name)
+        hashes: dict[str, SecretHash | None] = {}
+        for key in ("password_hash", "token_hash"):
+            encoded = table.get(key, "")
+            try:
+                hashes[key] = parse_hash(encoded) if encoded else None
+            except SecretHashError as exc:
+                raise AuthConfigError(f"{where}.{key}: {exc}") from exc
+        if name == ANONYMOUS:
+            if any(hashes.values()):
+                raise AuthConfigError(
+                    f"{where}: the {ANONYMOUS!r} user sets anonymous permissions and takes "
+                    "no password_hash or token_hash"
+                )
+        elif not any(hashes.values()):
+            raise AuthConfigError(f"{where} ({name}) needs password_hash or token_hash")
+        try:
+            permissions = Permissions(
+                publish=_patterns(table, "publish", where, (b">",)),
+                publish_deny=_patterns(table, "publish_deny", where, ()),
+                subscribe=_patterns(table, "subscribe", where, (b">",)),
+                subscribe_deny=_patterns(table, "subscribe_deny", where, ()),
+                link=bool(table.get("link", False)),
+            )
+        except ValueError as exc:
+            raise AuthConfigError(str(exc)) from exc
+        users.append(User(name, hashes["password_hash"], hashes["token_hash"], permissions))
+    return tuple(users)
+
+
+def _patterns(
+    table: Mapping[str, Any], key: str, where: str, default: tuple[bytes, ...]
+) -> tuple[bytes, ...]:
+    if key not in table:
+        return default
+    values = table[key]
+    if not all(isinstance(value, str) for value in values):
+        raise AuthConfigError(f"{where}.{key} must be a list of pattern strings")
+    return parse_patterns(values, f"{where}.{key}")
+
+
+class Authenticator:
+    """Checks a Hello's credentials against the configured users.
+
+    One per broker; its cache is touched only from the broker's trio thread.
+    """
+
+    def __init__(self, users: Sequence[User], allow_anonymous: bool | None = None) -> None:
+        self._by_name = {user.name: user for user in users if user.name != ANONYMOUS}
+        self._token_users = [user for user in self._by_name.values() if user.token is not None]
+        anonymous = next((user for user in users if user.name == ANONYMOUS), None)
+        #: Whether any credentials are configured at all.
+        self.enabled = bool(self._by_name)
+        self.allow_anonymous = (not self.enabled) if allow_anonymous is None else allow_anonymous
+        self._anonymous = Principal(
+            ANONYMOUS, anonymous.permissions if anonymous is not None else None
+        )
+        # Checked when the user name is unknown, so that a missing user costs
+        # the same time as a wrong password and timing reveals no names.
+        self._decoy = next((user.password or user.token for user in self._by_name.values()), None)
+        self._verified: OrderedDict[bytes, Principal] = OrderedDict()
+        self._limiter = trio.CapacityLimiter(HASH_THREADS)
+        self.failures = 0
+
+    async def authenticate(self, user: str, password: str, token: str) -> Principal:
+        """The principal for these credentials; AuthenticationFailed if none.
+
+        The failure message is the same whatever was wrong, so that it tells
+        a guesser nothing about which user names exist.
+        """
+        if not (user or password or token):
+            if self.allow_anonymous:
+                return self._anonymous if self.enabled else TRUSTED
+            raise self._failed("this broker requires credentials (user and password, or token)")
+        if not self.enabled:
+            # Credentials sent to an open broker: accepted, but they name nobody.
+            return TRUSTED
+        fingerprint = hashlib.sha256(
+            b"\0".join((user.encode(), password.encode(), token.encode()))
+        ).digest()
+        known = self._verified.get(fingerprint)
+        if known is not None:
+            self._verified.move_to_end(fingerprint)
+            return known
+        principal = await trio.to_thread.run_sync(
+            self._check, user, password, token, limiter=self._limiter
+        )
+        if principal is None:
+            raise self._failed("authentication failed: wrong user, password or token")
+        self._verified[fingerprint] = principal
+        if len(self._verified) > VERIFIED_CACHE_SIZE:
+            self._verified.popitem(last=False)
+        return principal
+
+    def _failed(self, message: str) -> AuthenticationFailed:
+        self.failures += 1
+        return AuthenticationFailed(message)
+
+    def _check(self, user: str, password: str, token: str) -> Principal | None:
+        """The slow part, in a worker thread: no shared state is touched."""
+        if token:
+            if user or password:
+                return None  # one kind of credential at a time
+            for candidate in self._token_users:
+                assert candidate.token is not None
+                if candidate.token.matches(token):
+                    return Principal(candidate.name, candidate.permissions)
+            return None
+        found = self._by_name.get(user)
+        if found is None or found.password is None or not password:
+            if self._decoy is not None:
+                self._decoy.matches(password)
+            return None
+        if found.password.matches(password):
+            return Principal(found.name, found.permissions)
+        return None
