@@ -18,6 +18,7 @@ from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigE
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
+from broky.security import passwd
 from broky.server import Broker
 
 log = logging.getLogger("broky")
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
     top_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
     bench.add_parser(commands)
+    passwd.add_parser(commands)
     return parser
 
 
@@ -149,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             else:
                 trio.run(serve_node, config)
-        elif args.command == "bench":
+        elif args.command in ("bench", "passwd"):
             return int(args.handler(args))
         elif args.command == "top":
             trio.run(watch, args.address)

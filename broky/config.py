@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -69,6 +70,14 @@ def is_loopback(host: str) -> bool:
         return False  # a name that may resolve anywhere
 
 
+def _users(users: Iterable[User]) -> tuple[User, ...]:
+    return tuple(users)
+
+
+def _policies(policies: Iterable[TopicPolicy]) -> tuple[TopicPolicy, ...]:
+    return tuple(policies)
+
+
 def _valid_port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not 0 <= value <= 65535:
         raise ConfigError(f"{attribute.name} must be 0..65535 (0 picks a free port), got {value!r}")
@@ -128,10 +137,10 @@ class Config:
     data_dir: str = ""
     #: Durable topic policies (``[[durable]]`` tables; broky.durable.config).
     #: Keys matching none stay ephemeral. Needs a single worker per node.
-    durable: tuple[TopicPolicy, ...] = attrs.field(default=(), converter=tuple)
+    durable: tuple[TopicPolicy, ...] = attrs.field(default=(), converter=_policies)
     #: Principals and their permissions (``[[users]]`` tables; broky.security.auth).
     #: None: no authentication (then only loopback listeners, unless allow_anonymous).
-    users: tuple[User, ...] = attrs.field(default=(), converter=tuple)
+    users: tuple[User, ...] = attrs.field(default=(), converter=_users)
     #: Accept connections without credentials. Default (unset): only when no
     #: users are configured. Set true to listen beyond loopback with no users.
     allow_anonymous: bool | None = None

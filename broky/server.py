@@ -226,8 +226,13 @@ class Broker:
             yield client
 
     def add_link(self, kind: LinkKind, connect: Connector, name: str) -> Link:
-        """Keep a link to a peer router (reconnecting), starting now if serving."""
-        link = Link(self.router, kind, connect, name, self.router.node_id)
+        """Keep a link to a peer router (reconnecting), starting now if serving.
+
+        Cluster links present ``config.cluster_token`` to the peer (links
+        between workers and in-process links need none: see ``is_private``).
+        """
+        token = self.config.cluster_token if kind is LinkKind.CLUSTER else ""
+        link = Link(self.router, kind, connect, name, self.router.node_id, token)
         self._links.append(link)
         if self._link_nursery is not None:
             self._link_nursery.start_soon(link.run)

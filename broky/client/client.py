@@ -264,6 +264,7 @@ class Client:
         """Run a client over an already connected stream, with optional credentials."""
         client = cls(stream, name)
         client._stamp = stamp_ts_broker
+        refused: BaseException | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._writer)
             nursery.start_soon(client._reader)
@@ -272,16 +273,20 @@ class Client:
             try:
                 with trio.fail_after(CONNECT_TIMEOUT):
                     await client._welcome.wait()
-                if client._error is not None:
-                    raise client._error
-                yield client
-                if not client.closed:
-                    await client.flush()
+                # A refused handshake is raised below, outside the nursery, so
+                # that callers catch AuthenticationError itself, not a group.
+                refused = client._error
+                if refused is None:
+                    yield client
+                    if not client.closed:
+                        await client.flush()
             finally:
                 client._shutdown(ConnectionClosed("the client was closed"))
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     await stream.aclose()
                 nursery.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
 
     # --- publishing ---------------------------------------------------------
 

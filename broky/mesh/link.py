@@ -90,7 +90,13 @@ class Link:
     """Keep a link to one peer router up and route what it delivers."""
 
     def __init__(
-        self, router: Router, kind: LinkKind, connect: Connector, name: str, node_id: str = ""
+        self,
+        router: Router,
+        kind: LinkKind,
+        connect: Connector,
+        name: str,
+        node_id: str = "",
+        token: str = "",
     ) -> None:
         if kind is LinkKind.CLIENT:
             raise ValueError("a link is LOCAL or CLUSTER")
@@ -99,6 +105,8 @@ class Link:
         self._connect = connect
         self.name = name
         self._node_id = node_id
+        #: Presented in the Hello to a peer that authenticates (cluster_token).
+        self._token = token
         self.counters = LinkCounters()
         self.connected = False
         self._stream_ids = itertools.count(1)
@@ -189,7 +197,9 @@ class Link:
         self._patterns.clear()
         self._outgoing = [
             machine.initiate(),
-            encode_frame(Hello(client_name=self.name, link=self._kind, node=self._node_id)),
+            encode_frame(
+                Hello(client_name=self.name, link=self._kind, node=self._node_id, token=self._token)
+            ),
         ]
         self._work.set()
         self.connected = True

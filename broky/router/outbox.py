@@ -127,7 +127,11 @@ class Subscription:
         ):
             self._overflow(run)
             return
-        if outlet.max_pending_bytes and outlet.queued_bytes + size > outlet.max_pending_bytes:
+        if (
+            outlet.max_pending_bytes
+            and outlet.queued_bytes  # an idle connection takes any one run
+            and outlet.queued_bytes + size > outlet.max_pending_bytes
+        ):
             self._overflow(run, connection_full=True)
             return
         self.runs.append(run)
