@@ -175,8 +175,10 @@ async def _adopt_handed_off(broker: Broker, fd: int) -> None:
 def worker_main(argv: Sequence[str] | None = None) -> None:
     """Entry point of a worker process (started by the supervisor)."""
     parser = argparse.ArgumentParser(prog="broky-worker")
-    parser.add_argument("spec", help="JSON: config and plan")
-    spec = json.loads(parser.parse_args(argv).spec)
+    parser.add_argument("spec", nargs="?", help="JSON: config and plan (default: read from stdin)")
+    # The supervisor writes the spec to stdin: the command line is visible to
+    # every user of the machine (ps), and the config may hold cluster_token.
+    spec = json.loads(parser.parse_args(argv).spec or sys.stdin.read())
     config = Config.from_mapping(spec["config"])
     plan = WorkerPlan(**spec["plan"])
     logging.basicConfig(
@@ -206,6 +208,7 @@ class Supervisor:
     def _spec(self, index: int, handoff_fd: int) -> str:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
         config["peers"] = list(self.config.peers)
+        config["users"] = [user.to_table() for user in self.config.users]
         plan = WorkerPlan(index, self.count, self.node_id, str(self.run_dir), self.port, handoff_fd)
         return json.dumps({"config": config, "plan": attrs.asdict(plan)})
 
@@ -226,10 +229,14 @@ class Supervisor:
             handoff_fd = theirs.fileno()
             fds = (handoff_fd,)
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "broky.mesh.workers", self._spec(index, handoff_fd)],
+            [sys.executable, "-m", "broky.mesh.workers"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             pass_fds=fds,
         )
+        assert process.stdin is not None
+        await process.stdin.send_all(self._spec(index, handoff_fd).encode())
+        await process.stdin.aclose()
         if fds:
             os.close(fds[0])
         self._processes[index] = process

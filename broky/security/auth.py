@@ -82,6 +82,23 @@ class User:
     token: SecretHash | None = None
     permissions: Permissions = attrs.field(factory=Permissions)
 
+    def to_table(self) -> dict[str, Any]:
+        """The ``[[users]]`` table this user was parsed from (for worker processes)."""
+        permissions = self.permissions
+        table: dict[str, Any] = {
+            "name": self.name,
+            "publish": [p.decode() for p in permissions.publish],
+            "publish_deny": [p.decode() for p in permissions.publish_deny],
+            "subscribe": [p.decode() for p in permissions.subscribe],
+            "subscribe_deny": [p.decode() for p in permissions.subscribe_deny],
+            "link": permissions.link,
+        }
+        if self.password is not None:
+            table["password_hash"] = self.password.encoded
+        if self.token is not None:
+            table["token_hash"] = self.token.encoded
+        return table
+
 
 @attrs.frozen(slots=True)
 class Principal:

@@ -54,6 +54,8 @@ class SecretHash:
     p: int
     salt: bytes
     digest: bytes = attrs.field(repr=False)
+    #: The text it was parsed from (what a config file holds).
+    encoded: str = attrs.field(default="", repr=False)
 
     def matches(self, secret: str) -> bool:
         """Whether ``secret`` hashes to this digest (slow, constant-time compare)."""
@@ -109,4 +111,4 @@ def parse_hash(encoded: str) -> SecretHash:
         raise SecretHashError(f"bad base64 in the hash: {exc}") from exc
     if len(salt) < 8 or len(digest) < 16:
         raise SecretHashError("salt or digest too short (at least 8 and 16 bytes)")
-    return SecretHash(log_n, r, p, salt, digest)
+    return SecretHash(log_n, r, p, salt, digest, encoded)
