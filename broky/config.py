@@ -199,11 +199,18 @@ class Config:
                     f"cluster_listen must be HOST:PORT with a port 1..65535, "
                     f"got {self.cluster_listen!r}"
                 )
+        self._check_anonymous()
         self._check_exposure()
         if self.heartbeat_interval >= self.idle_timeout:
             raise ConfigError(
                 f"heartbeat_interval ({self.heartbeat_interval}) must be less than idle_timeout "
                 f"({self.idle_timeout}): clients answer pings, they do not send them unasked"
+            )
+
+    def _check_anonymous(self) -> None:
+        if self.allow_anonymous is False and not self.users:
+            raise ConfigError(
+                "allow_anonymous = false needs [[users]]: without users nobody could connect"
             )
 
     def _check_exposure(self) -> None:
@@ -269,7 +276,8 @@ class Config:
                 values = {**values, "durable": parse_policies(values["durable"])}
             except DurableConfigError as exc:
                 raise ConfigError(str(exc)) from exc
-        if "users" in values and not all(isinstance(user, User) for user in values["users"]):
+        users = values.get("users", ())
+        if not isinstance(users, (list, tuple)) or not all(isinstance(u, User) for u in users):
             try:
                 values = {**values, "users": parse_users(values["users"])}
             except AuthConfigError as exc:
@@ -286,7 +294,7 @@ class Config:
             if value is None and str(field.type).endswith("| None"):
                 continue
             if not isinstance(value, expected) or (
-                isinstance(value, bool) and str(field.type) != "bool"
+                isinstance(value, bool) and str(field.type) not in ("bool", "bool | None")
             ):
                 raise ConfigError(f"{key} must be of type {field.type}, got {value!r}")
         return cls(**values)

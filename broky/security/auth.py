@@ -29,9 +29,11 @@ check is remembered (as a SHA-256 of the credentials, in memory only) so a
 reconnecting fleet pays the slow hash once per credential, not once per
 connection; failures are never remembered, so every guess stays slow.
 
-Anonymous connections are accepted only when there are no users or when
+Anonymous connections are accepted only when there are no users (then with
+full access: a loopback-only development broker, see Config) or when
 ``allow_anonymous`` is true; they get the permissions of a user named
-``anonymous`` (no credentials) when one is configured, else full access.
+``anonymous`` (no credentials) when one is configured, else the default
+permissions: every key, but no ``$SYS`` and no router links.
 """
 
 from __future__ import annotations
@@ -195,8 +197,10 @@ class Authenticator:
         #: Whether any credentials are configured at all.
         self.enabled = bool(self._by_name)
         self.allow_anonymous = (not self.enabled) if allow_anonymous is None else allow_anonymous
+        # Without an `anonymous` table, anonymous clients of a broker that has
+        # users get the default permissions: every key, but no $SYS, no links.
         self._anonymous = Principal(
-            ANONYMOUS, anonymous.permissions if anonymous is not None else None
+            ANONYMOUS, anonymous.permissions if anonymous is not None else Permissions()
         )
         # Checked when the user name is unknown, so that a missing user costs
         # the same time as a wrong password and timing reveals no names.
