@@ -136,3 +136,20 @@ async def test_max_pending_bytes_bounds_one_connection_across_subscriptions(
                     async for _ in stalled[0]:
                         pass
     await assert_serving(broker)
+
+
+async def test_max_subscriptions_per_connection_is_a_stream_error(
+    start_broker: StartBroker,
+) -> None:
+    broker = await start_broker(Config(port=0, max_subscriptions_per_connection=2))
+    with trio.fail_after(10):
+        async with broky.connect(address_of(broker)) as client:
+            first = await client.subscribe("a.one")
+            await client.subscribe("a.two")
+            with pytest.raises(BrokyError) as refused:
+                await client.subscribe("a.three")
+            assert refused.value.code is ErrorCode.LIMIT_EXCEEDED
+            assert "at most 2 subscriptions" in str(refused.value)
+            await first.unsubscribe()
+            await client.subscribe("a.three")  # a freed slot is reusable
+    await assert_serving(broker)
