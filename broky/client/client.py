@@ -576,7 +576,8 @@ class Client:
                     self._update_run_limit()
                 self._space.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._shutdown(ConnectionClosed(f"connection lost while sending: {exc}"))
+            cause = exc.__cause__ or exc
+            self._shutdown(ConnectionClosed(self._lost(f"connection lost while sending: {cause}")))
 
     async def _reader(self) -> None:
         stream = self._stream
@@ -596,8 +597,18 @@ class Client:
             self._shutdown(ConnectionClosed(self._lost(f"connection lost: {exc.__cause__ or exc}")))
 
     def _lost(self, what: str) -> str:
-        if self.server is not None or isinstance(self._stream, trio.SSLStream):
+        """``what`` went wrong, and, before the broker's Welcome, the likely why."""
+        if self.server is not None:
             return what
+        if isinstance(self._stream, trio.SSLStream):
+            # With TLS 1.3 the broker checks the client certificate after the
+            # client's handshake has finished: its refusal arrives here, as an
+            # alert or an EOF on the first read.
+            return (
+                f"{what}: the broker rejected this client right after the TLS handshake. "
+                "It requires a client certificate (mTLS) signed by its CA (tls_client_ca): "
+                "connect with ssl_context=client_context(ca=..., cert=..., key=...)"
+            )
         return f"{what} during the handshake (a TLS-only port? connect with ssl_context=...)"
 
     def _handle(self, frame: Frame) -> None:
