@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -60,6 +61,8 @@ class BenchOptions:
     mode: str = "raw"  # raw: pre-encoded frames; client: the client library
     workers: int = 1
     address: str | None = None
+    #: TLS to the broker at ``address`` (shared with the forked load generators).
+    tls: ssl.SSLContext | None = None
 
     @property
     def publishers(self) -> int:
@@ -199,7 +202,7 @@ def run_scenario(
         if options.scenario == "latency":
             latency_results = CONTEXT.Queue()
             run.start_subscriber(
-                loadgen.latency_subscriber,
+                partial(loadgen.latency_subscriber, tls=options.tls),
                 address,
                 patterns,
                 run.counter(run.received),
@@ -207,7 +210,7 @@ def run_scenario(
             )
         else:
             run.start_subscriber(
-                loadgen.raw_subscribers,
+                partial(loadgen.raw_subscribers, tls=options.tls),
                 address,
                 patterns,
                 run.counter(run.received),
@@ -216,17 +219,21 @@ def run_scenario(
         if options.scenario == "slow-subscriber":
             slow_received, slow_dropped = CONTEXT.Value("q", 0), CONTEXT.Value("q", 0)
             run.start_subscriber(
-                loadgen.slow_subscriber, address, BENCH_KEY, 16384, 0.05, slow_received,
-                slow_dropped,
+                partial(loadgen.slow_subscriber, tls=options.tls), address, BENCH_KEY, 16384,
+                0.05, slow_received, slow_dropped,
             )  # fmt: skip
         if options.scenario == "latency":
             publisher: Callable[..., None] = partial(
-                loadgen.latency_publisher, address, BENCH_KEY, options.size
+                loadgen.latency_publisher, address, BENCH_KEY, options.size, tls=options.tls
             )
         elif options.mode == "client":
-            publisher = partial(loadgen.client_publisher, address, BENCH_KEY, options.size)
+            publisher = partial(
+                loadgen.client_publisher, address, BENCH_KEY, options.size, tls=options.tls
+            )
         else:
-            publisher = partial(loadgen.raw_publisher, address, BENCH_KEY, options.size, per_run)
+            publisher = partial(
+                loadgen.raw_publisher, address, BENCH_KEY, options.size, per_run, tls=options.tls
+            )
     else:
         if options.scenario not in ("fan-in", "fan-out"):
             raise ValueError(f"--compare supports fan-in and fan-out, not {options.scenario}")
