@@ -185,10 +185,18 @@ class Config:
                 "certificate on its links)"
             )
 
+    def _check_files(self, *names: str) -> None:
+        """Name the setting whose file is missing (OpenSSL's errors do not)."""
+        for name in names:
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"{name}: no such file {path!r}")
+
     def tls_context(self) -> ssl.SSLContext | None:
         """The client listener's TLS context (None: plain TCP). Reads the files."""
         if not self.tls_cert:
             return None
+        self._check_files("tls_cert", "tls_key", "tls_client_ca")
         try:
             return server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
         except (OSError, ssl.SSLError) as exc:
@@ -204,6 +212,7 @@ class Config:
         """
         if not self.cluster_tls_cert:
             return None
+        self._check_files("cluster_tls_cert", "cluster_tls_key", "cluster_tls_ca")
         cert, key, ca = self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca
         try:
             return server_context(cert, key, ca), client_context(ca, cert, key)

@@ -212,9 +212,18 @@ def test_cluster_tls_settings_are_checked(tmp_path: Path) -> None:
         )
     with pytest.raises(ConfigError, match="cluster_tls_ca needs cluster_tls_cert"):
         Config.from_mapping({**cluster, "cluster_tls_ca": files.ca})
-    with pytest.raises(ConfigError, match="cannot load cluster_tls_cert"):
+    with pytest.raises(ConfigError, match="cluster_tls_ca: no such file"):
         Config.from_mapping(
             {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key,
              "cluster_tls_ca": "/nonexistent.pem"}
+        ).cluster_tls_contexts()  # fmt: skip
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate")
+    with pytest.raises(
+        ConfigError, match="cannot load cluster_tls_cert/cluster_tls_key/cluster_tls_ca"
+    ):
+        Config.from_mapping(
+            {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key,
+             "cluster_tls_ca": str(not_pem)}
         ).cluster_tls_contexts()  # fmt: skip
     assert Config.from_mapping(cluster).cluster_tls_contexts() is None
