@@ -606,8 +606,9 @@ class Client:
             # alert or an EOF on the first read.
             return (
                 f"{what}: the broker rejected this client right after the TLS handshake. "
-                "It requires a client certificate (mTLS) signed by its CA (tls_client_ca): "
-                "connect with ssl_context=client_context(ca=..., cert=..., key=...)"
+                "A broker with tls_client_ca set requires a client certificate signed by "
+                "that CA (mTLS): connect with ssl_context=client_context(ca=..., cert=..., "
+                "key=...), or from the command line with --tls-cert and --tls-key"
             )
         return f"{what} during the handshake (a TLS-only port? connect with ssl_context=...)"
 
