@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,13 +13,19 @@ from pathlib import Path
 import attrs
 import trio
 
-from broky.client.client import connect
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
 from broky.security import passwd
+from broky.security.flags import (
+    add_client_auth_flags,
+    add_client_tls_flags,
+    client_credentials,
+    client_tls_context,
+)
 from broky.server import Broker
 
 log = logging.getLogger("broky")
@@ -32,13 +39,25 @@ def _configure_logging(level: str) -> None:
     )
 
 
+#: Settings ``broky serve`` takes as flags too (``--tls-cert`` for ``tls_cert``).
+TLS_SETTINGS = (
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "cluster_tls_cert",
+    "cluster_tls_key",
+    "cluster_tls_ca",
+)
+
+
 def load_config(args: argparse.Namespace) -> Config:
     """The config file's settings, overridden by command-line flags."""
     base = Config.from_toml(Path(args.config)) if args.config else Config()
     values: dict[str, object] = {
         field.name: getattr(base, field.name) for field in attrs.fields(Config)
     }
-    for name in ("host", "port", "log_level", "workers", "accept", "cluster_listen"):
+    overridable = ("host", "port", "log_level", "workers", "accept", "cluster_listen")
+    for name in (*overridable, *TLS_SETTINGS):
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
@@ -61,9 +80,13 @@ async def serve(config: Config) -> None:
                 break
 
 
-async def publish(args: argparse.Namespace) -> None:
+async def publish(
+    args: argparse.Namespace,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
+) -> None:
     """``broky pub``: publish a payload (or each stdin line) to a key."""
-    async with connect(args.address, name="broky-pub") as client:
+    async with credentials.connect(args.address, "broky-pub", tls) as client:
         if args.payload is None:
             count = 0
             for count, line in enumerate(sys.stdin.buffer, start=1):  # noqa: B007
@@ -77,11 +100,15 @@ async def publish(args: argparse.Namespace) -> None:
     print(f"published {count} message(s) to {args.key}", file=sys.stderr)
 
 
-async def subscribe(args: argparse.Namespace) -> None:
+async def subscribe(
+    args: argparse.Namespace,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
+) -> None:
     """``broky sub``: print messages matching a pattern."""
     received = 0
     async with (
-        connect(args.address, name="broky-sub") as client,
+        credentials.connect(args.address, "broky-sub", tls) as client,
         client.subscription(args.pattern) as subscription,
     ):
         print(f"subscribed to {args.pattern}", file=sys.stderr, flush=True)
@@ -115,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--peers", help="comma-separated cluster_listen addresses of the other nodes"
     )
+    for setting in TLS_SETTINGS:
+        serve_cmd.add_argument(
+            f"--{setting.replace('_', '-')}", help=f"PEM file; overrides {setting} (see README)"
+        )
 
     default_address = f"127.0.0.1:{DEFAULT_PORT}"
     pub_cmd = commands.add_parser("pub", help="publish messages")
@@ -122,13 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
     pub_cmd.add_argument("payload", nargs="?", help="payload; omitted: one message per stdin line")
     pub_cmd.add_argument("--count", type=int, default=1, help="publish the payload N times")
     pub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    add_client_tls_flags(pub_cmd)
+    add_client_auth_flags(pub_cmd)
 
     sub_cmd = commands.add_parser("sub", help="print messages matching a pattern")
     sub_cmd.add_argument("pattern")
     sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    add_client_tls_flags(sub_cmd)
+    add_client_auth_flags(sub_cmd)
     top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
     top_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    add_client_tls_flags(top_cmd)
+    add_client_auth_flags(top_cmd)
     bench.add_parser(commands)
     passwd.add_parser(commands)
     return parser
@@ -154,13 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command in ("bench", "passwd"):
             return int(args.handler(args))
         elif args.command == "top":
-            trio.run(watch, args.address)
+            trio.run(watch, args.address, client_tls_context(args), client_credentials(args))
         elif args.command == "pub":
             _configure_logging("warning")
-            trio.run(publish, args)
+            trio.run(publish, args, client_tls_context(args), client_credentials(args))
         else:
             _configure_logging("warning")
-            trio.run(subscribe, args)
+            trio.run(subscribe, args, client_tls_context(args), client_credentials(args))
     except ConfigError as exc:
         print(f"broky: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
 from broky.router.router import RouterLimits
 from broky.security.auth import AuthConfigError, User, parse_users
-from broky.security.tls import server_context
+from broky.security.tls import client_context, server_context
 from broky.storage.topics import TopicPolicy
 
 #: Broky's registered-looking default port (NATS uses 4222, MQTT 1883).
@@ -123,6 +123,14 @@ class Config:
     tls_key: str = ""
     #: PEM CA bundle; set: clients must present a certificate it signed (mTLS).
     tls_client_ca: str = ""
+    #: PEM certificate chain and key of this node on cluster links: the cluster
+    #: listener's certificate, and the client certificate its outgoing links
+    #: present. Both set: node-to-node links are mutual TLS only.
+    cluster_tls_cert: str = ""
+    cluster_tls_key: str = ""
+    #: PEM CA bundle every peer node's certificate must chain to (required
+    #: with cluster_tls_cert). Use a CA for nodes alone: it admits any holder.
+    cluster_tls_ca: str = ""
     #: Serve Prometheus /metrics and /healthz on metrics_host:metrics_port.
     metrics_listen: bool = False
     metrics_host: str = "127.0.0.1"
@@ -190,6 +198,7 @@ class Config:
             raise ConfigError("tls_cert and tls_key go together: set both (TLS) or neither")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("tls_client_ca needs tls_cert and tls_key (mTLS is TLS first)")
+        self._check_cluster_tls()
         if self.durable and not self.data_dir:
             raise ConfigError("durable topics need data_dir (where their logs live)")
         if self.cluster_listen:
@@ -225,23 +234,71 @@ class Config:
         exposed = []
         if self.listen and not is_loopback(self.host) and not self.tls_client_ca:
             exposed.append(f"host {self.host!r}")
-        if self.cluster_listen and not is_loopback(self.cluster_listen.rpartition(":")[0]):
+        if (
+            self.cluster_listen
+            and not is_loopback(self.cluster_listen.rpartition(":")[0])
+            and not self.cluster_tls_ca
+        ):
             exposed.append(f"cluster_listen {self.cluster_listen!r}")
         if exposed:
             raise ConfigError(
                 f"refusing to listen on {' and '.join(exposed)} without authentication: "
                 "configure [[users]] (see docs/security.md), require client certificates "
-                "(tls_client_ca), or set allow_anonymous = true to serve anyone who can connect"
+                "(tls_client_ca; cluster_tls_ca for cluster_listen), or set "
+                "allow_anonymous = true to serve anyone who can connect"
             )
+
+    def _check_cluster_tls(self) -> None:
+        if bool(self.cluster_tls_cert) != bool(self.cluster_tls_key):
+            raise ConfigError(
+                "cluster_tls_cert and cluster_tls_key go together: set both (TLS links) or neither"
+            )
+        if self.cluster_tls_cert and not self.cluster_tls_ca:
+            raise ConfigError(
+                "cluster_tls_cert needs cluster_tls_ca: links are mutual TLS, and peers' "
+                "certificates are checked against that CA"
+            )
+        if self.cluster_tls_ca and not self.cluster_tls_cert:
+            raise ConfigError(
+                "cluster_tls_ca needs cluster_tls_cert and cluster_tls_key (this node's own "
+                "certificate on its links)"
+            )
+
+    def _check_files(self, *names: str) -> None:
+        """Name the setting whose file is missing (OpenSSL's errors do not)."""
+        for name in names:
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"{name}: no such file {path!r}")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The client listener's TLS context (None: plain TCP). Reads the files."""
         if not self.tls_cert:
             return None
+        self._check_files("tls_cert", "tls_key", "tls_client_ca")
         try:
             return server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"cannot load tls_cert/tls_key/tls_client_ca: {exc}") from exc
+
+    def cluster_tls_contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+        """The cluster links' TLS contexts, (listener, outgoing links), or None
+        for plain TCP links. Reads the files.
+
+        The listener requires a client certificate from ``cluster_tls_ca``;
+        outgoing links present ``cluster_tls_cert`` and check the peer's
+        certificate against that CA and the host (name or IP) in ``peers``.
+        """
+        if not self.cluster_tls_cert:
+            return None
+        self._check_files("cluster_tls_cert", "cluster_tls_key", "cluster_tls_ca")
+        cert, key, ca = self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca
+        try:
+            return server_context(cert, key, ca), client_context(ca, cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cannot load cluster_tls_cert/cluster_tls_key/cluster_tls_ca: {exc}"
+            ) from exc
 
     @property
     def router_limits(self) -> RouterLimits:

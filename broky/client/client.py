@@ -613,7 +613,8 @@ class Client:
                     self._update_run_limit()
                 self._space.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._shutdown(ConnectionClosed(f"connection lost while sending: {exc}"))
+            cause = exc.__cause__ or exc
+            self._shutdown(ConnectionClosed(self._lost(f"connection lost while sending: {cause}")))
 
     async def _reader(self) -> None:
         stream = self._stream
@@ -633,8 +634,19 @@ class Client:
             self._shutdown(ConnectionClosed(self._lost(f"connection lost: {exc.__cause__ or exc}")))
 
     def _lost(self, what: str) -> str:
-        if self.server is not None or isinstance(self._stream, trio.SSLStream):
+        """``what`` went wrong, and, before the broker's Welcome, the likely why."""
+        if self.server is not None:
             return what
+        if isinstance(self._stream, trio.SSLStream):
+            # With TLS 1.3 the broker checks the client certificate after the
+            # client's handshake has finished: its refusal arrives here, as an
+            # alert or an EOF on the first read.
+            return (
+                f"{what}: the broker rejected this client right after the TLS handshake. "
+                "A broker with tls_client_ca set requires a client certificate signed by "
+                "that CA (mTLS): connect with ssl_context=client_context(ca=..., cert=..., "
+                "key=...), or from the command line with --tls-cert and --tls-key"
+            )
         return f"{what} during the handshake (a TLS-only port? connect with ssl_context=...)"
 
     def _handle(self, frame: Frame) -> None:

@@ -205,8 +205,8 @@ class ServerConnection:
                 cause = exc.__cause__ or exc
                 self._close_reason(
                     CloseReason.PROTOCOL_ERROR,
-                    f"TLS handshake failed ({cause}): is the peer speaking plain TCP "
-                    "or without a client certificate?",
+                    f"TLS handshake failed ({cause}): is the peer speaking plain TCP, or "
+                    "is its certificate missing or not signed by the CA this listener trusts?",
                 )
                 return False
             return True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from typing import Any, Final
 import attrs
 
 from broky.client.client import parse_address
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.loadtest import loadgen, peers
 from broky.loadtest.histogram import LatencyHistogram
 
@@ -60,6 +62,10 @@ class BenchOptions:
     mode: str = "raw"  # raw: pre-encoded frames; client: the client library
     workers: int = 1
     address: str | None = None
+    #: TLS to the broker at ``address`` (shared with the forked load generators).
+    tls: ssl.SSLContext | None = None
+    #: Who the load generators connect as (a broker at ``address`` with [[users]]).
+    credentials: Credentials = ANONYMOUS
 
     @property
     def publishers(self) -> int:
@@ -199,7 +205,9 @@ def run_scenario(
         if options.scenario == "latency":
             latency_results = CONTEXT.Queue()
             run.start_subscriber(
-                loadgen.latency_subscriber,
+                partial(
+                    loadgen.latency_subscriber, tls=options.tls, credentials=options.credentials
+                ),
                 address,
                 patterns,
                 run.counter(run.received),
@@ -207,7 +215,7 @@ def run_scenario(
             )
         else:
             run.start_subscriber(
-                loadgen.raw_subscribers,
+                partial(loadgen.raw_subscribers, tls=options.tls, credentials=options.credentials),
                 address,
                 patterns,
                 run.counter(run.received),
@@ -216,17 +224,39 @@ def run_scenario(
         if options.scenario == "slow-subscriber":
             slow_received, slow_dropped = CONTEXT.Value("q", 0), CONTEXT.Value("q", 0)
             run.start_subscriber(
-                loadgen.slow_subscriber, address, BENCH_KEY, 16384, 0.05, slow_received,
-                slow_dropped,
+                partial(
+                    loadgen.slow_subscriber, tls=options.tls, credentials=options.credentials
+                ),
+                address, BENCH_KEY, 16384, 0.05, slow_received, slow_dropped,
             )  # fmt: skip
         if options.scenario == "latency":
             publisher: Callable[..., None] = partial(
-                loadgen.latency_publisher, address, BENCH_KEY, options.size
+                loadgen.latency_publisher,
+                address,
+                BENCH_KEY,
+                options.size,
+                tls=options.tls,
+                credentials=options.credentials,
             )
         elif options.mode == "client":
-            publisher = partial(loadgen.client_publisher, address, BENCH_KEY, options.size)
+            publisher = partial(
+                loadgen.client_publisher,
+                address,
+                BENCH_KEY,
+                options.size,
+                tls=options.tls,
+                credentials=options.credentials,
+            )
         else:
-            publisher = partial(loadgen.raw_publisher, address, BENCH_KEY, options.size, per_run)
+            publisher = partial(
+                loadgen.raw_publisher,
+                address,
+                BENCH_KEY,
+                options.size,
+                per_run,
+                tls=options.tls,
+                credentials=options.credentials,
+            )
     else:
         if options.scenario not in ("fan-in", "fan-out"):
             raise ValueError(f"--compare supports fan-in and fan-out, not {options.scenario}")

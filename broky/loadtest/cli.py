@@ -12,8 +12,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from broky.config import ConfigError
 from broky.loadtest.bench import SCENARIOS, BenchOptions, run_bench
 from broky.loadtest.peers import PEERS, installed_peers
+from broky.security.flags import (
+    add_client_auth_flags,
+    add_client_tls_flags,
+    client_credentials,
+    client_tls_context,
+    wants_tls,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -54,6 +62,8 @@ def add_parser(commands: Any) -> None:
         "--compare", action="store_true",
         help=f"also run against {', '.join(PEERS.values())} where installed (fan-in/fan-out)",
     )  # fmt: skip
+    add_client_tls_flags(bench)  # with --address: the started broker has no TLS
+    add_client_auth_flags(bench)  # with --address: the started broker has no users
     bench.add_argument("--json", action="store_true", help="one JSON object per target")
     bench.add_argument("--plot", metavar="FILE.png", help="latency and throughput plots")
     bench.set_defaults(handler=main)
@@ -101,6 +111,8 @@ def _table(results: list[dict[str, Any]]) -> Table:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``broky bench``; returns the exit status."""
+    if wants_tls(args) and not args.address:
+        raise ConfigError("--tls flags need --address: the broker bench starts has no TLS")
     options = BenchOptions(
         scenario=args.scenario,
         number=args.number,
@@ -113,6 +125,8 @@ def main(args: argparse.Namespace) -> int:
         mode=args.mode,
         workers=args.workers,
         address=args.address,
+        tls=client_tls_context(args),
+        credentials=client_credentials(args),
     )
     if args.plot:
         from broky.loadtest.plot import require_matplotlib  # noqa: PLC0415 - optional extra

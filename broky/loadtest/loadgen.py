@@ -5,13 +5,16 @@ Pre-encoded publishers write ready-made Publish frames with blocking
 messages per frame, not per message, so they keep up with the broker; client
 publishers go through the real client library. Counters are shared
 ``multiprocessing.Value``s sampled by the parent at the start and end of the
-measurement window.
+measurement window. Against a broker with TLS (``broky bench --address
+--tls-ca``), each generator takes the ``tls`` context: blocking sockets are
+wrapped with it, client-library ones pass it to ``connect``.
 """
 
 from __future__ import annotations
 
 import selectors
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -23,11 +26,11 @@ from multiprocessing.synchronize import Event
 import trio
 
 from broky.client.client import Subscription as ClientSubscription
-from broky.client.client import connect
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.loadtest.histogram import LatencyHistogram
 from broky.protocol.codec import decode_frame, encode_frame, encode_run_chunk, runs_frame_parts
 from broky.protocol.constants import BodyType, SlowConsumerPolicy
-from broky.protocol.frames import Deliver, Hello, Notice, Publish, Subscribe, Subscribed
+from broky.protocol.frames import Deliver, Notice, Publish, Subscribe, Subscribed
 from broky.protocol.framing import FrameReader, encode_preamble
 from broky.protocol.message import encode_message, pack_sizes
 
@@ -43,11 +46,31 @@ def publish_frame(key: str, payload_size: int, messages_per_run: int) -> bytes:
     return b"".join(runs_frame_parts(BodyType.PUBLISH, 1, [chunk]))
 
 
-def _open(address: tuple[str, int], first_frames: Sequence[bytes]) -> socket.socket:
-    sock = socket.create_connection(address)
+def _secure(
+    sock: socket.socket, address: tuple[str, int], tls: ssl.SSLContext | None
+) -> socket.socket:
+    """``sock``, connected to ``address``, wrapped in TLS when ``tls`` is given."""
+    if tls is None:
+        return sock
+    return tls.wrap_socket(sock, server_hostname=address[0])
+
+
+def _open(
+    address: tuple[str, int], first_frames: Sequence[bytes], tls: ssl.SSLContext | None
+) -> socket.socket:
+    sock = _secure(socket.create_connection(address), address, tls)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(encode_preamble() + b"".join(first_frames))
     return sock
+
+
+def _receive(sock: socket.socket) -> bytes | None:
+    """What a readable socket holds (b"" at EOF), or None when that is not
+    yet a whole TLS record: the selector reported bytes, not plaintext."""
+    try:
+        return sock.recv(RECEIVE_BYTES)
+    except ssl.SSLWantReadError:
+        return None
 
 
 def raw_publisher(
@@ -59,11 +82,14 @@ def raw_publisher(
     sent: Synchronized[int],
     stop: Event,
     limit: int = 0,
+    *,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """Write pre-encoded Publish frames at ``rate`` messages/s (0: as fast as
     the broker reads them), until ``stop`` or ``limit`` messages (0: none)."""
     frame = publish_frame(key, payload_size, messages_per_run)
-    sock = _open(address, [encode_frame(Hello(client_name="bench-pub"))])
+    sock = _open(address, [encode_frame(credentials.hello("bench-pub"))], tls)
     sock.settimeout(0.5)
     paced_sends(partial(sock.sendall, frame), messages_per_run, rate, sent, stop, limit)
     _close_gently(sock)
@@ -127,6 +153,9 @@ def raw_subscribers(
     dropped: Synchronized[int],
     ready: Event,
     stop: Event,
+    *,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """One socket per pattern; count delivered and dropped messages per frame."""
     selector = selectors.DefaultSelector()
@@ -136,9 +165,10 @@ def raw_subscribers(
         sock = _open(
             address,
             [
-                encode_frame(Hello(client_name="bench-sub")),
+                encode_frame(credentials.hello("bench-sub")),
                 encode_frame(Subscribe(stream, pattern.encode(), SlowConsumerPolicy.DROP, 0)),
             ],
+            tls,
         )
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ)
@@ -148,7 +178,9 @@ def raw_subscribers(
     while not stop.is_set():
         for key, _ in selector.select(0.1):
             sock = sockets[key.fd]
-            data = sock.recv(RECEIVE_BYTES)
+            data = _receive(sock)
+            if data is None:
+                continue
             if not data:
                 selector.unregister(sock)
                 continue
@@ -181,6 +213,9 @@ def client_publisher(
     rate: float,
     sent: Synchronized[int],
     stop: Event,
+    *,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """Publish through the client library at ``rate`` messages/s (0: flat out)."""
 
@@ -188,7 +223,9 @@ def client_publisher(
         payload = b"x" * payload_size
         count = 0
         start = time.perf_counter()
-        async with connect(f"{address[0]}:{address[1]}", name="bench-client-pub") as client:
+        async with credentials.connect(
+            f"{address[0]}:{address[1]}", "bench-client-pub", tls
+        ) as client:
             while not stop.is_set():
                 for _ in range(500):
                     await client.publish(key, payload)
@@ -222,6 +259,9 @@ def slow_subscriber(
     dropped: Synchronized[int],
     ready: Event,
     stop: Event,
+    *,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """A subscriber that reads ``read_bytes`` every ``pause`` seconds through
     a small socket buffer: it falls behind any fast stream, and the broker's
@@ -229,9 +269,10 @@ def slow_subscriber(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
     sock.connect(address)
+    sock = _secure(sock, address, tls)
     sock.sendall(
         encode_preamble()
-        + encode_frame(Hello(client_name="bench-slow-sub"))
+        + encode_frame(credentials.hello("bench-slow-sub"))
         + encode_frame(Subscribe(1, pattern.encode(), SlowConsumerPolicy.DROP, 0))
     )
     sock.settimeout(0.2)
@@ -266,6 +307,9 @@ def latency_publisher(
     sent: Synchronized[int],
     stop: Event,
     limit: int = 0,
+    *,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """Publish through the client library at a fixed ``rate``, each message
     stamped with ``ts_producer`` = the time it was *due* (ns since the epoch).
@@ -280,7 +324,9 @@ def latency_publisher(
         payload = b"x" * payload_size
         period_ns = round(1e9 / rate)
         count = 0
-        async with connect(f"{address[0]}:{address[1]}", name="bench-latency-pub") as client:
+        async with credentials.connect(
+            f"{address[0]}:{address[1]}", "bench-latency-pub", tls
+        ) as client:
             epoch_offset = time.time_ns() - round(trio.current_time() * 1e9)
             due = round(trio.current_time() * 1e9)
             while not stop.is_set() and not (limit and count >= limit):
@@ -303,6 +349,9 @@ def latency_subscriber(
     results: Queue[bytes],
     ready: Event,
     stop: Event,
+    *,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """Subscribe through the client library and record, per message, now -
     ts_producer in an HDR histogram; put its encoding on ``results`` at the end."""
@@ -316,7 +365,7 @@ def latency_subscriber(
 
     async def run() -> None:
         async with (
-            connect(f"{address[0]}:{address[1]}", name="bench-latency-sub") as client,
+            credentials.connect(f"{address[0]}:{address[1]}", "bench-latency-sub", tls) as client,
             trio.open_nursery() as nursery,
         ):
             for pattern in patterns:

@@ -9,14 +9,19 @@ once, and this side hands every run it receives to its own router with
 
 One abstraction, any transport: ``connect`` returns a trio Stream, a pipe
 for routers sharing a process, a Unix socket between worker processes, TCP
-between nodes. A link reconnects with exponential backoff and re-announces
-its interest each time; while it is down, nothing waits for it.
+between nodes, TLS between nodes when ``cluster_tls_*`` is set (see
+``tls_connector``). A link is up once the peer's Welcome arrives, so a peer
+that refuses it (a TLS 1.3 server rejects a client certificate only after the
+client's handshake ends) never brings it up. A link reconnects with
+exponential backoff and re-announces its interest each time; while it is
+down, nothing waits for it.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -43,6 +48,7 @@ from broky.protocol.frames import (
     Subscribe,
     Subscribed,
     Unsubscribe,
+    Welcome,
 )
 from broky.router.router import Router
 
@@ -58,6 +64,45 @@ STABLE_SESSION: Final = 5.0
 RECEIVE_BYTES: Final = 256 * 1024
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
+
+
+class LinkHandshakeError(Exception):
+    """The peer answered, but the TLS handshake failed or the peer refused this
+    node's certificate: an operator has certificates to fix. Unlike a peer
+    that is down (logged at debug, it will come back), this is a warning."""
+
+
+def _tls_failure(cause: BaseException | None) -> str:
+    return (
+        f"TLS handshake failed ({cause}): every node needs a cluster_tls_cert signed by "
+        "the CA in the others' cluster_tls_ca, naming the host given in their peers"
+    )
+
+
+def tls_connector(
+    connect: Connector, context: ssl.SSLContext, host: str, timeout: float
+) -> Connector:
+    """``connect``, then a TLS handshake within ``timeout`` that checks the
+    peer's certificate against ``host`` (a DNS name or an IP address, as given
+    in ``peers``). It runs in the link's own task, like every connect."""
+
+    async def connect_tls() -> trio.abc.Stream:
+        stream = await connect()
+        tls = trio.SSLStream(stream, context, server_hostname=host)
+        try:
+            with trio.fail_after(timeout):
+                await tls.do_handshake()
+        except trio.TooSlowError:
+            await trio.aclose_forcefully(stream)
+            raise LinkHandshakeError(
+                f"TLS handshake not completed within {timeout} s: is that a cluster port?"
+            ) from None
+        except trio.BrokenResourceError as exc:
+            await trio.aclose_forcefully(stream)
+            raise LinkHandshakeError(_tls_failure(exc.__cause__)) from exc
+        return tls
+
+    return connect_tls
 
 
 @attrs.frozen
@@ -115,6 +160,7 @@ class Link:
         self._outgoing: list[bytes] = []
         self._work = trio.Event()
         self.ready = trio.Event()  # set once the first session has announced its interest
+        self._last_refusal = ""
 
     @property
     def kind(self) -> LinkKind:
@@ -166,12 +212,16 @@ class Link:
         while True:
             try:
                 stream = await self._connect()
+            except LinkHandshakeError as exc:
+                self._refused(exc)
             except OSError as exc:
                 log.debug("link %s: connect failed: %s", self.name, exc)
             else:
                 started = trio.current_time()
                 try:
                     await self._session(stream)
+                except* LinkHandshakeError as group:
+                    self._refused(group.exceptions[0])
                 except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
                     log.warning("link %s: connection lost: %s", self.name, group.exceptions[0])
                 except* RemoteProtocolError as group:
@@ -184,6 +234,14 @@ class Link:
                     backoff = INITIAL_BACKOFF
             await trio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _refused(self, error: BaseException) -> None:
+        """Log a refused handshake: a warning, but once per distinct error, as
+        the link keeps retrying every MAX_BACKOFF seconds until it is fixed."""
+        message = str(error)
+        level = logging.DEBUG if message == self._last_refusal else logging.WARNING
+        self._last_refusal = message
+        log.log(level, "link %s: refused: %s", self.name, message)
 
     def _down(self) -> None:
         if self.connected:
@@ -202,12 +260,6 @@ class Link:
             ),
         ]
         self._work.set()
-        self.connected = True
-        self.counters.connects += 1
-        for pattern in self._router.add_link(self):
-            self.interest_added(pattern)
-        log.info("link %s: connected (%s)", self.name, self._kind.name.lower())
-        self.ready.set()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, stream)
             await self._reader(stream, machine)
@@ -223,14 +275,34 @@ class Link:
             if data:
                 await stream.send_all(data)
 
+    def _up(self) -> None:
+        """The peer welcomed the link: register it and announce our interest."""
+        self.connected = True
+        self._last_refusal = ""
+        self.counters.connects += 1
+        for pattern in self._router.add_link(self):
+            self.interest_added(pattern)
+        log.info("link %s: connected (%s)", self.name, self._kind.name.lower())
+        self.ready.set()
+
+    async def _receive(self, stream: trio.abc.Stream) -> bytes | bytearray:
+        try:
+            data = await stream.receive_some(RECEIVE_BYTES)
+        except trio.BrokenResourceError as exc:
+            if not self.connected and isinstance(exc.__cause__, ssl.SSLError):
+                # TLS 1.3: the peer's verdict on our certificate arrives here.
+                raise LinkHandshakeError(_tls_failure(exc.__cause__)) from exc
+            raise
+        if not data:
+            raise trio.BrokenResourceError("the peer closed the link")
+        return data
+
     async def _reader(self, stream: trio.abc.Stream, machine: ProtocolMachine) -> None:
         router = self._router
         counters = self.counters
         source = self._kind
         while True:
-            data = await stream.receive_some(RECEIVE_BYTES)
-            if not data:
-                raise trio.BrokenResourceError("the peer closed the link")
+            data = await self._receive(stream)
             for frame in machine.receive_data(data):
                 if type(frame) is Deliver:
                     counters.received_runs += len(frame.runs)
@@ -240,6 +312,8 @@ class Link:
                     pattern = self._patterns.get(frame.stream)
                     if pattern is not None:
                         router.link_confirmed(pattern, self)
+                elif type(frame) is Welcome:
+                    self._up()
                 elif type(frame) is Ping:
                     self._send(Pong(frame.nonce))
                 elif type(frame) is Notice:

@@ -5,7 +5,8 @@ own trio loop, ``Broker`` and ``Router``. Workers of a node link to each other
 over Unix sockets in a private run directory (full mesh, ``LOCAL`` links), and
 worker *i* of every node links to worker *i* of every peer node (``CLUSTER``
 links on ``cluster_listen`` port + *i*), which is why the nodes of a cluster
-run the same number of workers.
+run the same number of workers. With ``cluster_tls_*`` set, cluster links are
+mutual TLS; the Unix-socket links stay plain (a private 0700 directory).
 
 How client connections reach workers is ``Config.accept``:
 
@@ -42,6 +43,7 @@ import attrs
 import trio
 
 from broky.config import Config
+from broky.mesh.link import Connector, tls_connector
 from broky.protocol.constants import LinkKind
 from broky.server import Broker
 
@@ -106,10 +108,8 @@ async def run_worker(config: Config, plan: WorkerPlan) -> None:
     link_sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await link_sock.bind(str(link_path))
     link_sock.listen(LISTEN_BACKLOG)
-    link_listeners = [trio.SocketListener(link_sock)]
-    if config.cluster_listen:
-        host, _, port = config.cluster_listen.rpartition(":")
-        link_listeners.extend(await trio.open_tcp_listeners(int(port) + plan.index, host=host))
+    link_listeners: list[trio.abc.Listener[trio.abc.Stream]] = [trio.SocketListener(link_sock)]
+    link_listeners += await cluster_listeners(config, plan.index)
     broker = Broker(
         config,
         node_id=plan.node_id,
@@ -130,14 +130,8 @@ async def run_worker(config: Config, plan: WorkerPlan) -> None:
                     LinkKind.LOCAL, connect_local, f"worker-{plan.index}>worker-{other}"
                 )
             )
-    for peer in config.peers:
-        host, _, port = peer.rpartition(":")
-        peer_port = int(port) + plan.index
-
-        async def connect_peer(host: str = host, port: int = peer_port) -> trio.abc.Stream:
-            return await trio.open_tcp_stream(host, port)
-
-        broker.add_link(LinkKind.CLUSTER, connect_peer, f"{host}:{peer_port}")
+    for name, connector in cluster_connectors(config, plan.index):
+        broker.add_link(LinkKind.CLUSTER, connector, name)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.serve)
@@ -152,6 +146,39 @@ async def run_worker(config: Config, plan: WorkerPlan) -> None:
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
+
+
+async def cluster_listeners(config: Config, index: int) -> list[trio.abc.Listener[trio.abc.Stream]]:
+    """Worker ``index``'s listeners for other nodes' links (none without
+    ``cluster_listen``), TLS-only when ``cluster_tls_*`` is set. The TLS
+    handshake runs later, in each connection's own task (ServerConnection.run)."""
+    if not config.cluster_listen:
+        return []
+    host, _, port = config.cluster_listen.rpartition(":")
+    listeners = await trio.open_tcp_listeners(int(port) + index, host=host)
+    tls = config.cluster_tls_contexts()
+    if tls is None:
+        return list(listeners)
+    return [trio.SSLListener(listener, tls[0]) for listener in listeners]
+
+
+def cluster_connectors(config: Config, index: int) -> list[tuple[str, Connector]]:
+    """(name, connector) of worker ``index``'s link to each peer node's worker
+    ``index``; each connector speaks TLS when ``cluster_tls_*`` is set."""
+    tls = config.cluster_tls_contexts()
+    connectors: list[tuple[str, Connector]] = []
+    for peer in config.peers:
+        host, _, port = peer.rpartition(":")
+        peer_port = int(port) + index
+
+        async def connect_peer(host: str = host, port: int = peer_port) -> trio.abc.Stream:
+            return await trio.open_tcp_stream(host, port)
+
+        connector: Connector = connect_peer
+        if tls is not None:
+            connector = tls_connector(connect_peer, tls[1], host, config.handshake_timeout)
+        connectors.append((f"{host}:{peer_port}", connector))
+    return connectors
 
 
 async def _adopt_handed_off(broker: Broker, fd: int) -> None:
@@ -196,6 +223,10 @@ class Supervisor:
     """Start, watch and stop a node's worker processes."""
 
     def __init__(self, config: Config) -> None:
+        # Load the certificates here, so that a bad file stops `broky serve`
+        # with a ConfigError instead of a worker that fails to start.
+        config.tls_context()
+        config.cluster_tls_contexts()
         self.config = config
         self.count = worker_count(config)
         self.node_id = uuid.uuid4().hex[:12]

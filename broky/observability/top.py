@@ -8,6 +8,7 @@ recorded snapshot; ``watch`` only subscribes and redraws.
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from broky.client.client import connect
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.observability.system import METRICS_KEY
 
 
@@ -95,10 +96,15 @@ def render(snapshot: Mapping[str, Any], address: str = "") -> RenderableType:
     )
 
 
-async def watch(address: str) -> None:
-    """Subscribe to ``$SYS.metrics`` at ``address`` and redraw on each snapshot."""
+async def watch(
+    address: str,
+    ssl_context: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
+) -> None:
+    """Subscribe to ``$SYS.metrics`` at ``address`` (over TLS with
+    ``ssl_context``, as a principal granted ``$SYS``) and redraw on each snapshot."""
     async with (
-        connect(address, name="broky-top") as client,
+        credentials.connect(address, "broky-top", ssl_context) as client,
         client.subscription(METRICS_KEY) as snapshots,
     ):
         waiting = Text(f"waiting for {METRICS_KEY} from {address} (every system_metrics_interval)")

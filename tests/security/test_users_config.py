@@ -262,7 +262,7 @@ def test_client_certificate_paths_are_read_only_when_the_listener_starts(tmp_pat
         tls_key=str(tmp_path / "key.pem"),
         tls_client_ca=str(tmp_path / "ca.pem"),
     )
-    with pytest.raises(ConfigError, match=r"^cannot load tls_cert/tls_key/tls_client_ca"):
+    with pytest.raises(ConfigError, match=r"^tls_cert: no such file "):
         config.tls_context()
 
 

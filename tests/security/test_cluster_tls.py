@@ -1,0 +1,229 @@
+"""TLS on cluster links: mutual TLS between nodes, refused certificates, settings.
+
+In-process nodes are wired by the same functions a worker uses
+(``cluster_listeners``, ``cluster_connectors``); one test runs two real
+``broky serve`` processes. All on 127.0.0.1, on free ports.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import trio
+import trustme
+
+import broky
+from broky import Broker, Config, ConfigError
+from broky.mesh.link import LinkHandshakeError, tls_connector
+from broky.mesh.workers import cluster_connectors, cluster_listeners
+from broky.protocol.constants import LinkKind
+from broky.security.tls import client_context
+from tests.conftest import eventually
+from tests.mesh.test_nodes import free_ports, nodes
+from tests.security.helpers import CertFiles, connect_fails, write_cert
+
+
+def _config(files: CertFiles, port: int, peer_port: int, **overrides: object) -> Config:
+    values: dict[str, object] = {
+        "listen": False,
+        "cluster_listen": f"127.0.0.1:{port}",
+        "peers": (f"127.0.0.1:{peer_port}",),
+        "cluster_tls_cert": files.cert,
+        "cluster_tls_key": files.key,
+        "cluster_tls_ca": files.ca,
+        "handshake_timeout": 2.0,
+        **overrides,
+    }
+    return Config.from_mapping(values)
+
+
+async def _node(nursery: trio.Nursery, config: Config) -> Broker:
+    """A one-worker node in this process, linked as ``run_worker`` links it."""
+    broker = Broker(config, link_listeners=await cluster_listeners(config, 0))
+    for name, connector in cluster_connectors(config, 0):
+        broker.add_link(LinkKind.CLUSTER, connector, name)
+    await nursery.start(broker.serve)
+    return broker
+
+
+async def _probe_until_delivered(publisher: broky.Client, subscription: broky.Subscription) -> None:
+    """Publish probes until the subscription, on another node, holds one:
+    cluster interest is eventual (about one link round trip)."""
+    for attempt in range(200):
+        await publisher.publish("cross.probe", b"%d" % attempt)
+        await publisher.flush()
+        await trio.sleep(0.05)
+        if subscription.statistics().buffered_messages:
+            return
+    raise AssertionError("nothing crossed the cluster link")
+
+
+async def _delivered_across(publisher: Broker, subscriber: Broker) -> None:
+    async with (
+        publisher.connect() as pub,
+        subscriber.connect() as sub,
+        sub.subscription("cross.>") as subscription,
+    ):
+        await _probe_until_delivered(pub, subscription)
+
+
+async def test_two_nodes_link_over_mutual_tls(nursery: trio.Nursery, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    files = write_cert(ca, tmp_path, "node", "127.0.0.1")
+    port_a, port_b = free_ports(2)
+    with trio.fail_after(15):
+        node_a = await _node(nursery, _config(files, port_a, port_b))
+        node_b = await _node(nursery, _config(files, port_b, port_a))
+        await _delivered_across(node_a, node_b)
+        await _delivered_across(node_b, node_a)
+        for node in (node_a, node_b):
+            (link,) = node.statistics().links
+            assert link.connected
+            assert link.connects == 1
+        # The cluster port speaks TLS only: a plain client is refused ...
+        cluster_a = f"127.0.0.1:{port_a}"
+        assert "TLS-only port" in await connect_fails(cluster_a, None)
+        # ... and so is a TLS client without a certificate from the cluster CA.
+        assert "requires a client certificate" in await connect_fails(
+            cluster_a, client_context(ca=files.ca)
+        )
+
+
+@pytest.mark.parametrize(
+    ("b_ca", "b_identity", "a_refuses", "b_refuses"),
+    [
+        # B's certificate comes from another CA: both directions are refused.
+        ("other", "127.0.0.1", "CERTIFICATE_VERIFY_FAILED", "TLS handshake failed"),
+        # Same CA, but B's certificate does not name the address A dials:
+        # A's link refuses B; B's link to A (client certificates carry no
+        # address to check) comes up.
+        ("same", "elsewhere.example", "IP address mismatch", ""),
+    ],
+)
+async def test_a_node_with_a_wrong_certificate_is_refused(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    b_ca: str,
+    b_identity: str,
+    a_refuses: str,
+    b_refuses: str,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    ca = trustme.CA()
+    files_a = write_cert(ca, tmp_path, "a", "127.0.0.1")
+    files_b = write_cert(ca if b_ca == "same" else trustme.CA(), tmp_path, "b", b_identity)
+    port_a, port_b = free_ports(2)
+    with trio.fail_after(10):
+        node_a = await _node(nursery, _config(files_a, port_a, port_b))
+        node_b = await _node(nursery, _config(files_b, port_b, port_a))
+        link_a, link_b = node_a.statistics().links[0].name, node_b.statistics().links[0].name
+
+        def refusals(link: str) -> list[str]:
+            return [r.getMessage() for r in caplog.records if f"link {link}: refused" in r.message]
+
+        await eventually(lambda: bool(refusals(link_a)))
+        assert a_refuses in refusals(link_a)[0]
+        assert "cluster_tls_ca" in refusals(link_a)[0]  # says what to fix
+        if b_refuses:
+            await eventually(lambda: bool(refusals(link_b)))
+            assert b_refuses in refusals(link_b)[0]
+        else:
+            await eventually(lambda: node_b.statistics().links[0].connected)
+        # The listeners log their side of each failed handshake.
+        await eventually(
+            lambda: any("closed: protocol_error (TLS handshake failed" in r.message
+                        for r in caplog.records if r.name == "broky.connection")
+        )  # fmt: skip
+        await trio.sleep(0.3)  # a few reconnection attempts
+    (status,) = node_a.statistics().links
+    assert not status.connected  # never came up
+    assert status.connects == 0
+    # Retries do not repeat the warning.
+    assert len(refusals(link_a)) == 1
+
+
+async def test_a_link_handshake_is_bounded_by_the_timeout(tmp_path: Path) -> None:
+    files = write_cert(trustme.CA(), tmp_path, "node", "127.0.0.1")
+    silent = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = silent.socket.getsockname()[1]
+
+    async def connect() -> trio.abc.Stream:
+        return await trio.open_tcp_stream("127.0.0.1", port)
+
+    context = client_context(files.ca, files.cert, files.key)
+    started = trio.current_time()
+    with (
+        trio.fail_after(3),
+        pytest.raises(LinkHandshakeError, match=r"not completed within 0\.3 s"),
+    ):
+        await tls_connector(connect, context, "127.0.0.1", 0.3)()
+    assert trio.current_time() - started < 1.5
+    await silent.aclose()
+
+
+@pytest.mark.slow
+async def test_two_broky_serve_nodes_deliver_over_tls_links(tmp_path: Path) -> None:
+    files = write_cert(trustme.CA(), tmp_path, "node", "127.0.0.1")
+    ports = free_ports(2)
+    cluster = [f"127.0.0.1:{port}" for port in ports]
+    settings = tmp_path / "cluster.toml"
+    settings.write_text(
+        f'cluster_tls_cert = "{files.cert}"\n'
+        f'cluster_tls_key = "{files.key}"\n'
+        f'cluster_tls_ca = "{files.ca}"\n'
+    )
+
+    def args(index: int) -> list[str]:
+        return ["--workers", "1", "--config", str(settings),
+                "--cluster-listen", cluster[index], "--peers", cluster[1 - index]]  # fmt: skip
+
+    with nodes() as start, trio.fail_after(30):
+        node_a, node_b = start(args(0)), start(args(1))
+        async with (
+            broky.connect(node_a.address) as publisher,
+            broky.connect(node_b.address) as subscriber,
+            subscriber.subscription("cross.>") as subscription,
+        ):
+            await _probe_until_delivered(publisher, subscription)
+            payloads = [b"m%d" % number for number in range(200)]
+            for payload in payloads:
+                await publisher.publish("cross.data", payload)
+            await publisher.flush()
+            data: list[bytes] = []
+            async for message in subscription:  # late probes may come first
+                if message.key == "cross.data":
+                    data.append(message.payload)
+                    if len(data) == len(payloads):
+                        break
+            assert data == payloads
+
+
+def test_cluster_tls_settings_are_checked(tmp_path: Path) -> None:
+    files = write_cert(trustme.CA(), tmp_path, "node", "127.0.0.1")
+    cluster = {"cluster_listen": "127.0.0.1:7800", "peers": ["127.0.0.1:7801"]}
+    with pytest.raises(ConfigError, match="cluster_tls_cert and cluster_tls_key go together"):
+        Config.from_mapping({**cluster, "cluster_tls_cert": files.cert})
+    with pytest.raises(ConfigError, match="cluster_tls_cert needs cluster_tls_ca"):
+        Config.from_mapping(
+            {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key}
+        )
+    with pytest.raises(ConfigError, match="cluster_tls_ca needs cluster_tls_cert"):
+        Config.from_mapping({**cluster, "cluster_tls_ca": files.ca})
+    with pytest.raises(ConfigError, match="cluster_tls_ca: no such file"):
+        Config.from_mapping(
+            {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key,
+             "cluster_tls_ca": "/nonexistent.pem"}
+        ).cluster_tls_contexts()  # fmt: skip
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate")
+    with pytest.raises(
+        ConfigError, match="cannot load cluster_tls_cert/cluster_tls_key/cluster_tls_ca"
+    ):
+        Config.from_mapping(
+            {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key,
+             "cluster_tls_ca": str(not_pem)}
+        ).cluster_tls_contexts()  # fmt: skip
+    assert Config.from_mapping(cluster).cluster_tls_contexts() is None
