@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from broky.client.client import Client
-from broky.config import Config
+from broky.config import Config, is_loopback
 from broky.connection.handler import (
     ConnectionCounters,
     ServerConnection,
@@ -143,6 +143,16 @@ class Broker:
                             *self.address,
                             " (TLS)" if self._tls is not None else "",
                         )
+                        if (
+                            self.config.users
+                            and self._tls is None
+                            and not is_loopback(self.address[0])
+                        ):
+                            log.warning(
+                                "passwords and tokens reach %s:%d in clear text: set tls_cert "
+                                "and tls_key (docs/security.md)",
+                                *self.address,
+                            )
                     if self._tls is not None:
                         # The handshake happens in each connection's task
                         # (ServerConnection.run), never in the accept loop.
