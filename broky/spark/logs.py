@@ -64,7 +64,25 @@ def run_client(
             async with connect(broker, name="broky-spark") as client:
                 return await work(client)
 
-    return trio.run(main)
+    try:
+        return trio.run(main)
+    except BaseExceptionGroup as group:
+        # The client's nursery wraps errors in groups; Spark shows the
+        # caller the one error that happened, not the nesting.
+        single = _single(group)
+        if single is None:
+            raise
+        raise single from None
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The only leaf exception of nested one-member groups, if that is what it is."""
+    while len(group.exceptions) == 1:
+        inner = group.exceptions[0]
+        if not isinstance(inner, BaseExceptionGroup):
+            return inner
+        group = inner
+    return None
 
 
 @attrs.frozen
