@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,18 +12,21 @@ from broky.protocol.frames import Run
 from broky.protocol.message import decode_run, encode_message, pack_sizes
 from broky.spark.columns import ARROW_SCHEMA, READ_SCHEMA, record_batches, slice_run
 
-messages = st.builds(
-    dict,
-    payload=st.binary(max_size=200),
-    ts_producer=st.one_of(st.just(0), st.integers(1, 2**62)),
-    key_partition=st.one_of(st.just(b""), st.binary(min_size=1, max_size=8)),
-    uid=st.one_of(st.just(b""), st.binary(min_size=20, max_size=20)),
-    tags=st.lists(st.tuples(st.text(min_size=1, max_size=5), st.text(max_size=5)), max_size=2),
+messages: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {
+        "payload": st.binary(max_size=200),
+        "ts_producer": st.one_of(st.just(0), st.integers(1, 2**62)),
+        "key_partition": st.one_of(st.just(b""), st.binary(min_size=1, max_size=8)),
+        "uid": st.one_of(st.just(b""), st.binary(min_size=20, max_size=20)),
+        "tags": st.lists(
+            st.tuples(st.text(min_size=1, max_size=5), st.text(max_size=5)), max_size=2
+        ),
+    }
 )
 
 
-def make_run(fields: list[dict[str, object]], base: int, ts_broker: int, key: str) -> Run:
-    encoded = [encode_message(**item) for item in fields]  # type: ignore[arg-type]
+def make_run(fields: list[dict[str, Any]], base: int, ts_broker: int, key: str) -> Run:
+    encoded = [encode_message(**item) for item in fields]
     return Run(
         key.encode(),
         ts_broker,
@@ -42,7 +46,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
     st.lists(st.lists(messages, min_size=1, max_size=20), min_size=1, max_size=5),
     st.one_of(st.just(0), st.integers(1, 2**62)),
 )
-def test_columns_match_decode_run(runs_fields: list[list[dict[str, object]]], ts: int) -> None:
+def test_columns_match_decode_run(runs_fields: list[list[dict[str, Any]]], ts: int) -> None:
     runs, base = [], 0
     for index, fields in enumerate(runs_fields):
         runs.append(make_run(fields, base, ts, f"orders.k{index}"))
