@@ -208,6 +208,10 @@ class WriteOptions:
     staging_dir: str
     #: Key for rows without a ``key`` column (or with a null key).
     default_key: str | None
+    #: Batch writes only: the id of this write within ``staging_dir`` (for
+    #: ``foreachBatch``: pass its batch id, and a replayed batch is not
+    #: published twice). None: a write of its own, never deduplicated.
+    batch_id: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> WriteOptions:
@@ -234,4 +238,19 @@ class WriteOptions:
             )
         if staging.startswith("file:"):
             staging = staging.removeprefix("file:")
-        return cls(broker=broker, staging_dir=staging, default_key=_get(options, "key"))
+        batch_id = None
+        if _get(options, "batchId") is not None:
+            if streaming:
+                raise BrokyOptionError("option batchId is for batch writes (foreachBatch) only")
+            if _get(options, "stagingLocation") is None:
+                raise BrokyOptionError(
+                    "option batchId needs option stagingLocation: the record of published "
+                    "batch ids lives there"
+                )
+            batch_id = _int(options, "batchId", 0)
+        return cls(
+            broker=broker,
+            staging_dir=staging,
+            default_key=_get(options, "key"),
+            batch_id=batch_id,
+        )

@@ -94,24 +94,34 @@ def _staged(messages: list[WriterCommitMessage | None]) -> list[StagedFile | Non
 
 
 class BatchWriter(DataSourceArrowWriter):
-    """``df.write.format("broky")``: one job is one batch, published on commit."""
+    """``df.write.format("broky")``: one job is one batch, published on commit.
+
+    With option ``batchId`` (and ``stagingLocation``) the job is batch
+    ``batchId`` of that staging directory, so a ``foreachBatch`` function
+    that Spark replays after a failure publishes its batch once.
+    """
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
-        #: Each write job stages in a directory of its own.
-        self.staging = StagingArea(f"{options.staging_dir}/write-{uuid.uuid4().hex}")
+        if options.batch_id is None:
+            # A write of its own: a fresh directory, batch 0.
+            self.staging = StagingArea(f"{options.staging_dir}/write-{uuid.uuid4().hex}")
+            self.batch_id = 0
+        else:
+            self.staging = StagingArea(options.staging_dir)
+            self.batch_id = options.batch_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedCommit:
         """Runs in a task: stage the rows; publishes nothing."""
-        return _stage(self.staging, 0, self.options.default_key, iterator)
+        return _stage(self.staging, self.batch_id, self.options.default_key, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Driver: publish everything staged, acked, then drop the staging dir."""
-        Committer(self.options.broker, self.staging).commit(0, _staged(messages))
+        """Driver: publish everything staged, acked (once per batch id)."""
+        Committer(self.options.broker, self.staging).commit(self.batch_id, _staged(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver: a task failed; drop what was staged, publish nothing."""
-        Committer(self.options.broker, self.staging).abort(0)
+        Committer(self.options.broker, self.staging).abort(self.batch_id)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 from broky.ksuid import new_ksuid
+from examples.windowed_counts import start
 from tests.spark.conftest import BrokerProcess
 
 pytestmark = pytest.mark.spark
@@ -84,8 +85,9 @@ def test_batch_read_offline_and_through_broker_in_parallel_with_pruning(
             .load()
         )
         assert pruned.rdd.getNumPartitions() == 1
-        assert sorted(row.offset for row in pruned.collect()) == list(range(10, 25))
-        assert {row.partition for row in pruned.collect()} == {1}
+        pruned_rows = pruned.collect()
+        assert sorted(row.offset for row in pruned_rows) == list(range(10, 25))
+        assert {row.partition for row in pruned_rows} == {1}
         by_time = source().option("topic", "batch").option("startTime", str(cut)).load()
         assert sorted(row.payload for row in by_time.collect()) == [b"late", b"late-uid"]
         assert source().option("topic", "nosuch").load().count() == 0
@@ -272,3 +274,43 @@ def test_batch_write_publishes_on_commit_and_nothing_on_abort(
         append.option("broker", broker.address).save()
     with pytest.raises(Exception, match="append-only"):
         frame.write.format("broky").mode("overwrite").option("broker", broker.address).save()
+
+
+def test_example_pipeline_counts_per_key_into_broky_and_parquet(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    expected = Counter({"exin.a": 30, "exin.b": 12, "exin.c": 5})
+    broker.publish([(key, b"click") for key, count in expected.items() for _ in range(count)])
+    query = start(
+        spark,
+        broker.address,
+        "exin",
+        "exout",
+        str(tmp_path / "parquet"),
+        str(tmp_path / "checkpoint"),
+        window="1 hour",
+        available_now=True,
+    )
+    assert query.awaitTermination(90), "Trigger.AvailableNow did not stop the query"
+    assert query.exception() is None
+
+    # The latest count of each (window, key) is its total; windows add up per key.
+    latest: dict[tuple[str, str], int] = {}
+    for message in broker.read_topic("exout"):
+        count = json.loads(message.payload)
+        latest[count["window_start"], count["key"]] = count["count"]
+    totals: Counter[str] = Counter()
+    for (_, key), count in latest.items():
+        totals[key] += count
+    assert totals == expected
+
+    rows = spark.read.parquet(str(tmp_path / "parquet")).collect()
+    largest: dict[tuple[object, str], int] = {}
+    for row in rows:
+        largest[row.window_start, row.key] = max(
+            largest.get((row.window_start, row.key), 0), row["count"]
+        )
+    parquet_totals: Counter[str] = Counter()
+    for (_, key), count in largest.items():
+        parquet_totals[key] += count
+    assert parquet_totals == expected
