@@ -180,16 +180,23 @@ class ReadOptions:
         ending_text = _get(options, "endingOffsets")
         if streaming and ending_text is not None:
             raise BrokyOptionError("option endingOffsets is for batch reads only")
+        starting = parse_offsets(
+            "startingOffsets",
+            _get(options, "startingOffsets"),
+            "latest" if streaming else "earliest",
+        )
+        ending = parse_offsets("endingOffsets", ending_text, "latest")
+        if not streaming and (starting == "latest" or ending == "earliest"):
+            raise BrokyOptionError(
+                "a batch read from startingOffsets=latest or to endingOffsets=earliest reads "
+                "nothing; give offsets (or use a stream to read what comes next)"
+            )
         return cls(
             data_dir=data_dir,
             broker=broker,
             selection=parse_selection(options),
-            starting=parse_offsets(
-                "startingOffsets",
-                _get(options, "startingOffsets"),
-                "latest" if streaming else "earliest",
-            ),
-            ending=parse_offsets("endingOffsets", ending_text, "latest"),
+            starting=starting,
+            ending=ending,
             time_range=time_range,
             rows_per_range=_int(options, "maxRowsPerPartition", DEFAULT_ROWS_PER_RANGE),
             fetch_bytes=_int(options, "fetchBytes", DEFAULT_FETCH_BYTES, minimum=1024),

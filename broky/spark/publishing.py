@@ -62,7 +62,9 @@ def staged_rows(
             for key, payload, key_partition, row_tags in zip(
                 columns["key"], columns["payload"], key_partitions, tags, strict=True
             ):
-                yield file_index, row, key, payload, key_partition or b"", row_tags or []
+                # A null tag value (Spark maps may hold them) is sent empty.
+                tag_pairs = [(name, value or "") for name, value in row_tags or []]
+                yield file_index, row, key, payload, key_partition or b"", tag_pairs
                 row += 1
 
 

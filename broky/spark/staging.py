@@ -23,11 +23,16 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import pyarrow as pa
 import pyarrow.ipc
+
+#: Committed-batch records kept behind the newest: Spark replays at most the
+#: batches after its last checkpoint commit, and keeps 100 batches of
+#: metadata by default (``spark.sql.streaming.minBatchesToRetain``).
+COMMITS_KEPT: Final = 100
 
 
 @attrs.frozen
@@ -137,11 +142,21 @@ class StagingArea:
         write_json(self._pending_path(batch_id), {"files": list(plan.files), "ends": plan.ends})
 
     def finish(self, batch_id: int, rows: int) -> None:
-        """Record batch ``batch_id`` as published, then drop its staged data."""
+        """Record batch ``batch_id`` as published, then drop its staged data
+        and the records of batches too old to be replayed."""
         write_json(self._committed_path(batch_id), {"rows": rows})
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._pending_path(batch_id))
         shutil.rmtree(self.batch_dir(batch_id), ignore_errors=True)
+        directory = os.path.dirname(self._committed_path(batch_id))
+        for name in os.listdir(directory):
+            stem = name.removesuffix(".json")
+            if stem.isdigit() and int(stem) < batch_id - COMMITS_KEPT:
+                os.unlink(os.path.join(directory, name))
+
+    def remove(self) -> None:
+        """Delete the whole staging directory (a one-off batch write is done)."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def discard(self, batch_id: int) -> None:
         """Drop what tasks staged for ``batch_id``, keeping the files a pending

@@ -118,10 +118,17 @@ class BatchWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver: publish everything staged, acked (once per batch id)."""
         Committer(self.options.broker, self.staging).commit(self.batch_id, _staged(messages))
+        self._forget()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Driver: a task failed; drop what was staged, publish nothing."""
         Committer(self.options.broker, self.staging).abort(self.batch_id)
+        self._forget()
+
+    def _forget(self) -> None:
+        """A one-off write's staging directory has nothing left worth keeping."""
+        if self.options.batch_id is None:
+            self.staging.remove()
 
 
 class StreamWriter(DataSourceStreamArrowWriter):

@@ -40,6 +40,7 @@ def test_offsets_and_times() -> None:
         ({"path": "/d", "broker": "h:1"}, False, "not both"),
         ({"path": "/d"}, True, "streaming reads need option broker"),
         ({"path": "/d", "startingoffsets": "soon"}, False, "startingOffsets must be"),
+        ({"path": "/d", "startingoffsets": "latest"}, False, "reads nothing"),
         ({"path": "/d", "partitions": "1,x"}, False, "partitions must be"),
         ({"path": "/d", "topicpattern": "("}, False, "not a valid regex"),
         ({"path": "/d", "starttime": "yesterday"}, False, "ISO 8601"),

@@ -80,3 +80,11 @@ def test_abort_publishes_nothing_and_drops_the_attempt(
     Committer(broker.address, staging).abort(1)
     assert len(broker.read_topic("resume")) == before
     assert list((tmp_path / "staging").glob("batch-1/*")) == []
+
+
+def test_old_commit_records_are_dropped_recent_ones_kept(tmp_path: Path) -> None:
+    staging = StagingArea(str(tmp_path / "staging"))
+    for batch_id in range(150):
+        staging.finish(batch_id, 0)
+    assert not staging.committed(48)
+    assert all(staging.committed(batch_id) for batch_id in range(49, 150))
