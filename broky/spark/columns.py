@@ -1,12 +1,13 @@
 """The connector's row layout and a columnar decoder from stored runs to Arrow.
 
 Spark's Python data sources hand rows to the JVM as Arrow; building Arrow
-columns straight from a run's bytes is what makes a batch read fast (a
-Python object per message would cap it near 300k rows/s per core). Messages
-in the layout ``encode_message`` writes when only payload and
-``ts_producer`` are set (the common case) are decoded with numpy, a run at a
-time; any other layout (key_partition, uid or tags present, or another
-FlatBuffers writer) goes through ``decode_message`` one message at a time.
+columns straight from the runs' bytes is what makes a batch read fast (a
+Python object per message would cap it near 300k rows/s per core). Up to
+``BATCH_ROWS`` messages are decoded in one numpy pass when they have the
+layout ``encode_message`` writes when only payload and ``ts_producer`` are
+set (the common case); any other layout (key_partition, uid or tags
+present, or another FlatBuffers writer) goes through ``decode_message`` one
+message at a time.
 
 The Arrow schema is derived from the Spark schema, nullability included,
 because Spark rejects batches whose schema differs in any way.
@@ -62,6 +63,9 @@ _TAGS: Final = ARROW_SCHEMA.field("tags").type
 #: batch while the Python worker decodes the next, and 8k rows of 100-byte
 #: messages stay in cache); 4k rows lose again to per-batch costs.
 BATCH_ROWS: Final = 8_192
+#: Message bytes per Arrow batch at most: Arrow's binary offsets are 32-bit,
+#: so large messages must not gather 2 GiB of payload in one batch.
+BATCH_BYTES: Final = 64 * 1024 * 1024
 
 # The fixed layout of encode_message's fast path: bytes [0, 24) and [32, 48)
 # are constant (root offset, vtable, soffset, field offsets with
@@ -145,7 +149,10 @@ def _to_batch(topic: bytes, partition: int, runs: Sequence[Run]) -> pa.RecordBat
         _repeated_text([topic], [rows]),
         pa.array(np.full(rows, partition, np.int32)),
         pa.array(offsets),
-        _repeated_text([bytes(run.key) for run in runs], counts.tolist()),
+        # Keys are UTF-8 on the wire; a broken one must not break the column.
+        _repeated_text(
+            [bytes(run.key).decode(errors="replace").encode() for run in runs], counts.tolist()
+        ),
         key_partition,
         _binary(lengths, payloads),
         _timestamps(ts_producer),
@@ -225,6 +232,7 @@ def record_batches(
     """
     pending: list[Run] = []
     rows = 0
+    size = 0
     topic_bytes = topic.encode()
     for run in runs:
         if time_range is not None and not time_range[0] <= run.ts_broker < time_range[1]:
@@ -233,8 +241,9 @@ def record_batches(
             continue
         pending.append(run)
         rows += run.count
-        if rows >= BATCH_ROWS:
+        size += len(run.messages)
+        if rows >= BATCH_ROWS or size >= BATCH_BYTES:
             yield _to_batch(topic_bytes, partition, pending)
-            pending, rows = [], 0
+            pending, rows, size = [], 0, 0
     if pending:
         yield _to_batch(topic_bytes, partition, pending)

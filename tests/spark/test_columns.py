@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.protocol.frames import Run
 from broky.protocol.message import decode_run, encode_message, pack_sizes
+from broky.spark import columns
 from broky.spark.columns import ARROW_SCHEMA, READ_SCHEMA, record_batches, slice_run
 
 messages: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
@@ -92,3 +94,19 @@ def test_slice_and_time_range() -> None:
     assert [m.payload for m in decode_run(part)] == [bytes([i]) for i in range(3, 7)]
     assert list(record_batches("t", 0, [run], (0, 5_000))) == []
     assert sum(b.num_rows for b in record_batches("t", 0, [run], (5_000, 5_001))) == 10
+
+
+def test_batches_are_bounded_in_rows_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = [make_run([{"payload": b"x" * 1000}] * 10, 10 * index, 1, "k") for index in range(5)]
+    monkeypatch.setattr(columns, "BATCH_BYTES", 15_000)  # two runs' worth
+    batches = list(record_batches("t", 0, runs))
+    assert [batch.num_rows for batch in batches] == [20, 20, 10]
+    offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
+    assert offsets == list(range(50))
+
+
+def test_a_key_that_is_not_utf8_is_replaced_not_fatal() -> None:
+    run = make_run([{"payload": b"p"}], 0, 1, "k")
+    broken = Run(b"bad\xff", run.ts_broker, run.count, run.sizes, run.messages, 0, 0)
+    (batch,) = record_batches("t", 0, [broken])
+    assert batch.column("key").to_pylist() == ["bad\ufffd"]
