@@ -19,6 +19,14 @@ the driver dies mid-publish and the batch is replayed. Rows sent to
 ephemeral keys are not stored, so a resumed publish cannot tell what went
 out: they are delivered at least once, and more than once only if the
 driver died during the publish itself. Abort publishes nothing.
+
+What the guarantee rests on: the staging directory survives the crash (it
+is on storage the restarted driver sees); a resumed commit publishes the
+first attempt's staged rows, so a non-deterministic query cannot publish two
+different versions of one batch; rows found already stored are those still
+held past the recorded ends (retention deleting them between the crash and
+the resume would let them be published again); and "stored" means what the
+target topic's fsync policy makes of an ack.
 """
 
 from __future__ import annotations
