@@ -485,11 +485,23 @@ class Client:
         """Messages of a durable partition from ``offset`` (at most about
         ``max_bytes`` of stored batches, 0: the broker's default), each with
         its ``partition`` and ``offset``; empty at the end of the partition."""
+        return [
+            message
+            for run in await self.fetch_runs(topic, partition, offset, max_bytes)
+            for message in decode_run(run)
+        ]
+
+    async def fetch_runs(
+        self, topic: str, partition: int, offset: int, max_bytes: int = 0
+    ) -> tuple[Run, ...]:
+        """``fetch`` without decoding: the stored runs, each with its
+        ``partition`` and ``base_offset``, for readers that decode in bulk
+        (the Spark connector builds Arrow columns straight from them)."""
         answer = await self._request(
             lambda stream: Fetch(stream, topic, partition, offset, max_bytes)
         )
         assert isinstance(answer, Fetched)
-        return [message for run in answer.runs for message in decode_run(run)]
+        return answer.runs
 
     async def flush(self) -> None:
         """Wait until the broker has received and routed everything published so far.

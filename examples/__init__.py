@@ -1,0 +1,1 @@
+"""Runnable examples; importable so that the tests can run them."""
