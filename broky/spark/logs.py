@@ -19,12 +19,13 @@ import attrs
 import pyarrow as pa
 import trio
 
-from broky.client.client import Client, connect
+from broky.client.client import Client
 from broky.client.durable import PartitionInfo
 from broky.client.errors import BrokyError
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.spark.columns import record_batches, slice_run
+from broky.spark.options import BrokerEndpoint
 from broky.spark.planning import (
     TO_END,
     OffsetRange,
@@ -51,7 +52,7 @@ class NotDurableError(ValueError):
 
 
 def run_client(
-    broker: str,
+    broker: BrokerEndpoint,
     work: Callable[[Client], Awaitable[T]],
     timeout: float | None = REQUEST_TIMEOUT,
 ) -> T:
@@ -61,7 +62,7 @@ def run_client(
 
     async def main() -> T:
         with trio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
-            async with connect(broker, name="broky-spark") as client:
+            async with broker.connect("broky-spark") as client:
                 return await work(client)
 
     try:
@@ -135,7 +136,7 @@ class DataDirLog:
 class BrokerLog:
     """A running broker, read through ListPartitions and Fetch."""
 
-    broker: str
+    broker: BrokerEndpoint
     fetch_bytes: int
 
     def spans(self, selection: TopicSelection) -> list[PartitionSpan]:

@@ -15,13 +15,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import tempfile
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Final
 
 import attrs
 
+from broky.client.client import Client
+from broky.client.credentials import ANONYMOUS, Credentials
+from broky.security.tls import client_context
 from broky.spark.planning import OffsetSpec, TopicSelection
 
 #: Rows a read task covers at most when the source knows partition sizes
@@ -35,6 +40,54 @@ DEFAULT_FETCH_BYTES: Final = 4 * 1024 * 1024
 
 class BrokyOptionError(ValueError):
     """An option is missing or malformed; the message names it."""
+
+
+@attrs.frozen
+class BrokerEndpoint:
+    """How to reach a broker: its address, credentials and TLS files.
+
+    Plain values, so that it pickles to Spark's Python workers; each
+    connection builds its TLS context there (an SSLContext does not pickle).
+    """
+
+    address: str
+    credentials: Credentials = ANONYMOUS
+    #: Speak TLS (trusting ``tls_ca``, or the system's CAs when empty).
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    def __str__(self) -> str:
+        return self.address
+
+    def connect(self, name: str) -> AbstractAsyncContextManager[Client]:
+        """``broky.connect`` to this broker."""
+        context: ssl.SSLContext | None = None
+        if self.tls:
+            context = client_context(self.tls_ca, self.tls_cert, self.tls_key)
+        return self.credentials.connect(self.address, name, context)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], address: str) -> BrokerEndpoint:
+        """From options ``user``, ``password``, ``token``, ``tls``, ``tlsCa``,
+        ``tlsCert`` and ``tlsKey`` (any TLS file turns TLS on)."""
+        user, password, token = (_get(options, name) for name in ("user", "password", "token"))
+        if bool(user) != bool(password):
+            raise BrokyOptionError("options user and password go together")
+        if token and user:
+            raise BrokyOptionError("give options user and password, or option token, not both")
+        files = {name: _get(options, name) or "" for name in ("tlsCa", "tlsCert", "tlsKey")}
+        if files["tlsKey"] and not files["tlsCert"]:
+            raise BrokyOptionError("option tlsKey needs option tlsCert")
+        return cls(
+            address=address,
+            credentials=Credentials(user or "", password or "", token or ""),
+            tls=_bool(options, "tls", False) or any(files.values()),
+            tls_ca=files["tlsCa"],
+            tls_cert=files["tlsCert"],
+            tls_key=files["tlsKey"],
+        )
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -141,7 +194,7 @@ class ReadOptions:
     """
 
     data_dir: str | None
-    broker: str | None
+    broker: BrokerEndpoint | None
     selection: TopicSelection
     starting: OffsetSpec
     ending: OffsetSpec
@@ -193,7 +246,7 @@ class ReadOptions:
             )
         return cls(
             data_dir=data_dir,
-            broker=broker,
+            broker=BrokerEndpoint.parse(options, broker) if broker is not None else None,
             selection=parse_selection(options),
             starting=starting,
             ending=ending,
@@ -209,7 +262,7 @@ class ReadOptions:
 class WriteOptions:
     """Options of ``df.write`` and ``df.writeStream``."""
 
-    broker: str
+    broker: BrokerEndpoint
     #: Where tasks stage rows until the driver commits; must be visible to
     #: the driver and every executor (shared storage on a cluster).
     staging_dir: str
@@ -256,7 +309,7 @@ class WriteOptions:
                 )
             batch_id = _int(options, "batchId", 0)
         return cls(
-            broker=broker,
+            broker=BrokerEndpoint.parse(options, broker),
             staging_dir=staging,
             default_key=_get(options, "key"),
             batch_id=batch_id,

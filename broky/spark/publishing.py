@@ -37,6 +37,7 @@ from typing import Final
 
 from broky.client.client import Client
 from broky.spark.logs import run_client
+from broky.spark.options import BrokerEndpoint
 from broky.spark.staging import PublishPlan, StagedFile, StagingArea, read_staged
 
 #: Messages published between waits for acks: bounds the client's buffer
@@ -79,7 +80,7 @@ def staged_rows(
 class Committer:
     """Publishes committed batches of one sink (see the module doc)."""
 
-    def __init__(self, broker: str, staging: StagingArea) -> None:
+    def __init__(self, broker: BrokerEndpoint, staging: StagingArea) -> None:
         self.broker = broker
         self.staging = staging
 

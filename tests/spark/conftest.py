@@ -52,7 +52,7 @@ def free_port() -> int:
 class BrokerProcess:
     """A ``broky serve`` subprocess with a data directory and the TOPICS."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, extra_config: str = "") -> None:
         self.data_dir = directory / "data"
         self.address = f"127.0.0.1:{free_port()}"
         config = directory / "broky.toml"
@@ -64,7 +64,7 @@ class BrokerProcess:
         config.write_text(
             f'host = "127.0.0.1"\nport = {self.address.rsplit(":", 1)[1]}\nworkers = 1\n'
             f'log_level = "error"\ndata_dir = "{self.data_dir}"\nsystem_events = false\n'
-            f"system_metrics_interval = 0\n{tables}"
+            f"system_metrics_interval = 0\n{extra_config}\n{tables}"
         )
         self.process = subprocess.Popen(
             [sys.executable, "-m", "broky", "serve", "--config", str(config)]

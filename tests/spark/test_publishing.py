@@ -12,6 +12,7 @@ import pytest
 
 from broky.client.client import Client
 from broky.spark import publishing
+from broky.spark.options import BrokerEndpoint
 from broky.spark.publishing import Committer
 from broky.spark.staging import StagedFile, StagingArea
 from tests.spark.conftest import BrokerProcess
@@ -34,7 +35,7 @@ def test_a_commit_that_died_mid_publish_resumes_without_duplicates(
     broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     staging = StagingArea(str(tmp_path / "staging"))
-    committer = Committer(broker.address, staging)
+    committer = Committer(BrokerEndpoint(broker.address), staging)
     first_attempt = stage(staging, 7, attempt=1, rows=150)
 
     # The driver dies after 120 of 300 rows were published (and acked in 40s).
@@ -77,7 +78,7 @@ def test_abort_publishes_nothing_and_drops_the_attempt(
     staging = StagingArea(str(tmp_path / "staging"))
     before = len(broker.read_topic("resume"))
     stage(staging, 1, attempt=1, rows=10)
-    Committer(broker.address, staging).abort(1)
+    Committer(BrokerEndpoint(broker.address), staging).abort(1)
     assert len(broker.read_topic("resume")) == before
     assert list((tmp_path / "staging").glob("batch-1/*")) == []
 
