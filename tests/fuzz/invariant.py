@@ -38,8 +38,12 @@ from broky.protocol.frames import (
 from broky.protocol.framing import encode_preamble
 from broky.protocol.message import encode_message, pack_sizes
 
-#: What a client sends before anything the fuzzer makes up.
-HANDSHAKE: Final = encode_preamble() + encode_frame(Hello(client_name="fuzz"))
+#: What a client sends before anything the fuzzer makes up: credentials
+#: included, so that mutations reach their decoding (the fuzzed broker has no
+#: users, so it accepts any).
+HANDSHAKE: Final = encode_preamble() + encode_frame(
+    Hello(client_name="fuzz", user="fuzzer", password="pw")
+)
 
 
 def _run(key: bytes, payloads: list[bytes]) -> Run:

@@ -247,8 +247,15 @@ SERVER_TO_CLIENT: list[Frame] = [
     Ping(nonce=5),
     Error(code=ErrorCode.SLOW_CONSUMER, message="too slow", stream=0),
 ]
+#: Handshake frames with every field set, beyond the conversations' ones.
+FULL_HANDSHAKES: list[Frame] = [
+    Hello(client_name="fuzz", user="user", password="secret", token="tok"),
+    Welcome(server_name="broky", max_message_bytes=1 << 20, principal="user"),
+]
 #: Frame bodies (no size prefix) to mutate.
-CORPUS = [encode_frame(frame)[4:] for frame in CLIENT_TO_SERVER + SERVER_TO_CLIENT]
+CORPUS = [
+    encode_frame(frame)[4:] for frame in CLIENT_TO_SERVER + SERVER_TO_CLIENT + FULL_HANDSHAKES
+]
 DELIVER_CORPUS = [encode_frame(Deliver(stream=2, runs=_RUNS))[4:]]
 MESSAGE_CORPUS = [_encode(_RICH), _encode(_PLAIN)]
 INTERESTING_U32 = [0, 1, 3, 4, 8, 0x7FFF_FFFF, 0x8000_0000, 0xFFFF_FFFC, 0xFFFF_FFFF]
