@@ -74,8 +74,13 @@ class Broker:
         client_listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] | None = None,
         link_listeners: Sequence[trio.abc.Listener[trio.abc.Stream]] = (),
         worker: int = 0,
+        workers: int = 0,
     ) -> None:
         self.config = config or Config()
+        #: The node's worker count when this broker is one of ``broky serve``'s
+        #: workers (0: embedded, unknown): cluster links announce and check it.
+        self.workers = workers
+        self._settings = attrs.evolve(self.config.connection_settings, workers=workers)
         self.router = Router(self.config.router_limits)
         self.router.node_id = node_id or uuid.uuid4().hex[:12]
         #: The durable topics' logs and owners (None: every key is ephemeral).
@@ -195,7 +200,7 @@ class Broker:
             connection = ServerConnection(
                 stream,
                 self.router,
-                self.config.connection_settings,
+                self._settings,
                 self.counters,
                 describe_peer(stream),
                 self.store,
@@ -241,8 +246,17 @@ class Broker:
         Cluster links present ``config.cluster_token`` to the peer (links
         between workers and in-process links need none: see ``is_private``).
         """
-        token = self.config.cluster_token if kind is LinkKind.CLUSTER else ""
-        link = Link(self.router, kind, connect, name, self.router.node_id, token)
+        cluster = kind is LinkKind.CLUSTER
+        token = self.config.cluster_token if cluster else ""
+        link = Link(
+            self.router,
+            kind,
+            connect,
+            name,
+            self.router.node_id,
+            token,
+            self.workers if cluster else 0,
+        )
         self._links.append(link)
         if self._link_nursery is not None:
             self._link_nursery.start_soon(link.run)

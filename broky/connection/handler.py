@@ -81,6 +81,8 @@ class ConnectionSettings:
     handshake_timeout: float = 5.0
     #: Largest single message accepted (0: only the frame limit applies).
     max_message_bytes: int = 0
+    #: This node's worker count, checked against cluster links' (0: unknown).
+    workers: int = 0
 
 
 @attrs.define(slots=True, eq=False)
@@ -333,6 +335,18 @@ class ServerConnection:
             self._gate = PublishGate(principal.permissions)
         return frames
 
+    def _check_workers(self, hello: Hello) -> None:
+        """Refuse a cluster link from a node with another worker count: worker
+        i links to worker i of each peer, so some routers would get no link."""
+        workers = self._settings.workers
+        if hello.link is LinkKind.CLUSTER and workers and hello.workers not in (0, workers):
+            raise RemoteProtocolError(
+                f"node {hello.node or '?'} runs {hello.workers} workers and this node "
+                f"{workers}: every node of a cluster must run the same --workers (worker i "
+                "links to worker i of each peer)",
+                ErrorCode.MALFORMED_FRAME,
+            )
+
     def _admissible(self, frame: Publish) -> tuple[Run, ...]:
         """The runs of ``frame`` this connection may publish: each message
         within max_message_bytes, each key allowed by the principal's
@@ -434,6 +448,7 @@ class ServerConnection:
                             "a router tried to link to its own node (check --peers)",
                             ErrorCode.MALFORMED_FRAME,
                         )
+                    self._check_workers(frame)
                     outlet.kind = frame.link
                     outlet.max_pending_bytes = 0  # links: per-subscription bounds only
                 outlet.peer = f"{frame.client_name}@{self.peer}"

@@ -142,6 +142,7 @@ class Link:
         name: str,
         node_id: str = "",
         token: str = "",
+        workers: int = 0,
     ) -> None:
         if kind is LinkKind.CLIENT:
             raise ValueError("a link is LOCAL or CLUSTER")
@@ -152,6 +153,8 @@ class Link:
         self._node_id = node_id
         #: Presented in the Hello to a peer that authenticates (cluster_token).
         self._token = token
+        #: This node's worker count, announced on cluster links (0: unknown).
+        self._workers = workers
         self.counters = LinkCounters()
         self.connected = False
         self._stream_ids = itertools.count(1)
@@ -256,7 +259,13 @@ class Link:
         self._outgoing = [
             machine.initiate(),
             encode_frame(
-                Hello(client_name=self.name, link=self._kind, node=self._node_id, token=self._token)
+                Hello(
+                    client_name=self.name,
+                    link=self._kind,
+                    node=self._node_id,
+                    token=self._token,
+                    workers=self._workers,
+                )
             ),
         ]
         self._work.set()

@@ -116,6 +116,7 @@ async def run_worker(config: Config, plan: WorkerPlan) -> None:
         client_listeners=client_listeners,
         link_listeners=link_listeners,
         worker=plan.index,
+        workers=plan.count,
     )
     local_links = []
     for other in range(plan.count):

@@ -270,10 +270,11 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         user = builder.CreateString(frame.user) if frame.user else 0
         password = builder.CreateString(frame.password) if frame.password else 0
         token = builder.CreateString(frame.token) if frame.token else 0
-        builder.StartObject(8)
+        builder.StartObject(9)
         for slot, text in ((7, token), (6, password), (5, user), (4, node)):
             if text:
                 builder.PrependUOffsetTRelativeSlot(slot, text, 0)
+        builder.PrependUint16Slot(8, frame.workers, 0)
         builder.PrependUint32Slot(2, frame.max_frame_bytes, 0)
         builder.PrependUOffsetTRelativeSlot(1, name, 0)
         builder.PrependUint16Slot(0, frame.protocol_version, 1)
@@ -555,7 +556,9 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
         cls_ping = Ping if body_type == BodyType.PING else Pong
         return cls_ping(nonce=_scalar(_U64, buf, nonce))
     if body_type == BodyType.HELLO:
-        version, name, max_frame, link, node, user, password, token = table_fields(buf, table, 8)
+        version, name, max_frame, link, node, user, password, token, workers = table_fields(
+            buf, table, 9
+        )
         try:
             link_kind = LinkKind(_scalar(_U8, buf, link))
         except ValueError as exc:
@@ -569,6 +572,7 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
             user=read_text(buf, user),
             password=read_text(buf, password),
             token=read_text(buf, token),
+            workers=_scalar(_U16, buf, workers),
         )
     if body_type == BodyType.WELCOME:
         version, name, max_frame, heartbeat, idle, max_message, principal = table_fields(

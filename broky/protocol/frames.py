@@ -59,6 +59,8 @@ class Hello:
     user: str = ""
     password: str = attrs.field(default="", repr=False)
     token: str = attrs.field(default="", repr=False)
+    #: The connecting node's worker count (cluster links; 0: unknown).
+    workers: int = 0
 
 
 @attrs.frozen(slots=True)

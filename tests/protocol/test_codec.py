@@ -71,7 +71,7 @@ ROUND_TRIP_FRAMES: list[Frame] = [
         max_message_bytes=MAX_U32,
         principal="p" * 300,
     ),
-    Hello(user="u", password="p" * 1000, token="t"),
+    Hello(user="u", password="p" * 1000, token="t", workers=65535),
     Subscribe(stream=1, pattern=b"a.*.c"),
     Subscribe(
         stream=MAX_U32, pattern=b"$SYS.>", slow_consumer=SlowConsumerPolicy.DISCONNECT, credit=7

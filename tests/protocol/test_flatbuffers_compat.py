@@ -67,7 +67,7 @@ UID_2 = bytes(range(100, 120))
 #: Every control frame with every field set to a value other than its default.
 CONTROL_FRAMES: list[Frame] = [
     Hello(protocol_version=7, client_name="orders-service/1.4 ✓", max_frame_bytes=123_456),
-    Hello(client_name="router", link=LinkKind.CLUSTER, node="node-a ✓"),
+    Hello(client_name="router", link=LinkKind.CLUSTER, node="node-a ✓", workers=4),
     Hello(client_name="svc", user="alice ✓", password="s3cret", token=""),
     Hello(token="tok-" + "x" * 40),
     Welcome(
@@ -257,6 +257,7 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             user=(body.User() or b"").decode(),
             password=(body.Password() or b"").decode(),
             token=(body.Token() or b"").decode(),
+            workers=body.Workers(),
         )
     if body_type == BodyType.WELCOME:
         return Welcome(
@@ -445,6 +446,7 @@ def _build_body(  # noqa: PLR0911
             gen.Hello.AddPassword(builder, password)
         if token:
             gen.Hello.AddToken(builder, token)
+        gen.Hello.AddWorkers(builder, frame.workers)
         gen.Hello.AddLink(builder, frame.link)
         gen.Hello.AddMaxFrameBytes(builder, frame.max_frame_bytes)
         gen.Hello.AddClientName(builder, name)
