@@ -172,7 +172,13 @@ async def test_interest_added_and_removed_across_workers() -> None:
                 await publisher.flush()
             async with subscriber.subscription("round.>") as everything:
                 await publisher.publish("round.9", b"last")
-                assert await take(everything, 1) == [b"last"]
+                received = [b""]
+                while received[-1] != b"last":
+                    received += await take(everything, 1)
+            # An "out" still crossing the workers' link when "round.>" was
+            # confirmed may arrive (published before the subscription: neither
+            # promised nor forbidden); nothing else may.
+            assert set(received[1:-1]) <= {b"out"}
 
 
 async def test_a_three_node_cluster_delivers_once_and_survives_a_dead_node() -> None:
