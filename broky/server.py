@@ -197,6 +197,9 @@ class Broker:
         # before it has sent Error(ServerShutdown); serve() cancels the scope
         # once the grace period is over.
         with trio.CancelScope(shield=True) as scope:
+            # Links between workers and in-process clients are neither
+            # authenticated nor counted against max_connections.
+            trusted = is_private(stream)
             connection = ServerConnection(
                 stream,
                 self.router,
@@ -205,10 +208,10 @@ class Broker:
                 describe_peer(stream),
                 self.store,
                 self.authenticator,
-                trusted=is_private(stream),
+                trusted=trusted,
             )
             limit = self.config.max_connections
-            if len(self._connections) >= limit:
+            if not trusted and len(self._connections) >= limit:
                 # Refused after its Hello is read, so the client reads the
                 # reason instead of a reset.
                 connection.refusal = (

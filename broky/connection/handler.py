@@ -347,12 +347,12 @@ class ServerConnection:
                 ErrorCode.MALFORMED_FRAME,
             )
 
-    def _admissible(self, frame: Publish) -> tuple[Run, ...]:
+    def _admissible(self, frame: Publish) -> tuple[Run, ...] | None:
         """The runs of ``frame`` this connection may publish: each message
         within max_message_bytes, each key allowed by the principal's
         permissions. Rejected runs get one stream Error per frame, or, for
         an acked frame, the whole frame is refused in its ack's place (an
-        ack must never cover a message that was not stored)."""
+        ack must never cover a message that was not stored): None then."""
         runs = frame.runs
         gate = self._gate
         limit = self._settings.max_message_bytes
@@ -387,7 +387,7 @@ class ServerConnection:
         code, message = refused
         if frame.ack:
             self._refuse_acked(frame.stream, code, f"{message}; nothing of this frame was stored")
-            return ()
+            return None
         self._stream_error(
             code, f"{message} ({rejected} message(s) of this frame not published)", frame.stream
         )
@@ -407,8 +407,8 @@ class ServerConnection:
         for frame in frames:
             if type(frame) is Publish:
                 runs = self._admissible(frame)
-                if not runs:
-                    continue
+                if runs is None:
+                    continue  # refused whole, answered in its ack's place
                 if store is None and not frame.ack:
                     router.publish(router.encode(runs, frame.stamp_ts_broker), outlet, frame.stream)
                 else:

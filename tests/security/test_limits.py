@@ -153,3 +153,17 @@ async def test_max_subscriptions_per_connection_is_a_stream_error(
             await first.unsubscribe()
             await client.subscribe("a.three")  # a freed slot is reusable
     await assert_serving(broker)
+
+
+async def test_in_process_clients_do_not_count_against_max_connections(
+    start_broker: StartBroker,
+) -> None:
+    broker = await start_broker(Config(port=0, max_connections=1))
+    with trio.fail_after(10):
+        async with broky.connect(address_of(broker)) as network_client:
+            async with broker.connect() as embedded:  # trusted, like worker links
+                await embedded.ping()
+            with pytest.raises(BrokyError, match="max_connections"):
+                async with broky.connect(address_of(broker)):
+                    pass  # pragma: no cover
+            await network_client.ping()

@@ -14,9 +14,10 @@ import trio
 import broky
 from broky import Broker, BrokyError, Config, ErrorCode, PublishRefused
 from broky.durable.config import parse_policies
+from broky.protocol.frames import Publish, PublishAck
 from broky.security.auth import parse_users
 from broky.security.passwords import hash_secret
-from tests.conftest import StartBroker, address_of
+from tests.conftest import StartBroker, address_of, raw_connection
 
 APP = {
     "name": "app",
@@ -160,3 +161,15 @@ async def test_durable_reads_follow_subscribe_permissions(secured: Broker) -> No
             assert await app.fetch("orders", 0, 0) == []
         async with broky.connect(address_of(secured), user="ops", password="ops-pw") as ops:
             assert {p.topic for p in await ops.partitions()} == {"orders", "payroll"}
+
+
+async def test_an_empty_acked_frame_is_still_acked(broker: Broker) -> None:
+    # The admission checks must not swallow a frame that has nothing to refuse.
+    with trio.fail_after(10):
+        async with raw_connection(broker) as raw:
+            await raw.handshake()
+            await raw.send_frame(Publish(stream=1, runs=(), ack=True))
+            ack = await raw.receive_frame()
+    assert ack == PublishAck(
+        stream=1, sequence=1, runs=(), partitions=(), first_offsets=(), last_offsets=()
+    )
