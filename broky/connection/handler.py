@@ -471,9 +471,14 @@ class ServerConnection:
 
     def _subscribe_refusal(self, pattern: bytes) -> str | None:
         """Why this principal may not subscribe to ``pattern`` (None: it may).
-        Invalid patterns pass here and are refused by the router as such."""
+        Invalid patterns pass here and are refused by the router as such.
+
+        A router link (admitted with ``link = true``) subscribes to whatever
+        its node's clients want, each of whom that node has checked already:
+        its interest is not filtered again here.
+        """
         permissions = self.principal.permissions if self.principal is not None else None
-        if permissions is None:
+        if permissions is None or self._outlet.kind is not LinkKind.CLIENT:
             return None
         try:
             validate_pattern(pattern)

@@ -30,7 +30,13 @@ def users(*extra: Mapping[str, object]) -> tuple[User, ...]:
         [
             {"name": "alice", "password_hash": hash_secret(PASSWORD, log_n=10)},
             {"name": "svc", "token_hash": hash_secret(TOKEN, log_n=10)},
-            {"name": "node-b", "token_hash": hash_secret(LINK_TOKEN, log_n=10), "link": True},
+            # A link principal's own subscribe list does not limit its node's interest.
+            {
+                "name": "node-b",
+                "token_hash": hash_secret(LINK_TOKEN, log_n=10),
+                "link": True,
+                "subscribe": [],
+            },
             *extra,
         ]
     )
