@@ -56,7 +56,15 @@ def load_config(args: argparse.Namespace) -> Config:
     values: dict[str, object] = {
         field.name: getattr(base, field.name) for field in attrs.fields(Config)
     }
-    overridable = ("host", "port", "log_level", "workers", "accept", "cluster_listen")
+    overridable = (
+        "host",
+        "port",
+        "log_level",
+        "workers",
+        "accept",
+        "cluster_listen",
+        "allow_anonymous",
+    )
     for name in (*overridable, *TLS_SETTINGS):
         value = getattr(args, name, None)
         if value is not None:
@@ -146,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         serve_cmd.add_argument(
             f"--{setting.replace('_', '-')}", help=f"PEM file; overrides {setting} (see README)"
         )
+    serve_cmd.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        default=None,
+        help="accept clients without credentials, even on a non-loopback --host "
+        "(allow_anonymous = true; see docs/security.md)",
+    )
 
     default_address = f"127.0.0.1:{DEFAULT_PORT}"
     pub_cmd = commands.add_parser("pub", help="publish messages")

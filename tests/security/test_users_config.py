@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from broky import Config, ConfigError
+from broky.cli import build_parser, load_config
 from broky.config import is_loopback
 from broky.security.acl import Permissions
 from broky.security.auth import (
@@ -449,3 +450,12 @@ async def test_a_success_is_remembered_and_a_failure_never(hash_checks: list[str
             assert await refusal(auth, "alice", "hunter3", "") == FAILED
             assert await refusal(auth, "alice", PASSWORD + "x", "") == FAILED
         assert hash_checks == ["hunter3", PASSWORD + "x"] * 2
+
+
+def test_serve_allow_anonymous_flag_opens_a_non_loopback_host() -> None:
+    refused = build_parser().parse_args(["serve", "--host", "0.0.0.0"])
+    with pytest.raises(ConfigError, match="allow_anonymous"):
+        load_config(refused)
+    allowed = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--allow-anonymous"])
+    assert load_config(allowed).allow_anonymous is True
+    assert load_config(build_parser().parse_args(["serve"])).allow_anonymous is None
