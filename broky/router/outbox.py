@@ -129,15 +129,15 @@ class Subscription:
             return
         if (
             outlet.max_pending_bytes
-            and outlet.queued_bytes  # an idle connection takes any one run
-            and outlet.queued_bytes + size > outlet.max_pending_bytes
+            and outlet.pending_bytes  # an idle connection takes any one run
+            and outlet.pending_bytes + size > outlet.max_pending_bytes
         ):
             self._overflow(run, connection_full=True)
             return
         self.runs.append(run)
         self.pending_messages += run.count
         self.pending_bytes += size
-        outlet.queued_bytes += size
+        outlet.pending_bytes += size
         if not self.scheduled and (self.credit is None or self.credit > 0):
             self.scheduled = True
             self.outlet.schedule(self)
@@ -239,7 +239,7 @@ class Subscription:
         self.credit = credit
         self.pending_messages -= taken_messages
         self.pending_bytes -= taken_bytes
-        self.outlet.queued_bytes -= taken_bytes
+        self.outlet.pending_bytes -= taken_bytes
         self.delivered_messages += taken_messages
         self.outlet.counters.delivered_messages += taken_messages
         self.outlet.delivered_messages += taken_messages
@@ -280,11 +280,11 @@ class Subscription:
             self.runs[0] = EncodedRun(run.key, run.count - count, tail)
             grown = len(tail) + len(head_chunk) - len(run.chunk)
             self.pending_bytes += grown
-            self.outlet.queued_bytes += grown
+            self.outlet.pending_bytes += grown
         if dropped:
             self.pending_messages -= 1
             self.pending_bytes -= len(head_chunk)
-            self.outlet.queued_bytes -= len(head_chunk)
+            self.outlet.pending_bytes -= len(head_chunk)
             self.unreported_drops += 1
             self.dropped_messages += 1
             self.outlet.counters.dropped_slow_consumer += 1
@@ -308,11 +308,12 @@ class Outlet:
         max_pending_bytes: int = 0,
     ) -> None:
         self._wake = wake
-        #: Bound of ``queued_bytes`` (0: none; links have only per-subscription bounds).
+        #: Bound of ``pending_bytes`` (0: none; links have only per-subscription bounds).
         self.max_pending_bytes = max_pending_bytes
-        #: Bytes queued across this connection's subscriptions, kept by them as
-        #: they change (equal to ``pending_bytes``, without the sum).
-        self.queued_bytes = 0
+        #: Bytes queued across this connection's subscriptions: the sum of
+        #: theirs, kept by them as they change (the router drops a closed
+        #: subscription's share).
+        self.pending_bytes = 0
         #: Largest frame the client accepts (its Hello); Deliver frames fit it.
         self.max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         #: A client, or a peer router's link (from Hello.link; set before subscribing).
@@ -361,11 +362,6 @@ class Outlet:
     def pending_messages(self) -> int:
         """Messages queued for this connection across its subscriptions."""
         return sum(sub.pending_messages for sub in self.subscriptions.values())
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes queued for this connection across its subscriptions."""
-        return sum(sub.pending_bytes for sub in self.subscriptions.values())
 
     def take(self) -> list[bytes]:
         """Everything to write now, as frame parts to join: control frames

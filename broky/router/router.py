@@ -218,7 +218,7 @@ class Router:
 
     def _drop_subscription(self, subscription: Subscription) -> None:
         subscription.closed = True
-        subscription.outlet.queued_bytes -= subscription.pending_bytes
+        subscription.outlet.pending_bytes -= subscription.pending_bytes
         del subscription.outlet.subscriptions[subscription.stream]
         self._index.remove(subscription.pattern, subscription)
         self.interest.removed(subscription.pattern, subscription.outlet.kind)
