@@ -29,7 +29,7 @@ from typing import Final
 import attrs
 
 from broky.protocol.errors import RemoteProtocolError
-from broky.router.matcher import SYSTEM_PREFIX, validate_pattern
+from broky.router.matcher import SYSTEM_PREFIX, patterns_overlap, validate_pattern
 
 _WILDCARDS: Final = (b"*", b">")
 #: Keys whose publish permission a connection remembers (a dict lookup per
@@ -70,21 +70,14 @@ def covers(outer: bytes, inner: bytes) -> bool:
 
 
 def intersects(first: bytes, second: bytes) -> bool:
-    """Whether some key matches both (valid) patterns."""
-    a, b = first.split(b"."), second.split(b".")
-    a_wild, b_wild = a[0] in _WILDCARDS, b[0] in _WILDCARDS
-    if (a_wild and not b_wild and _is_system(b[0])) or (b_wild and not a_wild and _is_system(a[0])):
+    """Whether some key matches both (valid) patterns: the router's
+    ``patterns_overlap``, made exact for ``$SYS`` (a leading wildcard never
+    meets a pattern that only matches ``$SYS`` keys)."""
+    a, b = first.split(b".", 1)[0], second.split(b".", 1)[0]
+    a_wild, b_wild = a in _WILDCARDS, b in _WILDCARDS
+    if (a_wild and not b_wild and _is_system(b)) or (b_wild and not a_wild and _is_system(a)):
         return False
-    for index in range(max(len(a), len(b))):
-        if index < len(a) and a[index] == b">":
-            return len(b) > index
-        if index < len(b) and b[index] == b">":
-            return len(a) > index
-        if index == len(a) or index == len(b):
-            return False
-        if a[index] != b[index] and b"*" not in (a[index], b[index]):
-            return False
-    return True
+    return patterns_overlap(first, second)
 
 
 def parse_patterns(patterns: Iterable[str], where: str) -> tuple[bytes, ...]:
