@@ -810,10 +810,14 @@ async def _tls_handshake(
     tls = trio.SSLStream(stream, context, server_hostname=host)
     try:
         await tls.do_handshake()
-    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+    except BaseException as exc:
+        # Refused, timed out or cancelled: the socket is closed here, as no
+        # one else holds it yet.
         await trio.aclose_forcefully(stream)
-        raise ConnectionClosed(
-            f"TLS handshake with {address} failed ({exc.__cause__ or exc}): is that the "
-            "broker's TLS port, and does it trust this client's certificate?"
-        ) from exc
+        if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
+            raise ConnectionClosed(
+                f"TLS handshake with {address} failed ({exc.__cause__ or exc}): is that the "
+                "broker's TLS port, and does it trust this client's certificate?"
+            ) from exc
+        raise
     return tls

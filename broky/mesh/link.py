@@ -92,14 +92,18 @@ def tls_connector(
         try:
             with trio.fail_after(timeout):
                 await tls.do_handshake()
-        except trio.TooSlowError:
+        except BaseException as exc:
+            # Whatever ends the handshake (a refusal, the timeout, or the link
+            # being cancelled at shutdown) closes the socket here: nothing
+            # else holds it yet.
             await trio.aclose_forcefully(stream)
-            raise LinkHandshakeError(
-                f"TLS handshake not completed within {timeout} s: is that a cluster port?"
-            ) from None
-        except trio.BrokenResourceError as exc:
-            await trio.aclose_forcefully(stream)
-            raise LinkHandshakeError(_tls_failure(exc.__cause__)) from exc
+            if isinstance(exc, trio.TooSlowError):
+                raise LinkHandshakeError(
+                    f"TLS handshake not completed within {timeout} s: is that a cluster port?"
+                ) from None
+            if isinstance(exc, trio.BrokenResourceError):
+                raise LinkHandshakeError(_tls_failure(exc.__cause__)) from exc
+            raise
         return tls
 
     return connect_tls

@@ -7,7 +7,9 @@ In-process nodes are wired by the same functions a worker uses
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import trustme
 
 import broky
 from broky import Broker, Config, ConfigError
-from broky.mesh.link import LinkHandshakeError, tls_connector
+from broky.mesh.link import Connector, LinkHandshakeError, tls_connector
 from broky.mesh.workers import cluster_connectors, cluster_listeners
 from broky.protocol.constants import LinkKind
 from broky.security.tls import client_context
@@ -145,23 +147,50 @@ async def test_a_node_with_a_wrong_certificate_is_refused(
     assert len(refusals(link_a)) == 1
 
 
-async def test_a_link_handshake_is_bounded_by_the_timeout(tmp_path: Path) -> None:
-    files = write_cert(trustme.CA(), tmp_path, "node", "127.0.0.1")
-    silent = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
-    port = silent.socket.getsockname()[1]
+@pytest.fixture
+async def silent_port() -> AsyncIterator[int]:
+    """A port that accepts connections (into the kernel's backlog) and never answers."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port: int = listener.socket.getsockname()[1]
+    yield port
+    await listener.aclose()
 
+
+def _dialer(port: int) -> Connector:
     async def connect() -> trio.abc.Stream:
         return await trio.open_tcp_stream("127.0.0.1", port)
 
+    return connect
+
+
+async def test_a_link_handshake_is_bounded_by_the_timeout(tmp_path: Path, silent_port: int) -> None:
+    files = write_cert(trustme.CA(), tmp_path, "node", "127.0.0.1")
     context = client_context(files.ca, files.cert, files.key)
     started = trio.current_time()
     with (
         trio.fail_after(3),
         pytest.raises(LinkHandshakeError, match=r"not completed within 0\.3 s"),
     ):
-        await tls_connector(connect, context, "127.0.0.1", 0.3)()
+        await tls_connector(_dialer(silent_port), context, "127.0.0.1", 0.3)()
     assert trio.current_time() - started < 1.5
-    await silent.aclose()
+
+
+async def test_a_handshake_cancelled_midway_closes_its_socket(
+    tmp_path: Path, silent_port: int
+) -> None:
+    """A link or client cancelled during its TLS handshake (a broker shutting
+    down, a caller's deadline) closes the socket it opened: a leaked one
+    would warn when collected, which fails this test."""
+    files = write_cert(trustme.CA(), tmp_path, "node", "127.0.0.1")
+    context = client_context(files.ca, files.cert, files.key)
+    with trio.move_on_after(0.2) as link_scope:
+        await tls_connector(_dialer(silent_port), context, "127.0.0.1", 10)()
+    with trio.move_on_after(0.2) as client_scope:
+        async with broky.connect(f"127.0.0.1:{silent_port}", ssl_context=context):
+            pass
+    assert link_scope.cancelled_caught
+    assert client_scope.cancelled_caught
+    gc.collect()
 
 
 @pytest.mark.slow
