@@ -13,18 +13,20 @@ Example::
 
     [[users]]
     name = "ops"
-    token_hash = "scrypt$ln=15,r=8,p=1$..."      # from `broky passwd --token`
+    token_hash = "sha256$..."                    # from `broky passwd --token`
     subscribe = [">", "$SYS.>"]
     publish = []
 
     [[users]]
     name = "node-b"                  # another node's cluster links
-    token_hash = "scrypt$..."
+    token_hash = "sha256$..."
     link = true
 
 A Hello carries ``user`` and ``password``, or ``token``, or nothing
-(anonymous). Checks run the slow hash in a worker thread, a few at a time,
-so a flood of logins costs threads, never the event loop. A successful
+(anonymous). A generated token is found by its SHA-256 in a dict, at once
+(see broky.security.passwords). Other checks run the slow hash in a worker
+thread, a few at a time, so a flood of logins costs threads, never the
+event loop. A successful
 check is remembered (as a SHA-256 of the credentials, in memory only) so a
 reconnecting fleet pays the slow hash once per credential, not once per
 connection; failures are never remembered, so every guess stays slow.
@@ -47,13 +49,22 @@ import attrs
 import trio
 
 from broky.security.acl import Permissions, parse_patterns
-from broky.security.passwords import SecretHash, SecretHashError, parse_hash
+from broky.security.passwords import (
+    SecretHash,
+    SecretHashError,
+    TokenDigest,
+    parse_hash,
+    parse_token_hash,
+    token_digest,
+)
 
 ANONYMOUS: Final = "anonymous"
 #: Slow hashes computed at once; more logins wait their turn.
 HASH_THREADS: Final = 2
 #: Successful credentials remembered (see the module docstring).
 VERIFIED_CACHE_SIZE: Final = 1024
+#: The one failure message: it must not tell which part was wrong.
+FAILED: Final = "authentication failed: wrong user, password or token"
 
 USER_KEYS: Final[dict[str, tuple[type, ...]]] = {
     "name": (str,),
@@ -81,7 +92,7 @@ class User:
 
     name: str
     password: SecretHash | None = None
-    token: SecretHash | None = None
+    token: SecretHash | TokenDigest | None = None
     permissions: Permissions = attrs.field(factory=Permissions)
 
     def to_table(self) -> dict[str, Any]:
@@ -144,11 +155,11 @@ def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
         if name in names:
             raise AuthConfigError(f"{where}.name {name!r} is used twice")
         names.add(name)
-        hashes: dict[str, SecretHash | None] = {}
-        for key in ("password_hash", "token_hash"):
+        hashes: dict[str, SecretHash | TokenDigest | None] = {}
+        for key, parse in (("password_hash", parse_hash), ("token_hash", parse_token_hash)):
             encoded = table.get(key, "")
             try:
-                hashes[key] = parse_hash(encoded) if encoded else None
+                hashes[key] = parse(encoded) if encoded else None
             except SecretHashError as exc:
                 raise AuthConfigError(f"{where}.{key}: {exc}") from exc
         if name == ANONYMOUS:
@@ -169,7 +180,9 @@ def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
             )
         except ValueError as exc:
             raise AuthConfigError(str(exc)) from exc
-        users.append(User(name, hashes["password_hash"], hashes["token_hash"], permissions))
+        password = hashes["password_hash"]
+        assert not isinstance(password, TokenDigest)  # parse_hash makes scrypt hashes only
+        users.append(User(name, password, hashes["token_hash"], permissions))
     return tuple(users)
 
 
@@ -192,7 +205,16 @@ class Authenticator:
 
     def __init__(self, users: Sequence[User], allow_anonymous: bool | None = None) -> None:
         self._by_name = {user.name: user for user in users if user.name != ANONYMOUS}
-        self._token_users = [user for user in self._by_name.values() if user.token is not None]
+        #: Users with a generated token, by its SHA-256: found at once.
+        self._token_index = {
+            user.token.digest: user
+            for user in self._by_name.values()
+            if isinstance(user.token, TokenDigest)
+        }
+        #: Users whose token has an scrypt hash: one slow hash each to check.
+        self._slow_token_users = [
+            user for user in self._by_name.values() if isinstance(user.token, SecretHash)
+        ]
         anonymous = next((user for user in users if user.name == ANONYMOUS), None)
         #: Whether any credentials are configured at all.
         self.enabled = bool(self._by_name)
@@ -204,7 +226,15 @@ class Authenticator:
         )
         # Checked when the user name is unknown, so that a missing user costs
         # the same time as a wrong password and timing reveals no names.
-        self._decoy = next((user.password or user.token for user in self._by_name.values()), None)
+        self._decoy = next(
+            (
+                secret
+                for user in self._by_name.values()
+                for secret in (user.password, user.token)
+                if isinstance(secret, SecretHash)
+            ),
+            None,
+        )
         self._verified: OrderedDict[bytes, Principal] = OrderedDict()
         self._limiter = trio.CapacityLimiter(HASH_THREADS)
         self.failures = 0
@@ -222,6 +252,12 @@ class Authenticator:
         if not self.enabled:
             # Credentials sent to an open broker: accepted, but they name nobody.
             return TRUSTED
+        if token and not (user or password):
+            indexed = self._token_index.get(token_digest(token))
+            if indexed is not None:
+                return Principal(indexed.name, indexed.permissions)
+            if not self._slow_token_users:
+                raise self._failed(FAILED)
         fingerprint = hashlib.sha256(
             b"\0".join((user.encode(), password.encode(), token.encode()))
         ).digest()
@@ -233,7 +269,7 @@ class Authenticator:
             self._check, user, password, token, limiter=self._limiter
         )
         if principal is None:
-            raise self._failed("authentication failed: wrong user, password or token")
+            raise self._failed(FAILED)
         self._verified[fingerprint] = principal
         if len(self._verified) > VERIFIED_CACHE_SIZE:
             self._verified.popitem(last=False)
@@ -248,7 +284,7 @@ class Authenticator:
         if token:
             if user or password:
                 return None  # one kind of credential at a time
-            for candidate in self._token_users:
+            for candidate in self._slow_token_users:
                 assert candidate.token is not None
                 if candidate.token.matches(token):
                     return Principal(candidate.name, candidate.permissions)

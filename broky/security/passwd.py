@@ -3,7 +3,8 @@
 ``broky passwd`` reads a password (prompting without echo on a terminal,
 else one line from stdin) and prints its ``password_hash``;
 ``broky passwd --token`` makes a fresh random token and prints it once with
-its ``token_hash``. The broker never needs the secret itself.
+its ``token_hash`` (a SHA-256: 256 random bits need no slow hash, see
+broky.security.passwords). The broker never needs the secret itself.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import secrets
 import sys
 from typing import Any
 
-from broky.security.passwords import DEFAULT_LOG_N, MAX_LOG_N, MIN_LOG_N, hash_secret
+from broky.security.passwords import DEFAULT_LOG_N, MAX_LOG_N, MIN_LOG_N, hash_secret, hash_token
 
 #: Bytes of randomness in a generated token (256 bits, URL-safe text).
 TOKEN_BYTES = 32
@@ -36,7 +37,8 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_LOG_N,
         choices=range(MIN_LOG_N, MAX_LOG_N + 1),
         metavar=f"{{{MIN_LOG_N}..{MAX_LOG_N}}}",
-        help=f"scrypt cost as log2(N) (default {DEFAULT_LOG_N}; +1 doubles time and memory)",
+        help=f"scrypt cost as log2(N) (default {DEFAULT_LOG_N}; +1 doubles time and memory; "
+        "not used with --token)",
     )
     passwd.set_defaults(handler=run)
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.token:
         token = secrets.token_urlsafe(TOKEN_BYTES)
         print(f"token      = {token}")
-        print(f'token_hash = "{hash_secret(token, log_n=args.cost)}"')
+        print(f'token_hash = "{hash_token(token)}"')
         print("# give the token to the client; put only token_hash in the config", file=sys.stderr)
         return 0
     if sys.stdin.isatty():

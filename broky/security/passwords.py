@@ -10,6 +10,16 @@ its parameters, so stronger settings can be rolled out hash by hash::
 
 Comparison goes through ``hmac.compare_digest``: the time taken does not
 depend on how many leading bytes matched.
+
+Generated tokens (``broky passwd --token``: 256 random bits) are stored as a
+plain SHA-256 instead, ``sha256$<hash, base64>``. Key stretching protects
+secrets a person chose, which a guesser can enumerate; nobody enumerates
+2**256 tokens, slowed or not. An unsalted digest is also a lookup key, so
+the broker finds a token's user in a dict, in microseconds, however many
+token users there are, where salted hashes cost one slow hash per user.
+A hand-chosen token belongs in an scrypt hash (``broky passwd`` makes one
+from any secret); those are still accepted as ``token_hash`` and checked
+one by one.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ from typing import Final
 import attrs
 
 SCHEME: Final = "scrypt"
+#: The scheme of generated tokens' hashes (see the module docstring).
+TOKEN_SCHEME: Final = "sha256"
 #: Default cost: 2**15 iterations of r=8 blocks (32 MiB, ~50-100 ms here).
 DEFAULT_LOG_N: Final = 15
 DEFAULT_R: Final = 8
@@ -39,6 +51,9 @@ MAX_LOG_N: Final = 20
 _ENCODED = re.compile(
     r"^scrypt\$ln=(?P<ln>\d+),r=(?P<r>\d+),p=(?P<p>\d+)\$(?P<salt>[A-Za-z0-9+/=]+)\$(?P<hash>[A-Za-z0-9+/=]+)$"
 )
+
+
+_TOKEN_ENCODED = re.compile(r"^sha256\$(?P<hash>[A-Za-z0-9+/=]+)$")
 
 
 class SecretHashError(ValueError):
@@ -61,6 +76,30 @@ class SecretHash:
         """Whether ``secret`` hashes to this digest (slow, constant-time compare)."""
         candidate = _scrypt(secret, self.salt, self.log_n, self.r, self.p, len(self.digest))
         return hmac.compare_digest(candidate, self.digest)
+
+
+@attrs.frozen(slots=True)
+class TokenDigest:
+    """The SHA-256 of a generated token: a dict key, checked in microseconds."""
+
+    digest: bytes = attrs.field(repr=False)
+    encoded: str = attrs.field(default="", repr=False)
+
+    def matches(self, secret: str) -> bool:
+        """Whether ``secret`` is the token (constant-time compare)."""
+        return hmac.compare_digest(token_digest(secret), self.digest)
+
+
+def token_digest(token: str) -> bytes:
+    """What a :class:`TokenDigest` holds for ``token``."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def hash_token(token: str) -> str:
+    """The encoded ``sha256$...`` hash of a generated token."""
+    if not token:
+        raise ValueError("an empty token cannot be hashed")
+    return f"{TOKEN_SCHEME}${base64.b64encode(token_digest(token)).decode()}"
 
 
 def _scrypt(secret: str, salt: bytes, log_n: int, r: int, p: int, length: int) -> bytes:
@@ -112,3 +151,22 @@ def parse_hash(encoded: str) -> SecretHash:
     if len(salt) < 8 or len(digest) < 16:
         raise SecretHashError("salt or digest too short (at least 8 and 16 bytes)")
     return SecretHash(log_n, r, p, salt, digest, encoded)
+
+
+def parse_token_hash(encoded: str) -> SecretHash | TokenDigest:
+    """Decode a ``token_hash``: a generated token's ``sha256$...``, or any scrypt hash."""
+    found = _TOKEN_ENCODED.match(encoded)
+    if found is None:
+        if encoded.startswith(f"{SCHEME}$"):
+            return parse_hash(encoded)
+        raise SecretHashError(
+            "not a token hash (expected sha256$HASH from `broky passwd --token`, "
+            "or an scrypt hash from `broky passwd`)"
+        )
+    try:
+        digest = base64.b64decode(found["hash"], validate=True)
+    except binascii.Error as exc:
+        raise SecretHashError(f"bad base64 in the hash: {exc}") from exc
+    if len(digest) != hashlib.sha256().digest_size:
+        raise SecretHashError(f"a sha256 token hash holds 32 bytes, this one {len(digest)}")
+    return TokenDigest(digest, encoded)

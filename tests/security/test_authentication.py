@@ -16,7 +16,7 @@ import broky
 from broky import AuthenticationError, Broker, BrokyError, Config, ErrorCode
 from broky.protocol.constants import LinkKind
 from broky.security.auth import User, parse_users
-from broky.security.passwords import hash_secret
+from broky.security.passwords import hash_secret, hash_token
 from tests.conftest import StartBroker, address_of, eventually, raw_connection
 
 PASSWORD = "correct horse battery staple"
@@ -42,6 +42,26 @@ def users(*extra: Mapping[str, object]) -> tuple[User, ...]:
     )
 
 
+def principal_of(client: broky.Client) -> str:
+    """The principal the broker's Welcome named."""
+    assert client.server is not None
+    return client.server.principal
+
+
+class SlowChecks:
+    """Counts the authenticator's slow (thread-run) credential checks."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.calls = 0
+        check = broker.authenticator._check
+
+        def counting(user: str, password: str, token: str) -> object:
+            self.calls += 1
+            return check(user, password, token)
+
+        broker.authenticator._check = counting  # type: ignore[method-assign,assignment]
+
+
 @asynccontextmanager
 async def round_trip_client(
     broker: Broker, user: str = "", password: str = "", token: str = ""
@@ -62,11 +82,9 @@ async def test_password_and_token_logins_name_their_principal(start_broker: Star
     broker = await start_broker(Config(port=0, users=users()))
     with trio.fail_after(10):
         async with round_trip_client(broker, user="alice", password=PASSWORD) as alice:
-            assert alice.server is not None
-            assert alice.server.principal == "alice"
+            assert principal_of(alice) == "alice"
         async with round_trip_client(broker, token=TOKEN) as svc:
-            assert svc.server is not None
-            assert svc.server.principal == "svc"
+            assert principal_of(svc) == "svc"
 
 
 @pytest.mark.parametrize(
@@ -113,8 +131,7 @@ async def test_anonymous_needs_permission_once_users_exist(start_broker: StartBr
     open_to_some = await start_broker(Config(port=0, users=users(anonymous), allow_anonymous=True))
     with trio.fail_after(10):
         async with broky.connect(address_of(open_to_some)) as guest:
-            assert guest.server is not None
-            assert guest.server.principal == "anonymous"
+            assert principal_of(guest) == "anonymous"
             async with guest.subscription("public.>"):
                 pass
             with pytest.raises(BrokyError) as denied:
@@ -126,8 +143,7 @@ async def test_anonymous_needs_permission_once_users_exist(start_broker: StartBr
 async def test_a_broker_without_users_is_open_and_ignores_credentials(broker: Broker) -> None:
     with trio.fail_after(10):
         async with round_trip_client(broker, user="whoever", password="anything") as client:
-            assert client.server is not None
-            assert client.server.principal == ""
+            assert principal_of(client) == ""
         async with round_trip_client(broker):
             pass
 
@@ -141,15 +157,7 @@ async def test_in_process_clients_are_trusted(start_broker: StartBroker) -> None
 
 async def test_credentials_are_checked_once_per_fleet(start_broker: StartBroker) -> None:
     broker = await start_broker(Config(port=0, users=users()))
-    calls = 0
-    check = broker.authenticator._check
-
-    def counting(user: str, password: str, token: str) -> object:
-        nonlocal calls
-        calls += 1
-        return check(user, password, token)
-
-    broker.authenticator._check = counting  # type: ignore[method-assign,assignment]
+    checks = SlowChecks(broker)
     with trio.fail_after(20):
         for _ in range(5):
             async with broky.connect(address_of(broker), token=TOKEN):
@@ -158,7 +166,35 @@ async def test_credentials_are_checked_once_per_fleet(start_broker: StartBroker)
             with pytest.raises(AuthenticationError):
                 async with broky.connect(address_of(broker), token="guess"):
                     pass  # pragma: no cover
-    assert calls == 1 + 3  # successes remembered, every failure pays the slow hash
+    assert checks.calls == 1 + 3  # successes remembered, every failure pays the slow hash
+
+
+@pytest.mark.parametrize("slow_token_users", [0, 1], ids=["sha256-only", "with-scrypt-token"])
+async def test_generated_tokens_are_found_without_a_slow_hash(
+    start_broker: StartBroker, slow_token_users: int
+) -> None:
+    """200 users with generated (sha256) tokens: a login with any of them is
+    a dict lookup, and a wrong token pays a slow hash only for the users
+    whose token has an scrypt hash."""
+    tokens = [f"generated-{number:03d}-{'x' * 40}" for number in range(200)]
+    tables = [
+        {"name": f"fleet-{number}", "token_hash": hash_token(token), "publish": [f"f{number}.>"]}
+        for number, token in enumerate(tokens)
+    ]
+    if slow_token_users:
+        tables.append({"name": "hand", "token_hash": hash_secret("hand-chosen", log_n=10)})
+    broker = await start_broker(Config(port=0, users=parse_users(tables)))
+    checks = SlowChecks(broker)
+    with trio.fail_after(20):
+        async with broky.connect(address_of(broker), token=tokens[137]) as client:
+            assert principal_of(client) == "fleet-137"
+        with pytest.raises(AuthenticationError, match="wrong user, password or token"):
+            async with broky.connect(address_of(broker), token="generated-guess"):
+                pass  # pragma: no cover
+        if slow_token_users:
+            async with broky.connect(address_of(broker), token="hand-chosen") as client:
+                assert principal_of(client) == "hand"
+    assert checks.calls == 2 * slow_token_users
 
 
 async def test_a_silent_peer_cannot_hold_a_login_slot(start_broker: StartBroker) -> None:

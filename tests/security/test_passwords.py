@@ -17,9 +17,13 @@ from broky.security.passwords import (
     MAX_LOG_N,
     MIN_LOG_N,
     SALT_BYTES,
+    SecretHash,
     SecretHashError,
+    TokenDigest,
     hash_secret,
+    hash_token,
     parse_hash,
+    parse_token_hash,
 )
 
 CHEAP: Final = MIN_LOG_N
@@ -158,3 +162,44 @@ def test_hash_secret_refuses_an_out_of_range_cost(log_n: int) -> None:
         ValueError, match=rf"^log_n must be {MIN_LOG_N}\.\.{MAX_LOG_N}, got {log_n}$"
     ):
         hash_secret("hunter2", log_n=log_n)
+
+
+# --- generated tokens' sha256 hashes -------------------------------------------
+
+
+def test_token_hash_round_trip() -> None:
+    encoded_hash = hash_token("a-generated-token")
+    assert encoded_hash.startswith("sha256$")
+    parsed = parse_token_hash(encoded_hash)
+    assert isinstance(parsed, TokenDigest)
+    assert parsed.matches("a-generated-token")
+    assert not parsed.matches("a-generated-tokeN")
+    assert parsed.encoded == encoded_hash
+    assert "digest" not in repr(parsed)
+
+
+def test_a_token_hash_may_also_be_scrypt() -> None:
+    parsed = parse_token_hash(hash_secret("hand-chosen", log_n=CHEAP))
+    assert isinstance(parsed, SecretHash)
+    assert parsed.matches("hand-chosen")
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("sha256$!!!", "not a token hash"),
+        ("sha256$" + base64.b64encode(b"x" * 31).decode(), "holds 32 bytes, this one 31"),
+        ("sha256$" + "A" * 43, "bad base64"),
+        ("md5$abc", "not a token hash"),
+        ("plain-token-in-the-config", "not a token hash"),
+        ("scrypt$ln=10,r=8,p=1$%%$%%", "not an scrypt hash"),
+    ],
+)
+def test_malformed_token_hashes_are_named(text: str, complaint: str) -> None:
+    with pytest.raises(SecretHashError, match=complaint):
+        parse_token_hash(text)
+
+
+def test_an_empty_token_is_not_hashed() -> None:
+    with pytest.raises(ValueError, match="empty token"):
+        hash_token("")
