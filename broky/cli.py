@@ -7,7 +7,8 @@ import logging
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -19,6 +20,7 @@ from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigE
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
+from broky.reload import reread
 from broky.security import passwd
 from broky.security.flags import (
     add_client_auth_flags,
@@ -74,15 +76,21 @@ def load_config(args: argparse.Namespace) -> Config:
     return Config.from_mapping(values)
 
 
-async def serve(config: Config) -> None:
-    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully."""
+async def serve(config: Config, load: Callable[[], Config] | None = None) -> None:
+    """Run a broker until SIGINT or SIGTERM, then shut it down gracefully.
+    SIGHUP reloads users and allow_anonymous with ``load`` (broky.reload)."""
     broker = Broker(config)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(broker.serve)
             # One parseable line on stdout for scripts and benchmarks.
             print(f"broky listening on {address[0]}:{address[1]}", flush=True)
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    reloaded = reread(load, broker.config) if load is not None else None
+                    if reloaded is not None:
+                        broker.reload(reloaded)
+                    continue
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break
@@ -194,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args)
             _configure_logging(config.log_level)
             if worker_count(config) == 1 and not config.cluster_listen:
-                trio.run(serve, config)
+                trio.run(serve, config, partial(load_config, args))
             elif config.durable:
                 raise ConfigError(
                     "durable topics need one worker and no cluster (workers = 1, no "
@@ -202,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "their partition is not implemented yet"
                 )
             else:
-                trio.run(serve_node, config)
+                trio.run(serve_node, config, partial(load_config, args))
         elif args.command in ("bench", "passwd"):
             return int(args.handler(args))
         elif args.command == "top":

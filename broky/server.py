@@ -289,6 +289,27 @@ class Broker:
             stream = trio.SSLStream(stream, self._tls, server_side=True)
         nursery.start_soon(self._serve_stream, stream)
 
+    def reload(self, config: Config) -> None:
+        """Apply a re-read configuration's users and ``allow_anonymous``
+        (see broky.reload; other settings wait for a restart). ConfigError
+        if they would leave a non-loopback listener without authentication.
+
+        New logins are checked against the new users at once, and so is
+        every live connection: a principal that may stay gets its new
+        permissions (subscriptions they no longer allow are closed), one
+        that may not is disconnected (ServerConnection.reauthorize).
+        """
+        # Validated against this broker's listeners (the exposure rule) first:
+        # a ConfigError leaves everything as it was.
+        updated = attrs.evolve(
+            self.config, users=config.users, allow_anonymous=config.allow_anonymous
+        )
+        previous = self.authenticator
+        self.authenticator = Authenticator(config.users, config.allow_anonymous)
+        self.config = updated
+        for connection in list(self._connections):
+            connection.reauthorize(self.authenticator, previous)
+
     def statistics(self) -> BrokerStatistics:
         """Router and connection figures, for metrics and tests."""
         counters = self.counters

@@ -57,7 +57,7 @@ from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet
 from broky.router.router import Router
 from broky.security.acl import PublishGate
-from broky.security.auth import TRUSTED, AuthenticationFailed, Authenticator, Principal
+from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
@@ -302,6 +302,12 @@ class ServerConnection:
                     principal = await authenticator.authenticate(
                         hello.user, hello.password, hello.token
                     )
+                    current = self._authenticator
+                    if current is not None and current is not authenticator:
+                        # Users were reloaded during the check.
+                        principal = current.revalidate(principal, authenticator)
+                        if principal is None:
+                            raise AuthenticationFailed(FAILED)
                 except AuthenticationFailed as exc:
                     refusal = (ErrorCode.AUTHENTICATION_FAILED, str(exc))
             if principal is None and refusal is None:
@@ -334,6 +340,43 @@ class ServerConnection:
         if principal.permissions is not None:
             self._gate = PublishGate(principal.permissions)
         return frames
+
+    def reauthorize(self, authenticator: Authenticator, previous: Authenticator) -> None:
+        """Apply reloaded users to this live connection (Broker.reload).
+
+        A principal that may stay gets its new permissions at once: later
+        publishes pass the new gate, and each subscription the new rules
+        refuse is closed with a PermissionDenied stream error (the
+        connection stays up, as for a refused subscribe). A principal that
+        may not stay is disconnected with AuthenticationFailed.
+        """
+        if self._authenticator is None:
+            return  # a trusted connection never authenticated
+        self._authenticator = authenticator
+        principal = self.principal
+        if principal is None:
+            return  # not admitted yet: _admit checks against the new users
+        updated = authenticator.revalidate(principal, previous)
+        if updated is None:
+            self._outlet.fail(
+                ErrorCode.AUTHENTICATION_FAILED,
+                f"the credentials of {principal.name or 'anonymous'!r} were revoked by a "
+                "configuration reload",
+            )
+            return
+        if updated == principal:
+            return
+        self.principal = updated
+        self._gate = PublishGate(updated.permissions) if updated.permissions is not None else None
+        for stream, subscription in list(self._outlet.subscriptions.items()):
+            refusal = self._subscribe_refusal(subscription.pattern)
+            if refusal is not None:
+                self._router.unsubscribe(self._outlet, stream)
+                self._stream_error(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"{refusal} (permissions changed by a configuration reload)",
+                    stream,
+                )
 
     def _check_workers(self, hello: Hello) -> None:
         """Refuse a cluster link from a node with another worker count: worker

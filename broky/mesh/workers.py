@@ -35,16 +35,17 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import trio
 
-from broky.config import Config
+from broky.config import Config, ConfigError
 from broky.mesh.link import Connector, tls_connector
 from broky.protocol.constants import LinkKind
+from broky.reload import reread
 from broky.server import Broker
 
 log = logging.getLogger("broky.workers")
@@ -56,6 +57,8 @@ RESTART_DELAY: Final = 0.5
 LISTEN_BACKLOG: Final = 4096
 #: How long a starting worker waits for its links to the node's other workers.
 READY_TIMEOUT: Final = 10.0
+#: How long a reload waits for each worker's pipe (a hung worker is logged).
+RELOAD_TIMEOUT: Final = 2.0
 
 
 def worker_count(config: Config) -> int:
@@ -91,8 +94,11 @@ class WorkerPlan:
     handoff_fd: int = -1  # Unix socket the supervisor passes accepted sockets on
 
 
-async def run_worker(config: Config, plan: WorkerPlan) -> None:
-    """Serve as worker ``plan.index`` until SIGINT/SIGTERM."""
+async def run_worker(
+    config: Config, plan: WorkerPlan, supervisor: SupervisorPipe | None = None
+) -> None:
+    """Serve as worker ``plan.index`` until SIGINT/SIGTERM, or until the
+    ``supervisor``'s pipe closes."""
     run_dir = Path(plan.run_dir)
     if config.metrics_listen and config.metrics_port:
         # One endpoint per worker: worker i serves /metrics on the port + i.
@@ -138,6 +144,8 @@ async def run_worker(config: Config, plan: WorkerPlan) -> None:
             await nursery.start(broker.serve)
             if plan.handoff_fd >= 0:
                 nursery.start_soon(_adopt_handed_off, broker, plan.handoff_fd)
+            if supervisor is not None:
+                nursery.start_soon(supervisor.follow, broker, nursery.cancel_scope)
             # Ready once every node peer has our interest path: from then on a
             # subscribe on this worker waits for all of them (see Router.subscribe).
             with trio.move_on_after(READY_TIMEOUT):
@@ -200,13 +208,68 @@ async def _adopt_handed_off(broker: Broker, fd: int) -> None:
             broker.adopt(stream)
 
 
+@attrs.define
+class SupervisorPipe:
+    """A worker's stdin: the supervisor's spec, then its reloads, one JSON
+    line each. It stays open while the supervisor lives, so its end is how a
+    worker learns that the supervisor died (even by SIGKILL): an orphaned
+    worker would keep serving the port with a configuration nobody manages.
+    """
+
+    fd: int
+    #: Bytes read past the spec's line (the start of a reload).
+    pending: bytes = b""
+
+    @classmethod
+    def read_spec(cls, fd: int) -> tuple[dict[str, Any], SupervisorPipe]:
+        """The spec (the first line), read without buffering beyond it in
+        Python's stdin, and the pipe to follow afterwards."""
+        data = b""
+        while b"\n" not in data:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break  # the spec without a newline: nothing follows
+            data += chunk
+        line, _, rest = data.partition(b"\n")
+        return json.loads(line), cls(fd, rest)
+
+    async def follow(self, broker: Broker, worker_scope: trio.CancelScope) -> None:
+        """Apply each reload line; stop the worker when the pipe closes."""
+        buffer = self.pending
+        async with trio.lowlevel.FdStream(os.dup(self.fd)) as stream:
+            while True:
+                line, newline, rest = buffer.partition(b"\n")
+                if newline:
+                    buffer = rest
+                    self._reload(broker, line)
+                    continue
+                data = await stream.receive_some()
+                if not data:
+                    log.warning("the supervisor is gone: stopping")
+                    worker_scope.cancel()
+                    return
+                buffer += data
+
+    @staticmethod
+    def _reload(broker: Broker, line: bytes) -> None:
+        try:
+            broker.reload(Config.from_mapping(json.loads(line)["config"]))
+        except ConfigError as exc:  # the supervisor checked it: not expected
+            log.error("configuration reload refused: %s", exc)
+
+
 def worker_main(argv: Sequence[str] | None = None) -> None:
     """Entry point of a worker process (started by the supervisor)."""
     parser = argparse.ArgumentParser(prog="broky-worker")
     parser.add_argument("spec", nargs="?", help="JSON: config and plan (default: read from stdin)")
     # The supervisor writes the spec to stdin: the command line is visible to
     # every user of the machine (ps), and the config may hold cluster_token.
-    spec = json.loads(parser.parse_args(argv).spec or sys.stdin.read())
+    given = parser.parse_args(argv).spec
+    supervisor: SupervisorPipe | None = None
+    if given:
+        spec = json.loads(given)
+    else:
+        spec, supervisor = SupervisorPipe.read_spec(sys.stdin.fileno())
     config = Config.from_mapping(spec["config"])
     plan = WorkerPlan(**spec["plan"])
     logging.basicConfig(
@@ -214,7 +277,7 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
         format=f"%(asctime)s %(levelname)s worker-{plan.index} %(name)s: %(message)s",
     )
     with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run_worker, config, plan)
+        trio.run(run_worker, config, plan, supervisor)
 
 
 # --- the supervisor -----------------------------------------------------------------
@@ -237,12 +300,31 @@ class Supervisor:
         self._handoff: dict[int, socket.socket] = {}
         self._stopping = False
 
-    def _spec(self, index: int, handoff_fd: int) -> str:
+    def _config_mapping(self) -> dict[str, Any]:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
         config["peers"] = list(self.config.peers)
         config["users"] = [user.to_table() for user in self.config.users]
+        return config
+
+    def _spec(self, index: int, handoff_fd: int) -> str:
         plan = WorkerPlan(index, self.count, self.node_id, str(self.run_dir), self.port, handoff_fd)
-        return json.dumps({"config": config, "plan": attrs.asdict(plan)})
+        return json.dumps({"config": self._config_mapping(), "plan": attrs.asdict(plan)})
+
+    async def reload(self, config: Config) -> None:
+        """Send ``config`` (from broky.reload.reread) to every worker, and keep
+        it for the workers started later."""
+        self.config = config
+        line = json.dumps({"config": self._config_mapping()}).encode() + b"\n"
+        for index, process in self._processes.items():
+            if process.returncode is not None or process.stdin is None:
+                continue  # restarting: it starts with self.config
+            with trio.move_on_after(RELOAD_TIMEOUT) as scope:
+                try:
+                    await process.stdin.send_all(line)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    continue  # it just exited: it restarts with self.config
+            if scope.cancelled_caught:
+                log.error("worker %d did not take the reload within %s s", index, RELOAD_TIMEOUT)
 
     async def _start(self, index: int) -> trio.Process:
         process = await self._spawn(index)
@@ -267,8 +349,8 @@ class Supervisor:
             pass_fds=fds,
         )
         assert process.stdin is not None
-        await process.stdin.send_all(self._spec(index, handoff_fd).encode())
-        await process.stdin.aclose()
+        # Left open: reloads follow, and its end tells the worker we are gone.
+        await process.stdin.send_all(self._spec(index, handoff_fd).encode() + b"\n")
         if fds:
             os.close(fds[0])
         self._processes[index] = process
@@ -349,16 +431,24 @@ class Supervisor:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+            if process.stdin is not None:
+                await process.stdin.aclose()
 
 
-async def serve_node(config: Config) -> None:
-    """``broky serve --workers N``: supervise a node until SIGINT/SIGTERM."""
+async def serve_node(config: Config, load: Callable[[], Config] | None = None) -> None:
+    """``broky serve --workers N``: supervise a node until SIGINT/SIGTERM.
+    SIGHUP reloads users and allow_anonymous with ``load`` (broky.reload)."""
     supervisor = Supervisor(config)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(supervisor.run)
             print(f"broky listening on {host}:{port}", flush=True)
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    reloaded = reread(load, supervisor.config) if load is not None else None
+                    if reloaded is not None:
+                        await supervisor.reload(reloaded)
+                    continue
                 log.info("received %s, stopping workers", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break

@@ -95,6 +95,12 @@ class User:
     token: SecretHash | TokenDigest | None = None
     permissions: Permissions = attrs.field(factory=Permissions)
 
+    @property
+    def credentials(self) -> tuple[object, ...]:
+        """What proves this user's identity: when it changes, connections that
+        proved the old one are closed (see Authenticator.revalidate)."""
+        return (self.password, self.token)
+
     def to_table(self) -> dict[str, Any]:
         """The ``[[users]]`` table this user was parsed from (for worker processes)."""
         permissions = self.permissions
@@ -274,6 +280,25 @@ class Authenticator:
         if len(self._verified) > VERIFIED_CACHE_SIZE:
             self._verified.popitem(last=False)
         return principal
+
+    def revalidate(self, principal: Principal, previous: Authenticator) -> Principal | None:
+        """What a live connection that ``previous`` admitted as ``principal``
+        is under these users (after a reload); None if it may stay no longer.
+
+        A user keeps its connections while its name and credentials stand,
+        with its new permissions; a removed user, or one whose password or
+        token changed, loses them, as a rotated secret must lock out whoever
+        held the old one. Anonymous connections follow ``allow_anonymous``.
+        """
+        if not self.enabled:
+            return TRUSTED  # no users any more: an open (loopback) broker
+        if principal.name in ("", ANONYMOUS):
+            return self._anonymous if self.allow_anonymous else None
+        user = self._by_name.get(principal.name)
+        before = previous._by_name.get(principal.name)
+        if user is None or before is None or user.credentials != before.credentials:
+            return None
+        return Principal(user.name, user.permissions)
 
     def _failed(self, message: str) -> AuthenticationFailed:
         self.failures += 1

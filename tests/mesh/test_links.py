@@ -13,6 +13,7 @@ from broky.protocol.constants import LinkKind
 from broky.protocol.frames import Hello, Subscribe
 from broky.protocol.framing import encode_preamble
 from tests.conftest import StartBroker, raw_connection
+from tests.mesh.test_nodes import take
 
 
 async def _mesh(
@@ -27,15 +28,6 @@ async def _mesh(
     for link in links:
         await link.ready.wait()
     return brokers
-
-
-async def _take(subscription: broky.Subscription, count: int) -> list[bytes]:
-    got = []
-    async for message in subscription:
-        got.append(message.payload)
-        if len(got) == count:
-            break
-    return got
 
 
 async def test_publish_on_one_router_reaches_subscribers_on_every_router(
@@ -54,12 +46,12 @@ async def test_publish_on_one_router_reaches_subscribers_on_every_router(
             for payload in payloads:
                 await publisher.publish("orders.eu", payload)
             await publisher.flush()
-            assert await _take(on_b, 200) == payloads
-            assert await _take(on_c, 200) == payloads
+            assert await take(on_b, 200) == payloads
+            assert await take(on_c, 200) == payloads
             # Exactly once: nothing more arrives (no duplicates through the third router).
             await publisher.publish("orders.eu", b"end")
-            assert await _take(on_b, 1) == [b"end"]
-            assert await _take(on_c, 1) == [b"end"]
+            assert await take(on_b, 1) == [b"end"]
+            assert await take(on_c, 1) == [b"end"]
             assert on_b.statistics().buffered_messages == 0
 
 
@@ -74,8 +66,8 @@ async def test_overlapping_patterns_cross_a_link_once(nursery: trio.Nursery) -> 
         ):
             await publisher.publish("a.b", b"one")
             await publisher.flush()
-            assert await _take(wide, 1) == [b"one"]
-            assert await _take(narrow, 1) == [b"one"]
+            assert await take(wide, 1) == [b"one"]
+            assert await take(narrow, 1) == [b"one"]
         forwarded = [link.forwarded_messages for link in brokers[0].statistics().router.links]
         assert sum(forwarded) == 1
 
@@ -95,7 +87,7 @@ async def test_subscribe_returns_after_every_linked_router_knows(nursery: trio.N
                     # must guarantee the other routers forward this pattern.
                     await publisher_b.publish(key, b"from-b")
                     await publisher_c.publish(key, b"from-c")
-                    assert sorted(await _take(subscription, 2)) == [b"from-b", b"from-c"]
+                    assert sorted(await take(subscription, 2)) == [b"from-b", b"from-c"]
 
 
 async def test_interest_is_withdrawn_when_the_last_subscriber_leaves(nursery: trio.Nursery) -> None:
@@ -126,7 +118,7 @@ async def test_per_publisher_order_across_routers(nursery: trio.Nursery) -> None
             for number in range(3000):
                 await publisher.publish(f"seq.{number % 3}", number.to_bytes(4, "big"))
             await publisher.flush()
-            got = [int.from_bytes(p, "big") for p in await _take(subscription, 3000)]
+            got = [int.from_bytes(p, "big") for p in await take(subscription, 3000)]
             assert got == list(range(3000))
 
 
@@ -156,7 +148,7 @@ async def test_a_link_reconnects_and_reannounces_interest(
                     break
                 await trio.sleep(0.01)
             await publisher.publish("again", b"after")
-            assert await _take(subscription, 1) == [b"after"]
+            assert await take(subscription, 1) == [b"after"]
 
 
 async def test_a_stalled_link_drops_for_itself_and_never_slows_local_delivery(
@@ -213,7 +205,7 @@ async def test_links_are_in_the_metrics(nursery: trio.Nursery) -> None:
             subscriber.subscription("m.>") as subscription,
         ):
             await publisher.publish("m.x", b"1")
-            assert await _take(subscription, 1) == [b"1"]
+            assert await take(subscription, 1) == [b"1"]
         text = generate_latest(brokers[0].observability.registry).decode()
         forwarded = [
             line
