@@ -200,6 +200,9 @@ class Broker:
             # Links between workers and in-process clients are neither
             # authenticated nor counted against max_connections.
             trusted = is_private(stream)
+            # Only certificates verified against tls_client_ca name users;
+            # a cluster listener's streams carry another context.
+            client_tls = isinstance(stream, trio.SSLStream) and stream.context is self._tls
             connection = ServerConnection(
                 stream,
                 self.router,
@@ -209,6 +212,7 @@ class Broker:
                 self.store,
                 self.authenticator,
                 trusted=trusted,
+                map_certificate=client_tls,
             )
             limit = self.config.max_connections
             if not trusted and len(self._connections) >= limit:

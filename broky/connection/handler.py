@@ -58,6 +58,7 @@ from broky.router.outbox import Outlet
 from broky.router.router import Router
 from broky.security.acl import PublishGate
 from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
+from broky.security.identity import certificate_identities
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
@@ -114,11 +115,18 @@ class ServerConnection:
         authenticator: Authenticator | None = None,
         *,
         trusted: bool = False,
+        map_certificate: bool = False,
     ) -> None:
         self._stream = stream
         #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
         #: the connection gets full permissions (in-process, private sockets).
         self._authenticator = None if trusted else authenticator
+        #: Whether the peer's TLS certificate may name its principal: true
+        #: only on the client listener, whose CA is ``tls_client_ca`` (a
+        #: cluster certificate proves a node, not a user).
+        self._map_certificate = map_certificate
+        #: The verified client certificate's identities, set by the handshake.
+        self._certificate_identities: tuple[str, ...] = ()
         #: Set once the Hello is admitted.
         self.principal: Principal | None = None
         self._gate: PublishGate | None = None
@@ -211,6 +219,8 @@ class ServerConnection:
                     "is its certificate missing or not signed by the CA this listener trusts?",
                 )
                 return False
+            if self._map_certificate:
+                self._certificate_identities = certificate_identities(stream.getpeercert())
             return True
         self._close_reason(
             CloseReason.IDLE_TIMEOUT, f"TLS handshake not completed within {limit} s"
@@ -300,7 +310,7 @@ class ServerConnection:
             with trio.move_on_after(self._settings.handshake_timeout):
                 try:
                     principal = await authenticator.authenticate(
-                        hello.user, hello.password, hello.token
+                        hello.user, hello.password, hello.token, self._certificate_identities
                     )
                     current = self._authenticator
                     if current is not None and current is not authenticator:
@@ -328,12 +338,7 @@ class ServerConnection:
             )
         if refusal is not None or principal is None:
             code, message = refusal or (ErrorCode.AUTHENTICATION_FAILED, "refused")
-            who = (
-                f" as user {hello.user!r}"
-                if hello.user
-                else (" with a token" if hello.token else "")
-            )
-            self._close_reason(CloseReason.for_error(code), f"{message}{who}")
+            self._close_reason(CloseReason.for_error(code), f"{message}{self._who(hello)}")
             self._outlet.fail(code, message)
             return []
         self.principal = principal
@@ -377,6 +382,16 @@ class ServerConnection:
                     f"{refusal} (permissions changed by a configuration reload)",
                     stream,
                 )
+
+    def _who(self, hello: Hello) -> str:
+        """How a refused Hello introduced itself, for the log line."""
+        if hello.user:
+            return f" as user {hello.user!r}"
+        if hello.token:
+            return " with a token"
+        if self._certificate_identities:
+            return f" with a client certificate for {', '.join(self._certificate_identities)}"
+        return ""
 
     def _check_workers(self, hello: Hello) -> None:
         """Refuse a cluster link from a node with another worker count: worker

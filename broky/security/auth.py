@@ -18,16 +18,27 @@ Example::
     publish = []
 
     [[users]]
+    name = "billing"                 # a client certificate (mTLS) names it
+    certificate = "billing.internal.example"
+    publish = ["billing.>"]
+
+    [[users]]
     name = "node-b"                  # another node's cluster links
     token_hash = "sha256$..."
     link = true
 
-A Hello carries ``user`` and ``password``, or ``token``, or nothing
-(anonymous). A generated token is found by its SHA-256 in a dict, at once
-(see broky.security.passwords). Other checks run the slow hash in a worker
+A Hello carries ``user`` and ``password``, or ``token``, or nothing. With
+nothing, a client certificate verified against ``tls_client_ca`` whose
+identities (broky.security.identity) include a user's ``certificate`` makes
+the connection that user: the handshake already proved the key, so no hash
+runs. Explicit credentials win over the certificate; with neither, the
+connection is anonymous.
+
+A generated token is found by its SHA-256 in a dict, at once (see
+broky.security.passwords). Other checks run the slow hash in a worker
 thread, a few at a time, so a flood of logins costs threads, never the
-event loop. A successful
-check is remembered (as a SHA-256 of the credentials, in memory only) so a
+event loop. A successful check is
+remembered (as a SHA-256 of the credentials, in memory only) so a
 reconnecting fleet pays the slow hash once per credential, not once per
 connection; failures are never remembered, so every guess stays slow.
 
@@ -70,6 +81,7 @@ USER_KEYS: Final[dict[str, tuple[type, ...]]] = {
     "name": (str,),
     "password_hash": (str,),
     "token_hash": (str,),
+    "certificate": (str,),
     "publish": (list,),
     "publish_deny": (list,),
     "subscribe": (list,),
@@ -88,18 +100,23 @@ class AuthenticationFailed(Exception):
 
 @attrs.frozen(slots=True)
 class User:
-    """One configured principal: its credential hashes and permissions."""
+    """One configured principal: its credentials and permissions.
+
+    ``certificate`` is a client-certificate identity that names this user
+    ("": none); identities are unique across users.
+    """
 
     name: str
     password: SecretHash | None = None
     token: SecretHash | TokenDigest | None = None
     permissions: Permissions = attrs.field(factory=Permissions)
+    certificate: str = ""
 
     @property
     def credentials(self) -> tuple[object, ...]:
         """What proves this user's identity: when it changes, connections that
         proved the old one are closed (see Authenticator.revalidate)."""
-        return (self.password, self.token)
+        return (self.password, self.token, self.certificate)
 
     def to_table(self) -> dict[str, Any]:
         """The ``[[users]]`` table this user was parsed from (for worker processes)."""
@@ -116,6 +133,8 @@ class User:
             table["password_hash"] = self.password.encoded
         if self.token is not None:
             table["token_hash"] = self.token.encoded
+        if self.certificate:
+            table["certificate"] = self.certificate
         return table
 
 
@@ -143,6 +162,8 @@ def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
         raise AuthConfigError("users must be an array of tables ([[users]])")
     users: list[User] = []
     names: set[str] = set()
+    #: Certificate identity -> the index of the table that claimed it.
+    certificates: dict[str, int] = {}
     for index, table in enumerate(tables):
         where = f"users[{index}]"
         if not isinstance(table, Mapping):
@@ -168,14 +189,19 @@ def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
                 hashes[key] = parse(encoded) if encoded else None
             except SecretHashError as exc:
                 raise AuthConfigError(f"{where}.{key}: {exc}") from exc
+        certificate = _certificate(table, where, certificates)
         if name == ANONYMOUS:
-            if any(hashes.values()):
+            if any(hashes.values()) or certificate:
                 raise AuthConfigError(
                     f"{where}: the {ANONYMOUS!r} user sets anonymous permissions and takes "
-                    "no password_hash or token_hash"
+                    "no password_hash, token_hash or certificate"
                 )
-        elif not any(hashes.values()):
-            raise AuthConfigError(f"{where} ({name}) needs password_hash or token_hash")
+        elif not (any(hashes.values()) or certificate):
+            raise AuthConfigError(
+                f"{where} ({name}) needs password_hash, token_hash or certificate"
+            )
+        if certificate:
+            certificates[certificate] = index
         try:
             permissions = Permissions(
                 publish=_patterns(table, "publish", where, (b">",)),
@@ -188,8 +214,27 @@ def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
             raise AuthConfigError(str(exc)) from exc
         password = hashes["password_hash"]
         assert not isinstance(password, TokenDigest)  # parse_hash makes scrypt hashes only
-        users.append(User(name, password, hashes["token_hash"], permissions))
+        users.append(User(name, password, hashes["token_hash"], permissions, certificate))
     return tuple(users)
+
+
+def _certificate(table: Mapping[str, Any], where: str, claimed: Mapping[str, int]) -> str:
+    """The table's certificate identity ("": none), checked against those
+    earlier tables ``claimed``: one identity naming two users would make the
+    principal depend on table order."""
+    if "certificate" not in table:
+        return ""
+    certificate: str = table["certificate"]
+    if not certificate.strip() or certificate != certificate.strip():
+        raise AuthConfigError(
+            f"{where}.certificate must be a certificate identity (a commonName, DNS name "
+            f"or email address), not {certificate!r}"
+        )
+    if certificate in claimed:
+        raise AuthConfigError(
+            f"{where}.certificate {certificate!r} is already users[{claimed[certificate]}]'s"
+        )
+    return certificate
 
 
 def _patterns(
@@ -241,20 +286,37 @@ class Authenticator:
             ),
             None,
         )
+        #: Certificate identity -> its user's principal (parse_users keeps them unique).
+        self._by_certificate = {
+            user.certificate: Principal(user.name, user.permissions)
+            for user in self._by_name.values()
+            if user.certificate
+        }
         self._verified: OrderedDict[bytes, Principal] = OrderedDict()
         self._limiter = trio.CapacityLimiter(HASH_THREADS)
         self.failures = 0
 
-    async def authenticate(self, user: str, password: str, token: str) -> Principal:
+    async def authenticate(
+        self, user: str, password: str, token: str, identities: Sequence[str] = ()
+    ) -> Principal:
         """The principal for these credentials; AuthenticationFailed if none.
 
-        The failure message is the same whatever was wrong, so that it tells
-        a guesser nothing about which user names exist.
+        ``identities`` are those of the connection's verified client
+        certificate (broky.security.identity); they count only when the Hello
+        carries no credentials. The failure message for wrong credentials is
+        the same whatever was wrong, so that it tells a guesser nothing about
+        which user names exist.
         """
         if not (user or password or token):
+            mapped = self._certificate_principal(identities)
+            if mapped is not None:
+                return mapped
             if self.allow_anonymous:
                 return self._anonymous if self.enabled else TRUSTED
-            raise self._failed("this broker requires credentials (user and password, or token)")
+            unmapped = "; the client certificate names no user" if identities else ""
+            raise self._failed(
+                f"this broker requires credentials (user and password, or token){unmapped}"
+            )
         if not self.enabled:
             # Credentials sent to an open broker: accepted, but they name nobody.
             return TRUSTED
@@ -286,8 +348,8 @@ class Authenticator:
         is under these users (after a reload); None if it may stay no longer.
 
         A user keeps its connections while its name and credentials stand,
-        with its new permissions; a removed user, or one whose password or
-        token changed, loses them, as a rotated secret must lock out whoever
+        with its new permissions; a removed user, or one whose password,
+        token or certificate identity changed, loses them, as a rotated secret must lock out whoever
         held the old one. Anonymous connections follow ``allow_anonymous``.
         """
         if not self.enabled:
@@ -299,6 +361,18 @@ class Authenticator:
         if user is None or before is None or user.credentials != before.credentials:
             return None
         return Principal(user.name, user.permissions)
+
+    def _certificate_principal(self, identities: Sequence[str]) -> Principal | None:
+        """The principal a certificate's identities name (None: nobody).
+
+        Identities naming two different users are refused rather than
+        resolved by order: which one a certificate lists first is up to
+        whoever issued it, not to the broker's operator.
+        """
+        named = {self._by_certificate[i] for i in identities if i in self._by_certificate}
+        if len(named) > 1:
+            raise self._failed("the client certificate names more than one user; send credentials")
+        return named.pop() if named else None
 
     def _failed(self, message: str) -> AuthenticationFailed:
         self.failures += 1

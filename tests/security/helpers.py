@@ -29,10 +29,13 @@ class CertFiles:
     ca: str
 
 
-def write_cert(ca: trustme.CA, directory: Path, name: str, *identities: str) -> CertFiles:
-    """Issue a certificate for ``identities`` (host names or IP addresses) and
-    write it, its key and ``ca``'s certificate under ``directory`` as ``name``.*."""
-    issued = ca.issue_cert(*identities)
+def write_cert(
+    ca: trustme.CA, directory: Path, name: str, *identities: str, common_name: str | None = None
+) -> CertFiles:
+    """Issue a certificate for ``identities`` (host names, IP or email
+    addresses) and ``common_name``, and write it, its key and ``ca``'s
+    certificate under ``directory`` as ``name``.*."""
+    issued = ca.issue_cert(*identities, common_name=common_name)
     files = CertFiles(
         cert=str(directory / f"{name}.pem"),
         key=str(directory / f"{name}.key"),

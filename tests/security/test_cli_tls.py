@@ -23,16 +23,6 @@ from tests.security.helpers import CertFiles, cli_round_trip, write_cert
 
 
 @pytest.fixture
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def server(ca: trustme.CA, tmp_path: Path) -> CertFiles:
-    return write_cert(ca, tmp_path, "server", "127.0.0.1")
-
-
-@pytest.fixture
 def client(ca: trustme.CA, tmp_path: Path) -> CertFiles:
     return write_cert(ca, tmp_path, "client", "client@example.test")
 

@@ -30,8 +30,8 @@ from broky import (
     SubscriptionError,
 )
 from broky.reload import needs_restart, reread
-from broky.security.auth import parse_users
-from broky.security.passwords import hash_secret
+from broky.security.auth import TRUSTED, Authenticator, Principal, parse_users
+from broky.security.passwords import hash_secret, hash_token
 from tests.conftest import StartBroker, address_of, eventually
 from tests.mesh.test_nodes import nodes, take
 
@@ -325,3 +325,40 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return status.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_revalidate_follows_each_kind_of_credential() -> None:
+    """Unit check of Authenticator.revalidate: permissions follow the new
+    table; a changed password, token or certificate identity revokes."""
+    token = hash_token("generated-token-" + "x" * 40)
+    before = Authenticator(
+        parse_users(
+            [
+                {"name": "svc", "certificate": "svc.example", "publish": ["a.>"]},
+                {"name": "bot", "token_hash": token},
+                user("alice", "a-pw"),
+            ]
+        )
+    )
+    after = Authenticator(
+        parse_users(
+            [
+                {"name": "svc", "certificate": "svc.example", "publish": ["b.>"]},
+                {"name": "bot", "token_hash": hash_token("another-token-" + "y" * 40)},
+                user("alice", "a-pw", subscribe=["x.>"]),
+            ]
+        )
+    )
+    svc = after.revalidate(Principal("svc", None), before)
+    assert svc is not None
+    assert svc.permissions is not None
+    assert svc.permissions.publish == (b"b.>",)
+    assert after.revalidate(Principal("bot", None), before) is None
+    alice = after.revalidate(Principal("alice", None), before)
+    assert alice is not None
+    assert alice.permissions is not None
+    assert alice.permissions.subscribe == (b"x.>",)
+    moved = Authenticator(parse_users([{"name": "svc", "certificate": "svc2.example"}]))
+    assert moved.revalidate(Principal("svc", None), before) is None
+    assert moved.revalidate(Principal("ghost", None), before) is None
+    assert Authenticator(()).revalidate(Principal("svc", None), before) == TRUSTED

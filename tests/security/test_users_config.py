@@ -28,7 +28,7 @@ from broky.security.auth import (
     User,
     parse_users,
 )
-from broky.security.passwords import SecretHash, hash_secret
+from broky.security.passwords import hash_secret
 
 PASSWORD: Final = "hunter2"
 TOKEN: Final = "ops-token-3f9a"
@@ -131,8 +131,8 @@ def test_users_given_as_user_objects_are_kept() -> None:
     [
         (
             {"name": "bob", "password": PASSWORD},
-            r"^users\[1\]: unknown key 'password'; accepted: link, name, password_hash, publish, "
-            r"publish_deny, subscribe, subscribe_deny, token_hash$",
+            r"^users\[1\]: unknown key 'password'; accepted: certificate, link, name, "
+            r"password_hash, publish, publish_deny, subscribe, subscribe_deny, token_hash$",
         ),
         (
             {"name": "bob", "password_hash": PASSWORD_HASH, "publish": "orders.>"},
@@ -149,14 +149,15 @@ def test_users_given_as_user_objects_are_kept() -> None:
             {"name": "alice", "token_hash": TOKEN_HASH},
             r"^users\[1\]\.name 'alice' is used twice$",
         ),
-        ({"name": "bob"}, r"^users\[1\] \(bob\) needs password_hash or token_hash$"),
+        ({"name": "bob"}, r"^users\[1\] \(bob\) needs password_hash, token_hash or certificate$"),
         (
             {"name": "bob", "password_hash": "", "publish": []},
-            r"^users\[1\] \(bob\) needs password_hash or token_hash$",
+            r"^users\[1\] \(bob\) needs password_hash, token_hash or certificate$",
         ),
         (
             {"name": "anonymous", "token_hash": TOKEN_HASH},
-            r"^users\[1\]: the 'anonymous' user .* takes no password_hash or token_hash$",
+            r"^users\[1\]: the 'anonymous' user .* takes no password_hash, token_hash "
+            r"or certificate$",
         ),
         (
             {"name": "bob", "password_hash": PASSWORD},
@@ -321,21 +322,7 @@ def test_refusing_anonymous_without_users_is_a_config_error() -> None:
         Config(allow_anonymous=False)
 
 
-# The Authenticator.
-
-
-@pytest.fixture
-def hash_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The secrets every slow hash check was given, in order (from worker threads)."""
-    checked: list[str] = []
-    matches = SecretHash.matches
-
-    def counting(self: SecretHash, secret: str) -> bool:
-        checked.append(secret)
-        return matches(self, secret)
-
-    monkeypatch.setattr(SecretHash, "matches", counting)
-    return checked
+# The Authenticator (hash_checks: tests/security/conftest.py).
 
 
 def authenticator(*tables: dict[str, Any], allow_anonymous: bool | None = None) -> Authenticator:
