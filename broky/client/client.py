@@ -695,14 +695,17 @@ class Client:
     def _handle_error(self, frame: Error) -> None:
         if frame.stream == 0:
             if frame.code is ErrorCode.AUTHENTICATION_FAILED:
-                self._shutdown(
-                    AuthenticationError(
-                        frame.code,
+                if self.server is not None:
+                    # Welcomed earlier: the broker revoked these credentials
+                    # since (a configuration reload), the login itself was fine.
+                    message = f"the broker closed the connection: {frame.message}"
+                else:
+                    message = (
                         f"the broker refused the connection: {frame.message} (pass user= and "
-                        "password=, or token=, to broky.connect; --user/--password/--token on "
-                        "the command line)",
+                        "password=, or token=, to broky.connect, or a client certificate the "
+                        "broker maps to a user; --user/--password/--token on the command line)"
                     )
-                )
+                self._shutdown(AuthenticationError(frame.code, message))
                 return
             self._shutdown(
                 BrokyError(frame.code, f"the broker closed the connection: {frame.message}")

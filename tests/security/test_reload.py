@@ -92,7 +92,11 @@ async def test_a_removed_user_is_disconnected_and_others_carry_on(alice_and_bob:
             logged_in(address, "bob", "b-pw") as (_, bob_inbox),
         ):
             broker.reload(config(user("alice", "a-pw")))
-            with pytest.raises(BrokyError, match="revoked by a configuration reload"):
+            with pytest.raises(
+                AuthenticationError,
+                match="closed the connection: the credentials of 'bob' were revoked by a "
+                "configuration reload",
+            ):
                 await take(bob_inbox, 1)
             await eventually(lambda: broker.statistics().connections_current == 1)
             assert broker.statistics().connections_closed["authentication_failed"] == 1
