@@ -34,6 +34,7 @@ from broky.observability.service import Observability
 from broky.protocol.constants import ErrorCode, LinkKind
 from broky.router.router import Router, RouterStatistics
 from broky.security.auth import Authenticator
+from broky.security.quotas import QuotaLedger
 
 log = logging.getLogger("broky.server")
 
@@ -93,6 +94,8 @@ class Broker:
         self._tls = self.config.tls_context()
         #: Checks credentials of connections from the network (see _serve_stream).
         self.authenticator = Authenticator(self.config.users, self.config.allow_anonymous)
+        #: Each principal's connections and byte-rate bucket on this worker.
+        self.quotas = QuotaLedger()
         self._link_listeners = list(link_listeners)
         self._links: list[Link] = []
         self._link_nursery: trio.Nursery | None = None
@@ -213,6 +216,7 @@ class Broker:
                 self.authenticator,
                 trusted=trusted,
                 map_certificate=client_tls,
+                quotas=self.quotas,
             )
             limit = self.config.max_connections
             if not trusted and len(self._connections) >= limit:

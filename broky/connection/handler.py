@@ -59,6 +59,7 @@ from broky.router.router import Router
 from broky.security.acl import PublishGate
 from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
 from broky.security.identity import certificate_identities
+from broky.security.quotas import QuotaLedger, TokenBucket
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
@@ -116,6 +117,7 @@ class ServerConnection:
         *,
         trusted: bool = False,
         map_certificate: bool = False,
+        quotas: QuotaLedger | None = None,
     ) -> None:
         self._stream = stream
         #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
@@ -125,6 +127,12 @@ class ServerConnection:
         #: only on the client listener, whose CA is ``tls_client_ca`` (a
         #: cluster certificate proves a node, not a user).
         self._map_certificate = map_certificate
+        #: The worker's per-principal counts and byte buckets (None: no quotas).
+        self._quotas = quotas
+        #: The name this connection is counted under in ``_quotas``, once admitted.
+        self._counted_as: str | None = None
+        #: Its principal's shared byte-rate bucket (None: not throttled).
+        self._bucket: TokenBucket | None = None
         #: The verified client certificate's identities, set by the handshake.
         self._certificate_identities: tuple[str, ...] = ()
         #: Set once the Hello is admitted.
@@ -177,6 +185,8 @@ class ServerConnection:
                     nursery.cancel_scope.cancel()
         finally:
             self._router.detach(self._outlet)
+            if self._quotas is not None and self._counted_as is not None:
+                self._quotas.release(self._counted_as)
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
                 await self._stream.aclose()
             reason = self._reason or CloseReason.SERVER_SHUTDOWN
@@ -273,7 +283,15 @@ class ServerConnection:
                     self._close_reason(CloseReason.CLIENT_CLOSED)
                     return
                 counters.bytes_received += len(data)
-                self._last_received = trio.current_time()
+                now = self._last_received = trio.current_time()
+                bucket = self._bucket
+                if bucket is not None:
+                    pause = bucket.charge(len(data), now)
+                    if pause:
+                        # Not read while throttled: TCP pushes back on the
+                        # sender. Counted as activity, not as idleness.
+                        self._last_received = now + pause
+                        await trio.sleep(pause)
                 frames = receive(data)
                 if self.principal is None and frames:
                     frames = await self._admit(frames)
@@ -336,6 +354,15 @@ class ServerConnection:
                 f"principal {principal.name or 'anonymous'!r} may not open router links "
                 "(grant it with link = true in its [[users]] table)",
             )
+        if refusal is None and principal is not None and self._quotas is not None:
+            over = self._quotas.admit(principal.name, principal.quotas)
+            if over is not None:
+                refusal = (ErrorCode.LIMIT_EXCEEDED, over)
+            else:
+                self._counted_as = principal.name
+                self._bucket = self._quotas.bucket(
+                    principal.name, principal.quotas, trio.current_time()
+                )
         if refusal is not None or principal is None:
             code, message = refusal or (ErrorCode.AUTHENTICATION_FAILED, "refused")
             self._close_reason(CloseReason.for_error(code), f"{message}{self._who(hello)}")
@@ -373,6 +400,9 @@ class ServerConnection:
             return
         self.principal = updated
         self._gate = PublishGate(updated.permissions) if updated.permissions is not None else None
+        if self._quotas is not None and self._counted_as is not None:
+            # A new max_connections counts from the next login; a new rate applies now.
+            self._bucket = self._quotas.bucket(updated.name, updated.quotas, trio.current_time())
         for stream, subscription in list(self._outlet.subscriptions.items()):
             refusal = self._subscribe_refusal(subscription.pattern)
             if refusal is not None:

@@ -10,6 +10,8 @@ Example::
     publish = ["orders.>"]
     subscribe = ["orders.>", "payments.*.done"]
     subscribe_deny = ["orders.internal.>"]
+    max_connections = 20                         # quotas: broky.security.quotas
+    max_ingress_bytes_per_second = 10_000_000
 
     [[users]]
     name = "ops"
@@ -68,6 +70,7 @@ from broky.security.passwords import (
     parse_token_hash,
     token_digest,
 )
+from broky.security.quotas import NO_QUOTAS, Quotas
 
 ANONYMOUS: Final = "anonymous"
 #: Slow hashes computed at once; more logins wait their turn.
@@ -87,7 +90,11 @@ USER_KEYS: Final[dict[str, tuple[type, ...]]] = {
     "subscribe": (list,),
     "subscribe_deny": (list,),
     "link": (bool,),
+    "max_connections": (int,),
+    "max_ingress_bytes_per_second": (int,),
 }
+#: The quota keys of a [[users]] table (broky.security.quotas).
+QUOTA_KEYS: Final = ("max_connections", "max_ingress_bytes_per_second")
 
 
 class AuthConfigError(ValueError):
@@ -111,6 +118,12 @@ class User:
     token: SecretHash | TokenDigest | None = None
     permissions: Permissions = attrs.field(factory=Permissions)
     certificate: str = ""
+    quotas: Quotas = NO_QUOTAS
+
+    @property
+    def principal(self) -> Principal:
+        """Who a connection that proved this user's credentials is."""
+        return Principal(self.name, self.permissions, self.quotas)
 
     @property
     def credentials(self) -> tuple[object, ...]:
@@ -135,6 +148,7 @@ class User:
             table["token_hash"] = self.token.encoded
         if self.certificate:
             table["certificate"] = self.certificate
+        table.update(attrs.asdict(self.quotas))
         return table
 
 
@@ -144,6 +158,7 @@ class Principal:
 
     name: str
     permissions: Permissions | None
+    quotas: Quotas = NO_QUOTAS
 
     @property
     def may_link(self) -> bool:
@@ -214,8 +229,16 @@ def parse_users(tables: Sequence[Mapping[str, Any]]) -> tuple[User, ...]:
             raise AuthConfigError(str(exc)) from exc
         password = hashes["password_hash"]
         assert not isinstance(password, TokenDigest)  # parse_hash makes scrypt hashes only
-        users.append(User(name, password, hashes["token_hash"], permissions, certificate))
+        quotas = Quotas(**{key: _quota(table, key, where) for key in QUOTA_KEYS})
+        users.append(User(name, password, hashes["token_hash"], permissions, certificate, quotas))
     return tuple(users)
+
+
+def _quota(table: Mapping[str, Any], key: str, where: str) -> int:
+    value = table.get(key, 0)
+    if isinstance(value, bool) or value < 0:
+        raise AuthConfigError(f"{where}.{key} must be an integer >= 0 (0: no quota), got {value!r}")
+    return int(value)
 
 
 def _certificate(table: Mapping[str, Any], where: str, claimed: Mapping[str, int]) -> str:
@@ -272,8 +295,8 @@ class Authenticator:
         self.allow_anonymous = (not self.enabled) if allow_anonymous is None else allow_anonymous
         # Without an `anonymous` table, anonymous clients of a broker that has
         # users get the default permissions: every key, but no $SYS, no links.
-        self._anonymous = Principal(
-            ANONYMOUS, anonymous.permissions if anonymous is not None else Permissions()
+        self._anonymous = (
+            anonymous.principal if anonymous is not None else Principal(ANONYMOUS, Permissions())
         )
         # Checked when the user name is unknown, so that a missing user costs
         # the same time as a wrong password and timing reveals no names.
@@ -288,9 +311,7 @@ class Authenticator:
         )
         #: Certificate identity -> its user's principal (parse_users keeps them unique).
         self._by_certificate = {
-            user.certificate: Principal(user.name, user.permissions)
-            for user in self._by_name.values()
-            if user.certificate
+            user.certificate: user.principal for user in self._by_name.values() if user.certificate
         }
         self._verified: OrderedDict[bytes, Principal] = OrderedDict()
         self._limiter = trio.CapacityLimiter(HASH_THREADS)
@@ -323,7 +344,7 @@ class Authenticator:
         if token and not (user or password):
             indexed = self._token_index.get(token_digest(token))
             if indexed is not None:
-                return Principal(indexed.name, indexed.permissions)
+                return indexed.principal
             if not self._slow_token_users:
                 raise self._failed(FAILED)
         fingerprint = hashlib.sha256(
@@ -360,7 +381,7 @@ class Authenticator:
         before = previous._by_name.get(principal.name)
         if user is None or before is None or user.credentials != before.credentials:
             return None
-        return Principal(user.name, user.permissions)
+        return user.principal
 
     def _certificate_principal(self, identities: Sequence[str]) -> Principal | None:
         """The principal a certificate's identities name (None: nobody).
@@ -386,7 +407,7 @@ class Authenticator:
             for candidate in self._slow_token_users:
                 assert candidate.token is not None
                 if candidate.token.matches(token):
-                    return Principal(candidate.name, candidate.permissions)
+                    return candidate.principal
             return None
         found = self._by_name.get(user)
         if found is None or found.password is None or not password:
@@ -394,5 +415,5 @@ class Authenticator:
                 self._decoy.matches(password)
             return None
         if found.password.matches(password):
-            return Principal(found.name, found.permissions)
+            return found.principal
         return None

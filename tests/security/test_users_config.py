@@ -131,8 +131,9 @@ def test_users_given_as_user_objects_are_kept() -> None:
     [
         (
             {"name": "bob", "password": PASSWORD},
-            r"^users\[1\]: unknown key 'password'; accepted: certificate, link, name, "
-            r"password_hash, publish, publish_deny, subscribe, subscribe_deny, token_hash$",
+            r"^users\[1\]: unknown key 'password'; accepted: certificate, link, "
+            r"max_connections, max_ingress_bytes_per_second, name, password_hash, publish, "
+            r"publish_deny, subscribe, subscribe_deny, token_hash$",
         ),
         (
             {"name": "bob", "password_hash": PASSWORD_HASH, "publish": "orders.>"},
