@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability
 from broky.protocol.constants import ErrorCode, LinkKind
+from broky.reload import applicable
 from broky.router.router import Router, RouterStatistics
 from broky.security.auth import Authenticator
 from broky.security.quotas import QuotaLedger
@@ -92,6 +94,11 @@ class Broker:
         )
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
+        #: TLS contexts whose certificate a reload loads again, each with the
+        #: settings' prefix ("tls": tls_cert and tls_key).
+        self._renewable: list[tuple[ssl.SSLContext, str]] = []
+        if self._tls is not None:
+            self.renews(self._tls, "tls")
         #: Checks credentials of connections from the network (see _serve_stream).
         self.authenticator = Authenticator(self.config.users, self.config.allow_anonymous)
         #: Each principal's connections and byte-rate bucket on this worker.
@@ -251,6 +258,12 @@ class Broker:
         async with Client.over(client_end, name=name) as client:
             yield client
 
+    def add_link_listeners(self, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]]) -> None:
+        """More listeners for peer routers' links; before ``serve`` only."""
+        if self._connection_nursery is not None:
+            raise RuntimeError("link listeners are added before the broker serves")
+        self._link_listeners.extend(listeners)
+
     def add_link(self, kind: LinkKind, connect: Connector, name: str) -> Link:
         """Keep a link to a peer router (reconnecting), starting now if serving.
 
@@ -298,9 +311,10 @@ class Broker:
         nursery.start_soon(self._serve_stream, stream)
 
     def reload(self, config: Config) -> None:
-        """Apply a re-read configuration's users and ``allow_anonymous``
-        (see broky.reload; other settings wait for a restart). ConfigError
-        if they would leave a non-loopback listener without authentication.
+        """Apply a re-read configuration's users and ``allow_anonymous``, and
+        load the TLS certificates again (see broky.reload; other settings wait
+        for a restart). ConfigError if the users would leave a non-loopback
+        listener without authentication.
 
         New logins are checked against the new users at once, and so is
         every live connection: a principal that may stay gets its new
@@ -309,14 +323,30 @@ class Broker:
         """
         # Validated against this broker's listeners (the exposure rule) first:
         # a ConfigError leaves everything as it was.
-        updated = attrs.evolve(
-            self.config, users=config.users, allow_anonymous=config.allow_anonymous
-        )
+        updated = attrs.evolve(self.config, **applicable(self.config, config))
         previous = self.authenticator
         self.authenticator = Authenticator(config.users, config.allow_anonymous)
         self.config = updated
+        self._renew_certificates()
         for connection in list(self._connections):
             connection.reauthorize(self.authenticator, previous)
+
+    def renews(self, context: ssl.SSLContext, prefix: str) -> None:
+        """Have ``reload`` load ``{prefix}_cert`` and ``{prefix}_key`` into
+        ``context`` again: renewed certificates serve new handshakes, and
+        connections already up keep theirs."""
+        self._renewable.append((context, prefix))
+
+    def _renew_certificates(self) -> None:
+        for context, prefix in self._renewable:
+            cert, key = (
+                getattr(self.config, f"{prefix}_cert"),
+                getattr(self.config, f"{prefix}_key"),
+            )
+            try:
+                context.load_cert_chain(cert, key)
+            except (OSError, ssl.SSLError) as exc:
+                log.error("%s_cert/%s_key not reloaded, keeping the old: %s", prefix, prefix, exc)
 
     def statistics(self) -> BrokerStatistics:
         """Router and connection figures, for metrics and tests."""

@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -114,13 +115,11 @@ async def run_worker(
     link_sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await link_sock.bind(str(link_path))
     link_sock.listen(LISTEN_BACKLOG)
-    link_listeners: list[trio.abc.Listener[trio.abc.Stream]] = [trio.SocketListener(link_sock)]
-    link_listeners += await cluster_listeners(config, plan.index)
     broker = Broker(
         config,
         node_id=plan.node_id,
         client_listeners=client_listeners,
-        link_listeners=link_listeners,
+        link_listeners=[trio.SocketListener(link_sock)],
         worker=plan.index,
         workers=plan.count,
     )
@@ -137,8 +136,7 @@ async def run_worker(
                     LinkKind.LOCAL, connect_local, f"worker-{plan.index}>worker-{other}"
                 )
             )
-    for name, connector in cluster_connectors(config, plan.index):
-        broker.add_link(LinkKind.CLUSTER, connector, name)
+    await join_cluster(broker, config, plan.index)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.serve)
@@ -157,24 +155,48 @@ async def run_worker(
                 break
 
 
-async def cluster_listeners(config: Config, index: int) -> list[trio.abc.Listener[trio.abc.Stream]]:
+ClusterContexts = tuple[ssl.SSLContext, ssl.SSLContext] | None
+
+
+async def join_cluster(broker: Broker, config: Config, index: int) -> None:
+    """Give ``broker`` (not serving yet), as worker ``index`` of its node, its
+    listener for other nodes' links and its links to them.
+
+    One pair of TLS contexts serves both, and the broker keeps them so that
+    a reload loads renewed certificates into them (Broker.renews).
+    """
+    contexts = config.cluster_tls_contexts()
+    broker.add_link_listeners(await cluster_listeners(config, index, contexts))
+    for name, connector in cluster_connectors(config, index, contexts):
+        broker.add_link(LinkKind.CLUSTER, connector, name)
+    for context in contexts or ():
+        broker.renews(context, "cluster_tls")
+
+
+async def cluster_listeners(
+    config: Config, index: int, contexts: ClusterContexts = None
+) -> list[trio.abc.Listener[trio.abc.Stream]]:
     """Worker ``index``'s listeners for other nodes' links (none without
     ``cluster_listen``), TLS-only when ``cluster_tls_*`` is set. The TLS
-    handshake runs later, in each connection's own task (ServerConnection.run)."""
+    handshake runs later, in each connection's own task (ServerConnection.run).
+    ``contexts``: those of ``config.cluster_tls_contexts()`` to use (default:
+    made here)."""
     if not config.cluster_listen:
         return []
     host, _, port = config.cluster_listen.rpartition(":")
     listeners = await trio.open_tcp_listeners(int(port) + index, host=host)
-    tls = config.cluster_tls_contexts()
+    tls = contexts or config.cluster_tls_contexts()
     if tls is None:
         return list(listeners)
     return [trio.SSLListener(listener, tls[0]) for listener in listeners]
 
 
-def cluster_connectors(config: Config, index: int) -> list[tuple[str, Connector]]:
+def cluster_connectors(
+    config: Config, index: int, contexts: ClusterContexts = None
+) -> list[tuple[str, Connector]]:
     """(name, connector) of worker ``index``'s link to each peer node's worker
     ``index``; each connector speaks TLS when ``cluster_tls_*`` is set."""
-    tls = config.cluster_tls_contexts()
+    tls = contexts or config.cluster_tls_contexts()
     connectors: list[tuple[str, Connector]] = []
     for peer in config.peers:
         host, _, port = peer.rpartition(":")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,8 +20,8 @@ import trustme
 import broky
 from broky import Broker, Config, ConfigError
 from broky.mesh.link import Connector, LinkHandshakeError, tls_connector
-from broky.mesh.workers import cluster_connectors, cluster_listeners
-from broky.protocol.constants import LinkKind
+from broky.mesh.workers import join_cluster
+from broky.reload import reread
 from broky.security.tls import client_context
 from tests.conftest import eventually
 from tests.mesh.test_nodes import free_ports, nodes
@@ -43,9 +44,8 @@ def _config(files: CertFiles, port: int, peer_port: int, **overrides: object) ->
 
 async def _node(nursery: trio.Nursery, config: Config) -> Broker:
     """A one-worker node in this process, linked as ``run_worker`` links it."""
-    broker = Broker(config, link_listeners=await cluster_listeners(config, 0))
-    for name, connector in cluster_connectors(config, 0):
-        broker.add_link(LinkKind.CLUSTER, connector, name)
+    broker = Broker(config)
+    await join_cluster(broker, config, 0)
     await nursery.start(broker.serve)
     return broker
 
@@ -145,6 +145,31 @@ async def test_a_node_with_a_wrong_certificate_is_refused(
     assert status.connects == 0
     # Retries do not repeat the warning.
     assert len(refusals(link_a)) == 1
+
+
+async def test_a_reload_renews_the_cluster_certificate(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Renewed cluster certificate files are loaded into the running
+    listener's context: here the renewal names another host, so a client
+    that checks for 127.0.0.1 is accepted before and refused after."""
+    ca = trustme.CA()
+    files = write_cert(ca, tmp_path, "node", "127.0.0.1")
+    port_a, port_b = free_ports(2)
+    config = _config(files, port_a, port_b)
+    node = await _node(nursery, config)
+    cluster = f"127.0.0.1:{port_a}"
+    member = client_context(files.ca, files.cert, files.key)
+    with trio.fail_after(10):
+        async with broky.connect(cluster, ssl_context=member):
+            pass
+        renewed = write_cert(ca, tmp_path, "renewed", "elsewhere.example")
+        shutil.copyfile(renewed.cert, files.cert)
+        shutil.copyfile(renewed.key, files.key)
+        applied = reread(lambda: config, node.config)
+        assert applied is not None
+        node.reload(applied)
+        assert "IP address mismatch" in await connect_fails(cluster, member)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 import broky
 from broky import (
@@ -32,8 +34,10 @@ from broky import (
 from broky.reload import needs_restart, reread
 from broky.security.auth import TRUSTED, Authenticator, Principal, parse_users
 from broky.security.passwords import hash_secret, hash_token
+from broky.security.tls import client_context
 from tests.conftest import StartBroker, address_of, eventually
 from tests.mesh.test_nodes import nodes, take
+from tests.security.helpers import connect_fails, write_cert
 
 HASHES = {secret: hash_secret(secret, log_n=10) for secret in ("a-pw", "b-pw", "a-new-pw")}
 
@@ -366,3 +370,54 @@ def test_revalidate_follows_each_kind_of_credential() -> None:
     assert moved.revalidate(Principal("svc", None), before) is None
     assert moved.revalidate(Principal("ghost", None), before) is None
     assert Authenticator(()).revalidate(Principal("svc", None), before) == TRUSTED
+
+
+# --- renewed certificates --------------------------------------------------------------
+
+
+async def test_a_reload_serves_a_renewed_certificate(
+    start_broker: StartBroker, tmp_path: Path
+) -> None:
+    """The certificate files are replaced in place (as a renewal does) and
+    loaded again: new handshakes get the new certificate, and a connection
+    made before keeps working."""
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    files = write_cert(old_ca, tmp_path, "server", "127.0.0.1")
+    tls = Config(port=0, tls_cert=files.cert, tls_key=files.key)
+    broker = await start_broker(tls)
+    address = address_of(broker)
+    trusts_old = client_context(ca=files.ca)
+    renewed = write_cert(new_ca, tmp_path, "renewed", "127.0.0.1")
+    trusts_new = client_context(ca=renewed.ca)
+    with trio.fail_after(10):
+        async with broky.connect(address, ssl_context=trusts_old) as before:
+            assert "CERTIFICATE_VERIFY_FAILED" in await connect_fails(address, trusts_new)
+            shutil.copyfile(renewed.cert, files.cert)
+            shutil.copyfile(renewed.key, files.key)
+            applied = reread(lambda: tls, broker.config)
+            assert applied is not None
+            broker.reload(applied)
+            async with broky.connect(address, ssl_context=trusts_new):
+                pass
+            assert "CERTIFICATE_VERIFY_FAILED" in await connect_fails(address, trusts_old)
+            await before.flush()  # made with the old certificate, still up
+
+
+def test_unloadable_certificates_refuse_the_reload(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = write_cert(trustme.CA(), tmp_path, "server", "127.0.0.1")
+    running = Config(port=0, tls_cert=files.cert, tls_key=files.key)
+    Path(files.key).write_text("not a key")
+    assert reread(lambda: running, running) is None
+    assert "cannot load tls_cert/tls_key" in caplog.text
+
+
+def test_turning_tls_on_or_off_needs_a_restart(tmp_path: Path) -> None:
+    files = write_cert(trustme.CA(), tmp_path, "server", "127.0.0.1")
+    plain = Config(port=0)
+    tls = Config(port=0, tls_cert=files.cert, tls_key=files.key)
+    assert needs_restart(plain, tls) == ["tls_cert", "tls_key"]
+    assert needs_restart(tls, plain) == ["tls_cert", "tls_key"]
+    moved = Config(port=0, tls_cert=files.cert + ".new", tls_key=files.key)
+    assert needs_restart(tls, moved) == []  # new paths, loaded at the reload
