@@ -78,7 +78,8 @@ def load_config(args: argparse.Namespace) -> Config:
 
 async def serve(config: Config, load: Callable[[], Config] | None = None) -> None:
     """Run a broker until SIGINT or SIGTERM, then shut it down gracefully.
-    SIGHUP reloads users and allow_anonymous with ``load`` (broky.reload)."""
+    SIGHUP reloads users, allow_anonymous and certificates with ``load``
+    (broky.reload)."""
     broker = Broker(config)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:

@@ -137,7 +137,9 @@ async def run_worker(
                 )
             )
     await join_cluster(broker, config, plan.index)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    # SIGHUP is the supervisor's to act on (it sends reloads down the pipe);
+    # caught here so that `pkill -HUP broky` does not kill the workers.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.serve)
             if plan.handoff_fd >= 0:
@@ -150,9 +152,10 @@ async def run_worker(
                 for link in local_links:
                     await link.ready.wait()
             print("ready", flush=True)
-            async for _ in signals:
-                nursery.cancel_scope.cancel()
-                break
+            async for signum in signals:
+                if signum != signal.SIGHUP:
+                    nursery.cancel_scope.cancel()
+                    break
 
 
 ClusterContexts = tuple[ssl.SSLContext, ssl.SSLContext] | None
@@ -459,7 +462,8 @@ class Supervisor:
 
 async def serve_node(config: Config, load: Callable[[], Config] | None = None) -> None:
     """``broky serve --workers N``: supervise a node until SIGINT/SIGTERM.
-    SIGHUP reloads users and allow_anonymous with ``load`` (broky.reload)."""
+    SIGHUP reloads users, allow_anonymous and certificates with ``load``
+    into every worker (broky.reload)."""
     supervisor = Supervisor(config)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:

@@ -39,10 +39,10 @@ connection is anonymous.
 A generated token is found by its SHA-256 in a dict, at once (see
 broky.security.passwords). Other checks run the slow hash in a worker
 thread, a few at a time, so a flood of logins costs threads, never the
-event loop. A successful check is
-remembered (as a SHA-256 of the credentials, in memory only) so a
-reconnecting fleet pays the slow hash once per credential, not once per
-connection; failures are never remembered, so every guess stays slow.
+event loop. A successful check is remembered (as a SHA-256 of the
+credentials, in memory only) so a reconnecting fleet pays the slow hash
+once per credential, not once per connection; failures are never
+remembered, so every guess stays slow.
 
 Anonymous connections are accepted only when there are no users (then with
 full access: a loopback-only development broker, see Config) or when

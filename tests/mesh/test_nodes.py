@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from pathlib import Path
 
 import pytest
 import trio
@@ -48,6 +49,14 @@ class Node:
         line = self.process.stdout.readline()
         assert "listening on" in line, f"node did not start: {line!r}"
         self.address = line.rsplit(" ", 1)[1].strip()
+
+    def workers(self) -> list[int]:
+        """The PIDs of the supervisor's worker processes."""
+        return [
+            int(child)
+            for task in Path(f"/proc/{self.process.pid}/task").iterdir()
+            for child in (task / "children").read_text().split()
+        ]
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -72,11 +72,7 @@ def test_the_worker_spec_stays_off_the_command_line(tmp_path: Path) -> None:
     config = write_config(tmp_path / "broky.toml", f'cluster_token = "{CLUSTER_TOKEN}"')
     with nodes() as start:
         node = start(["--workers", "2", "--config", config])
-        pids = [
-            child
-            for task in Path(f"/proc/{node.process.pid}/task").iterdir()
-            for child in (task / "children").read_text().split()
-        ]
+        pids = node.workers()
         assert len(pids) == 2
         for pid in pids:
             command_line = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -297,6 +297,16 @@ async def test_sighup_reloads_users_in_every_worker(tmp_path: Path, workers: int
         await trio.sleep(0.2)
         async with broky.connect(node.address, user="alice", password="a-pw"):
             pass
+        # SIGHUP to the whole process group (pkill -HUP) leaves the workers be.
+        pids = node.workers()
+        assert len(pids) == (workers if workers > 1 else 0)  # one worker: no supervisor
+        os.killpg(node.process.pid, signal.SIGHUP)
+        await trio.sleep(0.3)
+        assert node.workers() == pids
+        assert node.process.poll() is None
+        for _ in range(4 * workers):
+            async with broky.connect(node.address, user="alice", password="a-pw"):
+                pass
 
 
 async def flush_until_closed(client: broky.Client) -> None:
@@ -310,11 +320,7 @@ async def flush_until_closed(client: broky.Client) -> None:
 def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
     with nodes() as start:
         node = start(["--workers", "2"])
-        workers = [
-            int(child)
-            for task in Path(f"/proc/{node.process.pid}/task").iterdir()
-            for child in (task / "children").read_text().split()
-        ]
+        workers = node.workers()
         assert len(workers) == 2
         os.kill(node.process.pid, signal.SIGKILL)  # the supervisor alone
         node.process.wait(5)
