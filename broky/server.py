@@ -346,7 +346,7 @@ class Broker:
             try:
                 context.load_cert_chain(cert, key)
             except (OSError, ssl.SSLError) as exc:
-                log.error("%s_cert/%s_key not reloaded, keeping the old: %s", prefix, prefix, exc)
+                log.error("%s_cert/%s_key could not be loaded again: %s", prefix, prefix, exc)
 
     def statistics(self) -> BrokerStatistics:
         """Router and connection figures, for metrics and tests."""
