@@ -17,7 +17,7 @@ from broky import Broker, BrokyError, Config, ErrorCode
 from broky.security.auth import AuthConfigError, parse_users
 from broky.security.passwords import hash_secret
 from broky.security.quotas import QuotaLedger, Quotas, TokenBucket
-from tests.conftest import StartBroker, address_of
+from tests.conftest import StartBroker, address_of, eventually
 from tests.mesh.test_nodes import take
 
 PASSWORD_HASH = hash_secret("pw", log_n=10)
@@ -121,7 +121,8 @@ async def test_a_users_extra_connection_is_refused_with_a_reason(
             assert refused.value.code is ErrorCode.LIMIT_EXCEEDED
             async with broky.connect(address, user="other", password="pw"):
                 pass  # other principals are not counted against svc
-        # Closed connections are released.
+        # Closed connections are released (once the broker has seen them close).
+        await eventually(lambda: broker.quotas.connections("svc") == 0)
         async with broky.connect(address, user="svc", password="pw"):
             pass
 
