@@ -117,7 +117,7 @@ async def test_bad_credentials_are_refused_with_one_message(
         assert "broky.connect" in str(refused.value)  # says what to fix
         async with round_trip_client(broker, user="alice", password=PASSWORD):
             pass  # other clients carry on
-    await eventually(lambda: "authentication_failed" in broker.statistics().connections_closed)
+        await eventually(lambda: "authentication_failed" in broker.statistics().connections_closed)
     assert broker.authenticator.failures == 1
 
 
@@ -202,7 +202,7 @@ async def test_a_silent_peer_cannot_hold_a_login_slot(start_broker: StartBroker)
     with trio.fail_after(5):
         async with raw_connection(broker) as silent:
             await silent.wait_closed()
-    await eventually(lambda: "idle_timeout" in broker.statistics().connections_closed)
+        await eventually(lambda: "idle_timeout" in broker.statistics().connections_closed)
 
 
 async def cluster_pair(

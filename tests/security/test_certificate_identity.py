@@ -291,7 +291,7 @@ async def test_an_unmapped_certificate_is_refused_without_anonymous(
         # The same certificate with credentials is alice.
         async with _client_as("alice", secured, context, user="alice", password=PASSWORD):
             pass
-    await eventually(lambda: "authentication_failed" in secured.statistics().connections_closed)
+        await eventually(lambda: "authentication_failed" in secured.statistics().connections_closed)
 
 
 async def test_explicit_credentials_over_a_mapped_certificate_win(
