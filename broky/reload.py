@@ -70,9 +70,11 @@ def reread(load: Callable[[], Config], running: Config) -> Config | None:
             "configuration reload: %s changed and take effect at the next restart",
             ", ".join(restart),
         )
+    renewed = [prefix for prefix in ("tls", "cluster_tls") if getattr(applied, f"{prefix}_cert")]
     log.info(
-        "configuration reloaded: %d user(s), allow_anonymous=%s, certificates loaded again",
+        "configuration reloaded: %d user(s), allow_anonymous=%s%s",
         len(loaded.users),
         loaded.allow_anonymous,
+        f", certificates loaded again ({', '.join(renewed)})" if renewed else "",
     )
     return applied
