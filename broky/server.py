@@ -327,9 +327,23 @@ class Broker:
         previous = self.authenticator
         self.authenticator = Authenticator(config.users, config.allow_anonymous)
         self.config = updated
-        self._renew_certificates()
+        renewed = self._renew_certificates()
+        revoked = ended = 0
         for connection in list(self._connections):
-            connection.reauthorize(self.authenticator, previous)
+            outcome = connection.reauthorize(self.authenticator, previous)
+            if outcome < 0:
+                revoked += 1
+            else:
+                ended += outcome
+        self.observability.config_reloaded(
+            {
+                "users": len(updated.users),
+                "allow_anonymous": self.authenticator.allow_anonymous,
+                "connections_revoked": revoked,
+                "subscriptions_ended": ended,
+                "certificates": renewed,
+            }
+        )
 
     def renews(self, context: ssl.SSLContext, prefix: str) -> None:
         """Have ``reload`` load ``{prefix}_cert`` and ``{prefix}_key`` into
@@ -337,7 +351,9 @@ class Broker:
         connections already up keep theirs."""
         self._renewable.append((context, prefix))
 
-    def _renew_certificates(self) -> None:
+    def _renew_certificates(self) -> list[str]:
+        """Load the certificates again; the prefixes of those loaded."""
+        renewed: list[str] = []
         for context, prefix in self._renewable:
             cert, key = (
                 getattr(self.config, f"{prefix}_cert"),
@@ -347,6 +363,9 @@ class Broker:
                 context.load_cert_chain(cert, key)
             except (OSError, ssl.SSLError) as exc:
                 log.error("%s_cert/%s_key could not be loaded again: %s", prefix, prefix, exc)
+            else:
+                renewed.append(prefix)
+        return renewed
 
     def statistics(self) -> BrokerStatistics:
         """Router and connection figures, for metrics and tests."""

@@ -373,8 +373,9 @@ class ServerConnection:
             self._gate = PublishGate(principal.permissions)
         return frames
 
-    def reauthorize(self, authenticator: Authenticator, previous: Authenticator) -> None:
-        """Apply reloaded users to this live connection (Broker.reload).
+    def reauthorize(self, authenticator: Authenticator, previous: Authenticator) -> int:
+        """Apply reloaded users to this live connection (Broker.reload); the
+        subscriptions it ended, or -1 if it disconnected the connection.
 
         A principal that may stay gets its new permissions at once: later
         publishes pass the new gate, and each subscription the new rules
@@ -383,11 +384,11 @@ class ServerConnection:
         may not stay is disconnected with AuthenticationFailed.
         """
         if self._authenticator is None:
-            return  # a trusted connection never authenticated
+            return 0  # a trusted connection never authenticated
         self._authenticator = authenticator
         principal = self.principal
         if principal is None:
-            return  # not admitted yet: _admit checks against the new users
+            return 0  # not admitted yet: _admit checks against the new users
         updated = authenticator.revalidate(principal, previous)
         if updated is None:
             self._outlet.fail(
@@ -395,14 +396,15 @@ class ServerConnection:
                 f"the credentials of {principal.name or 'anonymous'!r} were revoked by a "
                 "configuration reload",
             )
-            return
+            return -1
         if updated == principal:
-            return
+            return 0
         self.principal = updated
         self._gate = PublishGate(updated.permissions) if updated.permissions is not None else None
         if self._quotas is not None and self._counted_as is not None:
             # A new max_connections counts from the next login; a new rate applies now.
             self._bucket = self._quotas.bucket(updated.name, updated.quotas, trio.current_time())
+        ended = 0
         for stream, subscription in list(self._outlet.subscriptions.items()):
             refusal = self._subscribe_refusal(subscription.pattern)
             if refusal is not None:
@@ -412,6 +414,8 @@ class ServerConnection:
                     f"{refusal} (permissions changed by a configuration reload)",
                     stream,
                 )
+                ended += 1
+        return ended
 
     def _who(self, hello: Hello) -> str:
         """How a refused Hello introduced itself, for the log line."""

@@ -19,7 +19,7 @@ import trio
 from broky.observability.http import MetricsEndpoint
 from broky.observability.lag import LoopLagProbe
 from broky.observability.metrics import LoopLag, WorkerSample, broker_registry
-from broky.observability.system import SystemTopics
+from broky.observability.system import Advisory, SystemTopics
 
 if TYPE_CHECKING:
     from broky.config import Config
@@ -81,6 +81,10 @@ class Observability:
     def connection_closed(self, connection: ServerConnection) -> None:
         """Called by the broker when a connection's task has ended."""
         self.system.connection_closed(connection)
+
+    def config_reloaded(self, outcome: dict[str, Any]) -> None:
+        """Called by the broker after a reload: advise what it changed."""
+        self.system.advise(Advisory.CONFIG_RELOADED, outcome)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the probe, the publisher and (if configured) the endpoint until cancelled.

@@ -62,6 +62,8 @@ class Advisory(enum.Enum):
     """Messages were dropped for slow subscriptions in the last tick."""
     CONNECTION_CLOSED = "connection.closed"
     """A connection ended, with its enumerated reason."""
+    CONFIG_RELOADED = "config.reloaded"
+    """A reload (SIGHUP) applied new users, permissions or certificates."""
 
 
 def _rate(now: int, before: int | None, seconds: float) -> float:

@@ -162,6 +162,27 @@ async def test_narrowed_permissions_apply_to_live_connections(start_broker: Star
     assert broker.statistics().connections_closed.get("authentication_failed", 0) == 0
 
 
+async def test_a_reload_is_advised_on_sys(alice_and_bob: Broker) -> None:
+    broker = alice_and_bob
+    address = address_of(broker)
+    with trio.fail_after(10):
+        async with (
+            broker.connect() as watcher,
+            watcher.subscription("$SYS.events.config.reloaded") as advisories,
+            logged_in(address, "alice", "a-pw") as (_, alice_inbox),
+            logged_in(address, "bob", "b-pw"),
+        ):
+            broker.reload(config(user("alice", "a-pw", subscribe=["y.>"])))
+            advisory = json.loads((await anext(advisories)).payload)
+            with pytest.raises(SubscriptionError):
+                await take(alice_inbox, 1)
+    assert advisory["kind"] == "config.reloaded"
+    assert advisory["users"] == 1
+    assert advisory["connections_revoked"] == 1  # bob
+    assert advisory["subscriptions_ended"] == 1  # alice's x.>
+    assert advisory["certificates"] == []
+
+
 async def test_closing_anonymous_access_disconnects_anonymous_clients(
     start_broker: StartBroker,
 ) -> None:
