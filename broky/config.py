@@ -131,6 +131,9 @@ class Config:
     #: PEM CA bundle every peer node's certificate must chain to (required
     #: with cluster_tls_cert). Use a CA for nodes alone: it admits any holder.
     cluster_tls_ca: str = ""
+    #: Certificate identities (subject CN, DNS or email name) of the nodes the
+    #: cluster port admits; empty: any holder of a cluster_tls_ca certificate.
+    cluster_tls_names: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: Serve Prometheus /metrics and /healthz on metrics_host:metrics_port.
     metrics_listen: bool = False
     metrics_host: str = "127.0.0.1"
@@ -263,6 +266,17 @@ class Config:
                 "cluster_tls_ca needs cluster_tls_cert and cluster_tls_key (this node's own "
                 "certificate on its links)"
             )
+        if self.cluster_tls_names and not self.cluster_tls_ca:
+            raise ConfigError(
+                "cluster_tls_names needs cluster_tls_cert, cluster_tls_key and cluster_tls_ca: "
+                "the names are read from verified node certificates"
+            )
+        for name in self.cluster_tls_names:
+            if not isinstance(name, str) or not name.strip() or name != name.strip():
+                raise ConfigError(
+                    f"cluster_tls_names holds certificate identities (a CN, DNS name or email "
+                    f"address), not {name!r}"
+                )
 
     def _check_files(self, *names: str) -> None:
         """Name the setting whose file is missing (OpenSSL's errors do not)."""

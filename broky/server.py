@@ -101,6 +101,8 @@ class Broker:
             self.renews(self._tls, "tls")
         #: Checks credentials of connections from the network (see _serve_stream).
         self.authenticator = Authenticator(self.config.users, self.config.allow_anonymous)
+        #: The cluster listener's TLS context (see add_link_listeners).
+        self._cluster_tls: ssl.SSLContext | None = None
         #: Each principal's connections and byte-rate bucket on this worker.
         self.quotas = QuotaLedger()
         self._link_listeners = list(link_listeners)
@@ -213,6 +215,14 @@ class Broker:
             # Only certificates verified against tls_client_ca name users;
             # a cluster listener's streams carry another context.
             client_tls = isinstance(stream, trio.SSLStream) and stream.context is self._tls
+            names = self.config.cluster_tls_names
+            node_names = (
+                frozenset(names)
+                if names
+                and isinstance(stream, trio.SSLStream)
+                and stream.context is self._cluster_tls
+                else None
+            )
             connection = ServerConnection(
                 stream,
                 self.router,
@@ -223,6 +233,7 @@ class Broker:
                 self.authenticator,
                 trusted=trusted,
                 map_certificate=client_tls,
+                node_names=node_names,
                 quotas=self.quotas,
             )
             limit = self.config.max_connections
@@ -258,11 +269,19 @@ class Broker:
         async with Client.over(client_end, name=name) as client:
             yield client
 
-    def add_link_listeners(self, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]]) -> None:
-        """More listeners for peer routers' links; before ``serve`` only."""
+    def add_link_listeners(
+        self,
+        listeners: Sequence[trio.abc.Listener[trio.abc.Stream]],
+        cluster_tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """More listeners for peer routers' links; before ``serve`` only.
+        ``cluster_tls``: their TLS context, whose peers ``cluster_tls_names``
+        restricts (the cluster listener's)."""
         if self._connection_nursery is not None:
             raise RuntimeError("link listeners are added before the broker serves")
         self._link_listeners.extend(listeners)
+        if cluster_tls is not None:
+            self._cluster_tls = cluster_tls
 
     def add_link(self, kind: LinkKind, connect: Connector, name: str) -> Link:
         """Keep a link to a peer router (reconnecting), starting now if serving.

@@ -118,6 +118,7 @@ class ServerConnection:
         trusted: bool = False,
         map_certificate: bool = False,
         quotas: QuotaLedger | None = None,
+        node_names: frozenset[str] | None = None,
     ) -> None:
         self._stream = stream
         #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
@@ -127,6 +128,9 @@ class ServerConnection:
         #: only on the client listener, whose CA is ``tls_client_ca`` (a
         #: cluster certificate proves a node, not a user).
         self._map_certificate = map_certificate
+        #: On a cluster listener with cluster_tls_names: the certificate
+        #: identities it admits (None: any certificate its CA signed).
+        self._node_names = node_names
         #: The worker's per-principal counts and byte buckets (None: no quotas).
         self._quotas = quotas
         #: The name this connection is counted under in ``_quotas``, once admitted.
@@ -231,6 +235,8 @@ class ServerConnection:
                 return False
             if self._map_certificate:
                 self._certificate_identities = certificate_identities(stream.getpeercert())
+            if self._node_names is not None:
+                self._check_node_name(certificate_identities(stream.getpeercert()))
             return True
         self._close_reason(
             CloseReason.IDLE_TIMEOUT, f"TLS handshake not completed within {limit} s"
@@ -416,6 +422,18 @@ class ServerConnection:
                 )
                 ended += 1
         return ended
+
+    def _check_node_name(self, identities: tuple[str, ...]) -> None:
+        """Refuse (after its Hello, so that it reads why) a peer whose
+        certificate names no node of ``cluster_tls_names``."""
+        assert self._node_names is not None
+        if self.refusal is None and self._node_names.isdisjoint(identities):
+            named = ", ".join(identities) or "no identity"
+            self.refusal = (
+                ErrorCode.PERMISSION_DENIED,
+                f"this cluster port admits only the nodes in its cluster_tls_names; this "
+                f"certificate names {named}",
+            )
 
     def _who(self, hello: Hello) -> str:
         """How a refused Hello introduced itself, for the log line."""

@@ -169,7 +169,8 @@ async def join_cluster(broker: Broker, config: Config, index: int) -> None:
     a reload loads renewed certificates into them (Broker.renews).
     """
     contexts = config.cluster_tls_contexts()
-    broker.add_link_listeners(await cluster_listeners(config, index, contexts))
+    listeners = await cluster_listeners(config, index, contexts)
+    broker.add_link_listeners(listeners, contexts[0] if contexts else None)
     for name, connector in cluster_connectors(config, index, contexts):
         broker.add_link(LinkKind.CLUSTER, connector, name)
     for context in contexts or ():

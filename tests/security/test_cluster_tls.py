@@ -18,7 +18,7 @@ import trio
 import trustme
 
 import broky
-from broky import Broker, Config, ConfigError
+from broky import Broker, BrokyError, Config, ConfigError, ErrorCode
 from broky.mesh.link import Connector, LinkHandshakeError, tls_connector
 from broky.mesh.workers import join_cluster
 from broky.reload import reread
@@ -172,6 +172,32 @@ async def test_a_reload_renews_the_cluster_certificate(
         assert "IP address mismatch" in await connect_fails(cluster, member)
 
 
+async def test_cluster_tls_names_admit_only_the_named_nodes(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Node A admits only "node-b" on its cluster port: B's links come up,
+    while another certificate from the same cluster CA is refused, saying
+    why, as a link or as a client."""
+    ca = trustme.CA()
+    files_a = write_cert(ca, tmp_path, "a", "127.0.0.1", common_name="node-a")
+    files_b = write_cert(ca, tmp_path, "b", "127.0.0.1", common_name="node-b")
+    port_a, port_b = free_ports(2)
+    with trio.fail_after(15):
+        node_a = await _node(
+            nursery, _config(files_a, port_a, port_b, cluster_tls_names=("node-b",))
+        )
+        node_b = await _node(nursery, _config(files_b, port_b, port_a))
+        await _delivered_across(node_a, node_b)  # over B's link, admitted by A
+        intruder = write_cert(ca, tmp_path, "intruder", "127.0.0.1", common_name="intruder")
+        context = client_context(files_a.ca, intruder.cert, intruder.key)
+        with pytest.raises(BrokyError) as refused:
+            async with broky.connect(f"127.0.0.1:{port_a}", ssl_context=context):
+                pass  # pragma: no cover
+    assert refused.value.code is ErrorCode.PERMISSION_DENIED
+    assert "admits only the nodes in its cluster_tls_names" in str(refused.value)
+    assert "intruder" in str(refused.value)
+
+
 @pytest.fixture
 async def silent_port() -> AsyncIterator[int]:
     """A port that accepts connections (into the kernel's backlog) and never answers."""
@@ -281,3 +307,10 @@ def test_cluster_tls_settings_are_checked(tmp_path: Path) -> None:
              "cluster_tls_ca": str(not_pem)}
         ).cluster_tls_contexts()  # fmt: skip
     assert Config.from_mapping(cluster).cluster_tls_contexts() is None
+    with pytest.raises(ConfigError, match="cluster_tls_names needs cluster_tls_cert"):
+        Config.from_mapping({**cluster, "cluster_tls_names": ["node-b"]})
+    with pytest.raises(ConfigError, match="cluster_tls_names holds certificate identities"):
+        Config.from_mapping(
+            {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key,
+             "cluster_tls_ca": files.ca, "cluster_tls_names": [" padded"]}
+        )  # fmt: skip
