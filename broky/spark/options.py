@@ -204,6 +204,8 @@ class ReadOptions:
     fetch_bytes: int
     max_rows_per_batch: int
     fail_on_data_loss: bool
+    #: Batch reads only: prune with the query's filters (``FilteringBatchReader``).
+    push_filters: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> ReadOptions:
@@ -231,8 +233,13 @@ class ReadOptions:
                 parse_time("endTime", end_time) if end_time is not None else 2**63 - 1,
             )
         ending_text = _get(options, "endingOffsets")
-        if streaming and ending_text is not None:
-            raise BrokyOptionError("option endingOffsets is for batch reads only")
+        push_filters = _bool(options, "pushFilters", False)
+        for name, given in (
+            ("endingOffsets", ending_text is not None),
+            ("pushFilters", push_filters),
+        ):
+            if streaming and given:
+                raise BrokyOptionError(f"option {name} is for batch reads only")
         starting = parse_offsets(
             "startingOffsets",
             _get(options, "startingOffsets"),
@@ -255,6 +262,7 @@ class ReadOptions:
             fetch_bytes=_int(options, "fetchBytes", DEFAULT_FETCH_BYTES, minimum=1024),
             max_rows_per_batch=_int(options, "maxRowsPerBatch", 0),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+            push_filters=push_filters,
         )
 
 

@@ -7,11 +7,17 @@ of at most ``maxRowsPerPartition`` messages), yielding Arrow batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    Filter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -29,6 +35,7 @@ from broky.spark.planning import (
     initial_offsets,
     stream_ranges,
 )
+from broky.spark.pushdown import Pruning, prune_for
 
 
 class RangePartition(InputPartition):
@@ -55,14 +62,15 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         """One input partition per offset range, in topic/partition/offset order."""
+        return [RangePartition(work) for work in self._ranges()]
+
+    def _ranges(self) -> list[OffsetRange]:
         options = self.options
         if isinstance(self.log, DataDirLog):
-            ranges = self.log.ranges(options.selection, options.starting, options.ending)
-        else:
-            ranges = self.log.ranges(
-                options.selection, options.starting, options.ending, options.rows_per_range
-            )
-        return [RangePartition(work) for work in ranges]
+            return self.log.ranges(options.selection, options.starting, options.ending)
+        return self.log.ranges(
+            options.selection, options.starting, options.ending, options.rows_per_range
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Runs in a task: the range's messages as Arrow batches."""
@@ -71,6 +79,37 @@ class BatchReader(DataSourceReader):
             # planned none (nothing selected, or nothing new): no rows.
             return iter(())
         return self.log.read_range(partition.work, self.options.time_range)
+
+
+class FilteringBatchReader(BatchReader):
+    """``BatchReader`` with filter pushdown (option ``pushFilters``): plans
+    only the ranges and times the query's filters can match.
+
+    A separate class because Spark refuses a reader that defines
+    ``pushFilters`` unless ``spark.sql.python.filterPushdown.enabled`` is
+    set (off by default): the plain reader must keep working without it.
+    """
+
+    def __init__(self, options: ReadOptions) -> None:
+        super().__init__(options)
+        self.pruning = Pruning()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Prune the plan with ``filters`` and hand *all* of them back as
+        still to evaluate: pruning keeps a superset of the matching rows
+        (an ``IN`` keeps the span of its values, ``NOT``, ``OR`` and filters
+        on other columns are ignored), so Spark must re-check every row and
+        the results are those of the query without pushdown. Called on the
+        driver, before ``partitions``; the narrowed options travel to
+        ``read`` with the pickled reader."""
+        self.pruning = prune_for(filters)
+        self.options = attrs.evolve(
+            self.options, time_range=self.pruning.time_range(self.options.time_range)
+        )
+        return filters
+
+    def _ranges(self) -> list[OffsetRange]:
+        return self.pruning.prune(super()._ranges())
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

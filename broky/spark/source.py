@@ -13,7 +13,7 @@ from pyspark.sql.types import StructType
 
 from broky.spark.columns import READ_SCHEMA
 from broky.spark.options import BrokyOptionError, ReadOptions, WriteOptions
-from broky.spark.reading import BatchReader, StreamReader
+from broky.spark.reading import BatchReader, FilteringBatchReader, StreamReader
 from broky.spark.writing import BatchWriter, StreamWriter, check_schema
 
 
@@ -34,7 +34,10 @@ class BrokyDataSource(DataSource):
         return READ_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(ReadOptions.parse(self.options))
+        """The plain reader unless option ``pushFilters`` asks for pushdown
+        (see ``FilteringBatchReader`` for why that is opt-in)."""
+        options = ReadOptions.parse(self.options)
+        return FilteringBatchReader(options) if options.push_filters else BatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return StreamReader(ReadOptions.parse(self.options, streaming=True))

@@ -37,6 +37,7 @@ TOPICS = [
     ("resume", "resume.>", 2),
     ("exin", "exin.>", 2),
     ("exout", "exout.>", 1),
+    ("pushdown", "pushdown.>", 3),
 ]
 #: Small segments, so that offline reads span several segments per partition.
 SEGMENT_BYTES = 64 * 1024

@@ -47,6 +47,8 @@ def test_offsets_and_times() -> None:
         ({"broker": "h:1", "maxrowsperbatch": "-1"}, True, "at least 0"),
         ({"broker": "h:1", "endingoffsets": "5"}, True, "batch reads only"),
         ({"broker": "h:1", "failondataloss": "maybe"}, True, "true or false"),
+        ({"path": "/d", "pushfilters": "yes"}, False, "pushFilters must be true or false"),
+        ({"broker": "h:1", "pushfilters": "true"}, True, "pushFilters is for batch reads only"),
     ],
 )
 def test_bad_options_say_which_and_why(

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+from pyspark import RDD
+from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
@@ -91,6 +92,43 @@ def test_batch_read_offline_and_through_broker_in_parallel_with_pruning(
         by_time = source().option("topic", "batch").option("startTime", str(cut)).load()
         assert sorted(row.payload for row in by_time.collect()) == [b"late", b"late-uid"]
         assert source().option("topic", "nosuch").load().count() == 0
+
+
+#: Spark refuses a reader that defines pushFilters unless this is on.
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def test_pushed_filters_plan_fewer_partitions_and_change_no_row(
+    spark: SparkSession, broker: BrokerProcess
+) -> None:
+    broker.publish([(f"pushdown.k{index % 7}", f"p{index}".encode()) for index in range(150)])
+    where = "topic IN ('pushdown', 'other') AND partition IN (0, 2) AND offset >= 5 AND offset < 20"
+    never = "ts_broker > timestamp'2100-01-01' AND ts_broker < timestamp'2000-01-01'"
+
+    def query(location: str, push: bool, condition: str = where) -> RDD[Row]:
+        """The query's RDD: planned once, for both its partitions and its rows."""
+        value = str(broker.data_dir) if location == "dataDir" else broker.address
+        reader = spark.read.format("broky").option(location, value).option("topic", "pushdown")
+        reader = reader.option("maxRowsPerPartition", "25").option("pushFilters", str(push))
+        return reader.load().where(condition).rdd
+
+    # Opt-in: with Spark's default conf, asking for pushdown fails and says why.
+    with pytest.raises(Exception, match="filterPushdown"):
+        query("broker", push=True).collect()
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    try:
+        for location in ("dataDir", "broker"):
+            plain, pushed = query(location, push=False), query(location, push=True)
+            # Offline: one range per segment, 3 -> 2; online: 25-row slices, 7 -> 2.
+            assert pushed.getNumPartitions() < plain.getNumPartitions()
+            rows = {(row.topic, row.partition, row.offset): row for row in pushed.collect()}
+            assert rows == {(row.topic, row.partition, row.offset): row for row in plain.collect()}
+            assert {partition for _, partition, _ in rows} == {0, 2}
+        # Timestamps arrive as aware datetimes: no time matches, so no range
+        # is planned (Spark reads one empty placeholder partition).
+        assert query("broker", push=True, condition=never).getNumPartitions() == 1
+    finally:
+        spark.conf.unset(PUSHDOWN_CONF)
 
 
 def read_stream(spark: SparkSession, broker: BrokerProcess, topic: str, max_rows: int) -> DataFrame:
