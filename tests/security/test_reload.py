@@ -63,6 +63,18 @@ async def logged_in(
         yield client, inbox
 
 
+@asynccontextmanager
+async def both_logged_in(
+    address: str,
+) -> AsyncIterator[tuple[broky.Client, broky.Subscription, broky.Client, broky.Subscription]]:
+    """alice and bob, each with its client and its ``x.>`` subscription."""
+    async with (
+        logged_in(address, "alice", "a-pw") as (alice, alice_inbox),
+        logged_in(address, "bob", "b-pw") as (bob, bob_inbox),
+    ):
+        yield alice, alice_inbox, bob, bob_inbox
+
+
 @pytest.fixture
 async def alice_and_bob(start_broker: StartBroker) -> Broker:
     """A broker with users alice and bob, full permissions."""
@@ -91,10 +103,7 @@ async def test_a_removed_user_is_disconnected_and_others_carry_on(alice_and_bob:
     broker = alice_and_bob
     address = address_of(broker)
     with trio.fail_after(10):
-        async with (
-            logged_in(address, "alice", "a-pw") as (alice, inbox),
-            logged_in(address, "bob", "b-pw") as (_, bob_inbox),
-        ):
+        async with both_logged_in(address) as (alice, inbox, _, bob_inbox):
             broker.reload(config(user("alice", "a-pw")))
             with pytest.raises(
                 AuthenticationError,
@@ -118,10 +127,7 @@ async def test_a_rotated_password_closes_the_connections_that_used_the_old_one(
     broker = alice_and_bob
     address = address_of(broker)
     with trio.fail_after(10):
-        async with (
-            logged_in(address, "alice", "a-pw") as (_, old_inbox),
-            logged_in(address, "bob", "b-pw") as (bob, _),
-        ):
+        async with both_logged_in(address) as (_, old_inbox, bob, _):
             # bob's table is unchanged (same hash): bob stays.
             broker.reload(config(user("alice", "a-new-pw"), user("bob", "b-pw")))
             with pytest.raises(BrokyError, match="'alice' were revoked"):
