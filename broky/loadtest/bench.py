@@ -202,12 +202,15 @@ def run_scenario(
     limit = options.count
     per_run = min(options.run, limit) if limit else options.run
     if target == "broky":
+
+        def secured(client: Callable[..., None]) -> Callable[..., None]:
+            """``client`` connecting as the options say (TLS, credentials)."""
+            return partial(client, tls=options.tls, credentials=options.credentials)
+
         if options.scenario == "latency":
             latency_results = CONTEXT.Queue()
             run.start_subscriber(
-                partial(
-                    loadgen.latency_subscriber, tls=options.tls, credentials=options.credentials
-                ),
+                secured(loadgen.latency_subscriber),
                 address,
                 patterns,
                 run.counter(run.received),
@@ -215,7 +218,7 @@ def run_scenario(
             )
         else:
             run.start_subscriber(
-                partial(loadgen.raw_subscribers, tls=options.tls, credentials=options.credentials),
+                secured(loadgen.raw_subscribers),
                 address,
                 patterns,
                 run.counter(run.received),
@@ -224,38 +227,18 @@ def run_scenario(
         if options.scenario == "slow-subscriber":
             slow_received, slow_dropped = CONTEXT.Value("q", 0), CONTEXT.Value("q", 0)
             run.start_subscriber(
-                partial(
-                    loadgen.slow_subscriber, tls=options.tls, credentials=options.credentials
-                ),
+                secured(loadgen.slow_subscriber),
                 address, BENCH_KEY, 16384, 0.05, slow_received, slow_dropped,
             )  # fmt: skip
         if options.scenario == "latency":
             publisher: Callable[..., None] = partial(
-                loadgen.latency_publisher,
-                address,
-                BENCH_KEY,
-                options.size,
-                tls=options.tls,
-                credentials=options.credentials,
+                secured(loadgen.latency_publisher), address, BENCH_KEY, options.size
             )
         elif options.mode == "client":
-            publisher = partial(
-                loadgen.client_publisher,
-                address,
-                BENCH_KEY,
-                options.size,
-                tls=options.tls,
-                credentials=options.credentials,
-            )
+            publisher = partial(secured(loadgen.client_publisher), address, BENCH_KEY, options.size)
         else:
             publisher = partial(
-                loadgen.raw_publisher,
-                address,
-                BENCH_KEY,
-                options.size,
-                per_run,
-                tls=options.tls,
-                credentials=options.credentials,
+                secured(loadgen.raw_publisher), address, BENCH_KEY, options.size, per_run
             )
     else:
         if options.scenario not in ("fan-in", "fan-out"):
