@@ -62,6 +62,7 @@ from broky.protocol.frames import (
     Welcome,
 )
 from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
+from broky.security.tls import client_handshake
 
 log = logging.getLogger("broky.client")
 
@@ -810,17 +811,10 @@ async def connect(
 async def _tls_handshake(
     stream: trio.abc.Stream, context: ssl.SSLContext, host: str, address: str
 ) -> trio.SSLStream[trio.abc.Stream]:
-    tls = trio.SSLStream(stream, context, server_hostname=host)
     try:
-        await tls.do_handshake()
-    except BaseException as exc:
-        # Refused, timed out or cancelled: the socket is closed here, as no
-        # one else holds it yet.
-        await trio.aclose_forcefully(stream)
-        if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
-            raise ConnectionClosed(
-                f"TLS handshake with {address} failed ({exc.__cause__ or exc}): is that the "
-                "broker's TLS port, and does it trust this client's certificate?"
-            ) from exc
-        raise
-    return tls
+        return await client_handshake(stream, context, host)
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise ConnectionClosed(
+            f"TLS handshake with {address} failed ({exc.__cause__ or exc}): is that the "
+            "broker's TLS port, and does it trust this client's certificate?"
+        ) from exc

@@ -51,6 +51,7 @@ from broky.protocol.frames import (
     Welcome,
 )
 from broky.router.router import Router
+from broky.security.tls import client_handshake
 
 log = logging.getLogger("broky.link")
 
@@ -88,23 +89,15 @@ def tls_connector(
 
     async def connect_tls() -> trio.abc.Stream:
         stream = await connect()
-        tls = trio.SSLStream(stream, context, server_hostname=host)
         try:
             with trio.fail_after(timeout):
-                await tls.do_handshake()
-        except BaseException as exc:
-            # Whatever ends the handshake (a refusal, the timeout, or the link
-            # being cancelled at shutdown) closes the socket here: nothing
-            # else holds it yet.
-            await trio.aclose_forcefully(stream)
-            if isinstance(exc, trio.TooSlowError):
-                raise LinkHandshakeError(
-                    f"TLS handshake not completed within {timeout} s: is that a cluster port?"
-                ) from None
-            if isinstance(exc, trio.BrokenResourceError):
-                raise LinkHandshakeError(_tls_failure(exc.__cause__)) from exc
-            raise
-        return tls
+                return await client_handshake(stream, context, host)
+        except trio.TooSlowError:
+            raise LinkHandshakeError(
+                f"TLS handshake not completed within {timeout} s: is that a cluster port?"
+            ) from None
+        except trio.BrokenResourceError as exc:
+            raise LinkHandshakeError(_tls_failure(exc.__cause__)) from exc
 
     return connect_tls
 

@@ -1,12 +1,15 @@
-"""TLS contexts for the broker's client listener and for clients.
+"""TLS contexts for the broker's client listener and for clients, and the
+client side of a handshake.
 
-Both refuse anything older than TLS 1.2. The broker's context requires and
-verifies a client certificate when given a client CA (mTLS).
+Both contexts refuse anything older than TLS 1.2. The broker's context
+requires and verifies a client certificate when given a client CA (mTLS).
 """
 
 from __future__ import annotations
 
 import ssl
+
+import trio
 
 
 def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
@@ -29,3 +32,22 @@ def client_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLContex
     if cert:
         context.load_cert_chain(cert, key or None)
     return context
+
+
+async def client_handshake(
+    stream: trio.abc.Stream, context: ssl.SSLContext, host: str
+) -> trio.SSLStream[trio.abc.Stream]:
+    """TLS over ``stream``, checking the peer's certificate against ``host``.
+
+    Whatever ends the handshake early (a refusal, a deadline, cancellation)
+    closes ``stream`` before it propagates: nothing else holds it yet, and
+    a socket left to the garbage collector is a leak. Callers translate
+    the errors into their own.
+    """
+    tls = trio.SSLStream(stream, context, server_hostname=host)
+    try:
+        await tls.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return tls
