@@ -188,6 +188,10 @@ class ServerConnection:
                 if self._outlet.failure is None:
                     nursery.cancel_scope.cancel()
         finally:
+            # Free the unfinished frame and everything queued now: the
+            # connection object may live on (a log record, an observer's
+            # list), but none of its buffers may (docs/architecture.md, Memory).
+            self._machine.close()
             self._router.detach(self._outlet)
             if self._quotas is not None and self._counted_as is not None:
                 self._quotas.release(self._counted_as)

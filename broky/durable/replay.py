@@ -180,7 +180,10 @@ def _read(position: int, budget: int, partition_log: PartitionLog) -> tuple[list
 
 
 def queue_live(subscription: Subscription, run: EncodedRun) -> None:
-    """Queue a replayed run past the holding area."""
+    """Queue a replayed run past the holding area (nothing once the
+    subscription is closed: its outbox was freed and must stay empty)."""
+    if subscription.closed:
+        return
     holding = subscription.holding
     subscription.holding = None
     try:

@@ -138,6 +138,11 @@ class ProtocolMachine:
             raise
         return frames
 
+    def close(self) -> None:
+        """Stop decoding and free the buffered bytes of an unfinished frame."""
+        self.state = State.CLOSED
+        self.reader.clear()
+
     def _check_handshake(self, frame: Frame) -> None:
         expected = _HANDSHAKE_FRAME[self.role]
         if isinstance(frame, Error) and self.role is Role.CLIENT:

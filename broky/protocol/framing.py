@@ -118,6 +118,13 @@ class FrameReader:
         """Bytes held for an incomplete frame."""
         return len(self._pending)
 
+    def clear(self) -> None:
+        """Drop the incomplete frame, if any: called when the connection
+        closes, so that its buffer (up to ``max_frame_bytes``) is freed at
+        once rather than whenever the connection object is collected."""
+        self._pending = bytearray()
+        self._frame_size = -1
+
     def _check(self, size: int) -> int:
         if size > self.max_frame_bytes:
             raise RemoteProtocolError(

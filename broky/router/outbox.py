@@ -114,6 +114,17 @@ class Subscription:
     #: Called after each ``take`` (a replay waiting for room sets it).
     drained: Callable[[], None] | None = None
 
+    def close(self) -> None:
+        """Free the queued runs (its connection's share of ``pending_bytes``
+        with them); the subscription takes nothing more."""
+        self.closed = True
+        self.outlet.pending_bytes -= self.pending_bytes
+        self.runs.clear()
+        self.pending_messages = self.pending_bytes = 0
+        self.holding = None
+        self.holding_bytes = 0
+        self.drained = None
+
     def push(self, run: EncodedRun) -> None:
         """Queue a run without waiting; apply the slow-consumer policy if full."""
         if self.holding is not None:
@@ -293,6 +304,10 @@ class Subscription:
         return EncodedRun(run.key, count, head_chunk)
 
 
+def _closed() -> None:
+    """The ``wake`` of a closed outlet: there is nobody left to wake."""
+
+
 class Outlet:
     """The outgoing side of one connection, as the router sees it.
 
@@ -357,6 +372,21 @@ class Outlet:
             self.failure = (code, message)
             self._woken = True
             self._wake()
+
+    def close(self) -> None:
+        """Free everything queued here and forget the connection's ``wake``.
+
+        Called by ``Router.detach`` when the connection ends. Queued frames
+        and runs (up to ``max_pending_bytes``) are released at once, and the
+        reference cycle connection -> outlet -> wake -> connection is broken,
+        so a closed connection's memory goes back by reference counting
+        instead of waiting for the cycle collector, which runs by object
+        counts and not bytes (megabytes per connection would pile up).
+        """
+        self._wake = _closed
+        self._woken = True  # a closed outlet never wakes anyone again
+        self._ready.clear()
+        self._control.clear()
 
     @property
     def pending_messages(self) -> int:

@@ -136,10 +136,12 @@ class Router:
         return outlet
 
     def detach(self, outlet: Outlet) -> None:
-        """Forget a connection and all its subscriptions."""
+        """Forget a connection and all its subscriptions, and free what was
+        queued for it: nothing of a closed connection outlives this call."""
         for subscription in list(outlet.subscriptions.values()):
             self._drop_subscription(subscription)
         self._outlets.discard(outlet)
+        outlet.close()
 
     # --- subscriptions -----------------------------------------------------
 
@@ -217,11 +219,19 @@ class Router:
             subscription.grant(credit)
 
     def _drop_subscription(self, subscription: Subscription) -> None:
-        subscription.closed = True
-        subscription.outlet.pending_bytes -= subscription.pending_bytes
+        subscription.close()
         del subscription.outlet.subscriptions[subscription.stream]
         self._index.remove(subscription.pattern, subscription)
         self.interest.removed(subscription.pattern, subscription.outlet.kind)
+        # The route caches may hold the subscription: clear them now, not at
+        # the next publish (which may be long in coming on a quiet broker).
+        self._clear_routes()
+
+    def _clear_routes(self) -> None:
+        """Empty the route caches and note the index generation they follow."""
+        for cached in self._routes.values():
+            cached.clear()
+        self._routes_generation = self._index.generation
 
     # --- links to peer routers ---------------------------------------------
 
@@ -300,9 +310,7 @@ class Router:
         counters = self.counters
         count_topic = self.topics.count
         if self._routes_generation != self._index.generation:
-            for cached in self._routes.values():
-                cached.clear()
-            self._routes_generation = self._index.generation
+            self._clear_routes()
         routes = self._routes[source]
         for run in runs:
             subscriptions = routes.get(run.key)
