@@ -105,6 +105,9 @@ class Config:
     heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
     idle_timeout: float = attrs.field(default=30.0, validator=_positive)
     handshake_timeout: float = attrs.field(default=5.0, validator=_positive)
+    #: Seconds of grace a started frame gets before it must keep arriving at
+    #: MIN_FRAME_BYTES_PER_SECOND (see broky.connection.handler).
+    frame_timeout: float = attrs.field(default=10.0, validator=_positive)
     outbox_messages: int = attrs.field(default=RouterLimits().outbox_messages, validator=_positive)
     outbox_bytes: int = attrs.field(default=RouterLimits().outbox_bytes, validator=_positive)
     write_batch_bytes: int = attrs.field(
@@ -335,6 +338,7 @@ class Config:
             heartbeat_interval=self.heartbeat_interval,
             idle_timeout=self.idle_timeout,
             handshake_timeout=self.handshake_timeout,
+            frame_timeout=self.frame_timeout,
             max_message_bytes=self.max_message_bytes,
         )
 

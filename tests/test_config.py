@@ -85,6 +85,7 @@ def test_bad_log_level_lists_the_levels(level: str) -> None:
         "heartbeat_interval",
         "idle_timeout",
         "handshake_timeout",
+        "frame_timeout",
         "outbox_messages",
         "outbox_bytes",
         "write_batch_bytes",

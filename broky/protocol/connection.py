@@ -138,6 +138,11 @@ class ProtocolMachine:
             raise
         return frames
 
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Bytes received of a frame that is not complete yet (0: none started)."""
+        return self.reader.buffered_bytes
+
     def close(self) -> None:
         """Stop decoding and free the buffered bytes of an unfinished frame."""
         self.state = State.CLOSED

@@ -18,6 +18,7 @@ import trio.testing
 
 from broky.connection.handler import (
     CLOSE_TIMEOUT,
+    TIMEOUT_JITTER,
     ConnectionCounters,
     ConnectionSettings,
     ServerConnection,
@@ -26,14 +27,28 @@ from broky.connection.inproc import pipe_pair
 from broky.connection.reasons import CloseReason
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import PROTOCOL_VERSION, ErrorCode, SlowConsumerPolicy
-from broky.protocol.frames import Error, Hello, Ping, Pong, Run, Subscribe, Subscribed
+from broky.protocol.frames import (
+    Error,
+    Hello,
+    Ping,
+    Pong,
+    Publish,
+    Run,
+    Subscribe,
+    Subscribed,
+)
 from broky.protocol.framing import encode_preamble
 from broky.protocol.message import encode_message, pack_sizes
 from broky.router.router import Router, RouterLimits
 from tests.conftest import RawConnection
 
 SETTINGS = ConnectionSettings(
-    max_frame_bytes=128 * 1024, heartbeat_interval=1.0, idle_timeout=3.0, handshake_timeout=2.0
+    max_frame_bytes=128 * 1024,
+    heartbeat_interval=1.0,
+    idle_timeout=3.0,
+    handshake_timeout=2.0,
+    frame_timeout=2.0,
+    timeout_jitter=0.0,  # exact deadlines; test_timeouts_of_a_flood_are_spread has jitter
 )
 #: Slack allowed on top of a deadline on the virtual clock (the keepalive
 #: task sleeps at least 10 ms between checks).
@@ -60,11 +75,12 @@ async def serve_one(
     *,
     limits: RouterLimits | None = None,
     streams: StreamPair = _memory_pair,
+    settings: ConnectionSettings = SETTINGS,
 ) -> AsyncIterator[Harness]:
     client_end, server_end = streams()
     router = Router(limits)
     counters = ConnectionCounters()
-    connection = ServerConnection(server_end, router, SETTINGS, counters, "test-peer")
+    connection = ServerConnection(server_end, router, settings, counters, "test-peer")
     done = trio.Event()
 
     async def run() -> None:
@@ -187,6 +203,77 @@ async def test_handshake_timeout_counts_from_connect_not_from_last_byte(
                 nursery.cancel_scope.cancel()
             assert trio.current_time() - start <= 2.0 + CLOSE_TIMEOUT
             assert harness.counters.closed == {CloseReason.IDLE_TIMEOUT: 1}
+
+
+async def test_a_frame_trickled_after_hello_is_closed_at_its_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Each byte used to reset the idle timer: a peer sending one byte every
+    # half second held its connection (and a max_connections slot) forever.
+    with trio.fail_after(60):
+        async with serve_one() as harness:
+            await harness.client.handshake()
+            frame = encode_frame(Ping(1))
+            started = trio.current_time()
+
+            async def trickle() -> None:
+                for byte in frame * 100:
+                    await harness.client.send(bytes([byte]))
+                    await trio.sleep(0.5)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trickle)
+                error = await harness.client.receive_error()
+                nursery.cancel_scope.cancel()
+            assert error.code is ErrorCode.IDLE_TIMEOUT
+            assert "too slowly" in error.message
+            # The frame's grace (frame_timeout) plus its few bytes at 64 KiB/s.
+            assert 2.0 <= trio.current_time() - started <= 2.0 + SLACK
+            await harness.done.wait()
+            assert harness.counters.closed == {CloseReason.IDLE_TIMEOUT: 1}
+
+
+async def test_a_big_frame_arriving_steadily_outlives_the_idle_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A large publish on a slow link must not be cut by the idle timeout: as
+    # long as it keeps arriving at 64 KiB/s or faster, the frame deadline
+    # holds, not idle_timeout (here 1 s, less than the frame takes).
+    settings = attrs.evolve(SETTINGS, heartbeat_interval=0.5, idle_timeout=1.0, frame_timeout=0.5)
+    with trio.fail_after(60):
+        async with serve_one(settings=settings) as harness:
+            await harness.client.handshake()
+            run = _run_of(110, 1000)
+            frame = encode_frame(Publish(1, (run,))) + encode_frame(Ping(9))
+            chunk = 7 * 1024
+            started = trio.current_time()
+            for position in range(0, len(frame), chunk):
+                await harness.client.send(frame[position : position + chunk])
+                await trio.sleep(0.1)  # 70 KiB/s
+            assert trio.current_time() - started > settings.idle_timeout
+            assert await harness.client.receive_frame() == Pong(9)
+            assert not harness.counters.closed
+
+
+async def test_timeouts_of_a_flood_are_spread(autojump_clock: trio.testing.MockClock) -> None:
+    # Connections opened in one instant that never say Hello must not all
+    # time out in one instant: closing thousands at once stalls everyone.
+    settings = ConnectionSettings(handshake_timeout=2.0)
+    closed_at: list[float] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+
+                async def one() -> None:
+                    async with serve_one(settings=settings) as harness:
+                        await harness.done.wait()
+                        closed_at.append(trio.current_time())
+
+                nursery.start_soon(one)
+    assert len(closed_at) == 50
+    assert min(closed_at) >= 2.0
+    assert max(closed_at) <= 2.0 * (1 + TIMEOUT_JITTER) + SLACK
+    assert max(closed_at) - min(closed_at) > 2.0 * TIMEOUT_JITTER / 2
 
 
 async def test_client_connection_error_closes_with_client_error(
