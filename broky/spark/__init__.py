@@ -17,6 +17,7 @@ from broky.spark.logs import NotDurableError
 from broky.spark.options import BrokyOptionError
 from broky.spark.planning import OffsetsError
 from broky.spark.source import BrokyDataSource
+from broky.spark.workers import WorkerPythonError, check_worker_python
 
 __all__ = [
     "READ_SCHEMA",
@@ -24,10 +25,18 @@ __all__ = [
     "BrokyOptionError",
     "NotDurableError",
     "OffsetsError",
+    "WorkerPythonError",
     "register",
 ]
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("broky")`` available in ``spark``."""
+    """Make ``format("broky")`` available in ``spark``.
+
+    With a local master, first checks that the Python workers' interpreter
+    can import broky, and raises WorkerPythonError saying what to set if it
+    cannot (see broky.spark.workers); other masters are not checked.
+    """
+    context = spark.sparkContext
+    check_worker_python(context.master, context.pythonExec)
     spark.dataSource.register(BrokyDataSource)
