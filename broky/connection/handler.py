@@ -310,6 +310,7 @@ class ServerConnection:
         receive = self._receive
         handle = self._handle_frames
         counters = self._counters
+        pressure = self._router.pressure
         try:
             while self._outlet.failure is None:
                 data = await stream.receive_some(RECEIVE_BYTES)
@@ -328,6 +329,8 @@ class ServerConnection:
                 if self.principal is None and frames:
                     frames = await self._admit(frames)
                 handle(frames)
+                if pressure.outlets:
+                    await self._hold_reading(self._yield_to_subscribers)
                 if self._store is not None and self._store.congested:
                     # Durable backpressure, via TCP.
                     await self._hold_reading(self._store.wait_for_room)
@@ -367,6 +370,18 @@ class ServerConnection:
         self._last_received += held
         if self._frame_started is not None:
             self._frame_started += held
+
+    async def _yield_to_subscribers(self) -> None:
+        """Pause while a subscriber that drains is far behind, so that its
+        writer gets the loop; TCP slows this reader's publisher meanwhile.
+        See broky.router.pressure for why, and why a stalled subscriber
+        cannot hold anyone here for long."""
+        pressure = self._router.pressure
+        while (wait := pressure.wait_seconds(trio.current_time())) is not None:
+            relieved = trio.Event()
+            pressure.on_relief(relieved.set)
+            with trio.move_on_after(wait):
+                await relieved.wait()
 
     async def _admit(self, frames: list[Frame]) -> list[Frame]:
         """Authenticate the Hello (``frames[0]``) and decide what this
@@ -785,7 +800,11 @@ class ServerConnection:
                         self._send_scope = send_scope
                         if failure is not None:
                             send_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
-                        await stream.send_all(data)
+                        started = outlet.write_started = trio.current_time()
+                        try:
+                            await stream.send_all(data)
+                        finally:
+                            outlet.wrote(trio.current_time() - started)
                     self._send_scope = None
                     if send_scope.cancelled_caught:
                         # The write was abandoned mid-frame (see _wake): nothing

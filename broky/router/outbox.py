@@ -36,6 +36,7 @@ from broky.protocol.constants import (
     SlowConsumerPolicy,
 )
 from broky.protocol.frames import Notice
+from broky.router.pressure import WRITE_STALL_SECONDS, Pressure
 
 #: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
 #: Frame and Deliver tables and vtables, the runs vector's length, padding.
@@ -113,6 +114,12 @@ class Subscription:
     holding_discards: int = 0
     #: Called after each ``take`` (a replay waiting for room sets it).
     drained: Callable[[], None] | None = None
+    #: Past this many queued bytes the outlet is under pressure (half the
+    #: bound: room for the readers to stop before anything overflows).
+    high_water_bytes: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.high_water_bytes = self.max_bytes // 2
 
     def close(self) -> None:
         """Free the queued runs (its connection's share of ``pending_bytes``
@@ -149,6 +156,8 @@ class Subscription:
         self.pending_messages += run.count
         self.pending_bytes += size
         outlet.pending_bytes += size
+        if self.pending_bytes > self.high_water_bytes and not outlet.pressed:
+            outlet.press()
         if not self.scheduled and (self.credit is None or self.credit > 0):
             self.scheduled = True
             self.outlet.schedule(self)
@@ -321,8 +330,20 @@ class Outlet:
         counters: RouterCounters,
         write_batch_bytes: int = DEFAULT_WRITE_BATCH_BYTES,
         max_pending_bytes: int = 0,
+        pressure: Pressure | None = None,
     ) -> None:
         self._wake = wake
+        #: The router's readers pause while this outlet is pressed and drains
+        #: (broky.router.pressure); None: nobody pauses for it.
+        self._pressure = pressure
+        #: Whether a subscription passed its high-water mark (and the outlet
+        #: is in the pressure's set) since it was last under its low-water mark.
+        self.pressed = False
+        #: Set by the pressure: its write stayed blocked, it is a slow consumer.
+        self.slow = False
+        #: When the writer's current socket write began (-1: not writing);
+        #: set by the connection's writer task.
+        self.write_started = -1.0
         #: Bound of ``pending_bytes`` (0: none; links have only per-subscription bounds).
         self.max_pending_bytes = max_pending_bytes
         #: Bytes queued across this connection's subscriptions: the sum of
@@ -387,6 +408,31 @@ class Outlet:
         self._woken = True  # a closed outlet never wakes anyone again
         self._ready.clear()
         self._control.clear()
+        self._release()
+
+    def press(self) -> None:
+        """A subscription passed its high-water mark: readers may pause."""
+        if self._pressure is not None:
+            self.pressed = True
+            self._pressure.add(self)
+
+    def _release(self) -> None:
+        if self.pressed:
+            self.pressed = False
+            assert self._pressure is not None
+            self._pressure.remove(self)
+
+    def wrote(self, seconds: float) -> None:
+        """The writer's socket write took ``seconds``: a quick one shows a
+        subscriber marked slow drains again (see broky.router.pressure)."""
+        self.write_started = -1.0
+        if self.slow and seconds < WRITE_STALL_SECONDS / 2:
+            self.slow = False
+
+    @property
+    def deliverable(self) -> bool:
+        """Whether some subscription has runs the writer may send now."""
+        return bool(self._ready)
 
     @property
     def pending_messages(self) -> int:
@@ -410,6 +456,10 @@ class Outlet:
                 ready.append(subscription)
         if ready:
             self._woken = True  # more to do: the writer comes straight back
+        if self.pressed and all(
+            sub.pending_bytes * 2 <= sub.high_water_bytes for sub in self.subscriptions.values()
+        ):
+            self._release()  # every outbox at most a quarter full: low water
         return parts
 
     @property

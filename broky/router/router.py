@@ -35,6 +35,7 @@ from broky.router.outbox import (
     RouterCounters,
     Subscription,
 )
+from broky.router.pressure import Pressure
 
 #: Most subscriptions one connection may hold; bounds per-connection state.
 DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 10_000
@@ -124,13 +125,19 @@ class Router:
             kind: {} for kind in LinkKind
         }
         self._routes_generation = -1
+        #: Outlets whose subscribers drain but fell behind: readers pause for them.
+        self.pressure = Pressure()
 
     # --- connections -------------------------------------------------------
 
     def attach(self, wake: Callable[[], None]) -> Outlet:
         """Register a connection; ``wake`` is called when it has work."""
         outlet = Outlet(
-            wake, self.counters, self.limits.write_batch_bytes, self.limits.max_pending_bytes
+            wake,
+            self.counters,
+            self.limits.write_batch_bytes,
+            self.limits.max_pending_bytes,
+            self.pressure,
         )
         self._outlets.add(outlet)
         return outlet

@@ -1,0 +1,111 @@
+"""Saturation: when the broker is the bottleneck, publishers slow down, and a
+subscriber that keeps up loses nothing (broky.router.pressure).
+
+Four publisher processes write pre-encoded frames flat out at a broker in
+this process, and a subscriber process reads everything as fast as its
+socket delivers. Counts are bounded; nothing here asserts a rate.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+
+from broky import Config, SlowConsumerPolicy
+from broky.loadtest import loadgen
+from broky.protocol.frames import Subscribe, Subscribed
+from tests.conftest import RawConnection, StartBroker, eventually, raw_connection
+
+#: Spawned, not forked: this process runs trio and pytest-timeout's thread.
+CONTEXT = multiprocessing.get_context("spawn")
+PUBLISHERS = 4
+MESSAGES_PER_PUBLISHER = 250_000
+MESSAGES_PER_FRAME = 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_stalled", [False, True], ids=["alone", "beside-a-stalled-one"])
+async def test_flat_out_fan_in_loses_nothing_for_a_subscriber_that_keeps_up(
+    start_broker: StartBroker, with_stalled: bool
+) -> None:
+    broker = await start_broker(Config(port=0))
+    assert broker.address is not None
+    total = PUBLISHERS * MESSAGES_PER_PUBLISHER
+    received = CONTEXT.Value("q", 0, lock=False)
+    noticed = CONTEXT.Value("q", 0, lock=False)
+    ready, stop = CONTEXT.Event(), CONTEXT.Event()
+    subscriber = CONTEXT.Process(
+        target=loadgen.raw_subscribers,
+        args=(broker.address, ["sat.data"], received, noticed, ready, stop),
+    )
+    sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(PUBLISHERS)]
+    publishers = [
+        CONTEXT.Process(
+            target=loadgen.raw_publisher,
+            args=(
+                broker.address,
+                "sat.data",
+                100,
+                MESSAGES_PER_FRAME,
+                0,
+                counter,
+                stop,
+                MESSAGES_PER_PUBLISHER,
+            ),
+        )
+        for counter in sent
+    ]
+    try:
+        with trio.fail_after(120):
+            async with AsyncExitStack() as stack:
+                stalled: RawConnection | None = None
+                if with_stalled:
+                    stalled = await stack.enter_async_context(
+                        raw_connection(broker, receive_buffer=4096)
+                    )
+                    await stalled.handshake("stalled")
+                    await stalled.send_frame(Subscribe(1, b"sat.data", SlowConsumerPolicy.DROP, 0))
+                    assert await stalled.receive_frame() == Subscribed(1)
+                subscriber.start()
+                assert await trio.to_thread.run_sync(ready.wait, 30)
+                for publisher in publishers:
+                    publisher.start()
+                for publisher in publishers:
+                    await trio.to_thread.run_sync(publisher.join, 60)
+                    assert publisher.exitcode == 0
+                assert sum(counter.value for counter in sent) == total
+                await eventually(lambda: broker.statistics().router.published_messages == total)
+                await _until_settled(lambda: received.value, total)
+                stats = broker.statistics().router
+    finally:
+        stop.set()
+        for process in (*publishers, subscriber):
+            if process.pid is not None:
+                await trio.to_thread.run_sync(process.join, 10)
+                if process.is_alive():
+                    process.kill()
+    assert received.value == total
+    assert noticed.value == 0
+    if with_stalled:
+        # The stalled subscriber alone lost messages: everything it missed
+        # is counted against it, nothing against the one that kept up.
+        assert stats.dropped_slow_consumer > 0
+        assert stats.delivered_messages + stats.dropped_slow_consumer + stats.outbox_messages <= (
+            2 * total
+        )
+    else:
+        assert stats.dropped_slow_consumer == 0
+
+
+async def _until_settled(count: Callable[[], int], expected: int) -> None:
+    """Wait until ``count()`` reaches ``expected`` or stops growing for 5 s
+    (then the caller's assertion says how many are missing)."""
+    last, since = -1, trio.current_time()
+    while count() < expected and trio.current_time() - since < 5.0:
+        if count() != last:
+            last, since = count(), trio.current_time()
+        await trio.sleep(0.01)

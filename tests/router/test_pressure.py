@@ -1,0 +1,101 @@
+"""The pressure of draining subscribers on readers, sans-IO (broky.router.pressure)."""
+
+from __future__ import annotations
+
+from broky.protocol.constants import SlowConsumerPolicy
+from broky.protocol.frames import Run
+from broky.protocol.message import encode_message, pack_sizes
+from broky.router.pressure import RECHECK_SECONDS, WRITE_STALL_SECONDS
+from broky.router.router import Router, RouterLimits
+from tests.router.test_router import Peer
+
+OUTBOX_BYTES = 64 * 1024
+
+
+def _slow(peer: Peer) -> bool:
+    """A call, not an attribute read, so mypy does not narrow it across calls."""
+    return peer.outlet.slow
+
+
+def _router() -> Router:
+    return Router(RouterLimits(outbox_bytes=OUTBOX_BYTES, write_batch_bytes=8 * 1024))
+
+
+def _publish(router: Router, key: bytes, payload_bytes: int) -> None:
+    message = encode_message(bytes(payload_bytes))
+    run = Run(key, 0, 1, pack_sizes([len(message)]), message)
+    router.publish(router.encode([run], False))
+
+
+def _subscribe(router: Router, pattern: bytes = b"p.>", credit: int = 0) -> Peer:
+    peer = Peer(router)
+    router.subscribe(peer.outlet, 1, pattern, SlowConsumerPolicy.DROP, credit)
+    peer.take()  # the Subscribed confirmation
+    return peer
+
+
+def test_an_outbox_past_half_full_presses_and_a_quarter_full_releases() -> None:
+    router = _router()
+    peer = _subscribe(router)
+    pressure = router.pressure
+    while not pressure.outlets:
+        _publish(router, b"p.x", 1000)
+    assert peer.outlet.pressed
+    assert peer.subscription(1).pending_bytes > OUTBOX_BYTES // 2
+    # A draining subscriber (its writer is between writes) holds readers.
+    assert pressure.wait_seconds(now=0.0) == RECHECK_SECONDS
+    woken: list[str] = []
+    pressure.on_relief(lambda: woken.append("reader"))
+    while pressure.outlets:
+        assert peer.take()
+    assert peer.subscription(1).pending_bytes <= OUTBOX_BYTES // 4
+    assert woken == ["reader"]
+    assert pressure.wait_seconds(now=0.0) is None
+    assert router.counters.dropped_slow_consumer == 0
+
+
+def test_a_write_blocked_past_the_stall_marks_the_subscriber_slow() -> None:
+    router = _router()
+    peer = _subscribe(router)
+    while not router.pressure.outlets:
+        _publish(router, b"p.x", 1000)
+    peer.outlet.write_started = 10.0
+    assert router.pressure.wait_seconds(now=10.0) == RECHECK_SECONDS
+    assert not _slow(peer)
+    assert router.pressure.wait_seconds(now=10.01 + WRITE_STALL_SECONDS) is None
+    assert _slow(peer)
+    # Slow: its outbox overflows and drops for it alone, nobody waits.
+    for _ in range(200):
+        _publish(router, b"p.x", 1000)
+    assert router.counters.dropped_slow_consumer > 0
+    assert router.pressure.wait_seconds(now=20.0) is None
+    # The blocked write completes at last; a slow write leaves it slow...
+    peer.outlet.wrote(WRITE_STALL_SECONDS * 3)
+    assert _slow(peer)
+    # ...a quick one shows its socket drains again: readers wait for it.
+    peer.outlet.wrote(WRITE_STALL_SECONDS / 10)
+    assert not _slow(peer)
+    assert router.pressure.wait_seconds(now=30.0) == RECHECK_SECONDS
+
+
+def test_a_subscriber_out_of_credit_holds_no_reader() -> None:
+    router = _router()
+    peer = _subscribe(router, credit=5)
+    for _ in range(40):
+        _publish(router, b"p.x", 1000)
+    peer.take()  # its 5 messages of credit; the rest waits for a Flow
+    assert peer.outlet.pressed
+    assert not peer.outlet.deliverable
+    assert router.pressure.wait_seconds(now=0.0) is None
+    router.grant(peer.outlet, 1, 100)
+    assert router.pressure.wait_seconds(now=0.0) == RECHECK_SECONDS
+
+
+def test_a_closed_connection_leaves_the_pressure() -> None:
+    router = _router()
+    peer = _subscribe(router)
+    while not router.pressure.outlets:
+        _publish(router, b"p.x", 1000)
+    router.detach(peer.outlet)
+    assert not router.pressure.outlets
+    assert router.pressure.wait_seconds(now=0.0) is None
