@@ -29,6 +29,8 @@ from broky.client.errors import (
     ConnectionClosed,
     PublishRefused,
     SubscriptionError,
+    deadline,
+    unwrapped,
 )
 from broky.client.publishing import Publisher
 from broky.client.subscription import Subscription
@@ -101,33 +103,42 @@ class Client(Publisher):
         user: str = "",
         password: str = "",
         token: str = "",
+        peer: str = "the broker",
     ) -> AsyncIterator[Client]:
-        """Run a client over an already connected stream, with optional credentials."""
+        """Run a client over an already connected stream, with optional credentials.
+
+        What escapes is the exception itself, never a group: a BrokyError
+        (ConnectionClosed if ``peer`` sends no Welcome in CONNECT_TIMEOUT
+        seconds, AuthenticationError if it refuses us), or whatever the
+        caller's ``async with`` body raised, unchanged.
+        """
         client = cls(stream, name)
         client._stamp = stamp_ts_broker
-        refused: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client._writer)
-            nursery.start_soon(client._reader)
-            client._send_raw(client._machine.initiate())
-            client._send_control(Hello(client_name=name, user=user, password=password, token=token))
-            try:
-                with trio.fail_after(CONNECT_TIMEOUT):
-                    await client._welcome.wait()
-                # A refused handshake is raised below, outside the nursery, so
-                # that callers catch AuthenticationError itself, not a group.
-                refused = client._error
-                if refused is None:
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client._writer)
+                nursery.start_soon(client._reader)
+                client._send_raw(client._machine.initiate())
+                client._send_control(
+                    Hello(client_name=name, user=user, password=password, token=token)
+                )
+                try:
+                    with deadline(
+                        CONNECT_TIMEOUT,
+                        f"no Welcome from {peer} within {CONNECT_TIMEOUT} s: "
+                        "is a Broky broker listening there?",
+                    ):
+                        await client._welcome.wait()
+                    if client._error is not None:
+                        raise client._error
                     yield client
                     if not client.closed:
                         await client.flush()
-            finally:
-                client._shutdown(ConnectionClosed("the client was closed"))
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.aclose()
-                nursery.cancel_scope.cancel()
-        if refused is not None:
-            raise refused
+                finally:
+                    client._shutdown(ConnectionClosed("the client was closed"))
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        await stream.aclose()
+                    nursery.cancel_scope.cancel()
 
     async def _request(self, frame_for: Callable[[int], Frame]) -> Frame:
         """Send a request frame on a fresh stream id and wait for its answer."""

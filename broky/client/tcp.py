@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from broky.client.client import CONNECT_TIMEOUT, Client
-from broky.client.errors import ConnectionClosed
+from broky.client.errors import ConnectionClosed, deadline
 from broky.security.tls import client_handshake
 
 
@@ -41,7 +41,7 @@ async def connect(
     or missing credentials raise AuthenticationError.
     """
     host, port = parse_address(address)
-    with trio.fail_after(CONNECT_TIMEOUT):
+    with deadline(CONNECT_TIMEOUT, f"could not connect to {address} within {CONNECT_TIMEOUT} s"):
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if ssl_context is not None:
             stream = await _tls_handshake(stream, ssl_context, host, address)
@@ -52,6 +52,7 @@ async def connect(
         user=user,
         password=password,
         token=token,
+        peer=address,
     ) as client:
         yield client
 
