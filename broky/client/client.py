@@ -33,7 +33,7 @@ from broky.client.errors import (
     unwrapped,
 )
 from broky.client.publishing import Publisher
-from broky.client.subscription import Subscription
+from broky.client.subscription import PendingSubscription, Subscription
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, ErrorCode, SlowConsumerPolicy
@@ -224,24 +224,34 @@ class Client(Publisher):
 
     # --- subscribing ------------------------------------------------------------
 
-    async def subscribe(
+    def subscribe(
         self,
         pattern: str,
         *,
         credit: int = DEFAULT_CREDIT,
         slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         start: Start | None = None,
-    ) -> Subscription:
-        """Subscribe and wait for the broker's confirmation.
+    ) -> PendingSubscription:
+        """Subscribe; the subscription is active once the broker confirms it.
 
-        Once this returns, every matching message the broker receives is
-        delivered. Use as ``async with await client.subscribe(...)`` or
-        ``async with client.subscription(...)``. ``credit`` is the flow-control
-        window in messages (0: none, the broker sends as fast as TCP takes).
-        ``start`` says where durable topics matching the pattern begin
-        (``Start.earliest()``, ``Start.offset({0: 42})``, ``Start.time(ns)``,
-        ``Start.last()``); the default is live only.
+        ``async with client.subscribe("orders.>") as sub:`` unsubscribes when
+        the block ends; ``sub = await client.subscribe(...)`` leaves that to
+        ``sub.unsubscribe()``. Either waits for the broker's confirmation, and
+        from then on every matching message the broker receives is delivered.
+        ``credit`` is the flow-control window in messages (0: none, the broker
+        sends as fast as TCP takes). ``start`` says where durable topics
+        matching the pattern begin (``Start.earliest()``,
+        ``Start.offset({0: 42})``, ``Start.time(ns)``, ``Start.last()``); the
+        default is live only.
         """
+        return PendingSubscription(self._subscribe(pattern, credit, slow_consumer, start))
+
+    #: The older name of ``subscribe``, kept for ``async with client.subscription(...)``.
+    subscription = subscribe
+
+    async def _subscribe(
+        self, pattern: str, credit: int, slow_consumer: SlowConsumerPolicy, start: Start | None
+    ) -> Subscription:
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
         stream = next(self._streams)
@@ -264,24 +274,6 @@ class Client(Publisher):
             self._subscriptions.pop(stream, None)
             raise subscription._error
         return subscription
-
-    @asynccontextmanager
-    async def subscription(
-        self,
-        pattern: str,
-        *,
-        credit: int = DEFAULT_CREDIT,
-        slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
-        start: Start | None = None,
-    ) -> AsyncIterator[Subscription]:
-        """``async with client.subscription("orders.>") as sub: async for msg in sub``."""
-        subscription = await self.subscribe(
-            pattern, credit=credit, slow_consumer=slow_consumer, start=start
-        )
-        try:
-            yield subscription
-        finally:
-            await subscription.unsubscribe()
 
     def _forget(self, subscription: Subscription) -> None:
         self._subscriptions.pop(subscription.stream, None)

@@ -2,14 +2,16 @@
 
 The client's reader task hands each subscription whole runs (``_deliver``);
 the consumer's task decodes a run only when iteration reaches it, and returns
-flow-control credit as it consumes runs.
+flow-control credit as it consumes runs. ``PendingSubscription`` is what
+``Client.subscribe`` returns before the broker has confirmed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Protocol
+from collections.abc import Coroutine, Generator
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -144,3 +146,29 @@ class Subscription:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.unsubscribe()
+
+
+class PendingSubscription:
+    """What ``Client.subscribe`` returns: ``await`` it for the Subscription, or
+    enter it with ``async with`` to unsubscribe when the block ends (the
+    spelling aiohttp's requests have).
+
+    It holds the one coroutine that subscribes, so it is used once, either
+    way, and dropping it unused gets Python's "never awaited" warning, as a
+    forgotten ``await`` would.
+    """
+
+    def __init__(self, subscribing: Coroutine[Any, Any, Subscription]) -> None:
+        self._subscribing = subscribing
+        self._subscription: Subscription | None = None
+
+    def __await__(self) -> Generator[Any, None, Subscription]:
+        return self._subscribing.__await__()
+
+    async def __aenter__(self) -> Subscription:
+        self._subscription = await self._subscribing
+        return self._subscription
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._subscription is not None, "__aexit__ without a successful __aenter__"
+        await self._subscription.unsubscribe()
