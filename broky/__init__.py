@@ -4,7 +4,7 @@ The public API is re-exported here; ``tests/test_exports.py`` keeps the list
 honest.
 """
 
-from broky.client.client import Client, Subscription, SubscriptionStatistics, connect
+from broky.client.client import Client
 from broky.client.durable import AckedRun, PartitionInfo, Start
 from broky.client.errors import (
     AuthenticationError,
@@ -13,6 +13,8 @@ from broky.client.errors import (
     PublishRefused,
     SubscriptionError,
 )
+from broky.client.subscription import Subscription, SubscriptionStatistics
+from broky.client.tcp import connect
 from broky.config import Config, ConfigError
 from broky.ksuid import new_ksuid
 from broky.protocol.constants import ErrorCode, SlowConsumerPolicy

@@ -13,6 +13,8 @@ import broky
 import broky.client.client
 import broky.client.durable
 import broky.client.errors
+import broky.client.subscription
+import broky.client.tcp
 import broky.config
 import broky.ksuid
 import broky.protocol.constants
@@ -41,10 +43,10 @@ HOMES = {
     "Message": broky.protocol.message,
     "ProtocolError": broky.protocol.errors,
     "SlowConsumerPolicy": broky.protocol.constants,
-    "Subscription": broky.client.client,
+    "Subscription": broky.client.subscription,
     "SubscriptionError": broky.client.errors,
-    "SubscriptionStatistics": broky.client.client,
-    "connect": broky.client.client,
+    "SubscriptionStatistics": broky.client.subscription,
+    "connect": broky.client.tcp,
     "new_ksuid": broky.ksuid,
 }
 

@@ -1,52 +1,48 @@
-"""The trio client: batching publisher, credit-based subscriber iterators.
+"""The trio client: one connection, its two socket tasks, and what the broker answers.
 
 One connection multiplexes any number of subscriptions and publishes. Two
 background tasks own the socket: the writer (the only task that writes) and
-the reader (the only task that reads). ``publish`` encodes the message, adds
-it to the current run and returns without yielding unless the send buffer is
-full: the writer sends whatever accumulated the next time the publishing task
-yields, so a busy publisher batches naturally and an idle one adds no delay.
-Call ``flush`` to wait until the broker has routed everything published.
+the reader (the only task that reads). ``publish`` (``publishing.py``)
+encodes the message, adds it to the current run and returns without yielding
+unless the send buffer is full: the writer sends whatever accumulated the
+next time the publishing task yields, so a busy publisher batches naturally
+and an idle one adds no delay. Call ``flush`` to wait until the broker has
+routed everything published. The reader hands delivered runs to their
+``Subscription`` (``subscription.py``); ``tcp.py`` opens TCP and TLS
+connections.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import ssl
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Final
 
-import attrs
 import trio
 
-from broky.client.durable import AckedRun, PartitionInfo, Start
+from broky.client.durable import PartitionInfo, Start
 from broky.client.errors import (
     AuthenticationError,
     BrokyError,
     ConnectionClosed,
     PublishRefused,
     SubscriptionError,
+    deadline,
+    unwrapped,
 )
-from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
+from broky.client.publishing import Publisher
+from broky.client.subscription import PendingSubscription, Subscription
+from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
-from broky.protocol.constants import (
-    DEFAULT_MAX_FRAME_BYTES,
-    MAX_KEY_BYTES,
-    MIN_MAX_FRAME_BYTES,
-    BodyType,
-    ErrorCode,
-    SlowConsumerPolicy,
-)
-from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
+from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, ErrorCode, SlowConsumerPolicy
+from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
     Error,
     Fetch,
     Fetched,
-    Flow,
     Frame,
     Hello,
     ListPartitions,
@@ -58,28 +54,12 @@ from broky.protocol.frames import (
     Run,
     Subscribe,
     Subscribed,
-    Unsubscribe,
     Welcome,
 )
-from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
-from broky.security.tls import client_handshake
+from broky.protocol.message import Message, decode_run
 
 log = logging.getLogger("broky.client")
 
-#: Bytes a client buffers for sending before ``publish`` waits: enough for
-#: the writer to send large batches while the publisher keeps encoding.
-DEFAULT_SEND_BUFFER_BYTES: Final = 1024 * 1024
-#: Largest Publish frame the client builds (less if the broker's Welcome
-#: announces a smaller maximum): big enough that per-frame costs vanish, small
-#: enough that a frame never waits long for the next one to start.
-PUBLISH_FRAME_BYTES: Final = 256 * 1024
-#: Bytes a Publish frame adds around its run chunks: the header (56 bytes)
-#: and 4 bytes per run, which is at most 1/16 of a run chunk (>= 64 bytes).
-_FRAME_HEADER_BYTES: Final = 64
-#: Bytes a run chunk adds around its messages besides the 4-byte size per
-#: message (at most 1/14 of a message, which is >= 56 bytes): header,
-#: padding and the key with its length and NUL.
-_RUN_OVERHEAD_BYTES: Final = 80 + MAX_KEY_BYTES
 #: Default flow-control window per subscription, in messages: bounds the
 #: client's memory per subscription (~20k x message size) while keeping
 #: several write batches in flight.
@@ -88,164 +68,26 @@ RECEIVE_BYTES: Final = 256 * 1024
 CONNECT_TIMEOUT: Final = 5.0
 
 
-@attrs.frozen
-class SubscriptionStatistics:
-    """Counters of one client subscription."""
-
-    received: int
-    dropped_by_broker: int
-    buffered_messages: int
-
-
-class Subscription:
-    """An open subscription; iterate it with ``async for``.
-
-    Messages are decoded a run at a time, when the iterator reaches the run,
-    and flow-control credit is returned to the broker as runs are consumed.
-    """
-
-    def __init__(self, client: Client, stream: int, pattern: str, credit: int) -> None:
-        self._client = client
-        self.stream = stream
-        self.pattern = pattern
-        self._credit = credit
-        self._runs: deque[Run] = deque()
-        self._buffered = 0
-        self._batch: list[Message] = []
-        self._position = 0
-        self._ready = trio.Event()
-        self._confirmed = trio.Event()
-        self._error: BaseException | None = None
-        self._closed = False
-        self._ungranted = 0
-        self.received = 0
-        self.dropped_by_broker = 0
-
-    # called by the client's reader task --------------------------------------
-
-    def _deliver(self, runs: tuple[Run, ...]) -> None:
-        self._runs.extend(runs)
-        self._buffered += sum(run.count for run in runs)
-        self._ready.set()
-
-    def _fail(self, error: BaseException) -> None:
-        if self._error is None:
-            self._error = error
-        self._confirmed.set()
-        self._ready.set()
-
-    # the consumer's side ------------------------------------------------------
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        position = self._position
-        if position < len(self._batch):
-            self._position = position + 1
-            return self._batch[position]
-        return await self._next_batch()
-
-    async def _next_batch(self) -> Message:
-        waited = False
-        while not self._runs:
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise StopAsyncIteration
-            self._ready = trio.Event()
-            await self._ready.wait()
-            waited = True
-        if not waited:
-            await trio.lowlevel.checkpoint()  # one checkpoint per run, not per message
-        run = self._runs.popleft()
-        self._buffered -= run.count
-        self.received += run.count
-        if self._credit:
-            self._ungranted += run.count
-            if self._ungranted * 2 >= self._credit:
-                self._client._send_control(Flow(self.stream, self._ungranted))
-                self._ungranted = 0
-        try:
-            self._batch = decode_run(run)
-        except RemoteProtocolError as exc:
-            log.warning("subscription %d: dropped an undecodable run: %s", self.stream, exc)
-            self._batch = []
-        if not self._batch:
-            return await self._next_batch()
-        self._position = 1
-        return self._batch[0]
-
-    def statistics(self) -> SubscriptionStatistics:
-        """What this subscription received, lost and holds."""
-        return SubscriptionStatistics(
-            received=self.received,
-            dropped_by_broker=self.dropped_by_broker,
-            buffered_messages=self._buffered + len(self._batch) - self._position,
-        )
-
-    async def unsubscribe(self) -> None:
-        """Stop the subscription; iteration ends after what is already buffered."""
-        if not self._closed:
-            self._closed = True
-            self._ready.set()
-            self._client._forget(self)
-            if not self._client.closed:
-                self._client._send_control(Unsubscribe(self.stream))
-        await trio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.unsubscribe()
-
-
-class Client:
+class Client(Publisher):
     """A connection to a broker. Create it with :func:`connect` or ``Broker.connect``."""
 
     def __init__(self, stream: trio.abc.Stream, name: str = "") -> None:
+        # streams: one label for publishes (so a stream Error can name it), then subscriptions
+        self._streams = itertools.count(1)
+        super().__init__(publish_stream=next(self._streams))
         self._stream = stream
         self.name = name
         #: The broker's Welcome (its limits, who it authenticated us as).
         self.server: Welcome | None = None
         self._machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
-        self._send_buffer_bytes = DEFAULT_SEND_BUFFER_BYTES
-        # publish state: the open run, finished run chunks, finished frames
-        self._run_key = b""
-        self._run_key_text = ""
-        self._run_sizes: list[int] = []
-        self._run_messages: list[bytes] = []
-        self._run_bytes = 0
-        self._chunks: list[bytes] = []
-        self._chunk_bytes = 0
-        self._frames: list[bytes] = []
-        #: Bytes in _chunks and _frames plus those being written (not the open run).
-        self._buffered = 0
-        self._set_frame_limit(DEFAULT_MAX_FRAME_BYTES)
-        self._writer_idle = True
-        self._wake_writer = trio.Event()
-        self._space = trio.Event()
-        self._stamp = False
-        # acked publishing: frames are either all acked or not; acks come in order
-        self._ack_mode = False
-        self._chunk_keys: list[str] = []
-        self._ack_sequence = 0
-        self._ack_frames: dict[int, list[str]] = {}
-        self._acked: list[AckedRun] = []
-        self._acks_done = trio.Event()
-        self._ack_error: BaseException | None = None
         # request/response streams (ListPartitions, Fetch)
         self._requests: dict[int, tuple[trio.Event, list[Frame]]] = {}
-        # streams: one label for publishes (so a stream Error can name it), then subscriptions
-        self._streams = itertools.count(1)
-        self._publish_stream = next(self._streams)
         self._subscriptions: dict[int, Subscription] = {}
         self._pings: dict[int, trio.Event] = {}
         self._nonces = itertools.count(1)
         self._welcome = trio.Event()
         self.closed = False
-        self._error: BaseException | None = None
+        self._error = None
         #: The first publish refusal since the last flush (flush raises it).
         self._refused: PublishRefused | None = None
         self.on_error: Callable[[Error], None] = self._log_error
@@ -261,192 +103,42 @@ class Client:
         user: str = "",
         password: str = "",
         token: str = "",
+        peer: str = "the broker",
     ) -> AsyncIterator[Client]:
-        """Run a client over an already connected stream, with optional credentials."""
+        """Run a client over an already connected stream, with optional credentials.
+
+        What escapes is the exception itself, never a group: a BrokyError
+        (ConnectionClosed if ``peer`` sends no Welcome in CONNECT_TIMEOUT
+        seconds, AuthenticationError if it refuses us), or whatever the
+        caller's ``async with`` body raised, unchanged.
+        """
         client = cls(stream, name)
         client._stamp = stamp_ts_broker
-        refused: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client._writer)
-            nursery.start_soon(client._reader)
-            client._send_raw(client._machine.initiate())
-            client._send_control(Hello(client_name=name, user=user, password=password, token=token))
-            try:
-                with trio.fail_after(CONNECT_TIMEOUT):
-                    await client._welcome.wait()
-                # A refused handshake is raised below, outside the nursery, so
-                # that callers catch AuthenticationError itself, not a group.
-                refused = client._error
-                if refused is None:
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client._writer)
+                nursery.start_soon(client._reader)
+                client._send_raw(client._machine.initiate())
+                client._send_control(
+                    Hello(client_name=name, user=user, password=password, token=token)
+                )
+                try:
+                    with deadline(
+                        CONNECT_TIMEOUT,
+                        f"no Welcome from {peer} within {CONNECT_TIMEOUT} s: "
+                        "is a Broky broker listening there?",
+                    ):
+                        await client._welcome.wait()
+                    if client._error is not None:
+                        raise client._error
                     yield client
                     if not client.closed:
                         await client.flush()
-            finally:
-                client._shutdown(ConnectionClosed("the client was closed"))
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.aclose()
-                nursery.cancel_scope.cancel()
-        if refused is not None:
-            raise refused
-
-    # --- publishing ---------------------------------------------------------
-
-    async def publish(
-        self,
-        key: str,
-        payload: bytes,
-        *,
-        key_partition: bytes = b"",
-        tags: Iterable[tuple[str, str]] = (),
-        ts_producer: int = 0,
-        uid: bytes = b"",
-        ack: bool = False,
-    ) -> None:
-        """Queue one message; waits only when the send buffer is full.
-
-        At-most-once: the message is on its way when this returns; ``flush``
-        confirms the broker has routed it. With ``ack=True`` the message goes
-        in an acked Publish frame: ``flush_acks`` then waits for the broker's
-        acks (one per frame: batch-first) and returns the offsets durable
-        topics gave.
-        """
-        if self.closed:
-            raise self._error or ConnectionClosed("the client is closed")
-        if ack is not self._ack_mode:
-            self._close_run()
-            self._close_frame()
-            self._ack_mode = ack
-        if key != self._run_key_text:
-            self._close_run()
-            self._run_key_text = key
-            self._run_key = key.encode()
-        message = encode_message(payload, key_partition, ts_producer, uid, tags)
-        size = len(message)
-        if size > self._max_message_bytes:
-            raise LocalProtocolError(self._too_large(size))
-        self._run_messages.append(message)
-        self._run_sizes.append(size)
-        self._run_bytes += size
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
-        if self._run_bytes >= self._run_limit:
-            await self._run_full()
-
-    def _set_frame_limit(self, max_frame_bytes: int) -> None:
-        """Size runs and frames to fit frames of ``max_frame_bytes`` (the broker's)."""
-        frame_limit = max(max_frame_bytes, MIN_MAX_FRAME_BYTES)
-        self._chunk_budget = (
-            (min(PUBLISH_FRAME_BYTES, frame_limit) - _FRAME_HEADER_BYTES) * 16 // 17
-        )
-        self._run_budget = (self._chunk_budget - _RUN_OVERHEAD_BYTES) * 14 // 15
-        # A message bigger than a run's budget travels alone: one run, one frame.
-        self._frame_message_bytes = frame_limit - _FRAME_HEADER_BYTES - _RUN_OVERHEAD_BYTES - 4
-        server_limit = self.server.max_message_bytes if self.server is not None else 0
-        self._max_message_bytes = min(self._frame_message_bytes, server_limit or frame_limit)
-        self._update_run_limit()
-
-    def _too_large(self, size: int) -> str:
-        if size > self._frame_message_bytes:
-            return (
-                f"a message of {size} encoded bytes does not fit the broker's frames "
-                f"(at most {self._frame_message_bytes} bytes)"
-            )
-        return (
-            f"a message of {size} encoded bytes exceeds the broker's max_message_bytes "
-            f"({self._max_message_bytes})"
-        )
-
-    def _update_run_limit(self) -> None:
-        # The open run is closed at _run_budget, and publish waits once the
-        # open run would push the send buffer past its size.
-        self._run_limit = min(self._run_budget, self._send_buffer_bytes - self._buffered)
-
-    async def _run_full(self) -> None:
-        """The open run reached its size limit or filled the send buffer."""
-        size = self._run_sizes[-1]
-        if self._run_bytes > self._run_budget and len(self._run_sizes) > 1:
-            # Close the run before the message that overflowed it, which starts the next.
-            message = self._run_messages.pop()
-            self._run_sizes.pop()
-            self._run_bytes -= size
-            self._close_run()
-            self._run_messages.append(message)
-            self._run_sizes.append(size)
-            self._run_bytes = size
-        if self._run_bytes >= self._run_budget:
-            self._close_run()
-        while self._buffered + self._run_bytes >= self._send_buffer_bytes and not self.closed:
-            self._space = trio.Event()
-            await self._space.wait()
-        if self.closed:
-            raise self._error or ConnectionClosed("the client is closed")
-        self._update_run_limit()
-
-    def _close_run(self) -> None:
-        if self._run_messages:
-            chunk = encode_run_chunk(
-                self._run_key, 0, pack_sizes(self._run_sizes), b"".join(self._run_messages)
-            )
-            self._run_sizes = []
-            self._run_messages = []
-            self._run_bytes = 0
-            if self._chunk_bytes + len(chunk) > self._chunk_budget:
-                self._close_frame()
-            if self._ack_mode:
-                self._chunk_keys.append(self._run_key_text)
-            self._chunks.append(chunk)
-            self._chunk_bytes += len(chunk)
-            self._buffered += len(chunk)
-        self._update_run_limit()
-
-    def _close_frame(self) -> None:
-        if self._chunks:
-            parts = runs_frame_parts(
-                BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp, self._ack_mode
-            )
-            if self._ack_mode:
-                self._ack_sequence += 1
-                self._ack_frames[self._ack_sequence] = self._chunk_keys
-                self._chunk_keys = []
-            self._buffered += sum(len(part) for part in parts) - self._chunk_bytes
-            self._frames.extend(parts)
-            self._chunks = []
-            self._chunk_bytes = 0
-
-    async def flush_acks(self) -> list[AckedRun]:
-        """Send what ``publish(..., ack=True)`` queued and wait for every ack.
-
-        Returns the offsets of everything acked since the last call, in
-        publish order per partition (ephemeral keys get no entry). An ack
-        means the message reached its topic's durability point (fsync
-        ``always``: on disk). Raises BrokyError if the broker could not store
-        some of it; what was acked before stays acked.
-        """
-        self._close_run()
-        self._close_frame()
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
-        while self._ack_frames and not self.closed:
-            self._acks_done = trio.Event()
-            await self._acks_done.wait()
-        error, self._ack_error = self._ack_error, None
-        if error is None and self._ack_frames:
-            error = self._error or ConnectionClosed("the client is closed")
-        if error is not None:
-            raise error
-        acked, self._acked = self._acked, []
-        return acked
-
-    def _handle_ack(self, frame: PublishAck) -> None:
-        keys = self._ack_frames.pop(frame.sequence, [])
-        for run, partition, first, last in zip(
-            frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
-        ):
-            key = keys[run] if run < len(keys) else ""  # a broker bug must not kill the reader
-            self._acked.append(AckedRun(key, partition, first, last))
-        self._acks_done.set()
+                finally:
+                    client._shutdown(ConnectionClosed("the client was closed"))
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        await stream.aclose()
+                    nursery.cancel_scope.cancel()
 
     async def _request(self, frame_for: Callable[[int], Frame]) -> Frame:
         """Send a request frame on a fresh stream id and wait for its answer."""
@@ -532,24 +224,34 @@ class Client:
 
     # --- subscribing ------------------------------------------------------------
 
-    async def subscribe(
+    def subscribe(
         self,
         pattern: str,
         *,
         credit: int = DEFAULT_CREDIT,
         slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         start: Start | None = None,
-    ) -> Subscription:
-        """Subscribe and wait for the broker's confirmation.
+    ) -> PendingSubscription:
+        """Subscribe; the subscription is active once the broker confirms it.
 
-        Once this returns, every matching message the broker receives is
-        delivered. Use as ``async with await client.subscribe(...)`` or
-        ``async with client.subscription(...)``. ``credit`` is the flow-control
-        window in messages (0: none, the broker sends as fast as TCP takes).
-        ``start`` says where durable topics matching the pattern begin
-        (``Start.earliest()``, ``Start.offset({0: 42})``, ``Start.time(ns)``,
-        ``Start.last()``); the default is live only.
+        ``async with client.subscribe("orders.>") as sub:`` unsubscribes when
+        the block ends; ``sub = await client.subscribe(...)`` leaves that to
+        ``sub.unsubscribe()``. Either waits for the broker's confirmation, and
+        from then on every matching message the broker receives is delivered.
+        ``credit`` is the flow-control window in messages (0: none, the broker
+        sends as fast as TCP takes). ``start`` says where durable topics
+        matching the pattern begin (``Start.earliest()``,
+        ``Start.offset({0: 42})``, ``Start.time(ns)``, ``Start.last()``); the
+        default is live only.
         """
+        return PendingSubscription(self._subscribe(pattern, credit, slow_consumer, start))
+
+    #: The older name of ``subscribe``, kept for ``async with client.subscription(...)``.
+    subscription = subscribe
+
+    async def _subscribe(
+        self, pattern: str, credit: int, slow_consumer: SlowConsumerPolicy, start: Start | None
+    ) -> Subscription:
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
         stream = next(self._streams)
@@ -573,40 +275,10 @@ class Client:
             raise subscription._error
         return subscription
 
-    @asynccontextmanager
-    async def subscription(
-        self,
-        pattern: str,
-        *,
-        credit: int = DEFAULT_CREDIT,
-        slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
-        start: Start | None = None,
-    ) -> AsyncIterator[Subscription]:
-        """``async with client.subscription("orders.>") as sub: async for msg in sub``."""
-        subscription = await self.subscribe(
-            pattern, credit=credit, slow_consumer=slow_consumer, start=start
-        )
-        try:
-            yield subscription
-        finally:
-            await subscription.unsubscribe()
-
     def _forget(self, subscription: Subscription) -> None:
         self._subscriptions.pop(subscription.stream, None)
 
     # --- the socket's two owners ------------------------------------------------
-
-    def _send_raw(self, data: bytes) -> None:
-        self._close_run()
-        self._close_frame()
-        self._frames.append(data)
-        self._buffered += len(data)
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
-
-    def _send_control(self, frame: Frame) -> None:
-        self._send_raw(encode_frame(frame))
 
     async def _writer(self) -> None:
         stream = self._stream
@@ -690,7 +362,9 @@ class Client:
             self._handle_error(frame)
         elif type(frame) is Welcome:
             self.server = frame
-            self._set_frame_limit(frame.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES)
+            self._set_frame_limit(
+                frame.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES, frame.max_message_bytes
+            )
             self._welcome.set()
 
     def _handle_error(self, frame: Error) -> None:
@@ -763,58 +437,3 @@ class Client:
 
 #: Publish-stream errors about messages this client may not send.
 _REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split "HOST:PORT" (IPv6 as "[::1]:PORT")."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address must be HOST:PORT, got {address!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-@asynccontextmanager
-async def connect(
-    address: str,
-    *,
-    name: str = "",
-    stamp_ts_broker: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
-    user: str = "",
-    password: str = "",
-    token: str = "",
-) -> AsyncIterator[Client]:
-    """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``.
-
-    With ``ssl_context`` (see ``broky.security.tls.client_context``) the
-    connection speaks TLS, checking the broker's certificate against ``host``;
-    a failed TLS handshake raises ConnectionClosed saying why. ``user`` and
-    ``password``, or ``token``, authenticate (send them over TLS only); wrong
-    or missing credentials raise AuthenticationError.
-    """
-    host, port = parse_address(address)
-    with trio.fail_after(CONNECT_TIMEOUT):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-        if ssl_context is not None:
-            stream = await _tls_handshake(stream, ssl_context, host, address)
-    async with Client.over(
-        stream,
-        name=name,
-        stamp_ts_broker=stamp_ts_broker,
-        user=user,
-        password=password,
-        token=token,
-    ) as client:
-        yield client
-
-
-async def _tls_handshake(
-    stream: trio.abc.Stream, context: ssl.SSLContext, host: str, address: str
-) -> trio.SSLStream[trio.abc.Stream]:
-    try:
-        return await client_handshake(stream, context, host)
-    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        raise ConnectionClosed(
-            f"TLS handshake with {address} failed ({exc.__cause__ or exc}): is that the "
-            "broker's TLS port, and does it trust this client's certificate?"
-        ) from exc

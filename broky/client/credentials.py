@@ -12,7 +12,8 @@ from contextlib import AbstractAsyncContextManager
 
 import attrs
 
-from broky.client.client import Client, connect
+from broky.client.client import Client
+from broky.client.tcp import connect
 from broky.protocol.frames import Hello
 
 

@@ -1,6 +1,17 @@
-"""Exceptions the client raises: each carries the broker's wire code."""
+"""Exceptions the client raises: each carries the broker's wire code.
+
+The two context managers at the end keep it that way at the client's
+boundary: the caller sees these exceptions themselves, never a trio
+TooSlowError or an exception group.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import trio
 
 from broky.protocol.constants import ErrorCode
 
@@ -31,3 +42,45 @@ class AuthenticationError(BrokyError):
 class PublishRefused(BrokyError):
     """The broker refused some published messages (permissions, message size);
     raised by ``flush``. The connection stays up; the rest was routed."""
+
+
+@contextmanager
+def deadline(seconds: float, message: str) -> Iterator[None]:
+    """``trio.fail_after(seconds)`` that raises ConnectionClosed(``message``)
+    (caused by the TooSlowError): a connection that could not be set up is a
+    broker error to the caller, not a stray trio exception."""
+    try:
+        with trio.fail_after(seconds):
+            yield
+    except trio.TooSlowError as exc:
+        raise ConnectionClosed(message) from exc
+
+
+@contextmanager
+def unwrapped() -> Iterator[None]:
+    """Around the client's nursery: re-raise a group of one as that one exception.
+
+    A trio nursery wraps whatever escapes it in an exception group, and the
+    client's nursery runs the caller's ``async with`` body, so without this a
+    caller would catch ``ExceptionGroup([BrokyError(...)])`` instead of the
+    documented ``BrokyError``, and their own exceptions would come back
+    wrapped too. The one exception propagates as the very object that was
+    raised, its ``__cause__`` and ``__context__`` as they were (a group the
+    caller's own nursery raised stays that group). A group of several (two
+    tasks failed at once) propagates whole: picking one would hide the other.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) != 1:
+            raise
+        _raise_as_is(group.exceptions[0])
+
+
+def _raise_as_is(error: BaseException) -> NoReturn:
+    """Raise ``error`` without Python setting the group it came out of as its context."""
+    context = error.__context__
+    try:
+        raise error
+    finally:
+        error.__context__ = context

@@ -31,8 +31,8 @@ from typing import Any, Final
 
 import attrs
 
-from broky.client.client import parse_address
 from broky.client.credentials import ANONYMOUS, Credentials
+from broky.client.tcp import parse_address
 from broky.loadtest import loadgen, peers
 from broky.loadtest.histogram import LatencyHistogram
 

@@ -25,8 +25,8 @@ from multiprocessing.synchronize import Event
 
 import trio
 
-from broky.client.client import Subscription as ClientSubscription
 from broky.client.credentials import ANONYMOUS, Credentials
+from broky.client.subscription import Subscription as ClientSubscription
 from broky.loadtest.histogram import LatencyHistogram
 from broky.protocol.codec import decode_frame, encode_frame, encode_run_chunk, runs_frame_parts
 from broky.protocol.constants import BodyType, SlowConsumerPolicy
