@@ -61,6 +61,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.protocol.keys import encode_key
 from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
 from broky.security.tls import client_handshake
 
@@ -308,7 +309,9 @@ class Client:
         confirms the broker has routed it. With ``ack=True`` the message goes
         in an acked Publish frame: ``flush_acks`` then waits for the broker's
         acks (one per frame: batch-first) and returns the offsets durable
-        topics gave.
+        topics gave. A key the broker would refuse for its characters (a
+        control character, whitespace, a lone surrogate) raises
+        LocalProtocolError here; its token structure is the broker's to judge.
         """
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
@@ -317,9 +320,10 @@ class Client:
             self._close_frame()
             self._ack_mode = ack
         if key != self._run_key_text:
+            encoded = encode_key(key, ErrorCode.INVALID_KEY)
             self._close_run()
             self._run_key_text = key
-            self._run_key = key.encode()
+            self._run_key = encoded
         message = encode_message(payload, key_partition, ts_producer, uid, tags)
         size = len(message)
         if size > self._max_message_bytes:
@@ -548,10 +552,12 @@ class Client:
         window in messages (0: none, the broker sends as fast as TCP takes).
         ``start`` says where durable topics matching the pattern begin
         (``Start.earliest()``, ``Start.offset({0: 42})``, ``Start.time(ns)``,
-        ``Start.last()``); the default is live only.
+        ``Start.last()``); the default is live only. A pattern with a control
+        character, whitespace or a lone surrogate raises LocalProtocolError.
         """
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
+        encoded = encode_key(pattern, ErrorCode.INVALID_PATTERN)
         stream = next(self._streams)
         subscription = Subscription(self, stream, pattern, credit)
         self._subscriptions[stream] = subscription
@@ -559,7 +565,7 @@ class Client:
         self._send_control(
             Subscribe(
                 stream,
-                pattern.encode(),
+                encoded,
                 slow_consumer,
                 credit,
                 start.kind,
