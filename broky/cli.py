@@ -20,6 +20,9 @@ from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigE
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
+from broky.protocol.constants import ErrorCode
+from broky.protocol.errors import LocalProtocolError
+from broky.protocol.keys import encode_key
 from broky.reload import reread
 from broky.security import passwd
 from broky.security.flags import (
@@ -95,6 +98,20 @@ async def serve(config: Config, load: Callable[[], Config] | None = None) -> Non
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break
+
+
+def _key_text(code: ErrorCode) -> Callable[[str], str]:
+    """An argparse type refusing what the client would refuse (a control or
+    whitespace character): a usage error, not a traceback from the client."""
+
+    def check(text: str) -> str:
+        try:
+            encode_key(text, code)
+        except LocalProtocolError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return check
 
 
 async def publish(
@@ -173,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     default_address = f"127.0.0.1:{DEFAULT_PORT}"
     pub_cmd = commands.add_parser("pub", help="publish messages")
-    pub_cmd.add_argument("key")
+    pub_cmd.add_argument("key", type=_key_text(ErrorCode.INVALID_KEY))
     pub_cmd.add_argument("payload", nargs="?", help="payload; omitted: one message per stdin line")
     pub_cmd.add_argument("--count", type=int, default=1, help="publish the payload N times")
     pub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
@@ -181,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_auth_flags(pub_cmd)
 
     sub_cmd = commands.add_parser("sub", help="print messages matching a pattern")
-    sub_cmd.add_argument("pattern")
+    sub_cmd.add_argument("pattern", type=_key_text(ErrorCode.INVALID_PATTERN))
     sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
     add_client_tls_flags(sub_cmd)

@@ -18,8 +18,9 @@ from broky import Broker, Config
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES
-from broky.protocol.frames import Error, Frame, Hello, Welcome
+from broky.protocol.frames import Error, Frame, Hello, Run, Welcome
 from broky.protocol.framing import encode_preamble
+from broky.protocol.message import encode_message, pack_sizes
 
 StartBroker = Callable[[Config], Awaitable[Broker]]
 
@@ -62,6 +63,13 @@ def address_of(broker: Broker) -> str:
     assert broker.address is not None, "the broker does not listen"
     host, port = broker.address
     return f"{host}:{port}"
+
+
+def raw_run(key: bytes, *payloads: bytes) -> Run:
+    """A Publish run of plain messages on any ``key`` bytes, for raw frames
+    carrying what the client library would refuse to send."""
+    messages = [encode_message(payload) for payload in payloads]
+    return Run(key, 0, len(messages), pack_sizes([len(m) for m in messages]), b"".join(messages))
 
 
 class ConnectionEnded(Exception):

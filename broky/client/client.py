@@ -56,6 +56,7 @@ from broky.protocol.frames import (
     Subscribed,
     Welcome,
 )
+from broky.protocol.keys import encode_key
 from broky.protocol.message import Message, decode_run
 
 log = logging.getLogger("broky.client")
@@ -242,7 +243,8 @@ class Client(Publisher):
         sends as fast as TCP takes). ``start`` says where durable topics
         matching the pattern begin (``Start.earliest()``,
         ``Start.offset({0: 42})``, ``Start.time(ns)``, ``Start.last()``); the
-        default is live only.
+        default is live only. A pattern with a control character, whitespace
+        or a lone surrogate raises LocalProtocolError.
         """
         return PendingSubscription(self._subscribe(pattern, credit, slow_consumer, start))
 
@@ -254,6 +256,7 @@ class Client(Publisher):
     ) -> Subscription:
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
+        encoded = encode_key(pattern, ErrorCode.INVALID_PATTERN)
         stream = next(self._streams)
         subscription = Subscription(self, stream, pattern, credit)
         self._subscriptions[stream] = subscription
@@ -261,7 +264,7 @@ class Client(Publisher):
         self._send_control(
             Subscribe(
                 stream,
-                pattern.encode(),
+                encoded,
                 slow_consumer,
                 credit,
                 start.kind,

@@ -23,9 +23,11 @@ from broky.protocol.constants import (
     MAX_KEY_BYTES,
     MIN_MAX_FRAME_BYTES,
     BodyType,
+    ErrorCode,
 )
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import Frame, PublishAck
+from broky.protocol.keys import encode_key
 from broky.protocol.message import encode_message, pack_sizes
 
 #: Bytes a client buffers for sending before ``publish`` waits: enough for
@@ -99,7 +101,9 @@ class Publisher:
         confirms the broker has routed it. With ``ack=True`` the message goes
         in an acked Publish frame: ``flush_acks`` then waits for the broker's
         acks (one per frame: batch-first) and returns the offsets durable
-        topics gave.
+        topics gave. A key the broker would refuse for its characters (a
+        control character, whitespace, a lone surrogate) raises
+        LocalProtocolError here; its token structure is the broker's to judge.
         """
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
@@ -108,9 +112,10 @@ class Publisher:
             self._close_frame()
             self._ack_mode = ack
         if key != self._run_key_text:
+            encoded = encode_key(key, ErrorCode.INVALID_KEY)
             self._close_run()
             self._run_key_text = key
-            self._run_key = key.encode()
+            self._run_key = encoded
         message = encode_message(payload, key_partition, ts_producer, uid, tags)
         size = len(message)
         if size > self._max_message_bytes:

@@ -6,9 +6,11 @@ cached per key; any change to the index clears the cache (the generation
 approach of nats-server's sublist, reduced to its simplest form: changes are
 rare next to publishes, and a cleared cache refills at one trie walk per key).
 
-Keys and patterns are bytes as they travel on the wire. Keys that start with
-``$SYS`` are matched only by patterns that start with ``$SYS``, so that a
-catch-all ``>`` subscriber never sees the broker's own traffic.
+Keys and patterns are bytes as they travel on the wire. A key is checked
+(length, characters as ``broky.protocol.keys`` says, then tokens) only when it
+misses the cache, never per message. Keys that start with ``$SYS`` are matched
+only by patterns that start with ``$SYS``, so that a catch-all ``>``
+subscriber never sees the broker's own traffic.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Final, Generic, TypeVar
 
 from broky.protocol.constants import MAX_KEY_BYTES, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.keys import key_bytes_problem
 
 T = TypeVar("T")
 
@@ -28,12 +31,18 @@ SYSTEM_PREFIX: Final = b"$SYS"
 _WILDCARDS: Final = (b"*", b">")
 
 
+def _check_text(value: bytes, what: str, code: ErrorCode) -> None:
+    """The rules keys and patterns share: 1..MAX_KEY_BYTES of key text."""
+    if not value or len(value) > MAX_KEY_BYTES:
+        raise RemoteProtocolError(f"{what} must be 1..{MAX_KEY_BYTES} bytes", code)
+    problem = key_bytes_problem(value)
+    if problem is not None:
+        raise RemoteProtocolError(f"{what} {value!r} {problem}", code)
+
+
 def validate_pattern(pattern: bytes) -> list[bytes]:
     """Split a subscription pattern into tokens, or raise InvalidPattern."""
-    if not pattern or len(pattern) > MAX_KEY_BYTES:
-        raise RemoteProtocolError(
-            f"pattern must be 1..{MAX_KEY_BYTES} bytes", ErrorCode.INVALID_PATTERN
-        )
+    _check_text(pattern, "pattern", ErrorCode.INVALID_PATTERN)
     tokens = pattern.split(b".")
     for index, token in enumerate(tokens):
         if not token:
@@ -72,10 +81,7 @@ def patterns_overlap(first: bytes, second: bytes) -> bool:
 
 def validate_key(key: bytes) -> list[bytes]:
     """Split a publish key into tokens, or raise InvalidKey."""
-    if not key or len(key) > MAX_KEY_BYTES:
-        raise RemoteProtocolError(
-            f"publish key must be 1..{MAX_KEY_BYTES} bytes", ErrorCode.INVALID_KEY
-        )
+    _check_text(key, "publish key", ErrorCode.INVALID_KEY)
     tokens = key.split(b".")
     for token in tokens:
         if not token or token in _WILDCARDS:

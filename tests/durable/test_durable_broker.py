@@ -14,10 +14,10 @@ import trio
 from broky import Broker, BrokyError, Client, Config, ConfigError, ErrorCode, Message, Start
 from broky.cli import main
 from broky.protocol.codec import encode_frame
-from broky.protocol.frames import Publish, Run
+from broky.protocol.frames import Error, Publish, Run
 from broky.router.matcher import patterns_overlap
 from broky.storage.topics import partition_for
-from tests.conftest import StartBroker
+from tests.conftest import StartBroker, raw_run
 from tests.observability.test_observability import http_get, sample_value
 
 TIMEOUT = 20
@@ -342,3 +342,26 @@ async def test_metrics_export_the_durable_figures(
     assert sample_value(text, "broky_durable_fsyncs_total", 'worker="0"') >= 1
     assert sample_value(text, "broky_durable_log_bytes", 'worker="0"') > 200 * 100
     assert sample_value(text, "broky_durable_recovery_truncated_bytes_total", 'worker="0"') == 0
+
+
+async def test_a_durable_topic_never_stores_a_key_that_is_not_text(tmp_path: Path) -> None:
+    """Keys the router refuses are refused for durable topics too (same rule,
+    same stream error) and never reach a partition's log."""
+    bad = (b"orders.\xff\xfe", b"orders.with\x00nul", b"orders.a b")
+    errors: list[Error] = []
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            broker = Broker(durable_config(tmp_path, partitions=1))
+            await nursery.start(broker.serve)
+            async with broker.connect() as client:
+                client.on_error = errors.append
+                runs = [raw_run(b"orders.ok", b"kept")] + [raw_run(key, b"refused") for key in bad]
+                client._send_raw(encode_frame(Publish(1, tuple(runs))))
+                await publish_acked(client, 1)  # one partition: stored after the raw frame
+                assert [(e.code, e.stream) for e in errors] == [(ErrorCode.INVALID_KEY, 1)] * 3
+                (stored,) = (await fetch_all(client)).values()
+                assert [(m.key, m.payload) for m in stored] == [
+                    ("orders.ok", b"kept"),
+                    ("orders.k0", b"0"),
+                ]
+            nursery.cancel_scope.cancel()

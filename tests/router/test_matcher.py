@@ -17,6 +17,28 @@ from broky.router.matcher import (
     validate_pattern,
 )
 
+#: Keys and patterns whose tokens are fine but whose bytes are not key text:
+#: not UTF-8 (a stray byte, a truncated or overlong sequence, an encoded
+#: surrogate), or holding a control character or whitespace.
+BAD_TEXT = [
+    b"bad.\xff\xfe",
+    b"k.\xff",
+    b"k.\xc3",
+    b"k.\xc0\xae",
+    b"k.\xed\xa0\x80",
+    b"with\x00nul",
+    b"\x00",
+    b"a.tab\there",
+    b"a.line\n",
+    b"a.\x1f",
+    b"a.\x7f",
+    b"a.\xc2\x85",  # U+0085 (NEL), a C1 control
+    b"a b",
+    b"a.\xc2\xa0",  # U+00A0, a no-break space
+    b"a.\xe2\x80\xa8",  # U+2028, the line separator
+    b"a.\xe3\x80\x80",  # U+3000, the ideographic space
+]
+
 
 def index_with(*registrations: tuple[bytes, str]) -> SubscriptionIndex[str]:
     index: SubscriptionIndex[str] = SubscriptionIndex()
@@ -152,6 +174,9 @@ def test_one_subscriber_under_two_matching_patterns_is_returned_twice() -> None:
         b"a.**",
         b"a" * (MAX_KEY_BYTES + 1),
         b"a." * (MAX_KEY_BYTES // 2) + b">",
+        *BAD_TEXT,
+        b"bad.\xff\xfe.>",
+        b"*.with\x00nul",
     ],
 )
 def test_invalid_patterns_are_rejected_with_invalid_pattern(pattern: bytes) -> None:
@@ -175,6 +200,7 @@ def test_invalid_patterns_are_rejected_with_invalid_pattern(pattern: bytes) -> N
         (b">", [b">"]),
         (b"$SYS.>", [b"$SYS", b">"]),
         (b"a" * MAX_KEY_BYTES, [b"a" * MAX_KEY_BYTES]),
+        ("caf\u00e9.*".encode(), ["caf\u00e9".encode(), b"*"]),
     ],
 )
 def test_valid_patterns_split_into_tokens(pattern: bytes, tokens: list[bytes]) -> None:
@@ -195,6 +221,7 @@ def test_valid_patterns_split_into_tokens(pattern: bytes, tokens: list[bytes]) -
         b"orders.>",
         b"*.a",
         b"a" * (MAX_KEY_BYTES + 1),
+        *BAD_TEXT,
     ],
 )
 def test_invalid_keys_are_rejected_with_invalid_key(key: bytes) -> None:
@@ -215,6 +242,9 @@ def test_invalid_keys_are_rejected_with_invalid_key(key: bytes) -> None:
         (b"orders.eu.created", [b"orders", b"eu", b"created"]),
         (b"a*b.c>", [b"a*b", b"c>"]),  # wildcard characters inside a token are plain text
         (b"a" * MAX_KEY_BYTES, [b"a" * MAX_KEY_BYTES]),
+        # UTF-8 text is fine, including U+FFFD and format characters (ZWJ in an emoji)
+        ("caf\u00e9.\ufffd".encode(), ["caf\u00e9".encode(), "\ufffd".encode()]),
+        ("\U0001f469\u200d\U0001f4bb".encode(), ["\U0001f469\u200d\U0001f4bb".encode()]),
     ],
 )
 def test_valid_keys_split_into_tokens(key: bytes, tokens: list[bytes]) -> None:

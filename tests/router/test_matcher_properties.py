@@ -9,11 +9,14 @@ a pattern whose first token is not a wildcard.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broky.router.matcher import SubscriptionIndex
+from broky.protocol.constants import ErrorCode
+from broky.protocol.errors import RemoteProtocolError
+from broky.router.matcher import SubscriptionIndex, validate_key, validate_pattern
 
 LITERALS = (b"a", b"b", b"c", b"$SYS")
 
@@ -113,3 +116,52 @@ def test_index_matches_reference_after_every_change(
     assert index.pattern_count == 0
     assert not index._exact
     assert index._root.empty()  # every trie node pruned
+
+
+# --- validation of arbitrary bytes ---------------------------------------------
+
+#: Tokens of valid key text: any UTF-8 text without controls, whitespace, the
+#: separator or a wildcard character (wildcards inside tokens are tested apart).
+text_tokens = st.text(
+    st.characters(exclude_categories=("Cc", "Cs"), exclude_characters=".*>"),
+    min_size=1,
+    max_size=8,
+).filter(lambda token: not any(c.isspace() for c in token))
+
+
+def validated(
+    validate: Callable[[bytes], list[bytes]], value: bytes
+) -> list[bytes] | RemoteProtocolError:
+    """The tokens, or the error: any other exception escapes and fails the test."""
+    try:
+        return validate(value)
+    except RemoteProtocolError as exc:
+        return exc
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=64), st.text(max_size=20).map(str.encode)))
+def test_any_bytes_validate_or_raise_our_error(value: bytes) -> None:
+    for validate, code in (
+        (validate_key, ErrorCode.INVALID_KEY),
+        (validate_pattern, ErrorCode.INVALID_PATTERN),
+    ):
+        outcome = validated(validate, value)
+        if isinstance(outcome, RemoteProtocolError):
+            assert outcome.code is code
+        else:
+            assert b".".join(outcome) == value
+            value.decode()  # whatever is accepted is UTF-8 text
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(text_tokens, min_size=1, max_size=6))
+def test_valid_text_without_controls_is_always_accepted(tokens: list[str]) -> None:
+    encoded = [token.encode() for token in tokens]
+    key = b".".join(encoded)
+    assert validate_key(key) == encoded
+    assert validate_pattern(key) == encoded
+    assert validate_pattern(key + b".>") == [*encoded, b">"]
+    index: SubscriptionIndex[str] = SubscriptionIndex()
+    index.add(b"*." + key, "s")
+    assert index.match(b"x." + key) == ("s",)

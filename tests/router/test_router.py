@@ -155,7 +155,10 @@ def test_subscribe_queues_subscribed_and_wakes() -> None:
     assert (statistics.connections, statistics.subscriptions, statistics.topics) == (1, 1, 1)
 
 
-@pytest.mark.parametrize("pattern", [b"", b"a..b", b"a.>.b", b"ord*", b"a" * (MAX_KEY_BYTES + 1)])
+@pytest.mark.parametrize(
+    "pattern",
+    [b"", b"a..b", b"a.>.b", b"ord*", b"a" * (MAX_KEY_BYTES + 1), b"bad.\xff\xfe", b"a.\x00.>"],
+)
 def test_bad_pattern_is_a_stream_error_and_the_connection_stays_usable(pattern: bytes) -> None:
     router = Router()
     peer = Peer(router)
@@ -323,6 +326,28 @@ def test_invalid_key_is_a_stream_error_and_later_runs_are_still_routed() -> None
     # Without an origin (e.g. the broker's own traffic) a bad key is skipped quietly.
     router.publish(router.encode([make_run(b"x..y", [b"z"])], stamp_ts_broker=False))
     assert subscriber.take() == []
+
+
+def test_keys_that_are_not_text_are_stream_errors_and_never_reach_anyone() -> None:
+    # b"k.\xff" and b"k.\xfe" would both decode to "k.\ufffd": neither may be
+    # routed, counted as a topic or cached as a route.
+    router = Router()
+    subscriber = subscribed_peer(router, (1, b">"))
+    publisher = Peer(router)
+    bad = [b"bad.\xff\xfe", b"k.\xff", b"k.\xfe", b"a.with\x00nul", b"a.line\nbreak", b"a b"]
+    runs = [make_run(b"a.first", [b"1"])]
+    for key in bad:
+        runs += [make_run(key, [b"bad"]), make_run(b"a.between", [b"2"])]
+    for _ in range(2):  # a second time: a refused key is never cached as valid
+        router.publish(router.encode(runs, stamp_ts_broker=False), publisher.outlet, 9)
+        errors = publisher.take()
+        assert len(errors) == len(bad)
+        for frame in errors:
+            assert_error(frame, ErrorCode.INVALID_KEY, 9)
+        assert publisher.failure() is None
+        received = delivered(subscriber.take(), 1)
+        assert [m.key for m in received] == ["a.first"] + ["a.between"] * len(bad)
+    assert {figures.key for figures in router.statistics().top_topics} == {"a.first", "a.between"}
 
 
 def test_invalid_key_on_publish_stream_0_fails_the_connection() -> None:
