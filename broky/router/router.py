@@ -105,6 +105,16 @@ class LinkStatistics:
     dropped_messages: int
 
 
+def stream_error(outlet: Outlet, stream: int, error: RemoteProtocolError) -> None:
+    """Answer a refused request on ``stream`` with a stream Error; on stream
+    0, which names no stream, the connection itself is to blame, and an
+    Error on stream 0 closes it (docs/protocol.md), so fail the outlet."""
+    if stream == 0:
+        outlet.fail(error.code, str(error))
+    else:
+        outlet.send_control(encode_frame(Error(error.code, str(error), stream)))
+
+
 class Router:
     """Subscription index, outboxes and fan-out for one worker."""
 
@@ -166,6 +176,12 @@ class Router:
         subscriptions) are answered with a stream Error; returns None then.
         """
         try:
+            if stream == 0:
+                raise RemoteProtocolError(
+                    "Subscribe on stream 0: subscribe streams must be non-zero "
+                    "(stream 0 names the whole connection)",
+                    ErrorCode.MALFORMED_FRAME,
+                )
             validate_pattern(pattern)
             if stream in outlet.subscriptions:
                 raise RemoteProtocolError(
@@ -178,7 +194,7 @@ class Router:
                     ErrorCode.LIMIT_EXCEEDED,
                 )
         except RemoteProtocolError as exc:
-            outlet.send_control(encode_frame(Error(exc.code, str(exc), stream)))
+            stream_error(outlet, stream, exc)
             return None
         limits = self.limits
         if outlet.kind is LinkKind.CLIENT:
@@ -212,8 +228,10 @@ class Router:
         """Close a subscription; an unknown stream gets a stream Error."""
         subscription = outlet.subscriptions.get(stream)
         if subscription is None:
-            outlet.send_control(
-                encode_frame(Error(ErrorCode.UNKNOWN_STREAM, f"no subscription {stream}", stream))
+            stream_error(
+                outlet,
+                stream,
+                RemoteProtocolError(f"no subscription {stream}", ErrorCode.UNKNOWN_STREAM),
             )
             return
         self._drop_subscription(subscription)
@@ -329,10 +347,9 @@ class Router:
                     # that are neither delivered, dropped nor queued.
                     if origin is None:
                         continue
-                    if stream == 0:  # nothing but the connection to blame: stream 0 errors close it
-                        origin.fail(exc.code, str(exc))
+                    stream_error(origin, stream, exc)
+                    if stream == 0:
                         return
-                    origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
                     continue
                 if len(routes) >= ROUTE_CACHE_SIZE:
                     routes.clear()

@@ -781,3 +781,19 @@ def test_a_message_larger_than_the_clients_frame_limit_is_dropped_and_reported()
     assert frames[-1] == Notice(1, NoticeKind.DROPPED, 1)
     assert router.statistics().dropped_slow_consumer == 1
     assert_outbox_accounting(subscriber.subscription(1))
+
+
+@pytest.mark.parametrize("request_kind", ["subscribe", "unsubscribe"])
+def test_a_refused_request_on_stream_0_fails_the_connection(request_kind: str) -> None:
+    # Stream 0 names the connection: an Error on it closes the connection,
+    # so the broker must close it too rather than answer and carry on.
+    router = Router()
+    peer = Peer(router)
+    if request_kind == "subscribe":
+        router.subscribe(peer.outlet, 0, b"fine.pattern")
+    else:
+        router.unsubscribe(peer.outlet, 0)
+    failure = peer.failure()
+    assert failure is not None
+    assert failure[0] in (ErrorCode.MALFORMED_FRAME, ErrorCode.UNKNOWN_STREAM)
+    assert not peer.outlet.subscriptions
