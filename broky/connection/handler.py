@@ -12,6 +12,7 @@ announced with an Error frame.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -110,6 +111,8 @@ class ConnectionCounters:
     closed: Counter[CloseReason] = attrs.field(factory=Counter)
     bytes_received: int = 0
     bytes_sent: int = 0
+    #: Socket writes made by a routing task for an idle writer (_write_directly).
+    direct_writes: int = 0
 
     @property
     def current(self) -> int:
@@ -167,6 +170,14 @@ class ServerConnection:
         self.peer = peer
         self._machine = ProtocolMachine(Role.SERVER, settings.max_frame_bytes)
         self._work = trio.Event()
+        #: True while the writer task waits for work: then the task that
+        #: routed something may write it at once (_write_directly).
+        self._writer_idle = False
+        #: The socket for direct writes (-1: none, e.g. TLS or in-process,
+        #: or once the connection is closing).
+        self._direct_fd = _direct_fd(stream)
+        #: Bytes a direct write left unsent; the writer sends them first.
+        self._unsent = b""
         self._outlet = router.attach(self._wake)
         self._send_scope: trio.CancelScope | None = None
         #: When the last complete frame arrived: liveness counts frames, not
@@ -186,11 +197,39 @@ class ServerConnection:
 
     def _wake(self) -> None:
         self._work.set()
+        if self._writer_idle and self._direct_fd >= 0:
+            self._router.direct_writes.append(self._write_directly)
         if self._outlet.failure is not None and self._send_scope is not None:
             # A blocked write gets CLOSE_TIMEOUT more seconds, then is abandoned.
             self._send_scope.deadline = min(
                 self._send_scope.deadline, trio.current_time() + CLOSE_TIMEOUT
             )
+
+    def _write_directly(self) -> None:
+        """Send what the outlet holds with one non-blocking write, from the
+        task that routed it (Router.run_direct_writes, after a reader's
+        batch): at light load a message then leaves without waiting for the
+        writer task's turn. Only while the writer is idle, so the two never
+        interleave bytes; what the socket does not take, the writer sends
+        first, and from then on batches as usual (the socket pushes back)."""
+        outlet = self._outlet
+        if (
+            not self._writer_idle
+            or self._unsent
+            or self._direct_fd < 0
+            or outlet.failure is not None
+            or not outlet.has_work
+        ):
+            return
+        data = b"".join(outlet.take())
+        try:
+            sent = os.write(self._direct_fd, data)
+        except OSError:
+            sent = 0  # would block, or broken: the writer sends it, or meets the error
+        self._counters.bytes_sent += sent
+        self._counters.direct_writes += 1
+        if sent < len(data):
+            self._unsent = data[sent:]
 
     def _close_reason(self, reason: CloseReason, detail: str = "") -> None:
         if self._reason is None:
@@ -212,6 +251,7 @@ class ServerConnection:
                 if self._outlet.failure is None:
                     nursery.cancel_scope.cancel()
         finally:
+            self._direct_fd = -1  # the descriptor's number may be reused once closed
             # Free the unfinished frame and everything queued now: the
             # connection object may live on (a log record, an observer's
             # list), but none of its buffers may (docs/architecture.md, Memory).
@@ -310,7 +350,8 @@ class ServerConnection:
         receive = self._receive
         handle = self._handle_frames
         counters = self._counters
-        pressure = self._router.pressure
+        router = self._router
+        pressure = router.pressure
         try:
             while self._outlet.failure is None:
                 data = await stream.receive_some(RECEIVE_BYTES)
@@ -329,6 +370,8 @@ class ServerConnection:
                 if self.principal is None and frames:
                     frames = await self._admit(frames)
                 handle(frames)
+                if router.direct_writes:
+                    router.run_direct_writes()
                 if pressure.outlets:
                     await self._hold_reading(self._yield_to_subscribers)
                 if self._store is not None and self._store.congested:
@@ -784,13 +827,18 @@ class ServerConnection:
         counters = self._counters
         try:
             while True:
-                if not outlet.has_work:
+                if not outlet.has_work and not self._unsent:
+                    self._writer_idle = True
                     await self._work.wait()
+                    self._writer_idle = False
                     self._work = trio.Event()
                 failure = outlet.failure
                 if failure is not None:
                     self._greet()  # the Error frame must follow a preamble to be read
                 parts = outlet.take()
+                if self._unsent:
+                    parts.insert(0, self._unsent)
+                    self._unsent = b""
                 if failure is not None:
                     self._close_reason(CloseReason.for_error(failure[0]), failure[1])
                     parts.append(encode_frame(Error(failure[0], failure[1])))
@@ -819,6 +867,7 @@ class ServerConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
         finally:
+            self._writer_idle = False
             connection_scope.cancel()
 
     async def _keepalive(self) -> None:
@@ -872,6 +921,14 @@ class ServerConnection:
                 self._outlet.fail(ErrorCode.IDLE_TIMEOUT, problem)
                 return
             await trio.sleep_until(max(wake, now + 0.01))
+
+
+def _direct_fd(stream: trio.abc.Stream) -> int:
+    """The socket descriptor of a plain TCP or Unix stream (-1 otherwise:
+    TLS must encrypt through its stream, an in-process pipe has no socket)."""
+    if isinstance(stream, trio.SocketStream):
+        return stream.socket.fileno()
+    return -1
 
 
 def describe_peer(stream: trio.abc.Stream) -> str:

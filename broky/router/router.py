@@ -137,6 +137,10 @@ class Router:
         self._routes_generation = -1
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
         self.pressure = Pressure()
+        #: Writes that connections woken while idle ask the routing task to
+        #: make at once (ServerConnection._write_directly): a reader runs
+        #: them after each read, so one write per connection per read batch.
+        self.direct_writes: list[Callable[[], None]] = []
 
     # --- connections -------------------------------------------------------
 
@@ -362,6 +366,12 @@ class Router:
                 continue
             for subscription in subscriptions:
                 subscription.push(run)
+
+    def run_direct_writes(self) -> None:
+        """Make the direct writes queued since the last call (see ``direct_writes``)."""
+        writes, self.direct_writes = self.direct_writes, []
+        for write in writes:
+            write()
 
     # --- introspection -----------------------------------------------------
 
