@@ -344,7 +344,9 @@ class Broker:
         # a ConfigError leaves everything as it was.
         updated = attrs.evolve(self.config, **applicable(self.config, config))
         previous = self.authenticator
-        self.authenticator = Authenticator(config.users, config.allow_anonymous)
+        self.authenticator = Authenticator(
+            config.users, config.allow_anonymous, logins=previous.logins
+        )
         self.config = updated
         renewed = self._renew_certificates()
         revoked = ended = 0

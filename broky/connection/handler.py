@@ -445,7 +445,11 @@ class ServerConnection:
             with trio.move_on_after(self._settings.handshake_timeout):
                 try:
                     principal = await authenticator.authenticate(
-                        hello.user, hello.password, hello.token, self._certificate_identities
+                        hello.user,
+                        hello.password,
+                        hello.token,
+                        self._certificate_identities,
+                        source=self.peer.rsplit(":", 1)[0],
                     )
                     current = self._authenticator
                     if current is not None and current is not authenticator:

@@ -39,10 +39,12 @@ connection is anonymous.
 A generated token is found by its SHA-256 in a dict, at once (see
 broky.security.passwords). Other checks run the slow hash in a worker
 thread, a few at a time, so a flood of logins costs threads, never the
-event loop. A successful check is remembered (as a SHA-256 of the
-credentials, in memory only) so a reconnecting fleet pays the slow hash
-once per credential, not once per connection; failures are never
-remembered, so every guess stays slow.
+event loop; who goes next is decided fairly across peers, and a peer over
+its budget is refused without a check (broky.security.admission). A
+successful check is remembered (as a SHA-256 of the credentials, in memory
+only) so a reconnecting fleet pays the slow hash once per credential, not
+once per connection; failures are never remembered, so every guess stays
+slow.
 
 Anonymous connections are accepted only when there are no users (then with
 full access: a loopback-only development broker, see Config) or when
@@ -56,12 +58,13 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, Final
 
 import attrs
-import trio
 
 from broky.security.acl import Permissions, parse_patterns
+from broky.security.admission import LoginQueue, LoginRefused
 from broky.security.passwords import (
     SecretHash,
     SecretHashError,
@@ -73,8 +76,6 @@ from broky.security.passwords import (
 from broky.security.quotas import NO_QUOTAS, Quotas
 
 ANONYMOUS: Final = "anonymous"
-#: Slow hashes computed at once; more logins wait their turn.
-HASH_THREADS: Final = 2
 #: Successful credentials remembered (see the module docstring).
 VERIFIED_CACHE_SIZE: Final = 1024
 #: The one failure message: it must not tell which part was wrong.
@@ -277,7 +278,12 @@ class Authenticator:
     One per broker; its cache is touched only from the broker's trio thread.
     """
 
-    def __init__(self, users: Sequence[User], allow_anonymous: bool | None = None) -> None:
+    def __init__(
+        self,
+        users: Sequence[User],
+        allow_anonymous: bool | None = None,
+        logins: LoginQueue | None = None,
+    ) -> None:
         self._by_name = {user.name: user for user in users if user.name != ANONYMOUS}
         #: Users with a generated token, by its SHA-256: found at once.
         self._token_index = {
@@ -314,13 +320,24 @@ class Authenticator:
             user.certificate: user.principal for user in self._by_name.values() if user.certificate
         }
         self._verified: OrderedDict[bytes, Principal] = OrderedDict()
-        self._limiter = trio.CapacityLimiter(HASH_THREADS)
+        #: The fair queue of slow checks; a reload hands it to the next
+        #: Authenticator, so budgets and cool-downs survive it.
+        self.logins = logins or LoginQueue()
         self.failures = 0
 
     async def authenticate(
-        self, user: str, password: str, token: str, identities: Sequence[str] = ()
+        self,
+        user: str,
+        password: str,
+        token: str,
+        identities: Sequence[str] = (),
+        source: str = "",
     ) -> Principal:
         """The principal for these credentials; AuthenticationFailed if none.
+
+        ``source`` is the peer's address (its host): slow checks are queued
+        fairly across sources and refused at once for a source over its
+        budget (broky.security.admission).
 
         ``identities`` are those of the connection's verified client
         certificate (broky.security.identity); they count only when the Hello
@@ -354,11 +371,16 @@ class Authenticator:
         if known is not None:
             self._verified.move_to_end(fingerprint)
             return known
-        principal = await trio.to_thread.run_sync(
-            self._check, user, password, token, limiter=self._limiter
-        )
+        try:
+            principal = await self.logins.check(
+                source, user, partial(self._check, user, password, token)
+            )
+        except LoginRefused as exc:
+            raise self._failed(str(exc)) from None
         if principal is None:
+            self.logins.failed(source, user)
             raise self._failed(FAILED)
+        self.logins.succeeded(source, user)
         self._verified[fingerprint] = principal
         if len(self._verified) > VERIFIED_CACHE_SIZE:
             self._verified.popitem(last=False)
