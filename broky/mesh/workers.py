@@ -34,7 +34,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,6 +44,7 @@ import trio
 
 from broky.config import Config, ConfigError
 from broky.mesh.link import Connector, tls_connector
+from broky.mesh.rundir import make_run_dir
 from broky.protocol.constants import LinkKind
 from broky.reload import reread
 from broky.server import Broker
@@ -320,7 +320,7 @@ class Supervisor:
         self.config = config
         self.count = worker_count(config)
         self.node_id = uuid.uuid4().hex[:12]
-        self.run_dir = Path(tempfile.mkdtemp(prefix="broky-"))
+        self.run_dir = make_run_dir()
         self.port = config.port
         self._processes: dict[int, trio.Process] = {}
         self._handoff: dict[int, socket.socket] = {}
