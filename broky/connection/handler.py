@@ -62,6 +62,7 @@ from broky.security.acl import PublishGate
 from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
 from broky.security.identity import certificate_identities
 from broky.security.quotas import QuotaLedger, TokenBucket
+from broky.security.tls import send_pending_alert
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
@@ -295,6 +296,8 @@ class ServerConnection:
                 await stream.do_handshake()
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 cause = exc.__cause__ or exc
+                with trio.move_on_after(CLOSE_TIMEOUT):
+                    await send_pending_alert(stream)  # the peer reads why it was refused
                 self._close_reason(
                     CloseReason.PROTOCOL_ERROR,
                     f"TLS handshake failed ({cause}): is the peer speaking plain TCP, or "

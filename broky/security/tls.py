@@ -7,6 +7,7 @@ requires and verifies a client certificate when given a client CA (mTLS).
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 
 import trio
@@ -51,3 +52,21 @@ async def client_handshake(
         await trio.aclose_forcefully(stream)
         raise
     return tls
+
+
+async def send_pending_alert(stream: trio.SSLStream[trio.abc.Stream]) -> None:
+    """Send the TLS alert a failed server handshake left unsent.
+
+    When OpenSSL refuses a handshake (a protocol version below TLS 1.2, a
+    missing or unverifiable client certificate), it writes a fatal alert
+    that says why, but trio's SSLStream raises before sending it, and the
+    peer sees only "unexpected EOF". The alert is in the stream's outgoing
+    memory BIO, which trio keeps private: read it there, if that is still
+    where it lives, and write it to the transport. Best effort: nothing is
+    raised; the caller bounds the time.
+    """
+    outgoing = getattr(stream, "_outgoing", None)
+    if not isinstance(outgoing, ssl.MemoryBIO) or not outgoing.pending:
+        return
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.transport_stream.send_all(outgoing.read())

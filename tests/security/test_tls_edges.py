@@ -4,6 +4,9 @@ without holding up anyone else, and hand-off workers speak TLS too."""
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import trustme
 
 import broky
 from broky import Broker, Config
+from broky.protocol.framing import encode_preamble
 from broky.security.tls import client_context
 from tests.conftest import StartBroker, address_of, eventually, raw_connection
 from tests.mesh.test_nodes import nodes, take
@@ -91,3 +95,39 @@ async def test_handoff_workers_serve_tls(files: CertFiles) -> None:
             assert await take(on_second, 100) == payloads
         # A plain client is refused by the hand-off workers too.
         assert "TLS-only port" in await connect_fails(node.address, None)
+
+
+def _handshake_error(address: tuple[str, int], context: ssl.SSLContext) -> str:
+    """Handshake with ``context`` and read once; the error the client saw."""
+    with socket.create_connection(address, timeout=10) as sock:
+        try:
+            with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+                tls.sendall(encode_preamble())
+                tls.recv(64)
+        except (ssl.SSLError, OSError) as exc:
+            return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize("refused", ["tls-1.1", "no-client-certificate"])
+async def test_a_refused_tls_client_reads_the_reason_in_an_alert(
+    start_broker: StartBroker, files: CertFiles, refused: str
+) -> None:
+    # OpenSSL writes the alert that says why; the broker must send it, or
+    # the client sees only "EOF occurred in violation of protocol".
+    client_ca = files.ca if refused == "no-client-certificate" else ""
+    broker = await start_broker(
+        Config(port=0, tls_cert=files.cert, tls_key=files.key, tls_client_ca=client_ca)
+    )
+    context = ssl.create_default_context(cafile=files.ca)
+    if refused == "tls-1.1":
+        context.set_ciphers("DEFAULT:@SECLEVEL=0")  # let this client offer TLS 1.1 at all
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # deprecated: the point
+            context.minimum_version = ssl.TLSVersion.TLSv1_1
+            context.maximum_version = ssl.TLSVersion.TLSv1_1
+    assert broker.address is not None
+    with trio.fail_after(20):
+        error = await trio.to_thread.run_sync(_handshake_error, broker.address, context)
+    expected = "PROTOCOL_VERSION" if refused == "tls-1.1" else "CERTIFICATE_REQUIRED"
+    assert expected in error, error
