@@ -156,7 +156,11 @@ async def subscribe(
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
-    parser = argparse.ArgumentParser(prog="broky", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="broky",
+        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub and "
+        "top talk to one; bench load-tests one; passwd makes credentials for its config.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve_cmd = commands.add_parser("serve", help="run a broker")
@@ -205,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_auth_flags(sub_cmd)
     top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
     top_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    top_cmd.add_argument(
+        "--per-worker", action="store_true", help="also show one row per worker of the node"
+    )
     add_client_tls_flags(top_cmd)
     add_client_auth_flags(top_cmd)
     bench.add_parser(commands)
@@ -232,7 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command in ("bench", "passwd"):
             return int(args.handler(args))
         elif args.command == "top":
-            trio.run(watch, args.address, client_tls_context(args), client_credentials(args))
+            trio.run(
+                partial(
+                    watch,
+                    args.address,
+                    client_tls_context(args),
+                    client_credentials(args),
+                    per_worker=args.per_worker,
+                )
+            )
         elif args.command == "pub":
             _configure_logging("warning")
             trio.run(publish, args, client_tls_context(args), client_credentials(args))

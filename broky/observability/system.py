@@ -123,6 +123,8 @@ def metrics_snapshot(
             "delivered": router.delivered_messages,
             "dropped_no_subscriber": router.dropped_no_subscriber,
             "dropped_slow_consumer": router.dropped_slow_consumer,
+            "from_links": router.from_links,
+            "to_links": router.to_links,
         },
         "bytes": {"received": stats.bytes_received, "sent": stats.bytes_sent},
         "rates": {
@@ -133,6 +135,8 @@ def metrics_snapshot(
                 router.delivered_messages, old_messages.get("delivered"), seconds
             ),
             "dropped_per_s": _rate(dropped, old_dropped, seconds),
+            "from_links_per_s": _rate(router.from_links, old_messages.get("from_links"), seconds),
+            "to_links_per_s": _rate(router.to_links, old_messages.get("to_links"), seconds),
             "received_bytes_per_s": _rate(stats.bytes_received, old_bytes.get("received"), seconds),
             "sent_bytes_per_s": _rate(stats.bytes_sent, old_bytes.get("sent"), seconds),
         },

@@ -84,6 +84,9 @@ class RouterCounters:
     dropped_no_subscriber: int = 0
     dropped_slow_consumer: int = 0
     slow_consumer_disconnects: int = 0
+    #: Messages of runs that came from peer routers (counted in
+    #: ``published_messages`` too): a node's own publishes are the rest.
+    from_links: int = 0
 
 
 @attrs.define(slots=True, eq=False)

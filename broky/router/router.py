@@ -88,8 +88,13 @@ class RouterStatistics:
     outbox_messages: int
     outbox_bytes: int
     links: tuple[LinkStatistics, ...] = ()
-    #: The busiest keys, busiest first (at most ``RouterLimits.top_topics``).
+    #: The busiest keys, busiest first (at most ``RouterLimits.top_topics``),
+    #: counting what this router's clients published (not what peers forwarded).
     top_topics: tuple[TopicFigures, ...] = ()
+    #: Messages received from / handed to peer routers' links: a node's
+    #: published and delivered figures are the workers' sums less these.
+    from_links: int = 0
+    to_links: int = 0
 
 
 @attrs.frozen
@@ -338,6 +343,7 @@ class Router:
         """
         counters = self.counters
         count_topic = self.topics.count
+        from_peer = source is not LinkKind.CLIENT
         if self._routes_generation != self._index.generation:
             self._clear_routes()
         routes = self._routes[source]
@@ -360,7 +366,10 @@ class Router:
                 routes[run.key] = subscriptions
             counters.published_runs += 1
             counters.published_messages += run.count
-            count_topic(run.key, run.count, len(run.chunk))
+            if from_peer:
+                counters.from_links += run.count  # counted by the worker it came from
+            else:
+                count_topic(run.key, run.count, len(run.chunk))
             if not subscriptions:
                 counters.dropped_no_subscriber += run.count
                 continue
@@ -400,6 +409,12 @@ class Router:
             outbox_messages=outbox_messages,
             outbox_bytes=outbox_bytes,
             top_topics=tuple(self.topics.top()),
+            from_links=counters.from_links,
+            to_links=sum(
+                outlet.delivered_messages
+                for outlet in self._outlets
+                if outlet.kind is not LinkKind.CLIENT
+            ),
             links=tuple(
                 LinkStatistics(
                     peer=outlet.peer,
