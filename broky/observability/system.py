@@ -223,6 +223,8 @@ class SystemTopics:
             loop_lag_max_seconds=self._loop_lag_max(),
             previous=self.last_snapshot,
         )
+        # Which node: in a cluster, every node's snapshots reach a subscriber.
+        snapshot["node"] = self._router.node_id
         self.publish_json(METRICS_KEY, snapshot)
         self.last_snapshot = snapshot
         return snapshot

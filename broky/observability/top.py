@@ -1,8 +1,9 @@
 """``broky top``: a live terminal view of a broker, from ``$SYS.metrics``.
 
-Each worker of a node publishes its own snapshot. ``node_snapshot`` sums the
-latest of each into one for the node: counters and rates added up, less what
-crossed between workers over their links (a message forwarded from worker 1
+Each worker of a node publishes its own snapshot (and in a cluster, every
+node's reach a subscriber). ``node_snapshot`` sums the latest of each worker
+of each node into one: counters and rates added up, less what crossed
+between workers or nodes over their links (a message forwarded from worker 1
 to worker 0 is published once, not twice); per-topic figures added up (each
 worker counts only what its own clients published). ``render`` is a pure
 function of one snapshot (the JSON payload documented in the README), so a
@@ -76,8 +77,14 @@ def node_snapshot(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for reason, count in snapshot["connections"]["closed"].items():
             closed[reason] = closed.get(reason, 0) + count
     workers = sorted(str(snapshot["worker"]) for snapshot in snapshots)
+    nodes = {snapshot.get("node", "") for snapshot in snapshots}
+    scope = (
+        f"cluster ({len(nodes)} nodes, {len(workers)} workers)"
+        if len(nodes) > 1
+        else f"node ({len(workers)} workers: {', '.join(workers)})"
+    )
     return {
-        "worker": f"node ({len(workers)} workers: {', '.join(workers)})",
+        "worker": scope,
         "uptime_seconds": max(snapshot["uptime_seconds"] for snapshot in snapshots),
         "interval_seconds": max(snapshot["interval_seconds"] for snapshot in snapshots),
         "connections": {
@@ -95,12 +102,14 @@ def node_snapshot(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "recent_max_seconds": max(s["loop_lag"]["recent_max_seconds"] for s in snapshots),
             "mean_seconds": max(s["loop_lag"]["mean_seconds"] for s in snapshots),
         },
-        "top_topics": sorted(
-            topics.values(),
-            key=lambda topic: (topic["messages_per_s"], topic["messages"]),
-            reverse=True,
-        )[: max(len(snapshot["top_topics"]) for snapshot in snapshots)],
+        "top_topics": sorted(topics.values(), key=_busiest, reverse=True)[
+            : max(len(snapshot["top_topics"]) for snapshot in snapshots)
+        ],
     }
+
+
+def _worker_name(snapshot: Mapping[str, Any]) -> str:
+    return f"{snapshot.get('node', '')}/{snapshot['worker']}"
 
 
 def _busiest(topic: Mapping[str, Any]) -> tuple[float, float]:
@@ -119,10 +128,11 @@ def per_worker_table(snapshots: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(title="workers", expand=True)
     for column in ("worker", "published/s", "delivered/s", "connections", "loop lag max"):
         table.add_column(column, justify="left" if column == "worker" else "right")
-    for snapshot in sorted(snapshots, key=lambda snapshot: str(snapshot["worker"])):
+    several_nodes = len({snapshot.get("node", "") for snapshot in snapshots}) > 1
+    for snapshot in sorted(snapshots, key=_worker_name):
         rates = snapshot["rates"]
         table.add_row(
-            str(snapshot["worker"]),
+            _worker_name(snapshot) if several_nodes else str(snapshot["worker"]),
             _count(rates["published_per_s"] - rates.get("from_links_per_s", 0)),
             _count(rates["delivered_per_s"] - rates.get("to_links_per_s", 0)),
             str(snapshot["connections"]["current"]),
@@ -211,7 +221,7 @@ async def watch(
         with Live(waiting, auto_refresh=False, screen=False) as live:
             async for message in snapshots:
                 snapshot = json.loads(message.payload)
-                latest[str(snapshot["worker"])] = snapshot
+                latest[f"{snapshot.get('node', '')}/{snapshot['worker']}"] = snapshot
                 current = _current(latest, snapshot["ts"])
                 frame = render(node_snapshot(current), address)
                 if per_worker:

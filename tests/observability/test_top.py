@@ -55,6 +55,18 @@ def test_a_node_sums_its_workers_and_counts_forwarded_runs_once() -> None:
     assert "1.20M" in frame  # the busiest topic's rate, summed over both workers
 
 
+def test_a_cluster_is_told_apart_by_node() -> None:
+    # Every node's snapshots reach a $SYS.metrics subscriber; each has a worker "0".
+    first, second = _worker("0", 500, 0, 0), _worker("0", 300, 0, 0)
+    first["node"], second["node"] = "node-a", "node-b"
+    merged = node_snapshot([first, second])
+    assert merged["worker"] == "cluster (2 nodes, 2 workers)"
+    assert merged["messages"]["published"] == 800
+    console = Console(record=True, width=120, color_system=None)
+    console.print(per_worker_table([first, second]))
+    assert "node-a/0" in console.export_text()
+
+
 @pytest.mark.slow
 async def test_top_sees_every_worker_of_a_node_with_topic_rates(tmp_path: Path) -> None:
     config = tmp_path / "broky.toml"
