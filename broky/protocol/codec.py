@@ -747,41 +747,6 @@ def _string_at(buf: Buffer, position: int) -> str:
         raise _malformed("string is not valid UTF-8") from exc
 
 
-#: The header ``runs_frame_parts`` writes, read after the size prefix.
-_RUNS_FRAME_HEAD: Final = struct.Struct("<I4HiIB3x6HiIIBB2xI")
-_RUNS_FRAME_TABLES: Final = (12, 8, 12, 8, 4, 8, 20)
-#: Body vtables ``runs_frame_parts`` writes, per body type.
-_RUNS_BODY_VTABLES: Final = {
-    BodyType.PUBLISH: ((10, 16, 4, 12, 8, 0), (12, 16, 4, 12, 8, 13)),
-    BodyType.DELIVER: ((8, 12, 4, 8, 0, 0),),
-}
-#: Where the runs field of such a body sits (the uoffset to the runs vector).
-_RUNS_FIELD_AT: Final = _RUNS_VECTOR_AT - 4 - 8
-
-
-def _runs_frame(buf: Buffer) -> Frame | None:
-    """A Publish or Deliver frame laid out as ``runs_frame_parts`` writes it
-    (the fast path: one ``unpack_from`` instead of two vtable walks); None
-    for any other layout, which the generic decoder then reads."""
-    if len(buf) < _RUNS_FRAME_HEAD.size:
-        return None
-    head = _RUNS_FRAME_HEAD.unpack_from(buf, 0)
-    if head[:7] != _RUNS_FRAME_TABLES or head[14] != 12 or head[16] != 8:
-        return None
-    body_type, vtable = head[7], head[8:14]
-    if vtable not in _RUNS_BODY_VTABLES.get(body_type, ()):
-        return None
-    runs = _decode_runs(buf, _RUNS_FIELD_AT)
-    if body_type == BodyType.DELIVER:
-        return Deliver(stream=head[15], runs=runs)
-    return Publish(
-        stream=head[15],
-        runs=runs,
-        stamp_ts_broker=bool(head[17]),
-        ack=bool(head[18]) and vtable[5] != 0,
-    )
-
-
 def decode_frame(buf: Buffer) -> Frame:
     """Decode one frame: the FlatBuffer after its size prefix.
 
@@ -789,9 +754,6 @@ def decode_frame(buf: Buffer) -> Frame:
     Deliver runs hold zero-copy views of ``buf``.
     """
     try:
-        fast = _runs_frame(buf)
-        if fast is not None:
-            return fast
         if len(buf) < 8:
             raise _malformed("frame shorter than a FlatBuffer root")
         root = _U32.unpack_from(buf, 0)[0]

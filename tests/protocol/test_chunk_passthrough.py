@@ -15,13 +15,11 @@ from hypothesis import strategies as st
 
 from broky.protocol.codec import (
     CHUNK_TABLE_OFFSET,
-    _decode_body,
     _decode_run,
     decode_frame,
     encode_frame,
     encode_run_chunk,
     runs_frame_parts,
-    table_fields,
 )
 from broky.protocol.constants import BodyType
 from broky.protocol.errors import RemoteProtocolError
@@ -103,34 +101,3 @@ def test_a_mutated_frame_decodes_consistently_or_raises(
             # A chunk taken by the fast path is a valid chunk of this very run.
             assert _same_run(run, _decode_run(run.chunk, CHUNK_TABLE_OFFSET))
             assert struct.unpack_from("<q", run.chunk, 16)[0] == run.ts_broker
-
-
-def _generic(buf: memoryview) -> object:
-    """decode_frame's generic path, without its fast path for runs frames."""
-    root = struct.unpack_from("<I", buf, 0)[0]
-    body_type_field, body_field = table_fields(buf, root, 2)
-    body_type = buf[body_type_field]
-    return _decode_body(buf, body_type, body_field + struct.unpack_from("<I", buf, body_field)[0])
-
-
-@given(
-    runs_specs,
-    st.sampled_from([BodyType.PUBLISH, BodyType.DELIVER]),
-    st.booleans(),
-    st.booleans(),
-    st.integers(0, 2**32 - 1),
-)
-def test_the_runs_frame_fast_path_decodes_what_the_generic_path_does(
-    specs: list[tuple[bytes, int, list[bytes]]],
-    body_type: BodyType,
-    stamp: bool,
-    ack: bool,
-    stream: int,
-) -> None:
-    if body_type is BodyType.DELIVER:
-        stamp = ack = False
-    frame = b"".join(runs_frame_parts(body_type, stream, _chunks(specs), stamp, ack))
-    view = memoryview(frame)[4:]
-    fast, generic = decode_frame(view), _generic(view)
-    assert type(fast) is type(generic)
-    assert fast == generic
