@@ -501,68 +501,14 @@ def _decode_run(buf: Buffer, table: int) -> Run:
     )
 
 
-#: The first fields of a standard run chunk: its vtable, and the table's
-#: soffset to it (see the chunk layout above).
-_CHUNK_VTABLE: Final = (12, 28, 12, 4, 16, 20, 12)
-
-
-def _chunk_run(buf: Buffer, view: memoryview, table: int) -> Run | None:
-    """The run at ``table`` if it is laid out exactly as a standard run chunk
-    (``encode_run_chunk``), with that chunk copied; None otherwise.
-
-    The fast path of decoding: one ``unpack_from`` reads the head, the
-    vectors' positions follow from the layout and are checked against the
-    offsets, and the chunk needs no encoding on the way out. Anything else
-    (another builder's layout, a durable chunk) takes ``_decode_run``.
-    """
-    base = table - CHUNK_TABLE_OFFSET
-    size = len(buf)
-    if base < 0 or base + _CHUNK_SIZES_AT + 4 > size:
-        return None
-    head = _CHUNK_HEAD.unpack_from(buf, base)
-    if head[:7] != _CHUNK_VTABLE or head[9] != _CHUNK_SIZES_AT - 28:
-        return None
-    count = _U32.unpack_from(buf, base + _CHUNK_SIZES_AT)[0]
-    sizes_end = _CHUNK_SIZES_AT + 4 + 4 * count
-    messages_at = sizes_end + ((4 - sizes_end) & 7)
-    if head[10] != messages_at - 32 or base + messages_at + 4 > size:
-        return None
-    messages_len = _U32.unpack_from(buf, base + messages_at)[0]
-    messages_end = messages_at + 4 + messages_len
-    key_at = (messages_end + 3) & ~3
-    if head[8] != key_at - 24 or base + key_at + 4 > size:
-        return None
-    key_len = _U32.unpack_from(buf, base + key_at)[0]
-    chunk_end = _align8(key_at + 4 + key_len + 1)
-    if base + chunk_end > size:
-        return None
-    sizes = view[base + _CHUNK_SIZES_AT + 4 : base + sizes_end]
-    total = _U32.unpack_from(buf, base + _CHUNK_SIZES_AT + 4)[0] if count == 1 else sum_u32(sizes)
-    if total != messages_len:
-        raise _malformed("run sizes do not add up to the length of its messages")
-    key_start = base + key_at + 4
-    return Run(
-        key=bytes(view[key_start : key_start + key_len]),
-        ts_broker=head[7],
-        count=count,
-        sizes=sizes,
-        messages=view[base + messages_at + 4 : base + messages_end],
-        chunk=bytes(view[base : base + chunk_end]),
-    )
-
-
 def _decode_runs(buf: Buffer, field: int) -> tuple[Run, ...]:
     if not field:
         return ()
     start, count = vector(buf, field, 4)
-    unpack = _U32.unpack_from
-    view = memoryview(buf)
-    runs: list[Run] = []
-    for slot in range(start, start + 4 * count, 4):
-        table = slot + unpack(buf, slot)[0]
-        run = _chunk_run(buf, view, table)
-        runs.append(run if run is not None else _decode_run(buf, table))
-    return tuple(runs)
+    return tuple(
+        _decode_run(buf, slot + _U32.unpack_from(buf, slot)[0])
+        for slot in range(start, start + 4 * count, 4)
+    )
 
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911

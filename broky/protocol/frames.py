@@ -35,11 +35,6 @@ class Run:
     A run read from a durable topic's log also says where it lives: its
     ``partition`` and the offset of its first message (``base_offset``,
     -1 for an ephemeral run, which has no offsets).
-
-    ``chunk``, when the decoder found the run laid out as a relocatable run
-    chunk (as Broky's encoders write it), is a copy of those bytes: the
-    broker forwards it as is instead of encoding the run again. It is a
-    cache, not part of the run's value (not compared).
     """
 
     key: bytes
@@ -49,7 +44,6 @@ class Run:
     messages: Buffer
     partition: int = 0
     base_offset: int = -1
-    chunk: bytes | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(slots=True)

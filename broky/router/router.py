@@ -298,27 +298,13 @@ class Router:
     # --- publishing --------------------------------------------------------
 
     def encode(self, runs: Iterable[Run], stamp_ts_broker: bool) -> list[EncodedRun]:
-        """Turn decoded runs into forwardable chunks (one copy per run): the
-        chunk the decoder already copied when the run came laid out as one
-        (``Run.chunk``), else a new encoding; always a new one to stamp
-        ``ts_broker``."""
-        if stamp_ts_broker:
-            ts_broker = self._clock()
-            return [
-                EncodedRun(
-                    run.key,
-                    run.count,
-                    encode_run_chunk(run.key, ts_broker, run.sizes, run.messages),
-                )
-                for run in runs
-            ]
+        """Turn decoded runs into forwardable chunks (one copy per run)."""
+        ts_broker = self._clock() if stamp_ts_broker else 0
         return [
             EncodedRun(
                 run.key,
                 run.count,
-                run.chunk
-                if run.chunk is not None
-                else encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages),
+                encode_run_chunk(run.key, ts_broker or run.ts_broker, run.sizes, run.messages),
             )
             for run in runs
         ]
