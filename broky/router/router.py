@@ -20,7 +20,8 @@ from typing import Final
 import attrs
 
 from broky.observability.topics import DEFAULT_TOP_TOPICS, TopicCounter, TopicFigures
-from broky.protocol.codec import encode_frame, encode_run_chunk
+from broky.protocol.chunks import forward_chunk
+from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Error, Run, Subscribed
@@ -264,16 +265,10 @@ class Router:
     # --- publishing --------------------------------------------------------
 
     def encode(self, runs: Iterable[Run], stamp_ts_broker: bool) -> list[EncodedRun]:
-        """Turn decoded runs into forwardable chunks (one copy per run)."""
+        """Turn decoded runs into forwardable chunks (one copy per run: of
+        the chunk the run arrived as, or of a fresh encoding)."""
         ts_broker = self._clock() if stamp_ts_broker else 0
-        return [
-            EncodedRun(
-                run.key,
-                run.count,
-                encode_run_chunk(run.key, ts_broker or run.ts_broker, run.sizes, run.messages),
-            )
-            for run in runs
-        ]
+        return [EncodedRun(run.key, run.count, forward_chunk(run, ts_broker)) for run in runs]
 
     def _route(self, key: bytes, source: LinkKind) -> tuple[Subscription, ...]:
         """Subscriptions a run from ``source`` reaches: the eligible matches,
