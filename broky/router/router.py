@@ -302,16 +302,19 @@ class Router:
         to ``origin`` (the publishing connection), which stays up; on publish
         stream 0 the error is a connection error and routing stops there.
         """
-        counters = self.counters
-        count_topic = self.topics.count
         if self._routes_generation != self._index.generation:
             self._clear_routes()
         routes = self._routes[source]
+        count_topic = self.topics.count
+        # Counted in locals and added once: the loop runs once per run, and
+        # short runs make it the broker's per-message loop.
+        published_runs = published_messages = unrouted = 0
         for run in runs:
-            subscriptions = routes.get(run.key)
+            key = run.key
+            subscriptions = routes.get(key)
             if subscriptions is None:
                 try:
-                    subscriptions = self._route(run.key, source)
+                    subscriptions = self._route(key, source)
                 except RemoteProtocolError as exc:
                     # Rejected, not published: counting it would leave messages
                     # that are neither delivered, dropped nor queued.
@@ -319,20 +322,25 @@ class Router:
                         continue
                     if stream == 0:  # nothing but the connection to blame: stream 0 errors close it
                         origin.fail(exc.code, str(exc))
-                        return
+                        break
                     origin.send_control(encode_frame(Error(exc.code, str(exc), stream)))
                     continue
                 if len(routes) >= ROUTE_CACHE_SIZE:
                     routes.clear()
-                routes[run.key] = subscriptions
-            counters.published_runs += 1
-            counters.published_messages += run.count
-            count_topic(run.key, run.count, len(run.chunk))
-            if not subscriptions:
-                counters.dropped_no_subscriber += run.count
-                continue
-            for subscription in subscriptions:
-                subscription.push(run)
+                routes[key] = subscriptions
+            count = run.count
+            published_runs += 1
+            published_messages += count
+            count_topic(key, count, len(run.chunk))
+            if subscriptions:
+                for subscription in subscriptions:
+                    subscription.push(run)
+            else:
+                unrouted += count
+        counters = self.counters
+        counters.published_runs += published_runs
+        counters.published_messages += published_messages
+        counters.dropped_no_subscriber += unrouted
 
     # --- introspection -----------------------------------------------------
 
