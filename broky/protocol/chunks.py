@@ -228,6 +228,7 @@ _CHUNK_VTABLE: Final = _CHUNK_HEAD.pack(12, 28, 12, 4, 16, 20, 12, 0, 0, 0, 0, 0
 #: messages uoffsets, the padding word, the sizes vector's length and its
 #: first entry (the whole vector of a run of one message).
 _CHUNK_READ: Final = struct.Struct("<16sqIIIIII")
+_CHUNK_READ_BYTES: Final = _CHUNK_READ.size
 _CHUNK_SIZES_DATA_AT: Final = _CHUNK_SIZES_AT + 4
 #: The sizes uoffset (at 28) of every chunk: the sizes vector follows the table.
 _CHUNK_SIZES_UOFFSET: Final = _CHUNK_SIZES_AT - 28
@@ -236,8 +237,8 @@ _PADDED_LENGTH: Final = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 
 
-def read_chunk_run(buf: Buffer, table: int) -> Run | None:  # noqa: PLR0911
-    """The run whose table is at ``table``, if ``buf`` holds it byte for byte
+def read_chunk_run(view: memoryview, table: int) -> Run | None:  # noqa: PLR0911
+    """The run whose table is at ``table``, if ``view`` holds it byte for byte
     as :func:`encode_run_chunk` lays out a chunk; None when it does not (the
     caller then reads the run through its vtable).
 
@@ -247,13 +248,14 @@ def read_chunk_run(buf: Buffer, table: int) -> Run | None:  # noqa: PLR0911
     exactly what encoding the run again would produce (the paddings and the
     key's NUL are checked to be zero too). Padding is checked as the high
     bytes of little-endian words, which costs less than comparing slices.
+    Called once per run of a frame: every line here is per message on short runs.
     """
     start = table - CHUNK_TABLE_OFFSET
-    size = len(buf)
-    if start < 0 or start + _CHUNK_READ.size > size:
+    size = len(view)
+    if start < 0 or start + _CHUNK_READ_BYTES > size:
         return None
     head, ts_broker, key_offset, sizes_offset, messages_offset, padding, count, first = (
-        _CHUNK_READ.unpack_from(buf, start)
+        _CHUNK_READ.unpack_from(view, start)
     )
     if head != _CHUNK_VTABLE or sizes_offset != _CHUNK_SIZES_UOFFSET or padding:
         return None
@@ -262,23 +264,23 @@ def read_chunk_run(buf: Buffer, table: int) -> Run | None:  # noqa: PLR0911
     messages_at = sizes_end + ((4 - sizes_end) & 7)
     if messages_offset != messages_at - 32 or start + messages_at + 4 > size:
         return None
-    before, messages_len = _PADDED_LENGTH.unpack_from(buf, start + messages_at - 4)
+    before, messages_len = _PADDED_LENGTH.unpack_from(view, start + messages_at - 4)
     if messages_at != sizes_end and before:
         return None
     messages_end = messages_at + 4 + messages_len
     key_at = (messages_end + 3) & ~3
     if key_offset != key_at - 24 or start + key_at + 4 > size:
         return None
-    before, key_len = _PADDED_LENGTH.unpack_from(buf, start + key_at - 4)
+    before, key_len = _PADDED_LENGTH.unpack_from(view, start + key_at - 4)
     key_end = key_at + 4 + key_len
-    end = _align8(key_end + 1)
+    end = (key_end + 8) & ~7  # the NUL, then padding to 8 bytes
     if (
         start + end > size
         or before >> (32 - 8 * (key_at - messages_end))
-        or _U64.unpack_from(buf, start + end - 8)[0] >> (64 - 8 * (end - key_end))
+        or _U64.unpack_from(view, start + end - 8)[0] >> (64 - 8 * (end - key_end))
     ):
         return None
-    chunk = memoryview(buf)[start : start + end]
+    chunk = view[start : start + end]
     sizes = chunk[_CHUNK_SIZES_DATA_AT:sizes_end]
     if (first if count == 1 else sum_u32(sizes)) != messages_len:
         return None

@@ -359,9 +359,10 @@ def _runs_at(buf: Buffer, start: int, count: int) -> tuple[Run, ...]:
     its vtable."""
     runs = []
     slot = start
+    view = memoryview(buf)
     for offset in struct.unpack_from(f"<{count}I", buf, start):
         table = slot + offset
-        run = read_chunk_run(buf, table)
+        run = read_chunk_run(view, table)
         runs.append(_decode_run(buf, table) if run is None else run)
         slot += 4
     return tuple(runs)

@@ -150,7 +150,7 @@ def test_on_mutated_bytes_the_fast_readers_step_aside_or_agree(
     if header is not None:
         assert header == _header_by_vtables(body)
     for table in tables:
-        fast = read_chunk_run(body, table)
+        fast = read_chunk_run(memoryview(body), table)
         if fast is not None:
             assert fast == _decode_run(body, table)
             _assert_forwarded_as_encoded(fast)
