@@ -7,23 +7,33 @@ another language's builder produces) and builds the two hot frames, Publish
 and Deliver, from pre-encoded *run chunks* with a couple of ``struct.pack``
 calls. Rare control frames go through the official ``flatbuffers.Builder``.
 
-Run chunks. A chunk is one ``Run`` table laid out contiguously with its
-vtable and vectors, starting 8-byte aligned, with a length that is a multiple
-of 8. FlatBuffers offsets are relative, so a chunk can be copied verbatim into
-any frame at an 8-aligned position: the broker encodes a run's chunk once on
-receipt and every subscriber's Deliver frame just concatenates chunks behind
-a small header. That is what keeps fan-out cost per run, not per message.
+Run chunks, the relocatable run layout those frames are made of, and the fast
+readers that recognise it on receipt live in ``broky.protocol.chunks``; this
+module re-exports what the rest of Broky uses.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import flatbuffers
 
+from broky.protocol.chunks import (
+    CHUNK_TABLE_OFFSET,
+    CHUNK_TS_OFFSET,
+    PADDING,
+    RUNS_FRAME_RUNS_AT,
+    encode_chunk,
+    encode_durable_run_chunk,
+    encode_run_chunk,
+    read_chunk_run,
+    read_runs_frame,
+    runs_frame_parts,
+    sum_u32,
+    u32_array,
+)
 from broky.protocol.constants import (
     BodyType,
     ErrorCode,
@@ -56,6 +66,27 @@ from broky.protocol.frames import (
     Welcome,
 )
 
+__all__ = [
+    "CHUNK_TABLE_OFFSET",
+    "CHUNK_TS_OFFSET",
+    "PADDING",
+    "RUN_CHUNK_OVERHEAD",
+    "decode_frame",
+    "encode_chunk",
+    "encode_durable_run_chunk",
+    "encode_frame",
+    "encode_run_chunk",
+    "read_bytes",
+    "read_text",
+    "run_chunk_message_sizes",
+    "runs_frame_parts",
+    "split_run_chunk",
+    "sum_u32",
+    "table_fields",
+    "u32_array",
+    "vector",
+]
+
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -63,192 +94,6 @@ _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
 _VT_HEAD = struct.Struct("<HH")
-
-#: Zero padding by length, so padding never allocates.
-PADDING: Final = tuple(bytes(n) for n in range(9))
-
-# --- run chunk layout (offsets from the chunk start) -------------------------
-#  0  vtable: size 12, table size 28, key@12 ts@4 sizes@16 messages@20
-# 12  table: soffset 12 (vtable at chunk start)
-# 16  int64 ts_broker            (8-aligned, so it can be stamped in place)
-# 24  uoffset key, 28 uoffset sizes, 32 uoffset messages, 36 padding
-# 40  sizes vector, then the messages vector (data 8-aligned), then the key.
-_CHUNK_HEAD: Final = struct.Struct("<6HiqIIII")
-#: Where the Run table starts inside a chunk.
-CHUNK_TABLE_OFFSET: Final = 12
-#: Where ts_broker sits inside a chunk.
-CHUNK_TS_OFFSET: Final = 16
-_CHUNK_SIZES_AT: Final = 40
-
-# --- Publish / Deliver header layout (offsets from the size prefix) ---------
-#  0  size prefix            4  root uoffset -> 16
-#  8  Frame vtable (8 bytes): body_type@8 body@4
-# 16  Frame table: soffset 8, 20 body uoffset -> 40, 24 body_type, pad
-# 28  body vtable (Publish 10 bytes / Deliver 8 bytes, padded to 12)
-# 40  body table: soffset 12, 44 stream, 48 runs uoffset -> 56, 52 stamp flag,
-#     53 ack flag (Publish with ack only)
-# 56  runs vector: count, then one uoffset per run; padded to 8; chunks follow.
-_RUNS_HEAD: Final = struct.Struct("<II4HiIB3x6HiIIBB2xI")
-_RUNS_VECTOR_AT: Final = 56
-
-
-def _native_u32(view: memoryview) -> Sequence[int]:
-    return view.cast("B").cast("I") if view else ()
-
-
-def _portable_u32(view: memoryview) -> Sequence[int]:
-    return struct.unpack(f"<{len(view) // 4}I", view)
-
-
-#: A little-endian uint32 array as integers; zero-copy on little-endian hosts.
-u32_array: Callable[[memoryview], Sequence[int]] = (
-    _native_u32 if sys.byteorder == "little" else _portable_u32
-)
-
-
-def sum_u32(view: memoryview) -> int:
-    """Sum of a little-endian uint32 array, at C speed."""
-    return sum(u32_array(view))
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
-
-
-def _chunk_tail(
-    sizes_at: int, key: bytes, sizes: Buffer, messages: Buffer
-) -> tuple[int, int, list[Buffer]]:
-    """Lay out a chunk's vectors from ``sizes_at``: return where the messages
-    vector and the key string start, and the parts after the chunk's head."""
-    sizes_len = len(sizes)
-    messages_len = len(messages)
-    key_len = len(key)
-    sizes_end = sizes_at + 4 + sizes_len
-    messages_at = sizes_end + ((4 - sizes_end) & 7)  # data at messages_at + 4, 8-aligned
-    messages_end = messages_at + 4 + messages_len
-    key_at = (messages_end + 3) & ~3
-    key_end = key_at + 4 + key_len + 1  # strings carry a NUL terminator
-    chunk_end = _align8(key_end)
-    return (
-        messages_at,
-        key_at,
-        [
-            _U32.pack(sizes_len >> 2),
-            sizes,
-            PADDING[messages_at - sizes_end],
-            _U32.pack(messages_len),
-            messages,
-            PADDING[key_at - messages_end],
-            _U32.pack(key_len),
-            key,
-            PADDING[chunk_end - key_end + 1],
-        ],
-    )
-
-
-def encode_run_chunk(key: bytes, ts_broker: int, sizes: Buffer, messages: Buffer) -> bytes:
-    """Encode a relocatable Run chunk (see module docstring).
-
-    ``sizes`` is the raw little-endian uint32 size table and ``messages`` the
-    concatenated message buffers. The caller guarantees they agree.
-    """
-    messages_at, key_at, tail = _chunk_tail(_CHUNK_SIZES_AT, key, sizes, messages)
-    head = _CHUNK_HEAD.pack(
-        12, 28, 12, 4, 16, 20, 12, ts_broker, key_at - 24, _CHUNK_SIZES_AT - 28, messages_at - 32, 0
-    )
-    return b"".join((head, *tail))
-
-
-# --- durable run chunk layout: the table's vtable sits after it --------------
-#  0  12 bytes of zeros (so that the table starts at CHUNK_TABLE_OFFSET too)
-# 12  table: soffset -36 (vtable at 48), 16 int64 ts_broker, 24 int64
-#     base_offset, 32 uoffset key, 36 uoffset sizes, 40 uoffset messages,
-#     44 uint32 partition
-# 48  vtable: size 16, table size 36, key@20 ts@4 sizes@24 messages@28
-#     partition@32 base_offset@12
-# 64  sizes vector, messages vector, key, as in the ephemeral chunk.
-_DURABLE_CHUNK_HEAD: Final = struct.Struct("<12xiqqIIII8H")
-_DURABLE_SIZES_AT: Final = 64
-
-
-def encode_durable_run_chunk(run: Run) -> bytes:
-    """Encode a relocatable chunk of a run that carries ``partition`` and
-    ``base_offset`` (a run of a durable topic). Same rules as
-    :func:`encode_run_chunk`; only runs with offsets pay for the two fields."""
-    messages_at, key_at, tail = _chunk_tail(_DURABLE_SIZES_AT, run.key, run.sizes, run.messages)
-    head = _DURABLE_CHUNK_HEAD.pack(
-        -36,
-        run.ts_broker,
-        run.base_offset,
-        key_at - 32,
-        _DURABLE_SIZES_AT - 36,
-        messages_at - 40,
-        run.partition,
-        16,
-        36,
-        20,
-        4,
-        24,
-        28,
-        32,
-        12,
-    )
-    return b"".join((head, *tail))
-
-
-def encode_chunk(run: Run) -> bytes:
-    """The chunk of any run: with its offsets when it has them."""
-    if run.base_offset >= 0:
-        return encode_durable_run_chunk(run)
-    return encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages)
-
-
-def runs_frame_parts(
-    body_type: BodyType,
-    stream: int,
-    chunks: Sequence[bytes],
-    stamp_ts_broker: bool = False,
-    ack: bool = False,
-) -> list[bytes]:
-    """Return the parts of a size-prefixed Publish, Deliver or Fetched frame.
-
-    The caller joins the parts (usually together with other frames, for one
-    write). ``chunks`` must come from :func:`encode_run_chunk`.
-    """
-    count = len(chunks)
-    vector_end = _RUNS_VECTOR_AT + 4 + 4 * count
-    pad = (-vector_end) & 7
-    position = vector_end + pad + CHUNK_TABLE_OFFSET - _RUNS_VECTOR_AT - 4
-    offsets = []
-    for chunk in chunks:
-        offsets.append(position)
-        position += len(chunk) - 4
-    total = vector_end + pad + sum(len(chunk) for chunk in chunks)
-    if body_type == BodyType.PUBLISH:
-        vtable = (12, 16, 4, 12, 8, 13) if ack else (10, 16, 4, 12, 8, 0)
-    else:
-        vtable = (8, 12, 4, 8, 0, 0)
-    head = _RUNS_HEAD.pack(
-        total - 4,
-        12,
-        8,
-        12,
-        8,
-        4,
-        8,
-        20,
-        body_type,
-        *vtable,
-        12,
-        stream,
-        8,
-        1 if stamp_ts_broker else 0,
-        1 if ack else 0,
-        count,
-    )
-    parts = [head, struct.pack(f"<{count}I", *offsets), PADDING[pad]]
-    parts.extend(chunks)
-    return parts
 
 
 # --- control frames through flatbuffers.Builder ------------------------------
@@ -505,10 +350,22 @@ def _decode_runs(buf: Buffer, field: int) -> tuple[Run, ...]:
     if not field:
         return ()
     start, count = vector(buf, field, 4)
-    return tuple(
-        _decode_run(buf, slot + _U32.unpack_from(buf, slot)[0])
-        for slot in range(start, start + 4 * count, 4)
-    )
+    return _runs_at(buf, start, count)
+
+
+def _runs_at(buf: Buffer, start: int, count: int) -> tuple[Run, ...]:
+    """The runs whose ``count`` uoffsets start at ``start`` (known to be in
+    ``buf``): each read as a chunk when it is laid out as one, else through
+    its vtable."""
+    runs = []
+    slot = start
+    view = memoryview(buf)
+    for offset in struct.unpack_from(f"<{count}I", buf, start):
+        table = slot + offset
+        run = read_chunk_run(view, table)
+        runs.append(_decode_run(buf, table) if run is None else run)
+        slot += 4
+    return tuple(runs)
 
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
@@ -700,6 +557,13 @@ def decode_frame(buf: Buffer) -> Frame:
     Deliver runs hold zero-copy views of ``buf``.
     """
     try:
+        head = read_runs_frame(buf)
+        if head is not None:  # the hot frames, laid out as our encoder lays them out
+            body_type, stream, stamp, ack, count = head
+            runs = _runs_at(buf, RUNS_FRAME_RUNS_AT, count)
+            if body_type == BodyType.PUBLISH:
+                return Publish(stream, runs, stamp, ack)
+            return (Deliver if body_type == BodyType.DELIVER else Fetched)(stream, runs)
         if len(buf) < 8:
             raise _malformed("frame shorter than a FlatBuffer root")
         root = _U32.unpack_from(buf, 0)[0]

@@ -44,6 +44,12 @@ class Run:
     messages: Buffer
     partition: int = 0
     base_offset: int = -1
+    #: The run's bytes in the frame it was decoded from, when they are laid
+    #: out exactly as ``encode_run_chunk`` lays out a chunk (a view, like
+    #: ``sizes``): the broker forwards a copy instead of encoding the run
+    #: again. None for a run built in memory or laid out otherwise; it never
+    #: takes part in equality (it is a by-product of the layout, not data).
+    chunk: Buffer | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(slots=True)

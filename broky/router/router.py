@@ -20,7 +20,8 @@ from typing import Final
 import attrs
 
 from broky.observability.topics import DEFAULT_TOP_TOPICS, TopicCounter, TopicFigures
-from broky.protocol.codec import encode_frame, encode_run_chunk
+from broky.protocol.chunks import forward_chunk
+from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Error, Run, Subscribed
@@ -298,16 +299,10 @@ class Router:
     # --- publishing --------------------------------------------------------
 
     def encode(self, runs: Iterable[Run], stamp_ts_broker: bool) -> list[EncodedRun]:
-        """Turn decoded runs into forwardable chunks (one copy per run)."""
+        """Turn decoded runs into forwardable chunks (one copy per run: of
+        the chunk the run arrived as, or of a fresh encoding)."""
         ts_broker = self._clock() if stamp_ts_broker else 0
-        return [
-            EncodedRun(
-                run.key,
-                run.count,
-                encode_run_chunk(run.key, ts_broker or run.ts_broker, run.sizes, run.messages),
-            )
-            for run in runs
-        ]
+        return [EncodedRun(run.key, run.count, forward_chunk(run, ts_broker)) for run in runs]
 
     def _route(self, key: bytes, source: LinkKind) -> tuple[Subscription, ...]:
         """Subscriptions a run from ``source`` reaches: the eligible matches,
@@ -341,17 +336,20 @@ class Router:
         to ``origin`` (the publishing connection), which stays up; on publish
         stream 0 the error is a connection error and routing stops there.
         """
-        counters = self.counters
-        count_topic = self.topics.count
         from_peer = source is not LinkKind.CLIENT
         if self._routes_generation != self._index.generation:
             self._clear_routes()
         routes = self._routes[source]
+        count_topic = self.topics.count
+        # Counted in locals and added once: the loop runs once per run, and
+        # short runs make it the broker's per-message loop.
+        published_runs = published_messages = unrouted = from_links = 0
         for run in runs:
-            subscriptions = routes.get(run.key)
+            key = run.key
+            subscriptions = routes.get(key)
             if subscriptions is None:
                 try:
-                    subscriptions = self._route(run.key, source)
+                    subscriptions = self._route(key, source)
                 except RemoteProtocolError as exc:
                     # Rejected, not published: counting it would leave messages
                     # that are neither delivered, dropped nor queued.
@@ -359,22 +357,28 @@ class Router:
                         continue
                     stream_error(origin, stream, exc)
                     if stream == 0:
-                        return
+                        break
                     continue
                 if len(routes) >= ROUTE_CACHE_SIZE:
                     routes.clear()
-                routes[run.key] = subscriptions
-            counters.published_runs += 1
-            counters.published_messages += run.count
+                routes[key] = subscriptions
+            count = run.count
+            published_runs += 1
+            published_messages += count
             if from_peer:
-                counters.from_links += run.count  # counted by the worker it came from
+                from_links += count  # its topic is counted by the worker it came from
             else:
-                count_topic(run.key, run.count, len(run.chunk))
-            if not subscriptions:
-                counters.dropped_no_subscriber += run.count
-                continue
-            for subscription in subscriptions:
-                subscription.push(run)
+                count_topic(key, count, len(run.chunk))
+            if subscriptions:
+                for subscription in subscriptions:
+                    subscription.push(run)
+            else:
+                unrouted += count
+        counters = self.counters
+        counters.published_runs += published_runs
+        counters.published_messages += published_messages
+        counters.dropped_no_subscriber += unrouted
+        counters.from_links += from_links
 
     def run_direct_writes(self) -> None:
         """Make the direct writes queued since the last call (see ``direct_writes``)."""
