@@ -101,6 +101,8 @@ def server_process(command: list[str], metrics_ports: tuple[int, ...] = ()) -> I
         yield Server(process.pid, (host, int(port)), metrics_ports)
     finally:
         stop_process(process)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def broky_command(workers: int) -> list[str]:

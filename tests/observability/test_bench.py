@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks.bench_core import pump_command
 from broky.client.client import Subscription
+from broky.loadtest.bench import BenchOptions, run_scenario
 from broky.loadtest.peers import PEERS
+from broky.loadtest.servers import server_process
 
 
 def bench(*args: str, timeout: float = 60) -> list[dict[str, Any]]:
@@ -140,3 +143,13 @@ def test_core_rows_compare_peers_in_the_same_run(core_rows: list[dict[str, Any]]
     assert f"ratio_to_{peers[0]}" in fanin
     (summary,) = [r for r in core_rows if r.get("summary") == "core"]
     assert summary["rows"]["fanin"]["loss_pct"] == fanin["loss_pct"]
+
+
+def test_pump_forwards_every_frame_including_the_first() -> None:
+    """The pump is the ceiling every row divides by: it must not lose the
+    Publish frame that arrives with the Hello."""
+    options = BenchOptions(scenario="fan-in", number=2, count=300, run=100)
+    with server_process(pump_command()) as server:
+        result = run_scenario(options, "pump", server)
+    assert result["published"] == 600
+    assert result["delivered"] == result["expected"] == 600
