@@ -98,7 +98,7 @@ def measure(row: str, target: str, start: Starter, options: BenchOptions) -> dic
     try:
         with start() as server:
             result = run_scenario(options, target, server)
-    except Unsupported as exc:
+    except (Unsupported, RuntimeError) as exc:  # no equivalent, or the server did not start
         return {"row": row, "target": target, "available": False, "reason": str(exc)}
     public = {key: value for key, value in result.items() if not key.startswith("_")}
     return {"row": row, **public}
@@ -117,7 +117,11 @@ def sweep(
         paced = attrs.evolve(options, interval=options.publishers / rate)
         result = measure(row, target, start, paced) | {"kind": "sweep_step"}
         print(json.dumps(result), file=sys.stderr, flush=True)
-        if result["loss_pct"] > SUSTAINED_LOSS_PCT or result["published_per_s"] < 0.9 * rate:
+        if (
+            not result.get("available", True)
+            or result["loss_pct"] > SUSTAINED_LOSS_PCT
+            or result["published_per_s"] < 0.9 * rate
+        ):
             break
         best = result | {"kind": "sustained"}
         rate *= step

@@ -8,7 +8,9 @@ counted; peers and the pump have no such counter.
 from __future__ import annotations
 
 import os
+import random
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -118,11 +120,29 @@ def broky_command(workers: int) -> list[str]:
     return command
 
 
+#: Where metrics ports are picked: below Linux's ephemeral range (32768+),
+#: so the broker's own port-0 listener cannot take one of them meanwhile.
+_METRICS_PORTS: Final = range(20000, 32000)
+
+
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 right now."""
+    for first in random.sample(_METRICS_PORTS, 200):
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no free ports for the broker's /metrics")
+
+
 @contextmanager
 def broky_server(workers: int, *extra: str) -> Iterator[Server]:
     """``broky serve`` with ``workers`` workers and /metrics on (worker i on
     the first port + i), plus ``extra`` flags."""
-    port = peers.free_port()
+    port = _free_ports(workers)
     with tempfile.TemporaryDirectory(prefix="broky-bench-") as workdir:
         config = Path(workdir) / "bench.toml"
         config.write_text(f"metrics_listen = true\nmetrics_port = {port}\n")
