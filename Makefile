@@ -22,8 +22,11 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/pytest -q
 
+# The peers are Debian packages; apt-get runs only when a server binary is missing.
 bench: $(STAMP)
-	$(VENV)/bin/python -m benchmarks.bench_core
+	@command -v nats-server >/dev/null && command -v redis-server >/dev/null || \
+		{ apt-get update && apt-get install -y nats-server redis-server; }
+	$(VENV)/bin/python -m benchmarks.bench_core $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,270 +1,252 @@
-"""Core benchmark: fan-in and fan-out through Broky and through a byte pump.
+"""Core benchmark: the rows of issue 12, each against Broky and its baselines in one run.
 
-Run: ``.venv/bin/python -m benchmarks.bench_core [--duration S] [--size B]``.
-Prints one JSON object per line (one per scenario, then a summary), so
-results can be compared across runs; the ratio to the pump, measured in the
-same run, is the number that survives a noisy shared machine.
+Run: ``.venv/bin/python -m benchmarks.bench_core [--scenario NAME]... [--duration S]``.
+Prints one JSON object per line (one per row and target, then a summary),
+so results can be compared across runs; the ratios to the pump and to
+nats-server, measured in the same run, are the numbers that survive a
+noisy shared machine. Every line carries what was published, delivered and
+lost (the subscribers drain after the publishers stop), so no rate hides
+loss: a flat-out row whose subscriber lost messages says ``"lossless": false``.
 
-Targets: Broky with 1 and 2 workers (``--workers``), the pump, and
-nats-server when it is installed (started on 127.0.0.1, stopped by PID, and
-driven through its own protocol with the same raw-socket load).
+Targets: Broky with 1 and 2 workers (``--workers``), the trio byte pump, and
+nats-server and redis-server when installed (started on 127.0.0.1, stopped
+by PID, and driven through their own protocols with the same load). A
+target a row has no fair equivalent on prints ``"available": false`` and why.
 
-Scenarios (100-byte payloads by default):
-- ``fanin_raw``: 4 publishers writing pre-encoded frames -> 1 subscriber.
-- ``fanout_raw``: 1 pre-encoded publisher -> 8 subscribers.
-- ``fanin_client``: 4 publishers using the client library -> 1 subscriber.
+Rows (100-byte payloads; ``--scenario`` picks some, default all):
+- ``fanin``: 4 publishers flat out -> 1 subscriber, one key, 100 messages per
+  Publish frame; then the sustained-rate sweep.
+- ``fanin_keys``: the same over 1,000 keys (``bench.k0`` .. ``bench.k999``,
+  runs of one message, 100 per frame), one ``bench.>`` subscriber (Redis:
+  PSUBSCRIBE ``bench.*``).
+- ``fanin_unbatched``: one message per Publish frame (NATS: one PUB each),
+  100 frames per ``sendall``.
+- ``fanout``: 1 publisher -> 8 subscribers, one key; then the sweep.
+- ``latency_5k_raw``, ``latency_50k_raw``: one message per frame at a fixed
+  rate, pre-encoded; p50/p99/p99.9 and broker CPU per message.
+- ``latency_5k_client``, ``latency_50k_client``: the same through the
+  client library on both ends (Broky only).
+- ``receive``, ``receive_batches``: one ``broky.Client`` subscriber iterating
+  per message, or through ``Subscription.batches()`` (not available until
+  the client has it).
+- ``fanin_client``: 4 client-library publishers -> 1 subscriber.
+- ``durable``: acked publishes, ``fsync = "always"``, 8 partitions, one
+  worker, per key mix (see ``benchmarks.bench_durable``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
-import time
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from broky.loadtest import loadgen, peers
-from broky.loadtest.bench import cpu_seconds
-from broky.loadtest.bench import server_process as server
+import attrs
 
-CONTEXT = multiprocessing.get_context("fork")
-#: Peer brokers swept in the same run when their server is installed.
-PEER_TARGETS = ("nats",)
+from benchmarks import bench_durable
+from broky.loadtest import peers
+from broky.loadtest.bench import BenchOptions, Unsupported, run_scenario
+from broky.loadtest.servers import Server, broky_server, peer_server, server_process
+
+#: Peer brokers run in the same run when their server is installed.
+PEER_TARGETS = ("nats", "redis")
+#: Targets whose figure every Broky result is divided by.
+BASELINES = ("pump", "nats", "redis")
+#: A sweep step is sustained when at most this share of deliveries is lost.
+SUSTAINED_LOSS_PCT = 3.0
 
 
-Server = Callable[[], AbstractContextManager[tuple[int, tuple[str, int]]]]
+@attrs.frozen
+class Row:
+    """One scenario row: what to run and on which kinds of target."""
+
+    options: BenchOptions
+    baselines: tuple[str, ...] = BASELINES
+    sweep: bool = False
 
 
-def measure(
-    target: str,
-    scenario: str,
-    start_server: Server,
-    publishers: int,
-    patterns: list[str],
-    publisher: Callable[..., None],
-    publisher_args: tuple[Any, ...],
-    duration: float,
-    rate: float,
-) -> dict[str, Any]:
-    """Run one scenario against a fresh server at ``rate`` messages/s in total
-    (0: publishers go flat out) and return its figures."""
-    peer = target if target in PEER_TARGETS else None
-    if peer is not None:
-        # The same load through the peer's own wire protocol.
-        publisher = partial(peers.peer_publisher, peer)
-        subscribe: Callable[..., None] = partial(peers.peer_subscribers, peer)
-    else:
-        subscribe = loadgen.raw_subscribers
-    with start_server() as (pid, address):
-        stop = CONTEXT.Event()
-        ready = CONTEXT.Event()
-        received = CONTEXT.Value("q", 0, lock=False)
-        dropped = CONTEXT.Value("q", 0, lock=False)
-        sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(publishers)]
-        subscriber = CONTEXT.Process(
-            target=subscribe,
-            args=(address, patterns, received, dropped, ready, stop),
-        )
-        subscriber.start()
-        if not ready.wait(10):
-            raise RuntimeError("subscribers were not confirmed")
-        workers = [
-            CONTEXT.Process(
-                target=publisher,
-                args=(address, *publisher_args, rate / publishers, counter, stop),
-            )
-            for counter in sent
-        ]
-        for worker in workers:
-            worker.start()
-        time.sleep(min(1.0, duration / 3))  # warm-up
-        start_received, start_sent = received.value, sum(c.value for c in sent)
-        start_cpu, start_time = cpu_seconds(pid), time.perf_counter()
-        time.sleep(duration)
-        elapsed = time.perf_counter() - start_time
-        server_cpu = cpu_seconds(pid) - start_cpu
-        delivered = received.value - start_received
-        published = sum(c.value for c in sent) - start_sent
-        stop.set()
-        for process in (*workers, subscriber):
-            process.join(5)
-            if process.is_alive():
-                process.kill()
-    fanout = len(patterns)
+def rows(duration: float, warmup: float) -> dict[str, Row]:
+    """Every row of the benchmark, short enough for the whole run to take minutes."""
+    base = partial(BenchOptions, duration=duration, warmup=warmup, run=100)
+    fan_in = partial(base, scenario="fan-in", number=4)
+    latency = partial(base, scenario="latency")
     return {
-        "target": target,
-        "scenario": scenario,
-        "offered_per_s": round(rate) if rate else "max",
-        "publishers": publishers,
-        "subscribers": fanout,
-        "published_per_s": round(published / elapsed),
-        "delivered_per_s": round(delivered / elapsed),
-        "messages_per_s": round(delivered / fanout / elapsed),
-        "dropped": dropped.value,
-        "server_cpu_us_per_delivery": round(server_cpu * 1e6 / delivered, 3) if delivered else None,
-        "server_cpu_utilisation": round(server_cpu / elapsed, 2),
+        "fanin": Row(fan_in(), sweep=True),
+        "fanin_keys": Row(fan_in(keys=1000, run=1, frame=100)),
+        "fanin_unbatched": Row(fan_in(run=1, frame=1)),
+        "fanout": Row(base(scenario="fan-out", number=8), sweep=True),
+        "latency_5k_raw": Row(latency(interval=1 / 5000)),
+        "latency_50k_raw": Row(latency(interval=1 / 50000)),
+        "latency_5k_client": Row(latency(interval=1 / 5000, mode="client"), ()),
+        "latency_50k_client": Row(latency(interval=1 / 50000, mode="client"), ()),
+        "receive": Row(base(scenario="receive"), ()),
+        "receive_batches": Row(base(scenario="receive", batches=True), ()),
+        "fanin_client": Row(fan_in(mode="client"), ()),
     }
 
 
-def sustained(result: dict[str, Any], rate: float) -> bool:
-    """Did the target keep up: (almost) everything offered published and delivered?"""
-    fanout = result["subscribers"]
-    return bool(
-        result["published_per_s"] >= 0.9 * rate
-        and result["delivered_per_s"] >= 0.97 * result["published_per_s"] * fanout
-    )
+Starter = Callable[[], AbstractContextManager[Server]]
 
 
-def sweep(run: Callable[[float], dict[str, Any]], start_rate: float, step: float) -> dict[str, Any]:
-    """Raise the offered rate until the target stops keeping up; return the
-    best sustained result (the highest delivery rate with < 3% loss)."""
-    best: dict[str, Any] | None = None
-    rate = start_rate
-    while True:
-        result = run(rate)
-        print(json.dumps({"step": True, **result}), file=sys.stderr, flush=True)
-        if not sustained(result, rate):
+def measure(row: str, target: str, start: Starter, options: BenchOptions) -> dict[str, Any]:
+    """One row on one target: the result without its plotting data, or why not."""
+    try:
+        with start() as server:
+            result = run_scenario(options, target, server)
+    except (Unsupported, RuntimeError) as exc:  # no equivalent, or the server did not start
+        return {"row": row, "target": target, "available": False, "reason": str(exc)}
+    public = {key: value for key, value in result.items() if not key.startswith("_")}
+    return {"row": row, **public}
+
+
+def sweep(
+    row: str, target: str, start: Starter, options: BenchOptions, flat_out: dict[str, Any],
+    step: float, max_steps: int,
+) -> dict[str, Any] | None:  # fmt: skip
+    """Raise the offered rate from 60% of what the flat-out run delivered per
+    subscriber until a step loses more than SUSTAINED_LOSS_PCT or publishes
+    less than 90% of the offer; the best step kept up with (or None)."""
+    rate = 0.6 * flat_out["delivered_per_subscriber_per_s"]
+    best = None
+    for _ in range(max_steps):
+        paced = attrs.evolve(options, interval=options.publishers / rate)
+        result = measure(row, target, start, paced) | {"kind": "sweep_step"}
+        print(json.dumps(result), file=sys.stderr, flush=True)
+        if (
+            not result.get("available", True)
+            or result["loss_pct"] > SUSTAINED_LOSS_PCT
+            or result["published_per_s"] < 0.9 * rate
+        ):
             break
-        if best is None or result["delivered_per_s"] > best["delivered_per_s"]:
-            best = result
+        best = result | {"kind": "sustained"}
         rate *= step
-    return best or result
+    return best
+
+
+def add_ratios(result: dict[str, Any], results: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+    """Broky's figures over each baseline's in the same row and kind."""
+    if not result["target"].startswith("broky") or not result.get("available", True):
+        return
+    for baseline in BASELINES:
+        other = results.get((baseline, result["row"], result["kind"]))
+        if not other or not other.get("available", True):
+            continue
+        if "latency" in result and other.get("latency"):
+            for percentile in ("p50_us", "p99_us", "p99.9_us"):
+                ours, theirs = result["latency"].get(percentile), other["latency"].get(percentile)
+                if ours and theirs:
+                    result[f"{percentile[:-3]}_ratio_to_{baseline}"] = round(ours / theirs, 3)
+            ours, theirs = result["server_cpu_us_per_message"], other["server_cpu_us_per_message"]
+            if ours and theirs:
+                result[f"cpu_per_message_ratio_to_{baseline}"] = round(ours / theirs, 3)
+        elif other["delivered_per_s"]:
+            result[f"ratio_to_{baseline}"] = round(
+                result["delivered_per_s"] / other["delivered_per_s"], 3
+            )
+
+
+def durable_results(duration: float) -> Iterator[dict[str, Any]]:
+    """The durable row: acked publishes per key mix through ``bench_durable``."""
+    with tempfile.TemporaryDirectory(prefix="broky-bench-durable-") as root:
+        for mix in bench_durable.KEY_MIXES:
+            figures = bench_durable.broker_rate(Path(root), "always", duration, mix, replay=False)
+            yield {
+                "row": f"durable_{mix}",
+                "target": "broky",
+                "kind": "flat_out",
+                "fsync": "always",
+                "partitions": bench_durable.PUBLISHERS,
+                **figures,
+            }
+
+
+def summary(results: dict[tuple[str, str, str], dict[str, Any]]) -> dict[str, Any]:
+    """Per row: Broky's headline figure, its loss and its same-run ratios."""
+    rows: dict[str, Any] = {}
+    for (target, row, kind), result in results.items():
+        if target != "broky" or not result.get("available", True):
+            continue
+        line = {
+            key: value
+            for key, value in result.items()
+            if "ratio" in key or key in ("delivered_per_s", "loss_pct", "lost", "msgs_per_s")
+        }
+        if "latency" in result:
+            line["latency"] = result["latency"]
+            line["server_cpu_us_per_message"] = result["server_cpu_us_per_message"]
+        rows[row if kind == "flat_out" else f"{row}_{kind}"] = line
+    return {"summary": "core", "rows": rows}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--duration", type=float, default=2.0, help="seconds per step")
-    parser.add_argument("--size", type=int, default=100, help="payload bytes")
-    parser.add_argument("--run", type=int, default=500, help="messages per pre-encoded run")
-    parser.add_argument("--step", type=float, default=1.25, help="rate multiplier per step")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per step")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before measuring")
+    parser.add_argument("--step", type=float, default=1.25, help="sweep: rate multiplier per step")
+    parser.add_argument("--max-steps", type=int, default=4, help="sweep: most steps (0: no sweep)")
     parser.add_argument(
-        "--only", action="append", help="run only this scenario (repeatable); no summary"
+        "--scenario", action="append", metavar="NAME",
+        help="run only this row (repeatable): " + ", ".join([*rows(1, 0), "durable"]),
+    )  # fmt: skip
+    parser.add_argument(
+        "--targets", help="comma-separated targets to keep (e.g. broky,nats); default all"
     )
     parser.add_argument(
         "--workers", default="1,2", help="comma-separated worker counts to run Broky with"
     )
     parser.add_argument("--accept", default="handoff", help="how connections reach workers")
     args = parser.parse_args()
-    worker_counts = [int(count) for count in args.workers.split(",")]
+    table = rows(args.duration, args.warmup)
+    chosen = args.scenario or [*table, "durable"]
+    unknown = set(chosen) - {*table, "durable"}
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(sorted(unknown))}")
+    starters: dict[str, Starter] = {"pump": partial(server_process, pump_command())}
+    for peer in PEER_TARGETS:
+        if peer in peers.installed_peers():
+            starters[peer] = partial(peer_server, peer)
+    for count in (int(count) for count in args.workers.split(",")):
+        name = "broky" if count == 1 else f"broky-{count}w"
+        starters[name] = partial(broky_server, count, "--accept", args.accept)
+    if args.targets:
+        keep = args.targets.split(",")
+        starters = {name: start for name, start in starters.items() if name in keep}
+    results: dict[tuple[str, str, str], dict[str, Any]] = {}
 
-    def broky_cmd(workers: int) -> list[str]:
-        return [
-            *(sys.executable, "-m", "broky", "serve", "--port", "0", "--log-level", "error"),
-            *("--workers", str(workers), "--accept", args.accept),
-        ]
+    def emit(result: dict[str, Any]) -> None:
+        add_ratios(result, results)
+        results[(result["target"], result["row"], result["kind"])] = result
+        print(json.dumps(result), flush=True)
 
-    def name_of(workers: int) -> str:
-        return "broky" if workers == 1 else f"broky-{workers}w"
-
-    pump_cmd = [sys.executable, "-m", "benchmarks.pump"]
-    raw: tuple[Callable[..., None], tuple[Any, ...]] = (
-        loadgen.raw_publisher,
-        ("bench.data", args.size, args.run),
-    )
-    client: tuple[Callable[..., None], tuple[Any, ...]] = (
-        loadgen.client_publisher,
-        ("bench.data", args.size),
-    )
-    installed = [peer for peer in PEER_TARGETS if peer in peers.installed_peers()]
-    # (name, publishers, subscriber patterns, publisher, its args, first rate, targets)
-    scenarios: list[
-        tuple[str, int, list[str], Callable[..., None], tuple[Any, ...], int, tuple[str, ...]]
-    ] = [
-        (
-            "fanin_raw",
-            4,
-            ["bench.data"],
-            *raw,
-            400_000,
-            ("pump", *installed, *map(name_of, worker_counts)),
-        ),
-        (
-            "fanout_raw",
-            1,
-            ["bench.data"] * 8,
-            *raw,
-            200_000,
-            ("pump", *installed, *map(name_of, worker_counts)),
-        ),
-        ("fanin_client", 4, ["bench.data"], *client, 200_000, tuple(map(name_of, worker_counts))),
-    ]
-    servers: dict[str, Server] = {
-        name_of(count): partial(server, broky_cmd(count)) for count in worker_counts
-    }
-    servers["pump"] = partial(server, pump_cmd)
-    for peer in installed:
-        servers[peer] = partial(peers.peer_server, peer)
-    results: dict[tuple[str, str], dict[str, Any]] = {}
-    for name, publishers, patterns, publisher, publisher_args, first_rate, targets in scenarios:
-        if args.only and name not in args.only:
+    for row_name in chosen:
+        if row_name == "durable":
+            if "broky" in starters:
+                for result in durable_results(args.duration):
+                    emit(result)
             continue
-        for target in targets:
-            run = partial(
-                measure,
-                target,
-                name,
-                servers[target],
-                publishers,
-                patterns,
-                publisher,
-                publisher_args,
-                args.duration,
-            )
+        row = table[row_name]
+        for target, start in starters.items():
+            if not target.startswith("broky") and target not in row.baselines:
+                continue
+            flat_out = measure(row_name, target, start, row.options) | {"kind": "flat_out"}
+            emit(flat_out)
+            if row.sweep and args.max_steps and flat_out.get("available", True):
+                best = sweep(
+                    row_name, target, start, row.options, flat_out, args.step, args.max_steps
+                )
+                if best:
+                    emit(best)
+    print(json.dumps(summary(results)), flush=True)
 
-            result = sweep(run, first_rate, args.step)
-            flat_out = run(0)
-            result["flat_out_published_per_s"] = flat_out["published_per_s"]
-            result["flat_out_delivered_per_s"] = flat_out["delivered_per_s"]
-            pump = results.get(("pump", name))
-            if target.startswith("broky") and pump and pump["delivered_per_s"]:
-                result["ratio_to_pump"] = round(
-                    result["delivered_per_s"] / pump["delivered_per_s"], 3
-                )
-            nats = results.get(("nats", name))
-            if target.startswith("broky") and nats:
-                result["ratio_to_nats"] = round(
-                    result["delivered_per_s"] / nats["delivered_per_s"], 3
-                )
-            single = results.get(("broky", name))
-            if target != "broky" and target.startswith("broky") and single:
-                result["ratio_to_1_worker"] = round(
-                    result["delivered_per_s"] / single["delivered_per_s"], 3
-                )
-            results[(target, name)] = result
-            print(json.dumps(result), flush=True)
-    if args.only or "broky" not in servers:
-        return
-    two = results.get(("broky-2w", "fanin_raw"))
-    print(
-        json.dumps(
-            {
-                "summary": "core",
-                "payload_bytes": args.size,
-                "fanin_msgs_per_s": results[("broky", "fanin_raw")]["messages_per_s"],
-                "fanout_deliveries_per_s": results[("broky", "fanout_raw")]["delivered_per_s"],
-                "client_publish_msgs_per_s": results[("broky", "fanin_client")][
-                    "flat_out_published_per_s"
-                ],
-                "client_sustained_msgs_per_s": results[("broky", "fanin_client")]["messages_per_s"],
-                "fanin_ratio_to_pump": results[("broky", "fanin_raw")].get("ratio_to_pump"),
-                "fanout_ratio_to_pump": results[("broky", "fanout_raw")].get("ratio_to_pump"),
-                "fanin_ratio_to_nats": results[("broky", "fanin_raw")].get("ratio_to_nats"),
-                "fanout_ratio_to_nats": results[("broky", "fanout_raw")].get("ratio_to_nats"),
-                "fanin_2_workers_msgs_per_s": two["messages_per_s"] if two else None,
-                "fanin_2_workers_vs_1": two.get("ratio_to_1_worker") if two else None,
-                "fanout_2_workers_deliveries_per_s": (
-                    results[("broky-2w", "fanout_raw")]["delivered_per_s"]
-                    if ("broky-2w", "fanout_raw") in results
-                    else None
-                ),
-            }
-        ),
-        flush=True,
-    )
+
+def pump_command() -> list[str]:
+    """The byte pump (``benchmarks.pump``) as a server process."""
+    return [sys.executable, "-m", "benchmarks.pump"]
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
 """Durable publish end to end: acked publishes through a real broker process.
 
-Run: ``.venv/bin/python -m benchmarks.bench_durable [--duration S] [--dir DIR]``.
-Prints one JSON object per line. A ``broky serve`` process (one worker) keeps
-topic ``bench.>`` durable (one partition per publisher key) with the policy
+Run: ``.venv/bin/python -m benchmarks.bench_durable [--duration S] [--dir DIR]
+[--keys MIX]``. Prints one JSON object per line. A ``broky serve`` process
+(one worker) keeps topic ``bench.>`` durable (8 partitions) with the policy
 under test; publisher connections in this process publish 100-byte payloads
-with ``ack=True`` and count a message only once its ack arrived; then one
+with ``ack=True`` and count a message only once its ack arrived. The key mix
+(``--keys``, repeatable) says how messages spread over keys: ``one`` (each
+publisher its own key: long runs, the best case), ``many`` (each publisher
+cycles ``bench.k0`` .. ``bench.k999``: runs of one message) or
+``key_partition`` (one key, a distinct ``key_partition`` per message, so
+consecutive messages land in different partitions). Then one
 subscriber replays everything from the earliest offset (``Start.earliest()``,
 decoding every message in the client), the replay read rate. In the same
 run, ``raw_write_fsync`` measures this disk's ceiling (write + fdatasync of
@@ -27,11 +32,15 @@ import trio
 
 from benchmarks.bench_storage import make_run, raw_writer
 from broky import Start, connect
+from broky.loadtest.servers import cpu_seconds
 
 PAYLOAD = b"x" * 100
 PUBLISHERS = 8
 #: Messages a publisher queues before waiting for their acks (its window).
 WINDOW = 20_000
+#: Keys cycled by the ``many`` mix.
+MANY_KEYS = 1000
+KEY_MIXES = ("one", "many", "key_partition")
 
 
 def write_config(path: Path, data_dir: Path, fsync: str) -> None:
@@ -43,31 +52,58 @@ def write_config(path: Path, data_dir: Path, fsync: str) -> None:
     )
 
 
-async def publisher(address: str, index: int, deadline: float, counts: list[int]) -> None:
+def key_mix(mix: str, index: int) -> list[tuple[str, bytes]]:
+    """One window's (key, key_partition) per message of publisher ``index``."""
+    if mix == "one":
+        return [(f"bench.p{index}", b"")] * WINDOW
+    if mix == "many":
+        return [(f"bench.k{n % MANY_KEYS}", b"") for n in range(WINDOW)]
+    if mix == "key_partition":
+        return [(f"bench.p{index}", b"%d" % n) for n in range(WINDOW)]
+    raise ValueError(f"unknown key mix {mix!r}; known: {', '.join(KEY_MIXES)}")
+
+
+async def publisher(
+    address: str, index: int, deadline: float, counts: list[list[int]], mix: str
+) -> None:
+    """Publish windows of acked messages until ``deadline``; ``counts[index]``
+    holds [published, acked]."""
+    messages = key_mix(mix, index)
     async with connect(address, name=f"bench-{index}") as client:
-        key = f"bench.p{index}"
         while time.monotonic() < deadline:
-            for _ in range(WINDOW):
-                await client.publish(key, PAYLOAD, ack=True)
+            for key, key_partition in messages:
+                await client.publish(key, PAYLOAD, key_partition=key_partition, ack=True)
+            counts[index][0] += len(messages)
             acked = await client.flush_acks()
-            counts[index] += sum(ack.last_offset - ack.first_offset + 1 for ack in acked)
+            counts[index][1] += sum(ack.last_offset - ack.first_offset + 1 for ack in acked)
 
 
-async def measure(address: str, duration: float, pid: int) -> dict[str, object]:
+async def measure(
+    address: str, duration: float, pid: int, mix: str, replay: bool
+) -> dict[str, object]:
     """Acked publish rate and the cores the broker and this client used
-    meanwhile, then the rate of a replay of everything from the earliest."""
-    counts = [0] * PUBLISHERS
+    meanwhile, then (with ``replay``) the rate of a replay of everything
+    from the earliest offset."""
+    counts = [[0, 0] for _ in range(PUBLISHERS)]
     server_before, client_before = cpu_seconds(pid), time.process_time()
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         for index in range(PUBLISHERS):
-            nursery.start_soon(publisher, address, index, start + duration, counts)
+            nursery.start_soon(publisher, address, index, start + duration, counts, mix)
     elapsed = time.monotonic() - start
+    published = sum(count[0] for count in counts)
+    acked = sum(count[1] for count in counts)
     figures: dict[str, object] = {
-        "msgs_per_s": round(sum(counts) / elapsed),
+        "keys": mix,
+        "msgs_per_s": round(acked / elapsed),
+        "published": published,
+        "acked": acked,
+        "lost": published - acked,
         "server_cpu": round((cpu_seconds(pid) - server_before) / elapsed, 2),
         "client_cpu": round((time.process_time() - client_before) / elapsed, 2),
     }
+    if not replay:
+        return figures
     async with connect(address, name="bench-replay") as client:
         total = sum(info.end_offset - info.start_offset for info in await client.partitions())
         start = time.monotonic()
@@ -81,15 +117,13 @@ async def measure(address: str, duration: float, pid: int) -> dict[str, object]:
     return figures
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def broker_rate(root: Path, fsync: str, duration: float) -> dict[str, object]:
-    config = root / f"{fsync}.toml"
-    write_config(config, root / f"data-{fsync}", fsync)
+def broker_rate(
+    root: Path, fsync: str, duration: float, mix: str = "one", replay: bool = True
+) -> dict[str, object]:
+    """Run ``measure`` against a fresh broker with its own data directory."""
+    name = f"{fsync}-{mix}"
+    config = root / f"{name}.toml"
+    write_config(config, root / f"data-{name}", fsync)
     process = subprocess.Popen(
         [sys.executable, "-m", "broky", "serve", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -99,7 +133,7 @@ def broker_rate(root: Path, fsync: str, duration: float) -> dict[str, object]:
         assert process.stdout is not None
         line = process.stdout.readline()
         address = line.strip().rsplit(" ", 1)[-1]
-        return trio.run(measure, address, duration, process.pid)
+        return trio.run(measure, address, duration, process.pid, mix, replay)
     finally:
         process.terminate()
         process.wait(10)
@@ -113,6 +147,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per scenario")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument(
+        "--keys", action="append", choices=KEY_MIXES,
+        help="key mix of fsync=always (repeatable; default: all three)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as name:
         root = Path(name)
@@ -125,9 +163,10 @@ def main() -> None:
             os.close(fd)
         emit("raw_write_fsync", messages_per_fsync=1000, msgs_per_s=raw.rate)
         summary: dict[str, object] = {"raw_write_fsync_msgs_per_s": raw.rate}
-        for fsync in ("always", "interval"):
-            figures = broker_rate(root, fsync, args.duration)
-            replay_rate = figures.pop("replay_msgs_per_s")
+        runs = [("always", mix) for mix in args.keys or KEY_MIXES] + [("interval", "one")]
+        for fsync, mix in runs:
+            figures = broker_rate(root, fsync, args.duration, mix, replay=mix == "one")
+            replay_rate = figures.pop("replay_msgs_per_s", None)
             rate = figures["msgs_per_s"]
             assert isinstance(rate, int)
             emit(
@@ -137,8 +176,8 @@ def main() -> None:
                 **figures,
                 ratio_to_raw=round(rate / raw.rate, 2),
             )
-            summary[f"acked_{fsync}_msgs_per_s"] = rate
-            if fsync == "always":
+            summary[f"acked_{fsync}_{mix}_msgs_per_s"] = rate
+            if replay_rate is not None and fsync == "always":
                 emit("broker_replay_earliest", msgs_per_s=replay_rate)
                 summary["replay_msgs_per_s"] = replay_rate
     emit("summary", **summary)

@@ -47,7 +47,7 @@ class Pump:
         if isinstance(first, Subscribe):
             await self.serve_subscriber(stream, first.stream)
         else:
-            self.forward(frames[2:])
+            self.forward(frames[1:])  # the first frame after Hello is already a Publish
             await self.serve_publisher(stream, reader)
 
     def forward(self, frames: list[memoryview]) -> None:

@@ -1,30 +1,33 @@
 """``broky bench``: a load generator whose numbers mean what they say.
 
 Every scenario reports the publish rate and the delivery rate separately
-(a broker that accepts fast and delivers slowly shows it), counts drops,
-and for latency gives HdrHistogram percentiles of producer-to-subscriber
-time. Load generators run in their own processes (fork), so the bench's own
-Python does not share a GIL with them; the broker is either started by the
-bench (``--workers``) or already running (``--address``).
+(a broker that accepts fast and delivers slowly shows it), and next to
+them what was published, delivered and lost over the whole run (after the
+publishers stop, subscribers drain until nothing more arrives), so a rate
+never hides loss; for latency it gives HdrHistogram percentiles of
+producer-to-subscriber time. Load generators run in their own processes
+(fork), so the bench's own Python does not share a GIL with them; the
+broker is either started by the bench (``--workers``) or already running
+(``--address``).
 
 Scenarios:
 - ``fan-in``: ``--number`` publishers -> the ``--subscribe`` subscribers.
 - ``fan-out``: one publisher -> ``--number`` subscribers (or the ``--subscribe`` list).
-- ``latency``: one publisher at a fixed rate -> subscribers timing each message.
+- ``latency``: one publisher at a fixed rate -> subscribers timing each message
+  (raw frames of one message, or with ``--mode client`` the client library).
 - ``slow-subscriber``: publishers flat out -> healthy subscribers plus one
   that reads slowly; shows the slow one dropping and the others unaffected.
+- ``receive``: raw publishers flat out -> one ``broky.Client`` subscriber
+  (per message, or ``--batches``): the client library's receive rate.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import ssl
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
@@ -32,19 +35,25 @@ from typing import Any, Final
 import attrs
 
 from broky.client.credentials import ANONYMOUS, Credentials
+from broky.client.subscription import Subscription as ClientSubscription
 from broky.client.tcp import parse_address
-from broky.loadtest import loadgen, peers
+from broky.loadtest import latency, loadgen, peers
 from broky.loadtest.histogram import LatencyHistogram
+from broky.loadtest.load import Load, matching_share
+from broky.loadtest.servers import Server, broky_server, cpu_seconds, peer_server
 
 CONTEXT: Final = multiprocessing.get_context("fork")
-TICKS: Final = os.sysconf("SC_CLK_TCK")
-SCENARIOS: Final = ("fan-in", "fan-out", "latency", "slow-subscriber")
-#: Key every publisher publishes on.
-BENCH_KEY: Final = "bench.data"
+SCENARIOS: Final = ("fan-in", "fan-out", "latency", "slow-subscriber", "receive")
 #: Seconds between throughput samples (the plot's resolution).
 SAMPLE_INTERVAL: Final = 0.25
-#: Seconds a --count run waits for deliveries after the last publish.
+#: Seconds a run waits for deliveries after the last publish, at most.
 DRAIN_TIMEOUT: Final = 10.0
+#: Seconds without a new delivery after which the drain is over.
+DRAIN_QUIET: Final = 0.5
+
+
+class Unsupported(Exception):
+    """This scenario cannot run against this target (the reason says why)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -58,7 +67,11 @@ class BenchOptions:
     interval: float | None = None  # pause between messages per publisher; None: flat out
     count: int = 0  # messages per publisher; 0: run for ``duration``
     duration: float = 5.0
-    run: int = 500  # messages per pre-encoded batch (raw mode)
+    run: int = 500  # messages per run of one key (raw mode)
+    frame: int = 0  # messages per Publish frame (raw mode); 0: one run per frame
+    keys: int = 1  # keys cycled: bench.data alone, or bench.k0 .. bench.k<keys-1>
+    batches: bool = False  # receive: through Subscription.batches()
+    warmup: float = 0.0  # seconds excluded from the rates (not from the loss counts)
     mode: str = "raw"  # raw: pre-encoded frames; client: the client library
     workers: int = 1
     address: str | None = None
@@ -68,9 +81,16 @@ class BenchOptions:
     credentials: Credentials = ANONYMOUS
 
     @property
+    def load(self) -> Load:
+        """What raw publishers send; one message per frame for latency."""
+        if self.scenario == "latency":
+            return Load(self.keys, 1, 1, self.size)
+        return Load(self.keys, self.run, self.frame or self.run, self.size)
+
+    @property
     def publishers(self) -> int:
-        if self.scenario == "fan-in":
-            return self.number or 4
+        if self.scenario in ("fan-in", "receive"):
+            return self.number or (2 if self.scenario == "receive" else 4)
         return 1
 
     @property
@@ -78,8 +98,8 @@ class BenchOptions:
         if self.subscribe:
             return list(self.subscribe)
         if self.scenario == "fan-out":
-            return [BENCH_KEY] * (self.number or 8)
-        return [BENCH_KEY]
+            return [self.load.pattern] * (self.number or 8)
+        return [self.load.pattern]
 
     @property
     def rate(self) -> float:
@@ -91,71 +111,12 @@ class BenchOptions:
         return 0.0
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as children:
-                found.extend(int(child) for child in children.read().split())
-        except FileNotFoundError:
-            continue
-    return found
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and all its descendants, live ones
-    (a supervisor's workers) and reaped ones, from /proc."""
-    total = 0.0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            with open(f"/proc/{current}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue  # exited between the listing and the read
-        total += sum(int(field) for field in fields[11:15]) / TICKS
-        pending.extend(_children(current))
-    return total
-
-
-@contextmanager
-def server_process(command: list[str]) -> Iterator[tuple[int, tuple[str, int]]]:
-    """Start a server that prints "... listening on HOST:PORT"; stop it by PID."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if "listening on" not in line:
-            raise RuntimeError(f"server did not start: {line!r}")
-        host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
-        yield process.pid, (host, int(port))
-    finally:
-        loadgen.stop_process(process)
-
-
-def broky_command(workers: int) -> list[str]:
-    """``broky serve`` on a free port, with ``--workers`` if this broky has it."""
-    command = [sys.executable, "-m", "broky", "serve", "--port", "0", "--log-level", "error"]
-    help_text = subprocess.run(
-        [*command[:4], "--help"], capture_output=True, text=True, check=False, timeout=30
-    ).stdout
-    if "--workers" in help_text:
-        command += ["--workers", str(workers)]
-    elif workers != 1:
-        raise SystemExit("broky bench: this broky serve has no --workers; use --workers 1")
-    return command
-
-
 @attrs.define
 class _Run:
     """Processes and shared counters of one scenario run."""
 
-    stop: Any = attrs.field(factory=CONTEXT.Event)
+    stop: Any = attrs.field(factory=CONTEXT.Event)  # subscribers
+    halt: Any = attrs.field(factory=CONTEXT.Event)  # publishers
     sent: list[Any] = attrs.Factory(list)
     received: list[Any] = attrs.Factory(list)
     dropped: list[Any] = attrs.Factory(list)
@@ -178,155 +139,241 @@ class _Run:
         if not ready.wait(15):
             raise RuntimeError("subscribers were not confirmed within 15 s")
 
+    def halt_publishers(self) -> None:
+        self.halt.set()
+        self._join(self.publishers, 10)
+
     def finish(self) -> None:
+        self.halt.set()
         self.stop.set()
-        for process in (*self.publishers, *self.subscribers):
-            process.join(5)
+        self._join([*self.publishers, *self.subscribers], 5)
+
+    @staticmethod
+    def _join(processes: list[BaseProcess], timeout: float) -> None:
+        for process in processes:
+            process.join(timeout)
             if process.is_alive():
                 process.kill()
                 process.join()
 
 
+def _is_broky(target: str) -> bool:
+    """Broky and the pump speak Broky's protocol; the peers their own."""
+    return target == "pump" or target.startswith("broky")
+
+
+@attrs.frozen
+class _Plan:
+    """Who subscribes and who publishes in one run (callables missing only
+    the per-run counters and events)."""
+
+    subscriber: Callable[..., None]
+    publisher: Callable[..., None]
+    latency: bool = False
+
+
+def _plan(options: BenchOptions, target: str, address: tuple[str, int]) -> _Plan:
+    """The load generators of ``options.scenario`` for ``target``; raises
+    Unsupported when there is no fair equivalent for it."""
+    patterns, load = options.patterns, options.load
+    key = load.key(0)
+    broky = _is_broky(target)
+
+    def secured(client: Callable[..., Any]) -> Callable[..., Any]:
+        """``client`` connecting as the options say (TLS, credentials)."""
+        return partial(client, tls=options.tls, credentials=options.credentials)
+
+    if not broky and any(peers.peer_pattern(target, p) is None for p in patterns):
+        raise Unsupported(f"{target} has no equivalent of the patterns {patterns}")
+    if options.scenario == "latency":
+        if options.mode == "client":
+            if not target.startswith("broky"):
+                raise Unsupported("client mode needs the Broky client library")
+            return _Plan(
+                partial(secured(latency.client_latency_subscriber), address, patterns),
+                partial(secured(latency.client_latency_publisher), address, key, options.size),
+                latency=True,
+            )
+        if broky:
+            connect, template, subscribe = secured(latency.raw_latency_ends)(
+                address, key, options.size
+            )
+        else:
+            connect, template, subscribe = peers.stamped_ends(target, address, key, options.size)
+        return _Plan(
+            partial(latency.stamped_subscriber, subscribe),
+            partial(latency.stamped_publisher, connect, template),
+            latency=True,
+        )
+    if options.scenario == "receive":
+        if not target.startswith("broky"):
+            raise Unsupported("receive measures the Broky client library")
+        if options.batches and not hasattr(ClientSubscription, "batches"):
+            raise Unsupported("Subscription.batches() is not available in this broky")
+        return _Plan(
+            partial(secured(loadgen.client_receiver), address, patterns, batches=options.batches),
+            partial(secured(loadgen.raw_publisher), address, load),
+        )
+    if not broky:
+        if options.mode == "client" or options.scenario == "slow-subscriber":
+            raise Unsupported(f"{options.scenario} in {options.mode} mode runs on Broky only")
+        return _Plan(
+            partial(peers.peer_subscribers, target, address, patterns),
+            partial(peers.peer_publisher, target, address, load),
+        )
+    if options.mode == "client":
+        publisher = partial(secured(loadgen.client_publisher), address, key, options.size)
+    else:
+        publisher = partial(secured(loadgen.raw_publisher), address, load)
+    return _Plan(partial(secured(loadgen.raw_subscribers), address, patterns), publisher)
+
+
 def run_scenario(
     options: BenchOptions,
     target: str,
-    address: tuple[str, int],
-    server_pid: int | None,
+    server: Server,
     progress: Callable[[float, str], None] = lambda fraction, text: None,
 ) -> dict[str, Any]:
-    """Run ``options.scenario`` against ``target`` ("broky" or a peer name)
-    at ``address``; returns the result (a JSON-ready dict)."""
-    patterns = options.patterns
+    """Run ``options.scenario`` against ``target`` ("broky...", "pump" or a
+    peer name) on ``server``; returns the result (a JSON-ready dict).
+    Raises Unsupported before starting anything if the pair makes no sense."""
+    plan = _plan(options, target, server.address)
+    patterns, load = options.patterns, options.load
+    fanout = sum(matching_share(load, pattern) for pattern in patterns)
     run = _Run()
-    latency_results: Any = None
     limit = options.count
-    per_run = min(options.run, limit) if limit else options.run
-    if target == "broky":
-
-        def secured(client: Callable[..., None]) -> Callable[..., None]:
-            """``client`` connecting as the options say (TLS, credentials)."""
-            return partial(client, tls=options.tls, credentials=options.credentials)
-
-        if options.scenario == "latency":
-            latency_results = CONTEXT.Queue()
-            run.start_subscriber(
-                secured(loadgen.latency_subscriber),
-                address,
-                patterns,
-                run.counter(run.received),
-                latency_results,
-            )
-        else:
-            run.start_subscriber(
-                secured(loadgen.raw_subscribers),
-                address,
-                patterns,
-                run.counter(run.received),
-                run.counter(run.dropped),
-            )
-        if options.scenario == "slow-subscriber":
-            slow_received, slow_dropped = CONTEXT.Value("q", 0), CONTEXT.Value("q", 0)
-            run.start_subscriber(
-                secured(loadgen.slow_subscriber),
-                address, BENCH_KEY, 16384, 0.05, slow_received, slow_dropped,
-            )  # fmt: skip
-        if options.scenario == "latency":
-            publisher: Callable[..., None] = partial(
-                secured(loadgen.latency_publisher), address, BENCH_KEY, options.size
-            )
-        elif options.mode == "client":
-            publisher = partial(secured(loadgen.client_publisher), address, BENCH_KEY, options.size)
-        else:
-            publisher = partial(
-                secured(loadgen.raw_publisher), address, BENCH_KEY, options.size, per_run
-            )
-    else:
-        if options.scenario not in ("fan-in", "fan-out"):
-            raise ValueError(f"--compare supports fan-in and fan-out, not {options.scenario}")
+    results: Any = CONTEXT.Queue() if plan.latency else None
+    second = results if plan.latency else run.counter(run.dropped)
+    run.start_subscriber(plan.subscriber, run.counter(run.received), second)
+    if options.scenario == "slow-subscriber":
+        slow_received, slow_dropped = CONTEXT.Value("q", 0), CONTEXT.Value("q", 0)
         run.start_subscriber(
-            partial(peers.peer_subscribers, target),
-            address,
-            patterns,
-            run.counter(run.received),
-            run.counter(run.dropped),
-        )
-        publisher = partial(peers.peer_publisher, target, address, BENCH_KEY, options.size, per_run)
+            partial(loadgen.slow_subscriber, tls=options.tls, credentials=options.credentials),
+            server.address, load.pattern, 16384, 0.05, slow_received, slow_dropped,
+        )  # fmt: skip
     for _ in range(options.publishers):
-        args: tuple[Any, ...] = (options.rate, run.counter(run.sent), run.stop)
-        if options.mode != "client" or options.scenario == "latency":
-            args += (limit,)
-        publisher_process: BaseProcess = CONTEXT.Process(target=publisher, args=args, daemon=True)
-        run.publishers.append(publisher_process)
-    start_cpu = cpu_seconds(server_pid) if server_pid else 0.0
-    start = time.perf_counter()
-    for process in run.publishers:
-        process.start()
-    timeline: list[tuple[float, int, int]] = [(0.0, 0, 0)]
-    expected = limit * options.publishers * len(patterns) if limit else 0
-    last_progress_at, last_received = start, 0
+        args = (options.rate, run.counter(run.sent), run.halt, limit)
+        run.publishers.append(CONTEXT.Process(target=plan.publisher, args=args, daemon=True))
     try:
-        while True:
-            time.sleep(SAMPLE_INTERVAL)
-            now = time.perf_counter() - start
-            sent, received = run.total(run.sent), run.total(run.received)
-            timeline.append((now, sent, received))
-            if received != last_received:
-                last_progress_at, last_received = time.perf_counter(), received
-            if limit:
-                progress(received / expected, f"{received:,}/{expected:,} delivered")
-                publishing = any(process.is_alive() for process in run.publishers)
-                if received >= expected or (
-                    not publishing and time.perf_counter() - last_progress_at > DRAIN_TIMEOUT
-                ):
-                    break
-            else:
-                progress(min(now / options.duration, 1.0), f"{received:,} delivered")
-                if now >= options.duration:
-                    break
-    finally:
-        elapsed = time.perf_counter() - start
-        server_cpu = cpu_seconds(server_pid) - start_cpu if server_pid else None
-        sent, received = run.total(run.sent), run.total(run.received)
-        if latency_results is not None:
+        timeline, window = _drive(options, run, server, fanout, progress)
+        _drain(run, fanout)
+        if plan.latency:
             run.stop.set()
-            histogram = LatencyHistogram.decode(latency_results.get(timeout=15))
+            histogram = LatencyHistogram.decode(results.get(timeout=15))
+    finally:
         run.finish()
-    if limit:  # the window ends at the last delivery, not at the drain timeout
-        elapsed = max(next(t for t, _, r in timeline if r >= received), SAMPLE_INTERVAL)
-    fanout = len(patterns)
+    published, delivered = run.total(run.sent), run.total(run.received)
+    expected = round(published * fanout)
+    lost = max(expected - delivered, 0)
+    (t0, sent0, got0, cpu0), (t1, sent1, got1, cpu1) = window
+    seconds = max(t1 - t0, SAMPLE_INTERVAL)
+    server_cpu = cpu1 - cpu0 if server.pid else None
     result: dict[str, Any] = {
         "tool": "broky bench",
         "target": target,
         "scenario": options.scenario,
-        "mode": "client" if options.scenario == "latency" else options.mode,
+        "mode": options.mode,
         "publishers": options.publishers,
-        "subscribers": fanout,
+        "subscribers": len(patterns),
         "payload_bytes": options.size,
+        "keys": load.keys,
+        "messages_per_run": load.run,
+        "messages_per_frame": load.frame,
         "workers": options.workers if target == "broky" and not options.address else None,
         "offered_per_s": round(options.rate * options.publishers) if options.rate else "max",
-        "seconds": round(elapsed, 3),
-        "published": sent,
-        "delivered": received,
-        "published_per_s": round(sent / elapsed),
-        "delivered_per_s": round(received / elapsed),
-        "delivered_per_subscriber_per_s": round(received / fanout / elapsed),
+        "seconds": round(seconds, 3),
+        "published_per_s": round((sent1 - sent0) / seconds),
+        "delivered_per_s": round((got1 - got0) / seconds),
+        "delivered_per_subscriber_per_s": round((got1 - got0) / len(patterns) / seconds),
+        "published": published,
+        "delivered": delivered,
+        "expected": expected,
+        "lost": lost,
+        "loss_pct": round(100 * lost / expected, 2) if expected else 0.0,
+        "lossless": lost == 0,
         "dropped_notified": run.total(run.dropped),
-        "server_cpu_utilisation": round(server_cpu / elapsed, 2)
-        if server_cpu is not None
+        "broker_dropped": server.broker_dropped(),
+        "server_cpu_utilisation": None if server_cpu is None else round(server_cpu / seconds, 2),
+        "server_cpu_us_per_message": round(server_cpu * 1e6 / (got1 - got0), 3)
+        if server_cpu is not None and got1 > got0
         else None,
     }
-    if latency_results is not None:
+    if plan.latency:
         result["latency"] = histogram.summary()
         result["latency_samples"] = histogram.count
-    if options.scenario == "slow-subscriber" and target == "broky":
+        result["_distribution"] = histogram.distribution()
+    if options.scenario == "slow-subscriber":
         result["slow_subscriber"] = {
             "received": slow_received.value,
             "dropped_notified": slow_dropped.value,
         }
-    result["_timeline"] = timeline
-    if latency_results is not None:
-        result["_distribution"] = histogram.distribution()
+    result["_timeline"] = [sample[:3] for sample in timeline]
     return result
+
+
+_Sample = tuple[float, int, int, float]  # seconds, published, delivered, server CPU s
+
+
+def _drive(
+    options: BenchOptions,
+    run: _Run,
+    server: Server,
+    fanout: float,
+    progress: Callable[[float, str], None],
+) -> tuple[list[_Sample], tuple[_Sample, _Sample]]:
+    """Start the publishers and sample until the duration (or ``count``) is
+    done; returns the timeline and the measured window's first and last sample."""
+
+    def cpu() -> float:
+        return cpu_seconds(server.pid) if server.pid else 0.0
+
+    start = time.perf_counter()
+    for process in run.publishers:
+        process.start()
+    timeline: list[_Sample] = [(0.0, 0, 0, cpu())]
+    window_start = timeline[0]
+    limit = options.count
+    last_progress_at, last_received = start, 0
+    while True:
+        time.sleep(SAMPLE_INTERVAL)
+        now = time.perf_counter() - start
+        sent, received = run.total(run.sent), run.total(run.received)
+        timeline.append((now, sent, received, cpu()))
+        if window_start[0] < options.warmup <= now:
+            window_start = timeline[-1]
+        if received != last_received:
+            last_progress_at, last_received = time.perf_counter(), received
+        if limit:
+            expected = limit * options.publishers * fanout
+            progress(received / expected, f"{received:,}/{expected:,.0f} delivered")
+            publishing = any(process.is_alive() for process in run.publishers)
+            if received >= expected or (
+                not publishing and time.perf_counter() - last_progress_at > DRAIN_TIMEOUT
+            ):
+                # The window ends at the last delivery, not at the drain timeout.
+                end = next(sample for sample in timeline if sample[2] >= received)
+                return timeline, (window_start, end)
+        else:
+            progress(min(now / (options.warmup + options.duration), 1.0), f"{received:,} delivered")
+            if now >= options.warmup + options.duration:
+                return timeline, (window_start, timeline[-1])
+
+
+def _drain(run: _Run, fanout: float) -> None:
+    """Stop the publishers, then wait until the subscribers have everything
+    or nothing more arrives: what is still missing then is lost."""
+    run.halt_publishers()
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    last, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        received = run.total(run.received)
+        if received >= run.total(run.sent) * fanout:
+            return
+        if received != last:
+            last, quiet_since = received, time.monotonic()
+        elif time.monotonic() - quiet_since > DRAIN_QUIET:
+            return
+        time.sleep(0.05)
 
 
 def run_bench(
@@ -336,7 +383,8 @@ def run_bench(
     | None = None,
 ) -> list[dict[str, Any]]:
     """Run the scenario on Broky (started here unless ``options.address``),
-    then on each peer in ``compare``; returns one result per target."""
+    then on each peer in ``compare`` that supports it; returns one result
+    per target that ran."""
 
     def progress_for(target: str) -> AbstractContextManager[Callable[[float, str], None]]:
         if progress_factory is None:
@@ -346,16 +394,15 @@ def run_bench(
     results = []
     if options.address:
         with progress_for("broky") as progress:
-            results.append(
-                run_scenario(options, "broky", parse_address(options.address), None, progress)
-            )
+            remote = Server(0, parse_address(options.address))
+            results.append(run_scenario(options, "broky", remote, progress))
     else:
-        with (
-            server_process(broky_command(options.workers)) as (pid, address),
-            progress_for("broky") as progress,
-        ):
-            results.append(run_scenario(options, "broky", address, pid, progress))
+        with broky_server(options.workers) as server, progress_for("broky") as progress:
+            results.append(run_scenario(options, "broky", server, progress))
     for peer in compare:
-        with peers.peer_server(peer) as (pid, address), progress_for(peer) as progress:
-            results.append(run_scenario(options, peer, address, pid, progress))
+        try:
+            with peer_server(peer) as server, progress_for(peer) as progress:
+                results.append(run_scenario(options, peer, server, progress))
+        except Unsupported:
+            continue
     return results

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from broky.config import ConfigError
-from broky.loadtest.bench import SCENARIOS, BenchOptions, run_bench
+from broky.loadtest.bench import SCENARIOS, BenchOptions, Unsupported, run_bench
 from broky.loadtest.peers import PEERS, installed_peers
 from broky.security.flags import (
     add_client_auth_flags,
@@ -28,7 +28,7 @@ def add_parser(commands: Any) -> None:
     """Add ``bench`` to the ``broky`` subcommands."""
     bench = commands.add_parser(
         "bench",
-        help="load-test a broker (fan-in, fan-out, latency, slow subscriber)",
+        help="load-test a broker (fan-in, fan-out, latency, slow subscriber, client receive)",
         description="Load-test Broky; prints publish and delivery rates separately.",
     )
     bench.add_argument("scenario", choices=SCENARIOS)
@@ -54,13 +54,27 @@ def add_parser(commands: Any) -> None:
         help="raw: pre-encoded frames, so the broker is the bottleneck (default); "
         "client: publish through the client library",
     )  # fmt: skip
-    bench.add_argument("--run", type=int, default=500, help="messages per raw batch")
+    bench.add_argument("--run", type=int, default=500, help="messages per run of one key")
+    bench.add_argument(
+        "--frame", type=int, default=0,
+        help="messages per Publish frame (default: --run; 1: one message per frame)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--keys", type=int, default=1,
+        help="keys cycled: bench.k0 .. bench.k<N-1> (default 1: bench.data); "
+        "subscribers then default to bench.>",
+    )  # fmt: skip
+    bench.add_argument(
+        "--batches", action="store_true",
+        help="receive: consume through Subscription.batches() instead of per message",
+    )  # fmt: skip
     target = bench.add_mutually_exclusive_group()
     target.add_argument("--workers", type=int, default=1, help="workers of the started broker")
     target.add_argument("--address", help="HOST:PORT of a running broker (none is started)")
     bench.add_argument(
         "--compare", action="store_true",
-        help=f"also run against {', '.join(PEERS.values())} where installed (fan-in/fan-out)",
+        help=f"also run against {', '.join(PEERS.values())} where installed and the "
+        "scenario has an equivalent there (not client mode, slow-subscriber or receive)",
     )  # fmt: skip
     add_client_tls_flags(bench)  # with --address: the started broker has no TLS
     add_client_auth_flags(bench)  # with --address: the started broker has no users
@@ -85,7 +99,8 @@ def _progress(console: Console, target: str) -> Iterator[Callable[[float, str], 
 
 def _table(results: list[dict[str, Any]]) -> Table:
     table = Table(title=f"broky bench {results[0]['scenario']}")
-    for column in ("target", "pub/s", "deliveries/s", "per subscriber/s", "dropped", "cpu"):
+    columns = ("target", "pub/s", "deliveries/s", "per subscriber/s", "lost", "cpu")
+    for column in columns:
         table.add_column(column, justify="left" if column == "target" else "right")
     latency = "latency" in results[0]
     if latency:
@@ -98,7 +113,7 @@ def _table(results: list[dict[str, Any]]) -> Table:
             f"{result['published_per_s']:,}",
             f"{result['delivered_per_s']:,}",
             f"{result['delivered_per_subscriber_per_s']:,}",
-            f"{result['dropped_notified']:,}",
+            f"{result['lost']:,} ({result['loss_pct']:g}%)",
             "" if cpu is None else f"{cpu:.0%}",
         ]
         if latency:
@@ -122,6 +137,9 @@ def main(args: argparse.Namespace) -> int:
         count=args.count,
         duration=args.duration,
         run=args.run,
+        frame=args.frame,
+        keys=args.keys,
+        batches=args.batches,
         mode=args.mode,
         workers=args.workers,
         address=args.address,
@@ -136,13 +154,14 @@ def main(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     if args.compare:
         compare = installed_peers()
-        if args.scenario not in ("fan-in", "fan-out"):
-            err.print("--compare: only fan-in and fan-out run on the peers; skipping them")
-            compare = []
-        elif not compare:
+        if not compare:
             err.print(f"--compare: none of {', '.join(PEERS.values())} is installed")
     factory = (lambda target: _progress(err, target)) if err.is_terminal else None
-    results = run_bench(options, compare, factory)
+    try:
+        results = run_bench(options, compare, factory)
+    except Unsupported as exc:
+        err.print(f"broky bench {args.scenario}: not available: {exc}")
+        return 1
     if args.plot:
         from broky.loadtest.plot import plot  # noqa: PLC0415 - optional extra
 

@@ -12,14 +12,13 @@ wrapped with it, client-library ones pass it to ``connect``.
 
 from __future__ import annotations
 
+import itertools
 import selectors
 import socket
 import ssl
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
-from multiprocessing.queues import Queue
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 
@@ -27,23 +26,13 @@ import trio
 
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.subscription import Subscription as ClientSubscription
-from broky.loadtest.histogram import LatencyHistogram
-from broky.protocol.codec import decode_frame, encode_frame, encode_run_chunk, runs_frame_parts
-from broky.protocol.constants import BodyType, SlowConsumerPolicy
-from broky.protocol.frames import Deliver, Notice, Publish, Subscribe, Subscribed
+from broky.loadtest.load import MESSAGE_MARK, Load, MarkCounter, broky_sends
+from broky.protocol.codec import decode_frame, encode_frame
+from broky.protocol.constants import SlowConsumerPolicy
+from broky.protocol.frames import Deliver, Notice, Subscribe, Subscribed
 from broky.protocol.framing import FrameReader, encode_preamble
-from broky.protocol.message import encode_message, pack_sizes
 
 RECEIVE_BYTES = 1 << 20
-
-
-def publish_frame(key: str, payload_size: int, messages_per_run: int) -> bytes:
-    """One Publish frame holding one run of identical messages."""
-    message = encode_message(b"x" * payload_size)
-    chunk = encode_run_chunk(
-        key.encode(), 0, pack_sizes([len(message)] * messages_per_run), message * messages_per_run
-    )
-    return b"".join(runs_frame_parts(BodyType.PUBLISH, 1, [chunk]))
 
 
 def _secure(
@@ -73,11 +62,16 @@ def _receive(sock: socket.socket) -> bytes | None:
         return None
 
 
+def open_publisher(
+    address: tuple[str, int], tls: ssl.SSLContext | None, credentials: Credentials
+) -> socket.socket:
+    """A publisher's socket, Hello sent."""
+    return _open(address, [encode_frame(credentials.hello("bench-pub"))], tls)
+
+
 def raw_publisher(
     address: tuple[str, int],
-    key: str,
-    payload_size: int,
-    messages_per_run: int,
+    load: Load,
     rate: float,
     sent: Synchronized[int],
     stop: Event,
@@ -86,13 +80,13 @@ def raw_publisher(
     tls: ssl.SSLContext | None = None,
     credentials: Credentials = ANONYMOUS,
 ) -> None:
-    """Write pre-encoded Publish frames at ``rate`` messages/s (0: as fast as
-    the broker reads them), until ``stop`` or ``limit`` messages (0: none)."""
-    frame = publish_frame(key, payload_size, messages_per_run)
-    sock = _open(address, [encode_frame(credentials.hello("bench-pub"))], tls)
+    """Write ``load``'s pre-encoded Publish frames at ``rate`` messages/s (0:
+    as fast as the broker reads them), until ``stop`` or ``limit`` messages (0: none)."""
+    buffers = itertools.cycle(broky_sends(load))
+    sock = open_publisher(address, tls, credentials)
     sock.settimeout(0.5)
-    paced_sends(partial(sock.sendall, frame), messages_per_run, rate, sent, stop, limit)
-    _close_gently(sock)
+    paced_sends(lambda: sock.sendall(next(buffers)), load.per_send, rate, sent, stop, limit)
+    close_gently(sock)
 
 
 def paced_sends(
@@ -121,6 +115,20 @@ def paced_sends(
         sent.value = count
 
 
+def read_until(sock: socket.socket, stop: Event, handle: Callable[[bytes], object]) -> None:
+    """Pass what ``sock`` receives to ``handle`` until ``stop`` or EOF
+    (checking ``stop`` at least every 0.1 s)."""
+    sock.settimeout(0.1)
+    while not stop.is_set():
+        try:
+            data = sock.recv(RECEIVE_BYTES)
+        except TimeoutError:
+            continue
+        if not data:
+            return
+        handle(data)
+
+
 def stop_process(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     """Terminate a server we started, by PID; kill it after 5 s."""
     process.terminate()
@@ -131,7 +139,7 @@ def stop_process(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> No
         process.wait()
 
 
-def _close_gently(sock: socket.socket) -> None:
+def close_gently(sock: socket.socket) -> None:
     """Half-close and wait for the broker's EOF: closing a socket with unread
     input (the Welcome) sends a reset, and the broker would lose whatever it
     had not yet read."""
@@ -146,6 +154,48 @@ def _close_gently(sock: socket.socket) -> None:
         sock.close()
 
 
+def open_subscriber(
+    address: tuple[str, int],
+    pattern: str,
+    stream: int,
+    tls: ssl.SSLContext | None,
+    credentials: Credentials,
+) -> socket.socket:
+    """A socket that has sent Hello and a (drop-policy) Subscribe to ``pattern``."""
+    subscribe = Subscribe(stream, pattern.encode(), SlowConsumerPolicy.DROP, 0)
+    hello = credentials.hello("bench-sub")
+    return _open(address, [encode_frame(hello), encode_frame(subscribe)], tls)
+
+
+def _received(sock: socket.socket, size: int) -> bytes:
+    data = sock.recv(size)
+    if not data:
+        raise ConnectionError("the broker closed the subscriber before confirming it")
+    return data
+
+
+def confirmed_subscriber(
+    address: tuple[str, int],
+    pattern: str,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
+) -> socket.socket:
+    """A subscriber socket whose Subscribed has arrived (read up to it: the
+    caller starts its publishers only after this returns, so nothing else
+    has been sent yet)."""
+    sock = open_subscriber(address, pattern, 1, tls, credentials)
+    sock.settimeout(10)
+    preamble = len(encode_preamble())
+    data = b""
+    while len(data) < preamble:
+        data += _received(sock, preamble - len(data))
+    reader = FrameReader(64 << 20)
+    frames: list[memoryview] = []
+    while not any(isinstance(decode_frame(view), Subscribed) for view in frames):
+        frames = reader.feed(_received(sock, RECEIVE_BYTES))
+    return sock
+
+
 def raw_subscribers(
     address: tuple[str, int],
     patterns: Sequence[str],
@@ -157,53 +207,79 @@ def raw_subscribers(
     tls: ssl.SSLContext | None = None,
     credentials: Credentials = ANONYMOUS,
 ) -> None:
-    """One socket per pattern; count delivered and dropped messages per frame."""
+    """One socket per pattern; counts delivered messages by the constant head
+    of every bench message (``bytes.count``: no per-message or per-run Python,
+    so the subscriber keeps up with any broker on any key mix). ``dropped``
+    stays 0: Notices are not parsed here, the broker's own counter reports
+    drops (see ``broker_dropped``)."""
     selector = selectors.DefaultSelector()
-    readers = {}
-    sockets: dict[int, socket.socket] = {}
-    for stream, pattern in enumerate(patterns, start=1):
-        sock = _open(
-            address,
-            [
-                encode_frame(credentials.hello("bench-sub")),
-                encode_frame(Subscribe(stream, pattern.encode(), SlowConsumerPolicy.DROP, 0)),
-            ],
-            tls,
-        )
+    counters: dict[int, tuple[socket.socket, MarkCounter]] = {}
+    for pattern in patterns:
+        sock = confirmed_subscriber(address, pattern, tls, credentials)
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ)
-        readers[sock] = [FrameReader(64 << 20), False]
-        sockets[sock.fileno()] = sock
-    ready_count = 0
+        counters[sock.fileno()] = (sock, MarkCounter(MESSAGE_MARK))
+    ready.set()
     while not stop.is_set():
         for key, _ in selector.select(0.1):
-            sock = sockets[key.fd]
+            sock, counter = counters[key.fd]
             data = _receive(sock)
             if data is None:
                 continue
             if not data:
                 selector.unregister(sock)
                 continue
-            state = readers[sock]
-            reader = state[0]
-            assert isinstance(reader, FrameReader)
-            if not state[1]:
-                data = data[8:]  # the broker's preamble
-                state[1] = True
-            count = 0
-            for view in reader.feed(data):
-                frame = decode_frame(view)
-                if isinstance(frame, (Deliver, Publish)):
-                    count += sum(run.count for run in frame.runs)
-                elif isinstance(frame, Notice):
-                    dropped.value += frame.count
-                elif isinstance(frame, Subscribed):
-                    ready_count += 1
-                    if ready_count == len(patterns):
-                        ready.set()
-            received.value += count
-    for sock in sockets.values():
+            received.value += counter.feed(data)
+    for sock, _ in counters.values():
         sock.close()
+
+
+def client_receiver(
+    address: tuple[str, int],
+    patterns: Sequence[str],
+    received: Synchronized[int],
+    dropped: Synchronized[int],
+    ready: Event,
+    stop: Event,
+    *,
+    batches: bool = False,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
+) -> None:
+    """Receive through ``broky.Client``: iterate per message, or with
+    ``batches`` through ``Subscription.batches()``; ``dropped`` counts what
+    the broker said it dropped for the subscription."""
+
+    total = 0
+
+    async def consume(subscription: ClientSubscription) -> None:
+        nonlocal total
+        try:
+            if batches:
+                async for batch in subscription.batches():  # type: ignore[attr-defined]
+                    total += len(batch)
+                    received.value = total
+            else:
+                async for _ in subscription:
+                    total += 1
+                    if not total & 255:
+                        received.value = total
+        finally:
+            received.value = total
+            dropped.value = subscription.dropped_by_broker
+
+    async def run() -> None:
+        async with (
+            credentials.connect(f"{address[0]}:{address[1]}", "bench-receiver", tls) as client,
+            trio.open_nursery() as nursery,
+        ):
+            for pattern in patterns:
+                nursery.start_soon(consume, await client.subscribe(pattern))
+            ready.set()
+            await trio.to_thread.run_sync(stop.wait, abandon_on_cancel=True)
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
 
 
 def client_publisher(
@@ -213,11 +289,13 @@ def client_publisher(
     rate: float,
     sent: Synchronized[int],
     stop: Event,
+    limit: int = 0,
     *,
     tls: ssl.SSLContext | None = None,
     credentials: Credentials = ANONYMOUS,
 ) -> None:
-    """Publish through the client library at ``rate`` messages/s (0: flat out)."""
+    """Publish through the client library at ``rate`` messages/s (0: flat
+    out), in rounds of 500, until ``stop`` or ``limit`` messages (0: none)."""
 
     async def run() -> None:
         payload = b"x" * payload_size
@@ -226,7 +304,7 @@ def client_publisher(
         async with credentials.connect(
             f"{address[0]}:{address[1]}", "bench-client-pub", tls
         ) as client:
-            while not stop.is_set():
+            while not stop.is_set() and not (limit and count >= limit):
                 for _ in range(500):
                     await client.publish(key, payload)
                 count += 500
@@ -297,83 +375,3 @@ def slow_subscriber(
                 ready.set()
         time.sleep(pause)
     sock.close()
-
-
-def latency_publisher(
-    address: tuple[str, int],
-    key: str,
-    payload_size: int,
-    rate: float,
-    sent: Synchronized[int],
-    stop: Event,
-    limit: int = 0,
-    *,
-    tls: ssl.SSLContext | None = None,
-    credentials: Credentials = ANONYMOUS,
-) -> None:
-    """Publish through the client library at a fixed ``rate``, each message
-    stamped with ``ts_producer`` = the time it was *due* (ns since the epoch).
-
-    Stamping the due time, not the send time, avoids coordinated omission: if
-    the publisher (or the broker pushing back on it) falls behind, the
-    messages sent late carry that delay in their latency instead of hiding
-    it. Every message due by now is published before the next sleep.
-    """
-
-    async def run() -> None:
-        payload = b"x" * payload_size
-        period_ns = round(1e9 / rate)
-        count = 0
-        async with credentials.connect(
-            f"{address[0]}:{address[1]}", "bench-latency-pub", tls
-        ) as client:
-            epoch_offset = time.time_ns() - round(trio.current_time() * 1e9)
-            due = round(trio.current_time() * 1e9)
-            while not stop.is_set() and not (limit and count >= limit):
-                now = round(trio.current_time() * 1e9)
-                while due <= now and not (limit and count >= limit):
-                    await client.publish(key, payload, ts_producer=due + epoch_offset)
-                    due += period_ns
-                    count += 1
-                sent.value = count
-                await trio.sleep_until(due / 1e9)
-            await client.flush()
-
-    trio.run(run)
-
-
-def latency_subscriber(
-    address: tuple[str, int],
-    patterns: Sequence[str],
-    received: Synchronized[int],
-    results: Queue[bytes],
-    ready: Event,
-    stop: Event,
-    *,
-    tls: ssl.SSLContext | None = None,
-    credentials: Credentials = ANONYMOUS,
-) -> None:
-    """Subscribe through the client library and record, per message, now -
-    ts_producer in an HDR histogram; put its encoding on ``results`` at the end."""
-    histogram = LatencyHistogram()
-
-    async def consume(subscription: ClientSubscription) -> None:
-        record = histogram.record
-        async for message in subscription:
-            record(time.time_ns() - message.ts_producer)
-            received.value += 1
-
-    async def run() -> None:
-        async with (
-            credentials.connect(f"{address[0]}:{address[1]}", "bench-latency-sub", tls) as client,
-            trio.open_nursery() as nursery,
-        ):
-            for pattern in patterns:
-                subscription = await client.subscribe(pattern)
-                nursery.start_soon(consume, subscription)
-            ready.set()
-            await trio.to_thread.run_sync(stop.wait, abandon_on_cancel=True)
-            nursery.cancel_scope.cancel()
-
-    trio.run(run)
-    results.put(histogram.encode())

@@ -2,32 +2,33 @@
 drive it with minimal raw-socket clients (no client libraries).
 
 Each peer mirrors ``loadgen.raw_publisher`` / ``loadgen.raw_subscribers``:
-publishers write ready-made batches of ``messages_per_run`` publishes with one
-``sendall``; subscribers count messages without parsing payloads. Supported:
-nats-server (NATS text protocol), redis-server (RESP PUBLISH/SUBSCRIBE) and
-mosquitto (MQTT 3.1.1, QoS 0). Servers run as child processes and are
-stopped by PID. Only literal keys are compared (no wildcards: the three
-spell them differently).
+publishers write the same ``Load`` (one publish command per message, in the
+same ``sendall`` batches); subscribers count messages without parsing
+payloads. Supported: nats-server (NATS text protocol), redis-server (RESP
+PUBLISH, SUBSCRIBE and PSUBSCRIBE) and mosquitto (MQTT 3.1.1, QoS 0).
+Servers run as child processes and are stopped by PID. Wildcard patterns
+are translated where the peer has an equivalent (``peer_pattern``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import socket
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Final
 
-from broky.loadtest.loadgen import paced_sends, stop_process
+from broky.loadtest.load import Load, MarkCounter, stamped_payload
+from broky.loadtest.loadgen import paced_sends, read_until, stop_process
 
 #: Peer name -> the Debian package's server binary.
 PEERS: Final = {"nats": "nats-server", "redis": "redis-server", "mosquitto": "mosquitto"}
@@ -39,7 +40,8 @@ def installed_peers() -> list[str]:
     return [name for name, binary in PEERS.items() if shutil.which(binary)]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -48,7 +50,7 @@ def _free_port() -> int:
 @contextmanager
 def peer_server(name: str) -> Iterator[tuple[int, tuple[str, int]]]:
     """Start ``name`` on a free 127.0.0.1 port; yield (pid, address); stop it by PID."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix=f"broky-bench-{name}-") as workdir:
         if name == "nats":
             command = ["nats-server", "-a", "127.0.0.1", "-p", str(port)]
@@ -104,18 +106,42 @@ def _mqtt_connect(client_id: str) -> bytes:
                         + _mqtt_string(client_id))  # fmt: skip
 
 
-def publish_batch(peer: str, key: str, payload_size: int, count: int) -> bytes:
-    """``count`` publishes of a ``payload_size``-byte payload on ``key``."""
-    payload = b"x" * payload_size
+def peer_pattern(peer: str, pattern: str) -> str | None:
+    """``pattern`` (Broky syntax) in ``peer``'s syntax, or None if it has no
+    equivalent here: NATS spells wildcards as Broky does, Redis's PSUBSCRIBE
+    ``*`` matches across dots (so a final ``>`` becomes ``*``), and MQTT
+    keys are compared literally only."""
+    wildcard = "*" in pattern.split(".") or pattern.endswith(">")
+    if peer == "nats" or not wildcard:
+        return pattern
+    if peer == "redis" and pattern.endswith(".>") and "*" not in pattern.split("."):
+        return pattern[:-1] + "*"
+    return None
+
+
+def publish_command(peer: str, key: str, payload: bytes) -> bytes:
+    """One publish of ``payload`` on ``key`` in ``peer``'s protocol."""
     if peer == "nats":
-        one = b"PUB %s %d\r\n%s\r\n" % (key.encode(), payload_size, payload)
-    elif peer == "redis":
-        one = b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-            len(key), key.encode(), payload_size, payload
+        return b"PUB %s %d\r\n%s\r\n" % (key.encode(), len(payload), payload)
+    if peer == "redis":
+        return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+            len(key), key.encode(), len(payload), payload
         )  # fmt: skip
-    else:
-        one = _mqtt_packet(0x30, _mqtt_string(key) + payload)
-    return one * count
+    return _mqtt_packet(0x30, _mqtt_string(key) + payload)
+
+
+def peer_sends(peer: str, load: Load) -> list[bytes]:
+    """``load``'s ``sendall`` buffers in ``peer``'s protocol: one publish
+    command per message (the peers have no multi-message frame)."""
+    payload = b"x" * load.size
+    commands: dict[str, bytes] = {}
+    return [
+        b"".join(
+            commands.get(key) or commands.setdefault(key, publish_command(peer, key, payload))
+            for key in keys
+        )
+        for keys in load.sends()
+    ]
 
 
 def _handshake(peer: str, sock: socket.socket, name: str) -> None:
@@ -151,20 +177,18 @@ def _drain(sock: socket.socket, stop: Event) -> None:
 def peer_publisher(
     peer: str,
     address: tuple[str, int],
-    key: str,
-    payload_size: int,
-    messages_per_run: int,
+    load: Load,
     rate: float,
     sent: Synchronized[int],
     stop: Event,
     limit: int = 0,
 ) -> None:
     """Like ``loadgen.raw_publisher``, for a peer broker."""
-    batch = publish_batch(peer, key, payload_size, messages_per_run)
+    buffers = itertools.cycle(peer_sends(peer, load))
     sock = _connect(peer, address, "bench-pub")
     drain = threading.Thread(target=_drain, args=(sock, stop), daemon=True)
     drain.start()
-    paced_sends(partial(sock.sendall, batch), messages_per_run, rate, sent, stop, limit)
+    paced_sends(lambda: sock.sendall(next(buffers)), load.per_send, rate, sent, stop, limit)
     # Half-close and let the server finish: closing with unread replies
     # would reset the connection and lose publishes it has not read yet.
     with contextlib.suppress(OSError):
@@ -173,22 +197,55 @@ def peer_publisher(
     sock.close()
 
 
+def _subscribed(peer: str, address: tuple[str, int], pattern: str, name: str) -> socket.socket:
+    """A socket subscribed to ``pattern`` (Broky syntax), once ``peer`` confirmed it."""
+    sock = _connect(peer, address, name)
+    native = peer_pattern(peer, pattern)
+    if native is None:
+        raise ValueError(f"{peer} has no equivalent of the pattern {pattern!r}")
+    if peer == "nats":
+        sock.sendall(b"SUB %s 1\r\nPING\r\n" % native.encode())
+        while b"PONG" not in sock.recv(4096):
+            pass
+    elif peer == "redis":
+        command = b"PSUBSCRIBE" if "*" in native else b"SUBSCRIBE"
+        sock.sendall(b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+            len(command), command, len(native), native.encode()))  # fmt: skip
+        while b"subscribe" not in sock.recv(4096):
+            pass
+    else:
+        sock.sendall(_mqtt_packet(0x82, b"\x00\x01" + _mqtt_string(native) + b"\x00"))
+        if sock.recv(5)[:1] != b"\x90":
+            raise RuntimeError("mosquitto refused the MQTT SUBSCRIBE")
+    return sock
+
+
+def stamped_ends(
+    peer: str, address: tuple[str, int], key: str, size: int
+) -> tuple[Callable[[], socket.socket], bytes, Callable[[], socket.socket]]:
+    """Like ``latency.raw_latency_ends``, for a peer broker."""
+    return (
+        lambda: _connect(peer, address, "bench-latency-pub"),
+        publish_command(peer, key, stamped_payload(size)),
+        lambda: _subscribed(peer, address, key, "bench-latency-sub"),
+    )
+
+
 class _Counter:
     """Counts messages in a peer's byte stream, across reads."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, pattern: str) -> None:
         self.peer = peer
+        # Payloads are all "x", so the marker only ever starts a message.
+        psubscribe = "*" in (peer_pattern(peer, pattern) or "")
+        marker = b"$8\r\npmessage\r\n" if psubscribe else b"$7\r\nmessage\r\n"
+        self.marks = MarkCounter(b"MSG " if peer == "nats" else marker)
         self.tail = b""
-        self.marker = b"MSG " if peer == "nats" else b"$7\r\nmessage\r\n"
 
     def feed(self, data: bytes) -> int:
         if self.peer == "mosquitto":
             return self._mqtt(data)
-        # Payloads are all "x", so the marker only ever starts a message.
-        buffer = self.tail + data
-        keep = len(self.marker) - 1
-        self.tail = buffer[-keep:]
-        return buffer.count(self.marker) - self.tail.count(self.marker)
+        return self.marks.feed(data)
 
     def _mqtt(self, data: bytes) -> int:
         buffer = self.tail + data
@@ -225,22 +282,9 @@ def peer_subscribers(
     """Like ``loadgen.raw_subscribers``, for a peer broker (one socket per key;
     ``dropped`` stays 0: the peers do not report drops to subscribers)."""
     sockets = []
-    for index, key in enumerate(patterns):
-        sock = _connect(peer, address, f"bench-sub-{index}")
-        if peer == "nats":
-            sock.sendall(b"SUB %s %d\r\nPING\r\n" % (key.encode(), index + 1))
-            while b"PONG" not in sock.recv(4096):
-                pass
-        elif peer == "redis":
-            sock.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(key), key.encode()))
-            while b"subscribe" not in sock.recv(4096):
-                pass
-        else:
-            sock.sendall(_mqtt_packet(0x82, b"\x00\x01" + _mqtt_string(key) + b"\x00"))
-            if sock.recv(5)[:1] != b"\x90":
-                raise RuntimeError("mosquitto refused the MQTT SUBSCRIBE")
-        sock.settimeout(0.1)
-        sockets.append((sock, _Counter(peer)))
+    for index, pattern in enumerate(patterns):
+        sock = _subscribed(peer, address, pattern, f"bench-sub-{index}")
+        sockets.append((sock, _Counter(peer, pattern)))
     ready.set()
     threads = [
         threading.Thread(target=_count, args=(sock, counter, received, stop), daemon=True)
@@ -260,15 +304,11 @@ _count_lock = threading.Lock()
 def _count(
     sock: socket.socket, counter: _Counter, received: Synchronized[int], stop: Event
 ) -> None:
-    while not stop.is_set():
-        try:
-            data = sock.recv(RECEIVE_BYTES)
-        except TimeoutError:
-            continue
-        if not data:
-            return
+    def handle(data: bytes) -> None:
         if counter.peer == "nats" and b"PING\r\n" in data:
             sock.sendall(b"PONG\r\n")
         count = counter.feed(data)
         with _count_lock:
             received.value += count
+
+    read_until(sock, stop, handle)

@@ -17,45 +17,44 @@ import trio
 
 from broky import Config, SlowConsumerPolicy
 from broky.loadtest import loadgen
+from broky.loadtest.load import Load
 from broky.protocol.frames import Subscribe, Subscribed
 from tests.conftest import RawConnection, StartBroker, eventually, raw_connection
 
 #: Spawned, not forked: this process runs trio and pytest-timeout's thread.
 CONTEXT = multiprocessing.get_context("spawn")
 PUBLISHERS = 4
-MESSAGES_PER_PUBLISHER = 250_000
-MESSAGES_PER_FRAME = 100
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("with_stalled", [False, True], ids=["alone", "beside-a-stalled-one"])
+@pytest.mark.parametrize(
+    ("load", "per_publisher", "with_stalled"),
+    [
+        (Load(), 250_000, False),
+        (Load(), 250_000, True),
+        # 1,000 keys cycled one message at a time: a far slower broker, as
+        # real traffic (device or order ids) makes it; still nothing lost.
+        (Load(keys=1000, run=1), 25_000, False),
+    ],
+    ids=["one-key", "one-key-beside-a-stalled-one", "1000-keys"],
+)
 async def test_flat_out_fan_in_loses_nothing_for_a_subscriber_that_keeps_up(
-    start_broker: StartBroker, with_stalled: bool
+    start_broker: StartBroker, load: Load, per_publisher: int, with_stalled: bool
 ) -> None:
     broker = await start_broker(Config(port=0))
     assert broker.address is not None
-    total = PUBLISHERS * MESSAGES_PER_PUBLISHER
     received = CONTEXT.Value("q", 0, lock=False)
     noticed = CONTEXT.Value("q", 0, lock=False)
     ready, stop = CONTEXT.Event(), CONTEXT.Event()
     subscriber = CONTEXT.Process(
         target=loadgen.raw_subscribers,
-        args=(broker.address, ["sat.data"], received, noticed, ready, stop),
+        args=(broker.address, [load.pattern], received, noticed, ready, stop),
     )
     sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(PUBLISHERS)]
     publishers = [
         CONTEXT.Process(
             target=loadgen.raw_publisher,
-            args=(
-                broker.address,
-                "sat.data",
-                100,
-                MESSAGES_PER_FRAME,
-                0,
-                counter,
-                stop,
-                MESSAGES_PER_PUBLISHER,
-            ),
+            args=(broker.address, load, 0, counter, stop, per_publisher),
         )
         for counter in sent
     ]
@@ -68,7 +67,9 @@ async def test_flat_out_fan_in_loses_nothing_for_a_subscriber_that_keeps_up(
                         raw_connection(broker, receive_buffer=4096)
                     )
                     await stalled.handshake("stalled")
-                    await stalled.send_frame(Subscribe(1, b"sat.data", SlowConsumerPolicy.DROP, 0))
+                    await stalled.send_frame(
+                        Subscribe(1, load.pattern.encode(), SlowConsumerPolicy.DROP, 0)
+                    )
                     assert await stalled.receive_frame() == Subscribed(1)
                 subscriber.start()
                 assert await trio.to_thread.run_sync(ready.wait, 30)
@@ -77,7 +78,8 @@ async def test_flat_out_fan_in_loses_nothing_for_a_subscriber_that_keeps_up(
                 for publisher in publishers:
                     await trio.to_thread.run_sync(publisher.join, 60)
                     assert publisher.exitcode == 0
-                assert sum(counter.value for counter in sent) == total
+                total = sum(counter.value for counter in sent)
+                assert total >= PUBLISHERS * per_publisher
                 await eventually(lambda: broker.statistics().router.published_messages == total)
                 await _until_settled(lambda: received.value, total)
                 stats = broker.statistics().router
@@ -89,7 +91,6 @@ async def test_flat_out_fan_in_loses_nothing_for_a_subscriber_that_keeps_up(
                 if process.is_alive():
                     process.kill()
     assert received.value == total
-    assert noticed.value == 0
     if with_stalled:
         # The stalled subscriber alone lost messages: everything it missed
         # is counted against it, nothing against the one that kept up.

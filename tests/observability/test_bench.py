@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks.bench_core import pump_command
+from broky.client.subscription import Subscription
+from broky.loadtest.bench import BenchOptions, run_scenario
 from broky.loadtest.peers import PEERS
+from broky.loadtest.servers import server_process
 
 
 def bench(*args: str, timeout: float = 60) -> list[dict[str, Any]]:
@@ -30,7 +34,10 @@ def test_fan_in_json_counts_every_message() -> None:
     assert result["delivered"] == 4000
     assert result["published_per_s"] > 0
     assert result["delivered_per_s"] > 0
-    assert result["dropped_notified"] == 0
+    assert result["expected"] == 4000
+    assert result["lost"] == 0
+    assert result["lossless"] is True
+    assert result["broker_dropped"] == 0
 
 
 def test_fan_out_factor_follows_subscribe(tmp_path: Path) -> None:
@@ -42,6 +49,8 @@ def test_fan_out_factor_follows_subscribe(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result["subscribers"] == 3
     assert result["delivered"] == 2000  # x.y matches nothing
+    assert result["expected"] == 2000
+    assert result["lost"] == 0
     assert plot.stat().st_size > 1000
 
 
@@ -62,3 +71,85 @@ def test_compare_runs_every_installed_peer() -> None:
     for result in results:
         assert result["published"] == 2000, result["target"]
         assert result["delivered"] == 2000, result["target"]
+
+
+def test_many_keys_and_one_message_per_frame_count_every_message() -> None:
+    (keys,) = bench("fan-in", "--number", "2", "--count", "2000", "--keys", "1000", "--run", "1",
+                    "--frame", "100")  # fmt: skip
+    (unbatched,) = bench("fan-in", "--number", "1", "--count", "500", "--run", "1", "--frame", "1")
+    assert (keys["keys"], keys["messages_per_run"], keys["messages_per_frame"]) == (1000, 1, 100)
+    assert keys["delivered"] == keys["expected"] == 4000
+    assert unbatched["messages_per_frame"] == 1
+    assert unbatched["delivered"] == unbatched["expected"] == 500
+
+
+# --- benchmarks.bench_core: every row once, tiny, against Broky (and installed peers) ---
+
+ROWS = (
+    "fanin", "fanin_keys", "fanin_unbatched", "fanout", "latency_5k_raw", "latency_50k_raw",
+    "latency_5k_client", "latency_50k_client", "receive", "receive_batches", "fanin_client",
+    "durable",
+)  # fmt: skip
+LOSS_FIELDS = ("published", "delivered", "expected", "lost", "loss_pct", "lossless")
+
+
+@pytest.fixture(scope="module")
+def core_rows() -> list[dict[str, Any]]:
+    targets = ["broky", "pump", *(name for name, binary in PEERS.items() if shutil.which(binary))]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_core", "--duration", "0.3", "--warmup", "0.1",
+         "--max-steps", "1", "--workers", "1", "--targets", ",".join(targets),
+         *(arg for row in ROWS for arg in ("--scenario", row))],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_core_row_reports_loss(core_rows: list[dict[str, Any]], row: str) -> None:
+    (result,) = [r for r in core_rows if r.get("row", "").startswith(row) and
+                 r.get("target") == "broky" and r.get("kind") == "flat_out"
+                 and (row == "durable" or r["row"] == row)][:1]  # fmt: skip
+    if result.get("available") is False:
+        assert row == "receive_batches"
+        assert not hasattr(Subscription, "batches")
+        assert "not available" in result["reason"]
+        return
+    if row == "durable":
+        assert result["published"] > 0
+        assert result["lost"] == result["published"] - result["acked"]
+        return
+    assert all(field in result for field in LOSS_FIELDS), result
+    assert result["published"] > 0
+    assert result["lost"] == max(result["expected"] - result["delivered"], 0)
+    assert result["lossless"] == (result["lost"] == 0)
+    assert result["broker_dropped"] is not None
+    if row.startswith("latency"):
+        assert result["latency_samples"] == result["delivered"]
+        assert result["latency"]["p50_us"] <= result["latency"]["p99.9_us"]
+        assert result["server_cpu_us_per_message"] is not None
+
+
+def test_core_rows_compare_peers_in_the_same_run(core_rows: list[dict[str, Any]]) -> None:
+    peers = [name for name, binary in PEERS.items() if shutil.which(binary) and name != "mosquitto"]
+    if not peers:
+        pytest.skip("neither nats-server nor redis-server is installed")
+    ran = {(r["target"], r["row"]) for r in core_rows if r.get("kind") == "flat_out"}
+    for peer in peers:
+        for row in ("fanin", "fanin_keys", "fanin_unbatched", "fanout", "latency_5k_raw"):
+            assert (peer, row) in ran
+    fanin = next(r for r in core_rows if r.get("target") == "broky" and r.get("row") == "fanin")
+    assert f"ratio_to_{peers[0]}" in fanin
+    (summary,) = [r for r in core_rows if r.get("summary") == "core"]
+    assert summary["rows"]["fanin"]["loss_pct"] == fanin["loss_pct"]
+
+
+def test_pump_forwards_every_frame_including_the_first() -> None:
+    """The pump is the ceiling every row divides by: it must not lose the
+    Publish frame that arrives with the Hello."""
+    options = BenchOptions(scenario="fan-in", number=2, count=300, run=100)
+    with server_process(pump_command()) as server:
+        result = run_scenario(options, "pump", server)
+    assert result["published"] == 600
+    assert result["delivered"] == result["expected"] == 600
