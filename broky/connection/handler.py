@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import select
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -177,9 +178,13 @@ class ServerConnection:
         #: The socket for direct writes (-1: none, e.g. TLS or in-process,
         #: or once the connection is closing).
         self._direct_fd = _direct_fd(stream)
+        #: The socket under any TLS, to ask whether it has room (-1: none).
+        self._socket_fd = _direct_fd(getattr(stream, "transport_stream", stream))
         #: Bytes a direct write left unsent; the writer sends them first.
         self._unsent = b""
         self._outlet = router.attach(self._wake)
+        if self._socket_fd >= 0:
+            self._outlet.writable = self._socket_has_room
         self._send_scope: trio.CancelScope | None = None
         #: When the last complete frame arrived: liveness counts frames, not
         #: bytes, so a peer trickling bytes is not kept alive by them.
@@ -205,6 +210,16 @@ class ServerConnection:
             self._send_scope.deadline = min(
                 self._send_scope.deadline, trio.current_time() + CLOSE_TIMEOUT
             )
+
+    def _socket_has_room(self) -> bool:
+        """Whether the kernel would take more bytes on this socket now (for
+        broky.router.pressure: a full send buffer means the peer does not read)."""
+        if self._socket_fd < 0:
+            return False
+        try:
+            return bool(select.select([], [self._socket_fd], [], 0)[1])
+        except (OSError, ValueError):
+            return False
 
     def _write_directly(self) -> None:
         """Send what the outlet holds with one non-blocking write, from the
@@ -252,7 +267,8 @@ class ServerConnection:
                 if self._outlet.failure is None:
                     nursery.cancel_scope.cancel()
         finally:
-            self._direct_fd = -1  # the descriptor's number may be reused once closed
+            # The descriptor's number may be reused once closed.
+            self._direct_fd = self._socket_fd = -1
             # Free the unfinished frame and everything queued now: the
             # connection object may live on (a log record, an observer's
             # list), but none of its buffers may (docs/architecture.md, Memory).

@@ -347,6 +347,9 @@ class Outlet:
         #: When the writer's current socket write began (-1: not writing);
         #: set by the connection's writer task.
         self.write_started = -1.0
+        #: Asks the connection whether its socket has room for more bytes
+        #: (None: it cannot tell, e.g. an in-process pipe).
+        self.writable: Callable[[], bool] | None = None
         #: Bound of ``pending_bytes`` (0: none; links have only per-subscription bounds).
         self.max_pending_bytes = max_pending_bytes
         #: Bytes queued across this connection's subscriptions: the sum of
@@ -431,6 +434,10 @@ class Outlet:
         self.write_started = -1.0
         if self.slow and seconds < WRITE_STALL_SECONDS / 2:
             self.slow = False
+
+    def socket_has_room(self) -> bool:
+        """Whether the connection's socket would take more bytes now."""
+        return self.writable is not None and self.writable()
 
     @property
     def deliverable(self) -> bool:

@@ -10,7 +10,9 @@ high-water mark belongs to a subscriber that *drains*: TCP then slows the
 publishers, and nothing is lost.
 
 A subscriber that does not drain never pauses anyone for long: one whose
-socket write has been blocked for ``WRITE_STALL_SECONDS`` is marked slow and
+socket write has been blocked for ``WRITE_STALL_SECONDS`` while its socket
+has no room (the kernel's send buffer is full: the peer does not read), or
+for ``MAX_WRITE_STALL_SECONDS`` in any case, is marked slow and
 ignored until a write of its completes in half that time again (its socket
 drains again: it was starved of CPU for a moment, not slow) or it leaves the
 pressure; one without flow-control credit has nothing deliverable, so it is
@@ -35,6 +37,10 @@ WRITE_STALL_SECONDS: Final = 0.1
 #: Longest a paused reader sleeps before it looks again: credit running out
 #: changes what is deliverable without an event of its own.
 RECHECK_SECONDS: Final = 0.01
+#: A write blocked past WRITE_STALL_SECONDS whose socket still has room is
+#: waiting for the event loop, not for the subscriber (readers were busy
+#: with big batches): it gets this long before it counts as slow anyway.
+MAX_WRITE_STALL_SECONDS: Final = 1.0
 
 
 class Pressing(Protocol):
@@ -49,6 +55,10 @@ class Pressing(Protocol):
     @property
     def deliverable(self) -> bool:
         """Whether it has runs its writer may send now (within credit)."""
+        ...
+
+    def socket_has_room(self) -> bool:
+        """Whether its socket would take more bytes now (False if unknown)."""
         ...
 
 
@@ -87,16 +97,23 @@ class Pressure:
             if outlet.slow:
                 continue
             started = outlet.write_started
-            if started >= 0 and now - started >= WRITE_STALL_SECONDS:
+            blocked = now - started if started >= 0 else 0.0
+            if blocked >= WRITE_STALL_SECONDS and (
+                blocked >= MAX_WRITE_STALL_SECONDS or not outlet.socket_has_room()
+            ):
                 outlet.slow = True
                 continue
             if started < 0 and not outlet.deliverable:
                 continue  # waiting for credit: its application is the slow part
-            left = WRITE_STALL_SECONDS - (now - started) if started >= 0 else RECHECK_SECONDS
+            # Look again when this write would count as slow, or sooner.
+            threshold = (
+                WRITE_STALL_SECONDS if blocked < WRITE_STALL_SECONDS else (MAX_WRITE_STALL_SECONDS)
+            )
+            left = threshold - blocked if started >= 0 else RECHECK_SECONDS
             wait = left if wait is None else min(wait, left)
         if wait is None:
             return None
-        return min(wait, RECHECK_SECONDS)
+        return max(min(wait, RECHECK_SECONDS), 0.001)
 
     def on_relief(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` once, at the next relief (a paused reader's event)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from broky.protocol.constants import SlowConsumerPolicy
 from broky.protocol.frames import Run
 from broky.protocol.message import encode_message, pack_sizes
-from broky.router.pressure import RECHECK_SECONDS, WRITE_STALL_SECONDS
+from broky.router.pressure import MAX_WRITE_STALL_SECONDS, RECHECK_SECONDS, WRITE_STALL_SECONDS
 from broky.router.router import Router, RouterLimits
 from tests.router.test_router import Peer
 
@@ -99,3 +99,18 @@ def test_a_closed_connection_leaves_the_pressure() -> None:
     router.detach(peer.outlet)
     assert not router.pressure.outlets
     assert router.pressure.wait_seconds(now=0.0) is None
+
+
+def test_a_blocked_write_whose_socket_has_room_waits_for_the_loop_not_the_peer() -> None:
+    # Readers busy with big batches can keep a writer from the loop for
+    # longer than the stall: its socket still has room, the peer reads.
+    router = _router()
+    peer = _subscribe(router)
+    while not router.pressure.outlets:
+        _publish(router, b"p.x", 1000)
+    peer.outlet.writable = lambda: True
+    peer.outlet.write_started = 10.0
+    assert router.pressure.wait_seconds(now=10.0 + 2 * WRITE_STALL_SECONDS) is not None
+    assert not _slow(peer)
+    assert router.pressure.wait_seconds(now=10.01 + MAX_WRITE_STALL_SECONDS) is None
+    assert _slow(peer)  # however much room: a write that long is a slow peer
