@@ -1,9 +1,10 @@
 """Client subscriptions: credit-based iterators over the runs the broker delivers.
 
 The client's reader task hands each subscription whole runs (``_deliver``);
-the consumer's task decodes a run only when iteration reaches it, and returns
-flow-control credit as it consumes runs. ``PendingSubscription`` is what
-``Client.subscribe`` returns before the broker has confirmed.
+the consumer's task decodes runs only when iteration reaches them
+(``decoding.py``), and returns flow-control credit as it consumes runs.
+``PendingSubscription`` is what ``Client.subscribe`` returns before the
+broker has confirmed.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Coroutine, Generator
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 import trio
 
+from broky.client.decoding import decode_delivered_run
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Flow, Frame, Run, Unsubscribe
-from broky.protocol.message import Message, decode_run
+from broky.protocol.message import Message
 
 log = logging.getLogger("broky.client")
 
@@ -44,10 +46,18 @@ class SubscriptionStatistics:
     buffered_messages: int
 
 
-class Subscription:
-    """An open subscription; iterate it with ``async for``.
+#: Messages the per-message iterator decodes at once, in whole runs: one
+#: trio checkpoint per this many (see ``Subscription._decoded``).
+ITERATION_MESSAGES: Final = 256
+#: Default ``max_messages`` of ``Subscription.batches``.
+BATCH_MESSAGES: Final = 4096
 
-    Messages are decoded a run at a time, when the iterator reaches the run,
+
+class Subscription:
+    """An open subscription; iterate it with ``async for``, per message or
+    per batch (``batches``).
+
+    Messages are decoded a few runs at a time, when the iterator reaches them,
     and flow-control credit is returned to the broker as runs are consumed.
     """
 
@@ -87,14 +97,77 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Message:
+        # The common case returns a decoded message without any trio call.
         position = self._position
-        if position < len(self._batch):
+        batch = self._batch
+        if position < len(batch):
             self._position = position + 1
-            return self._batch[position]
-        return await self._next_batch()
+            return batch[position]
+        self._batch = batch = await self._decoded(ITERATION_MESSAGES)
+        self._position = 1
+        return batch[0]
 
-    async def _next_batch(self) -> Message:
-        waited = False
+    def batches(self, max_messages: int = BATCH_MESSAGES) -> Batches:
+        """Iterate in lists of messages: ``async for batch in sub.batches()``.
+
+        Each list holds, in order, what is buffered when it is taken: at
+        least one message (it waits for one) and at most ``max_messages``.
+        One trio checkpoint per batch, none per message. Per-message and
+        batch iteration share one position, so they can be mixed. The list
+        is the caller's to keep.
+        """
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        return Batches(self, max_messages)
+
+    async def _next_batch(self, max_messages: int) -> list[Message]:
+        position, batch = self._position, self._batch
+        if position >= len(batch):
+            batch, position = await self._decoded(max_messages), 0
+        if not position and len(batch) <= max_messages:
+            # Hand the list itself over: the iterator keeps no reference to it.
+            self._batch, self._position = [], 0
+            return batch
+        end = min(position + max_messages, len(batch))
+        self._batch, self._position = batch, end
+        return batch[position:end]
+
+    async def _decoded(self, limit: int) -> list[Message]:
+        """Decode whole buffered runs until ``limit`` messages or none are
+        left, waiting for runs when none are buffered.
+
+        Exactly one checkpoint per call (the wait, or ``checkpoint``), none
+        per message: a consumer that never awaits anything else still lets
+        the reader and the application's other tasks run every ``limit``
+        messages, and the per-message cost stays that of a list index.
+        """
+        runs = self._runs
+        while True:
+            if runs:
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._wait_for_runs()
+            messages: list[Message] = []
+            taken = 0
+            while runs and len(messages) < limit:
+                run = runs.popleft()
+                taken += run.count
+                try:
+                    decoded = decode_delivered_run(run)
+                except RemoteProtocolError as exc:
+                    log.warning("subscription %d: dropped an undecodable run: %s", self.stream, exc)
+                    continue
+                if messages:
+                    messages += decoded
+                else:
+                    messages = decoded
+            self._consumed(taken)
+            if messages:
+                return messages
+
+    async def _wait_for_runs(self) -> None:
+        """Wait until a run is buffered; raise the subscription's error, or
+        StopAsyncIteration once unsubscribed, when none is left."""
         while not self._runs:
             if self._error is not None:
                 raise self._error
@@ -102,26 +175,17 @@ class Subscription:
                 raise StopAsyncIteration
             self._ready = trio.Event()
             await self._ready.wait()
-            waited = True
-        if not waited:
-            await trio.lowlevel.checkpoint()  # one checkpoint per run, not per message
-        run = self._runs.popleft()
-        self._buffered -= run.count
-        self.received += run.count
+
+    def _consumed(self, count: int) -> None:
+        """Count ``count`` messages as taken and return their credit in
+        grants of half the window, so Flow frames stay rare."""
+        self._buffered -= count
+        self.received += count
         if self._credit:
-            self._ungranted += run.count
+            self._ungranted += count
             if self._ungranted * 2 >= self._credit:
                 self._client._send_control(Flow(self.stream, self._ungranted))
                 self._ungranted = 0
-        try:
-            self._batch = decode_run(run)
-        except RemoteProtocolError as exc:
-            log.warning("subscription %d: dropped an undecodable run: %s", self.stream, exc)
-            self._batch = []
-        if not self._batch:
-            return await self._next_batch()
-        self._position = 1
-        return self._batch[0]
 
     def statistics(self) -> SubscriptionStatistics:
         """What this subscription received, lost and holds."""
@@ -146,6 +210,20 @@ class Subscription:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.unsubscribe()
+
+
+class Batches:
+    """The async iterator ``Subscription.batches`` returns: lists of messages."""
+
+    def __init__(self, subscription: Subscription, max_messages: int) -> None:
+        self._subscription = subscription
+        self._max_messages = max_messages
+
+    def __aiter__(self) -> Batches:
+        return self
+
+    async def __anext__(self) -> list[Message]:
+        return await self._subscription._next_batch(self._max_messages)
 
 
 class PendingSubscription:
