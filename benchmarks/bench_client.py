@@ -52,8 +52,9 @@ import trio
 
 import broky
 from broky.loadtest import loadgen
-from broky.loadtest.bench import BenchOptions, broky_command, cpu_seconds, run_scenario
-from broky.loadtest.bench import server_process as server
+from broky.loadtest.bench import BenchOptions, run_scenario
+from broky.loadtest.load import Load
+from broky.loadtest.servers import broky_command, cpu_seconds, server_process
 from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.frames import (
     Deliver,
@@ -124,6 +125,13 @@ def feeder(
                 elif isinstance(frame, Ping):
                     sock.sendall(encode_frame(Pong(frame.nonce)))
     sock.close()
+
+
+@contextmanager
+def _as_pair(command: list[str]) -> Iterator[tuple[int, tuple[str, int]]]:
+    """A Broky server process, as (pid, address) like the feeder."""
+    with server_process(command) as server:
+        yield server.pid, server.address
 
 
 @contextmanager
@@ -229,7 +237,7 @@ def measure_receive(
     upstream = (
         feeder_process(size, per_run, sent, stop_publisher)
         if source == "feeder"
-        else server(broky_command(1))
+        else _as_pair(broky_command(1))
     )
     with tempfile.TemporaryDirectory() as scratch, upstream as (pid, address):
         profile_path = str(Path(scratch) / "subscriber.prof") if profile else ""
@@ -242,7 +250,7 @@ def measure_receive(
             raise RuntimeError("the subscriber was not confirmed within 15 s")
         publisher = CONTEXT.Process(
             target=loadgen.raw_publisher,
-            args=(address, KEY, size, per_run, rate, sent, stop_publisher),
+            args=(address, Load(run=per_run, size=size), rate, sent, stop_publisher),
         )
         if source == "broker":
             publisher.start()
@@ -293,8 +301,8 @@ def measure_latency(rate: float, duration: float, size: int) -> dict[str, Any]:
     """``broky bench latency``: one client publishing one message per call at
     ``rate``, one client subscriber timing each message."""
     options = BenchOptions(scenario="latency", interval=1 / rate, duration=duration, size=size)
-    with server(broky_command(1)) as (pid, address):
-        result = run_scenario(options, "broky", address, pid)
+    with server_process(broky_command(1)) as server:
+        result = run_scenario(options, "broky", server)
     return {
         "scenario": "latency",
         "offered_per_s": round(rate),

@@ -256,7 +256,7 @@ def client_receiver(
         nonlocal total
         try:
             if batches:
-                async for batch in subscription.batches():  # type: ignore[attr-defined]
+                async for batch in subscription.batches():
                     total += len(batch)
                     received.value = total
             else:
