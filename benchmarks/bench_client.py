@@ -10,8 +10,9 @@ Scenarios (100-byte payloads):
   subscriber in another process iterating ``async for message in sub``.
 - ``receive_batch``: the same load, the subscriber iterating ``async for batch
   in sub.batches()``.
-- ``latency``: ``broky bench latency`` at ``--rate`` messages/s, one message
-  per ``publish``, client to client.
+- ``latency``: one client publishing at ``--latency-rate`` messages/s, one
+  message per ``publish`` stamped when called, -> ``broky serve`` -> a client
+  subscriber timing each message as its iterator yields it.
 
 With ``--source feeder`` the receive scenarios replace broker and publisher
 with a feeder process that plays the broker's part of the handshake and then
@@ -52,8 +53,9 @@ import trio
 
 import broky
 from broky.loadtest import loadgen
-from broky.loadtest.bench import BenchOptions, broky_command, cpu_seconds, run_scenario
+from broky.loadtest.bench import broky_command, cpu_seconds
 from broky.loadtest.bench import server_process as server
+from broky.loadtest.histogram import LatencyHistogram
 from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.frames import (
     Deliver,
@@ -289,20 +291,65 @@ def measure_receive(
     return result
 
 
-def measure_latency(rate: float, duration: float, size: int) -> dict[str, Any]:
-    """``broky bench latency``: one client publishing one message per call at
-    ``rate``, one client subscriber timing each message."""
-    options = BenchOptions(scenario="latency", interval=1 / rate, duration=duration, size=size)
+def probe_publisher(
+    address: tuple[str, int], rate: float, sent: Synchronized[int], stop: Event
+) -> None:
+    """Publish through the client library at ``rate``, one message per
+    ``publish`` stamped with the time of that call, yielding after each so
+    that every message leaves on its own (the timer wakes once a millisecond
+    at best, so the messages due meanwhile go out back to back)."""
+
+    async def run() -> None:
+        payload = b"x" * 100
+        period = 1 / rate
+        async with broky.connect(f"{address[0]}:{address[1]}", name="bench-probe-pub") as client:
+            due, count = trio.current_time(), 0
+            while not stop.is_set():
+                while due <= trio.current_time():
+                    await client.publish(KEY, payload, ts_producer=time.time_ns())
+                    await trio.lowlevel.checkpoint()
+                    due += period
+                    count += 1
+                sent.value = count
+                await trio.sleep_until(due)
+
+    trio.run(run)
+
+
+def measure_latency(rate: float, duration: float) -> dict[str, Any]:
+    """From ``publish`` in one client to the iterator of another, through
+    ``broky serve``: HdrHistogram percentiles of the samples after a warm-up."""
+    received, sent = CONTEXT.Value("q", 0, lock=False), CONTEXT.Value("q", 0, lock=False)
+    results: Any = CONTEXT.Queue()
+    ready, stop = CONTEXT.Event(), CONTEXT.Event()
     with server(broky_command(1)) as (pid, address):
-        result = run_scenario(options, "broky", address, pid)
+        consumer = CONTEXT.Process(
+            target=loadgen.latency_subscriber,
+            args=(address, [KEY], received, results, ready, stop),
+        )
+        consumer.start()
+        if not ready.wait(15):
+            raise RuntimeError("the subscriber was not confirmed within 15 s")
+        publisher = CONTEXT.Process(target=probe_publisher, args=(address, rate, sent, stop))
+        start_cpu = cpu_seconds(pid)
+        publisher.start()
+        time.sleep(duration)
+        server_cpu = cpu_seconds(pid) - start_cpu
+        stop.set()
+        histogram = LatencyHistogram.decode(results.get(timeout=15))
+        for process in (publisher, consumer):
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
     return {
         "scenario": "latency",
         "offered_per_s": round(rate),
-        "payload_bytes": size,
-        "published": result["published"],
-        "delivered": result["delivered"],
-        "latency_us": result["latency"],
-        "server_cpu_utilisation": result["server_cpu_utilisation"],
+        "payload_bytes": 100,
+        "published": sent.value,
+        "delivered": received.value,
+        "latency_us": histogram.summary(),
+        "server_cpu_us_per_message": round(server_cpu * 1e6 / max(sent.value, 1), 1),
     }
 
 
@@ -334,7 +381,7 @@ def main() -> None:
     chosen = args.only or ["receive_message", "receive_batch", "latency"]
     for scenario in chosen:
         if scenario == "latency":
-            print(json.dumps(measure_latency(args.latency_rate, args.duration, args.size)))
+            print(json.dumps(measure_latency(args.latency_rate, args.duration)))
             continue
         mode = scenario.removeprefix("receive_")
         for source in ("broker", "feeder") if args.source == "both" else (args.source,):
