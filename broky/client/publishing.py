@@ -260,12 +260,14 @@ class Publisher:
         ``_writer_idle`` stays false, so further messages queue behind and
         batch as before (at most one direct write per writer round). Bytes
         never interleave: a direct write happens only while no ``send_all``
-        is under way, and it sends everything queued, in order.
+        is under way, and it sends everything queued, in order. Acked
+        publishing never writes directly: an acked frame holds everything
+        published until the task yields, and is acked or refused whole.
         """
         if not self._writer_idle:
             return
         self._writer_idle = False
-        if self._send_now is not None and not self._sending:
+        if self._send_now is not None and not self._sending and not self._ack_mode:
             self._close_run()
             self._close_frame()
             data = b"".join(self._frames)

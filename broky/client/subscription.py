@@ -49,8 +49,10 @@ class SubscriptionStatistics:
 #: Messages the per-message iterator decodes at once, in whole runs: one
 #: trio checkpoint per this many (see ``Subscription._decoded``).
 ITERATION_MESSAGES: Final = 256
-#: Default ``max_messages`` of ``Subscription.batches``.
-BATCH_MESSAGES: Final = 4096
+#: Default ``max_messages`` of ``Subscription.batches``: big enough that the
+#: checkpoint per batch costs nothing per message, small enough that a batch's
+#: Messages stay in the CPU cache (4096 measured 30-40% slower per message).
+BATCH_MESSAGES: Final = 512
 
 
 class Subscription:
