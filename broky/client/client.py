@@ -1,21 +1,23 @@
 """The trio client: one connection, its two socket tasks, and what the broker answers.
 
 One connection multiplexes any number of subscriptions and publishes. Two
-background tasks own the socket: the writer (the only task that writes) and
-the reader (the only task that reads). ``publish`` (``publishing.py``)
-encodes the message, adds it to the current run and returns without yielding
-unless the send buffer is full: the writer sends whatever accumulated the
-next time the publishing task yields, so a busy publisher batches naturally
-and an idle one adds no delay. Call ``flush`` to wait until the broker has
-routed everything published. The reader hands delivered runs to their
-``Subscription`` (``subscription.py``); ``tcp.py`` opens TCP and TLS
-connections.
+background tasks own the socket: the writer and the reader (the only task
+that reads). ``publish`` (``publishing.py``) encodes the message, adds it to
+the current run and returns without yielding unless the send buffer is full.
+If the writer is idle with nothing in flight, that first message is written
+at once by the publishing task (one non-blocking send, plain TCP only); the
+writer sends whatever accumulated after it the next time the publishing task
+yields, so a busy publisher batches naturally and an idle one adds no delay.
+Call ``flush`` to wait until the broker has routed everything published.
+The reader hands delivered runs to their ``Subscription``
+(``subscription.py``); ``tcp.py`` opens TCP and TLS connections.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Final
@@ -92,6 +94,7 @@ class Client(Publisher):
         #: The first publish refusal since the last flush (flush raises it).
         self._refused: PublishRefused | None = None
         self.on_error: Callable[[Error], None] = self._log_error
+        self._send_now = _nonblocking_writer(stream)
 
     @classmethod
     @asynccontextmanager
@@ -296,7 +299,9 @@ class Client(Publisher):
                 self._frames = []
                 self._writer_idle = True
                 if data:
+                    self._sending = True
                     await stream.send_all(data)
+                    self._sending = False
                     self._buffered -= len(data)
                     self._update_run_limit()
                 self._space.set()
@@ -436,6 +441,26 @@ class Client(Publisher):
         self._acks_done.set()
         self._welcome.set()
         self._space.set()
+
+
+def _nonblocking_writer(stream: trio.abc.Stream) -> Callable[[bytes], int] | None:
+    """A write that never blocks on a plain TCP stream (POSIX), for
+    ``Publisher._kick``; None for TLS, whose records trio's SSLStream owns.
+
+    It looks the descriptor up on each call, so once the stream is closed it
+    writes nothing (fileno -1) rather than to a reused descriptor.
+    """
+    if os.name != "posix" or not isinstance(stream, trio.SocketStream):
+        return None
+    sock = stream.socket
+
+    def send_now(data: bytes) -> int:
+        try:
+            return os.write(sock.fileno(), data)
+        except OSError:  # would block, or broken: the writer sends it, or reports why not
+            return 0
+
+    return send_now
 
 
 #: Publish-stream errors about messages this client may not send.

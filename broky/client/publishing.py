@@ -4,13 +4,15 @@
 messages with one key) and returns without yielding unless the send buffer is
 full. Runs close into run chunks, chunks into Publish frames, and control
 frames queue behind them (``_send_raw``) so that the order on the wire is the
-order of the calls. The client's writer task sends whatever accumulated the
-next time the publishing task yields.
+order of the calls. When the writer task is idle, the first message or frame
+queued is written at once by the calling task (``_kick``); the rest, until the
+writer has run, accumulates and the writer sends it the next time the
+publishing task yields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import trio
@@ -73,6 +75,12 @@ class Publisher:
         self._set_frame_limit(DEFAULT_MAX_FRAME_BYTES)
         self._writer_idle = True
         self._wake_writer = trio.Event()
+        #: The writer task is inside ``send_all``: nobody else may write.
+        self._sending = False
+        #: Writes without blocking and returns how many bytes it wrote (0
+        #: when it would block or failed: the writer reports failures); None
+        #: when the stream allows no such write (TLS).
+        self._send_now: Callable[[bytes], int] | None = None
         self._space = trio.Event()
         self._stamp = False
         # acked publishing: frames are either all acked or not; acks come in order
@@ -123,9 +131,7 @@ class Publisher:
         self._run_messages.append(message)
         self._run_sizes.append(size)
         self._run_bytes += size
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
+        self._kick()
         if self._run_bytes >= self._run_limit:
             await self._run_full()
 
@@ -221,9 +227,7 @@ class Publisher:
         """
         self._close_run()
         self._close_frame()
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
+        self._kick()
         while self._ack_frames and not self.closed:
             self._acks_done = trio.Event()
             await self._acks_done.wait()
@@ -249,9 +253,34 @@ class Publisher:
         self._close_frame()
         self._frames.append(data)
         self._buffered += len(data)
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
+        self._kick()
+
+    def _kick(self) -> None:
+        """Get what is queued on its way.
+
+        If the writer is idle and has nothing in flight, this task writes it
+        at once (one non-blocking send), so a lone message or control frame
+        does not wait a scheduling round for the writer task. The writer is
+        woken either way: it sends any remainder, and until it has run,
+        ``_writer_idle`` stays false, so further messages queue behind and
+        batch as before (at most one direct write per writer round). Bytes
+        never interleave: a direct write happens only while no ``send_all``
+        is under way, and it sends everything queued, in order. Acked
+        publishing never writes directly: an acked frame holds everything
+        published until the task yields, and is acked or refused whole.
+        """
+        if not self._writer_idle:
+            return
+        self._writer_idle = False
+        if self._send_now is not None and not self._sending and not self._ack_mode:
+            self._close_run()
+            self._close_frame()
+            data = b"".join(self._frames)
+            written = self._send_now(data)
+            self._frames = [data[written:]] if written < len(data) else []
+            self._buffered -= written
+            self._update_run_limit()
+        self._wake_writer.set()
 
     def _send_control(self, frame: Frame) -> None:
         self._send_raw(encode_frame(frame))

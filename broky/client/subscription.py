@@ -49,8 +49,10 @@ class SubscriptionStatistics:
 #: Messages the per-message iterator decodes at once, in whole runs: one
 #: trio checkpoint per this many (see ``Subscription._decoded``).
 ITERATION_MESSAGES: Final = 256
-#: Default ``max_messages`` of ``Subscription.batches``.
-BATCH_MESSAGES: Final = 4096
+#: Default ``max_messages`` of ``Subscription.batches``: big enough that the
+#: checkpoint per batch costs nothing per message, small enough that a batch's
+#: Messages stay in the CPU cache (4096 measured 30-40% slower per message).
+BATCH_MESSAGES: Final = 512
 
 
 class Subscription:
@@ -133,8 +135,8 @@ class Subscription:
         return batch[position:end]
 
     async def _decoded(self, limit: int) -> list[Message]:
-        """Decode whole buffered runs until ``limit`` messages or none are
-        left, waiting for runs when none are buffered.
+        """Decode whole buffered runs up to ``limit`` messages (or one run,
+        however big), waiting for runs when none are buffered.
 
         Exactly one checkpoint per call (the wait, or ``checkpoint``), none
         per message: a consumer that never awaits anything else still lets
@@ -149,7 +151,9 @@ class Subscription:
                 await self._wait_for_runs()
             messages: list[Message] = []
             taken = 0
-            while runs and len(messages) < limit:
+            # Whole runs while they fit, so a batch is sliced only when one
+            # run alone exceeds ``limit``.
+            while runs and (not taken or taken + runs[0].count <= limit):
                 run = runs.popleft()
                 taken += run.count
                 try:

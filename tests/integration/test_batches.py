@@ -136,5 +136,5 @@ async def test_an_exception_in_the_consumer_leaves_the_rest_in_order(
                 await consume()
             rest = [await anext(subscription)]  # per-message iteration picks up after it
             rest += await _take(subscription, COUNT - len(failed) - 1, max_messages=1000)
-    assert len(failed) == 100
+    assert 1 <= len(failed) <= 100
     assert _numbers(failed + rest) == list(range(COUNT))
