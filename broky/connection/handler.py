@@ -23,20 +23,17 @@ from typing import Final
 import attrs
 import trio
 
+from broky.connection.durable_requests import DurableRequests
 from broky.connection.reasons import CloseReason
-from broky.durable.acks import AckQueue
-from broky.durable.replay import Replay
-from broky.durable.store import DurableStore, located_chunk
-from broky.protocol.codec import encode_frame, runs_frame_parts, u32_array
+from broky.durable.store import DurableStore
+from broky.protocol.codec import encode_frame, u32_array
 from broky.protocol.connection import ProtocolMachine, Role, State
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     MIN_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
-    BodyType,
     ErrorCode,
     LinkKind,
-    StartKind,
 )
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
@@ -46,7 +43,6 @@ from broky.protocol.frames import (
     Frame,
     Hello,
     ListPartitions,
-    Partitions,
     Ping,
     Pong,
     Publish,
@@ -64,8 +60,6 @@ from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authentic
 from broky.security.identity import certificate_identities
 from broky.security.quotas import QuotaLedger, TokenBucket
 from broky.security.tls import send_pending_alert
-from broky.storage.errors import OffsetOutOfRangeError
-from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
 log = logging.getLogger("broky.connection")
 
@@ -165,8 +159,6 @@ class ServerConnection:
         #: Why the Hello will be refused whatever it says (max_connections reached).
         self.refusal: tuple[ErrorCode, str] | None = None
         self._router = router
-        self._store = store
-        self._acks: AckQueue | None = None
         self._settings = settings
         self._counters = counters
         self.peer = peer
@@ -183,6 +175,7 @@ class ServerConnection:
         #: Bytes a direct write left unsent; the writer sends them first.
         self._unsent = b""
         self._outlet = router.attach(self._wake)
+        self._durable = DurableRequests(router, self._outlet, store, self._subscribe_refusal)
         if self._socket_fd >= 0:
             self._outlet.writable = self._socket_has_room
         self._send_scope: trio.CancelScope | None = None
@@ -393,9 +386,9 @@ class ServerConnection:
                     router.run_direct_writes()
                 if pressure.outlets:
                     await self._hold_reading(self._yield_to_subscribers)
-                if self._store is not None and self._store.congested:
+                if self._durable.store is not None and self._durable.store.congested:
                     # Durable backpressure, via TCP.
-                    await self._hold_reading(self._store.wait_for_room)
+                    await self._hold_reading(self._durable.store.wait_for_room)
         except RemoteProtocolError as exc:
             self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
             if self._greeted:
@@ -630,24 +623,20 @@ class ServerConnection:
             return runs
         code, message = refused
         if frame.ack:
-            self._refuse_acked(frame.stream, code, f"{message}; nothing of this frame was stored")
+            self._durable.refuse_acked(
+                frame.stream, code, f"{message}; nothing of this frame was stored"
+            )
             return None
         self._stream_error(
             code, f"{message} ({rejected} message(s) of this frame not published)", frame.stream
         )
         return tuple(kept)
 
-    def _refuse_acked(self, stream: int, code: ErrorCode, message: str) -> None:
-        acks = self._acks
-        if acks is None:
-            acks = self._acks = AckQueue(self._outlet)
-        acks.open(stream).refuse(code, message)
-        acks.release()
-
     def _handle_frames(self, frames: Sequence[Frame]) -> None:
         router = self._router
         outlet = self._outlet
-        store = self._store
+        durable = self._durable
+        store = durable.store
         for frame in frames:
             if type(frame) is Publish:
                 runs = self._admissible(frame)
@@ -656,7 +645,7 @@ class ServerConnection:
                 if store is None and not frame.ack:
                     router.publish(router.encode(runs, frame.stamp_ts_broker), outlet, frame.stream)
                 else:
-                    self._publish(frame, runs)
+                    durable.publish(frame, runs)
             elif type(frame) is Subscribe:
                 refusal = self._subscribe_refusal(frame.pattern)
                 if refusal is not None:
@@ -665,19 +654,12 @@ class ServerConnection:
                 subscription = router.subscribe(
                     outlet, frame.stream, frame.pattern, frame.slow_consumer, frame.credit
                 )
-                if (
-                    subscription is not None
-                    and store is not None
-                    and frame.start is not StartKind.LATEST
-                ):
-                    replay = Replay(
-                        store, subscription, frame.start, frame.start_time, frame.start_offsets
-                    )
-                    store.spawn(replay.run)
+                if subscription is not None and store is not None:
+                    durable.replay(subscription, frame.start, frame.start_time, frame.start_offsets)
             elif type(frame) is Fetch:
-                self._fetch(frame)
+                durable.fetch(frame)
             elif type(frame) is ListPartitions:
-                self._list_partitions(frame)
+                durable.list_partitions(frame)
             elif type(frame) is Flow:
                 router.grant(outlet, frame.stream, frame.credit)
             elif type(frame) is Unsubscribe:
@@ -730,107 +712,8 @@ class ServerConnection:
             return None
         return permissions.subscribe_refusal(pattern)
 
-    def _publish(self, frame: Publish, runs: Sequence[Run]) -> None:
-        """A Publish with durable runs or an ack request: durable runs go to
-        their partitions' owners, the rest is routed at once."""
-        router = self._router
-        store = self._store
-        acks = self._acks
-        if acks is None:
-            acks = self._acks = AckQueue(self._outlet)
-        ticket = acks.open(frame.stream) if frame.ack else None
-        ephemeral: list[Run] = []
-        stamp = 0
-        for index, run in enumerate(runs):
-            topic = store.match(run.key) if store is not None else None
-            if topic is None or store is None:
-                ephemeral.append(run)
-                continue
-            stamp = stamp or store.now()
-            store.append(topic, run, stamp, ticket, acks if ticket else None, index)
-        if ephemeral:
-            router.publish(
-                router.encode(ephemeral, frame.stamp_ts_broker), self._outlet, frame.stream
-            )
-        if ticket is not None:
-            acks.release()
-
     def _stream_error(self, code: ErrorCode, message: str, stream: int) -> None:
-        self._outlet.send_control(encode_frame(Error(code, message, stream)))
-
-    def _fetch(self, frame: Fetch) -> None:
-        """Answer a Fetch from the partition's owner, without waiting here."""
-        store = self._store
-        owner = store.owners.get((frame.topic, frame.partition)) if store is not None else None
-        if owner is None:
-            self._stream_error(
-                ErrorCode.UNKNOWN_TOPIC,
-                f"no durable topic {frame.topic!r} with partition {frame.partition}",
-                frame.stream,
-            )
-            return
-        refusal = self._subscribe_refusal(owner.topic.pattern)
-        if refusal is not None:
-            self._stream_error(
-                ErrorCode.PERMISSION_DENIED,
-                f"reading durable topic {frame.topic!r}: {refusal}",
-                frame.stream,
-            )
-            return
-        outlet = self._outlet
-        # Leave room for the frame's header and one run's overhead.
-        budget = min(frame.max_bytes or DEFAULT_READ_BYTES, outlet.max_frame_bytes // 2)
-        partition = frame.partition
-
-        def read(partition_log: PartitionLog) -> list[bytes]:
-            return [
-                located_chunk(batch.run, partition, batch.base_offset)
-                for batch in partition_log.read(frame.offset, budget)
-            ]
-
-        def done(result: list[bytes] | BaseException) -> None:
-            if isinstance(result, OffsetOutOfRangeError):
-                self._stream_error(ErrorCode.OFFSET_OUT_OF_RANGE, str(result), frame.stream)
-            elif isinstance(result, BaseException):
-                self._stream_error(ErrorCode.STORAGE_FAILURE, str(result), frame.stream)
-            else:
-                outlet.send_control(
-                    b"".join(runs_frame_parts(BodyType.FETCHED, frame.stream, result))
-                )
-
-        owner.submit(read, done)
-
-    def _list_partitions(self, frame: ListPartitions) -> None:
-        """Answer from the owners' cached offsets (no disk access)."""
-        owners = self._store.topics(frame.topic) if self._store is not None else []
-        if not owners:
-            self._stream_error(
-                ErrorCode.UNKNOWN_TOPIC, f"no durable topic named {frame.topic!r}", frame.stream
-            )
-            return
-        # Listing all topics shows the readable ones; naming one unreadable is refused.
-        readable = [
-            owner for owner in owners if self._subscribe_refusal(owner.topic.pattern) is None
-        ]
-        if frame.topic and not readable:
-            self._stream_error(
-                ErrorCode.PERMISSION_DENIED,
-                f"reading durable topic {frame.topic!r} is not allowed for this principal",
-                frame.stream,
-            )
-            return
-        owners = readable
-        self._outlet.send_control(
-            encode_frame(
-                Partitions(
-                    stream=frame.stream,
-                    topics=tuple(owner.topic.name for owner in owners),
-                    partitions=tuple(owner.partition for owner in owners),
-                    start_offsets=tuple(owner.start_offset for owner in owners),
-                    end_offsets=tuple(owner.end_offset for owner in owners),
-                )
-            )
-        )
+        self._durable.stream_error(code, message, stream)
 
     def _welcome(self, hello: Hello) -> Welcome:
         settings = self._settings
