@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from broky.protocol.constants import BodyType
-from broky.protocol.frames import Buffer, Run
+from broky.protocol.frames import Buffer, EncodedRun, Run
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -237,21 +237,18 @@ _PADDED_LENGTH: Final = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 
 
-def read_chunk_run(view: memoryview, table: int) -> Run | None:  # noqa: PLR0911
-    """The run whose table is at ``table``, if ``view`` holds it byte for byte
-    as :func:`encode_run_chunk` lays out a chunk; None when it does not (the
-    caller then reads the run through its vtable).
+def _chunk_layout(  # noqa: PLR0911
+    view: memoryview, start: int, size: int
+) -> tuple[int, ...] | None:
+    """``(count, messages_at, messages_end, key_at, key_end, end, ts_broker)``
+    of the chunk at ``start`` (offsets from ``start``), if ``view`` holds it
+    byte for byte as :func:`encode_run_chunk` lays out a chunk; else None.
 
-    When it returns a run, the generic decoder would have decoded the same
-    run (every offset it would follow is checked, bounds included), and the
-    run's ``chunk`` is the view of those bytes: forwarding a copy of them is
-    exactly what encoding the run again would produce (the paddings and the
-    key's NUL are checked to be zero too). Padding is checked as the high
-    bytes of little-endian words, which costs less than comparing slices.
-    Called once per run of a frame: every line here is per message on short runs.
+    Every offset the generic decoder would follow is checked, bounds
+    included, and so are the paddings and the key's NUL (as the high bytes
+    of little-endian words, which costs less than comparing slices): a
+    chunk accepted here decodes to the run whose encoding it is.
     """
-    start = table - CHUNK_TABLE_OFFSET
-    size = len(view)
     if start < 0 or start + _CHUNK_READ_BYTES > size:
         return None
     head, ts_broker, key_offset, sizes_offset, messages_offset, padding, count, first = (
@@ -280,20 +277,75 @@ def read_chunk_run(view: memoryview, table: int) -> Run | None:  # noqa: PLR0911
         or _U64.unpack_from(view, start + end - 8)[0] >> (64 - 8 * (end - key_end))
     ):
         return None
-    chunk = view[start : start + end]
-    sizes = chunk[_CHUNK_SIZES_DATA_AT:sizes_end]
-    if (first if count == 1 else sum_u32(sizes)) != messages_len:
+    if count == 1:
+        if first != messages_len:
+            return None
+    elif sum_u32(view[start + _CHUNK_SIZES_DATA_AT : start + sizes_end]) != messages_len:
         return None
+    return count, messages_at, messages_end, key_at, key_end, end, ts_broker
+
+
+def read_chunk_run(view: memoryview, table: int) -> Run | None:
+    """The run whose table is at ``table``, if ``view`` holds it laid out as
+    :func:`encode_run_chunk` lays out a chunk; None when it does not (the
+    caller then reads the run through its vtable).
+
+    When it returns a run, the generic decoder would have decoded the same
+    run, and the run's ``chunk`` is the view of those bytes: forwarding a
+    copy of them is exactly what encoding the run again would produce.
+    """
+    start = table - CHUNK_TABLE_OFFSET
+    layout = _chunk_layout(view, start, len(view))
+    if layout is None:
+        return None
+    count, messages_at, messages_end, key_at, key_end, end, ts_broker = layout
+    chunk = view[start : start + end]
     return Run(
         bytes(chunk[key_at + 4 : key_end]),
         ts_broker,
         count,
-        sizes,
+        chunk[_CHUNK_SIZES_DATA_AT : _CHUNK_SIZES_DATA_AT + 4 * count],
         chunk[messages_at + 4 : messages_end],
         0,
         -1,
         chunk,
     )
+
+
+def read_forwardable_runs(buf: Buffer, count: int, limit: int) -> list[EncodedRun] | None:
+    """The runs of a runs frame (``buf`` after its size prefix, header read
+    by :func:`read_runs_frame`, ``count`` runs) as forwardable chunks, when
+    every run is laid out as a chunk and no run's messages exceed ``limit``
+    bytes in all (0: no limit); else None, and the caller decodes the frame
+    the generic way (which also words any error precisely).
+
+    This is the broker's per-message loop for short runs: it copies each
+    chunk once and builds nothing else, where decoding first builds a
+    ``Run`` and then its ``EncodedRun``.
+    """
+    view = memoryview(buf)
+    size = len(view)
+    runs: list[EncodedRun] = []
+    append = runs.append
+    layout_of = _chunk_layout
+    slot = _RUNS_VECTOR_AT - CHUNK_TABLE_OFFSET
+    for offset in struct.unpack_from(f"<{count}I", view, _RUNS_VECTOR_AT):
+        start = slot + offset
+        slot += 4
+        layout = layout_of(view, start, size)
+        if layout is None:
+            return None
+        run_count, messages_at, messages_end, key_at, key_end, end, _ = layout
+        if limit and messages_end - messages_at - 4 > limit:
+            return None
+        append(
+            EncodedRun(
+                bytes(view[start + key_at + 4 : start + key_end]),
+                run_count,
+                bytes(view[start : start + end]),
+            )
+        )
+    return runs
 
 
 #: A runs frame's head as read back (the bytes after the size prefix): its

@@ -21,10 +21,12 @@ encodes; the machine only polices what it receives.
 from __future__ import annotations
 
 import enum
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, cast
 
+from broky.protocol.chunks import read_forwardable_runs, read_runs_frame
 from broky.protocol.codec import decode_frame
-from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
+from broky.protocol.constants import PREAMBLE_SIZE, BodyType, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
@@ -32,6 +34,7 @@ from broky.protocol.frames import (
     Fetch,
     Fetched,
     Flow,
+    ForwardPublish,
     Frame,
     Hello,
     ListPartitions,
@@ -41,6 +44,7 @@ from broky.protocol.frames import (
     Pong,
     Publish,
     PublishAck,
+    Received,
     Subscribe,
     Subscribed,
     Unsubscribe,
@@ -77,6 +81,7 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         Error,
         ListPartitions,
         Fetch,
+        ForwardPublish,
     ),
 }
 _HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}
@@ -91,6 +96,8 @@ class ProtocolMachine:
         self.reader = FrameReader(max_frame_bytes)
         self._preamble = b""
         self._allowed = _OPEN_FRAMES[role]
+        #: See ``receive_forwarding`` (0: no bound).
+        self.max_message_bytes = 0
 
     @property
     def received_preamble(self) -> bytes:
@@ -107,6 +114,18 @@ class ProtocolMachine:
         Raises RemoteProtocolError (and moves to CLOSED) on any violation;
         frames decoded before the bad one are lost with the connection.
         """
+        return cast(list[Frame], self._receive(data, forward=False))
+
+    def receive_forwarding(self, data: bytes | bytearray) -> list[Received]:
+        """``receive_data`` for a broker that routes Publish frames as they
+        came: unacked, unstamped Publish frames whose runs are all laid out
+        as chunks, none with more than ``max_message_bytes`` of messages,
+        come out as ForwardPublish, consecutive ones of one stream merged
+        into one (their order kept). The broker then pays per frame and per
+        run only for what forwarding needs, not for decoding each run."""
+        return self._receive(data, forward=True)
+
+    def _receive(self, data: bytes | bytearray, *, forward: bool) -> list[Received]:
         if self.state is State.CLOSED:
             return []
         try:
@@ -120,7 +139,12 @@ class ProtocolMachine:
                 self.state = State.HANDSHAKE
                 if not data:
                     return []
-            frames = [decode_frame(view) for view in self.reader.feed(data)]
+            views = self.reader.feed(data)
+            frames: list[Received]
+            if forward and self.state is State.OPEN:
+                frames = self._forwardable(views)
+            else:
+                frames = [decode_frame(view) for view in views]
             if self.state is State.HANDSHAKE and frames:
                 self._check_handshake(frames[0])
                 start = 1
@@ -138,6 +162,30 @@ class ProtocolMachine:
             raise
         return frames
 
+    def _forwardable(self, views: Sequence[memoryview]) -> list[Received]:
+        """Decode ``views``, reading forwardable Publish frames as such (see
+        ``forward_publish``); any other frame, or one that does not qualify,
+        is decoded in full, which also words its errors."""
+        frames: list[Received] = []
+        merged: ForwardPublish | None = None
+        limit = self.max_message_bytes
+        for view in views:
+            head = read_runs_frame(view)
+            if head is not None:
+                body_type, stream, stamp, ack, count = head
+                if body_type == BodyType.PUBLISH and not (stamp or ack):
+                    runs = read_forwardable_runs(view, count, limit)
+                    if runs is not None:
+                        if merged is not None and merged.stream == stream:
+                            merged.runs.extend(runs)
+                        else:
+                            merged = ForwardPublish(stream, runs)
+                            frames.append(merged)
+                        continue
+            frames.append(decode_frame(view))
+            merged = None
+        return frames
+
     @property
     def partial_frame_bytes(self) -> int:
         """Bytes received of a frame that is not complete yet (0: none started)."""
@@ -148,7 +196,7 @@ class ProtocolMachine:
         self.state = State.CLOSED
         self.reader.clear()
 
-    def _check_handshake(self, frame: Frame) -> None:
+    def _check_handshake(self, frame: Received) -> None:
         expected = _HANDSHAKE_FRAME[self.role]
         if isinstance(frame, Error) and self.role is Role.CLIENT:
             self.state = State.OPEN

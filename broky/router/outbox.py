@@ -35,7 +35,7 @@ from broky.protocol.constants import (
     NoticeKind,
     SlowConsumerPolicy,
 )
-from broky.protocol.frames import Notice
+from broky.protocol.frames import EncodedRun, Notice
 from broky.router.pressure import WRITE_STALL_SECONDS, Pressure
 
 #: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
@@ -53,16 +53,7 @@ DEFAULT_OUTBOX_MESSAGES: Final = 100_000
 DEFAULT_WRITE_BATCH_BYTES: Final = 512 * 1024
 
 
-@attrs.frozen(slots=True)
-class EncodedRun:
-    """A run as the router forwards it: its key, message count and chunk."""
-
-    key: bytes
-    count: int
-    chunk: bytes
-
-
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class DurableEncodedRun(EncodedRun):
     """A run of a durable topic after its append: where it lives in the log.
 

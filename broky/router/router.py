@@ -24,14 +24,13 @@ from broky.protocol.chunks import forward_chunk
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Error, Run, Subscribed
+from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.matcher import MATCH_CACHE_SIZE, SubscriptionIndex, validate_pattern
 from broky.router.outbox import (
     DEFAULT_OUTBOX_BYTES,
     DEFAULT_OUTBOX_MESSAGES,
     DEFAULT_WRITE_BATCH_BYTES,
-    EncodedRun,
     Outlet,
     RouterCounters,
     Subscription,
