@@ -223,7 +223,7 @@ def runs_frame_parts(
 # --- reading chunks and runs frames back -------------------------------------
 #: A chunk's first 16 bytes as encode_run_chunk writes them: its vtable and
 #: the table's soffset back to it.
-_CHUNK_VTABLE: Final = _CHUNK_HEAD.pack(12, 28, 12, 4, 16, 20, 12, 0, 0, 0, 0, 0)[:16]
+CHUNK_VTABLE: Final = _CHUNK_HEAD.pack(12, 28, 12, 4, 16, 20, 12, 0, 0, 0, 0, 0)[:16]
 #: A chunk's head as read back: those 16 bytes, ts_broker, the key, sizes and
 #: messages uoffsets, the padding word, the sizes vector's length and its
 #: first entry (the whole vector of a run of one message).
@@ -254,7 +254,7 @@ def _chunk_layout(  # noqa: PLR0911
     head, ts_broker, key_offset, sizes_offset, messages_offset, padding, count, first = (
         _CHUNK_READ.unpack_from(view, start)
     )
-    if head != _CHUNK_VTABLE or sizes_offset != _CHUNK_SIZES_UOFFSET or padding:
+    if head != CHUNK_VTABLE or sizes_offset != _CHUNK_SIZES_UOFFSET or padding:
         return None
     # The same arithmetic as _chunk_tail, relative to the chunk's start.
     sizes_end = _CHUNK_SIZES_DATA_AT + 4 * count
@@ -369,6 +369,14 @@ _RUNS_FRAME_LAYOUTS: Final = {
     _runs_frame_start(BodyType.DELIVER, _DELIVER_VTABLE): (BodyType.DELIVER, False),
     _runs_frame_start(BodyType.FETCHED, _DELIVER_VTABLE): (BodyType.FETCHED, False),
 }
+
+
+#: The first 36 bytes of an unacked Publish frame in each layout (without
+#: and with its ack field), for the compiled forwarding reader.
+PUBLISH_FRAME_STARTS: Final = (
+    _runs_frame_start(BodyType.PUBLISH, _PUBLISH_VTABLE),
+    _runs_frame_start(BodyType.PUBLISH, _PUBLISH_ACK_VTABLE),
+)
 
 
 def read_runs_frame(buf: Buffer) -> tuple[BodyType, int, bool, bool, int] | None:

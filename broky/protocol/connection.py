@@ -21,13 +21,12 @@ encodes; the machine only polices what it receives.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from typing import Final, cast
 
-from broky.protocol.chunks import read_forwardable_runs, read_runs_frame
 from broky.protocol.codec import decode_frame
-from broky.protocol.constants import PREAMBLE_SIZE, BodyType, ErrorCode
+from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.forward import forwardable
 from broky.protocol.frames import (
     Deliver,
     Error,
@@ -142,7 +141,7 @@ class ProtocolMachine:
             views = self.reader.feed(data)
             frames: list[Received]
             if forward and self.state is State.OPEN:
-                frames = self._forwardable(views)
+                frames = forwardable(views, self.max_message_bytes, decode_frame)
             else:
                 frames = [decode_frame(view) for view in views]
             if self.state is State.HANDSHAKE and frames:
@@ -160,30 +159,6 @@ class ProtocolMachine:
         except RemoteProtocolError:
             self.state = State.CLOSED
             raise
-        return frames
-
-    def _forwardable(self, views: Sequence[memoryview]) -> list[Received]:
-        """Decode ``views``, reading forwardable Publish frames as such (see
-        ``forward_publish``); any other frame, or one that does not qualify,
-        is decoded in full, which also words its errors."""
-        frames: list[Received] = []
-        merged: ForwardPublish | None = None
-        limit = self.max_message_bytes
-        for view in views:
-            head = read_runs_frame(view)
-            if head is not None:
-                body_type, stream, stamp, ack, count = head
-                if body_type == BodyType.PUBLISH and not (stamp or ack):
-                    runs = read_forwardable_runs(view, count, limit)
-                    if runs is not None:
-                        if merged is not None and merged.stream == stream:
-                            merged.runs.extend(runs)
-                        else:
-                            merged = ForwardPublish(stream, runs)
-                            frames.append(merged)
-                        continue
-            frames.append(decode_frame(view))
-            merged = None
         return frames
 
     @property

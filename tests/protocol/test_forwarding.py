@@ -11,18 +11,24 @@ mutated bytes the fast reader either steps aside or agrees.
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.protocol import forward
 from broky.protocol.chunks import read_forwardable_runs, read_runs_frame
 from broky.protocol.codec import decode_frame, encode_frame, encode_run_chunk
 from broky.protocol.connection import ProtocolMachine, Role
+from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     EncodedRun,
+    Error,
     ForwardPublish,
+    Frame,
     Hello,
     Ping,
     Publish,
@@ -182,3 +188,57 @@ def test_a_run_over_the_message_bound_is_decoded_in_full() -> None:
     assert isinstance(first, ForwardPublish)
     assert first.runs == [_encoded(at_bound.runs[0])]
     assert isinstance(second, Publish)
+
+
+# --- the compiled reader is the pure one's twin --------------------------------
+
+
+def test_the_compiled_reader_is_built() -> None:
+    """``make`` builds the C extension (a compiler is part of the setup);
+    a build that silently fell back would leave the broker on the slow path."""
+    if os.environ.get("BROKY_PURE") == "1":
+        assert forward.IMPLEMENTATION == "pure"
+        return
+    assert forward.forwardable_compiled is not None, "broky.protocol._forward was not built"
+    assert forward.IMPLEMENTATION == "compiled"
+
+
+def _views(data: bytes) -> list[memoryview]:
+    """Split size-prefixed frames as FrameReader does (data is well framed)."""
+    views, position, view = [], 0, memoryview(data)
+    while position + 4 <= len(data):
+        (size,) = _U32.unpack_from(data, position)
+        views.append(view[position + 4 : position + 4 + size])
+        position += 4 + size
+    return views
+
+
+def _decode_or_mark(view: memoryview) -> Frame:
+    try:
+        return decode_frame(view)
+    except RemoteProtocolError as exc:
+        return Error(ErrorCode.MALFORMED_FRAME, str(exc))
+
+
+@PROPERTY
+@given(
+    frames=traffic(),
+    limit=st.sampled_from([0, 1, 40, 200]),
+    edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=4),
+)
+def test_compiled_and_pure_readers_agree(
+    frames: list[Publish | Subscribe | Ping], limit: int, edits: list[tuple[int, int]]
+) -> None:
+    compiled = forward.forwardable_compiled
+    if compiled is None:
+        pytest.skip("the compiled reader is not built (BROKY_PURE=1)")
+    encoded = [bytearray(encode_frame(frame)) for frame in frames]
+    if encoded:
+        for position, value in edits:  # corrupt frame bodies, keep the framing
+            frame = encoded[position % len(encoded)]
+            if len(frame) > 4:
+                frame[4 + position % (len(frame) - 4)] = value
+    views = _views(b"".join(encoded))
+    assert [_plain(f) for f in compiled(views, limit, _decode_or_mark)] == [
+        _plain(f) for f in forward.forwardable_pure(views, limit, _decode_or_mark)
+    ]

@@ -1,0 +1,7 @@
+from collections.abc import Callable, Sequence
+
+from broky.protocol.frames import Frame, Received
+
+def forwardable(
+    views: Sequence[memoryview], limit: int, decode: Callable[[memoryview], Frame]
+) -> list[Received]: ...
