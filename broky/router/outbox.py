@@ -156,6 +156,34 @@ class Subscription:
             self.scheduled = True
             self.outlet.schedule(self)
 
+    def push_many(self, runs: list[EncodedRun], messages: int, size: int) -> None:
+        """``push`` each of ``runs`` (holding ``messages`` messages and
+        ``size`` chunk bytes in all): at once when they all fit, which is
+        the common case, else one by one so that the bounds apply per run."""
+        outlet = self.outlet
+        if (
+            self.holding is not None
+            or self.pending_messages + messages > self.max_messages
+            or self.pending_bytes + size > self.max_bytes
+            or (
+                outlet.max_pending_bytes
+                and outlet.pending_bytes
+                and outlet.pending_bytes + size > outlet.max_pending_bytes
+            )
+        ):
+            for run in runs:
+                self.push(run)
+            return
+        self.runs.extend(runs)
+        self.pending_messages += messages
+        self.pending_bytes += size
+        outlet.pending_bytes += size
+        if self.pending_bytes > self.high_water_bytes and not outlet.pressed:
+            outlet.press()
+        if not self.scheduled and (self.credit is None or self.credit > 0):
+            self.scheduled = True
+            outlet.schedule(self)
+
     def _hold(self, run: EncodedRun) -> None:
         holding = self.holding
         assert holding is not None

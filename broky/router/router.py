@@ -140,6 +140,10 @@ class Router:
             kind: {} for kind in LinkKind
         }
         self._routes_generation = -1
+        #: One tuple object per distinct route: keys with the same
+        #: subscribers share it, so ``publish`` tells by identity that
+        #: consecutive runs go to the same place and queues them together.
+        self._route_tuples: dict[tuple[Subscription, ...], tuple[Subscription, ...]] = {}
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
         self.pressure = Pressure()
         #: Writes that connections woken while idle ask the routing task to
@@ -265,6 +269,7 @@ class Router:
         """Empty the route caches and note the index generation they follow."""
         for cached in self._routes.values():
             cached.clear()
+        self._route_tuples.clear()
         self._routes_generation = self._index.generation
 
     # --- links to peer routers ---------------------------------------------
@@ -318,7 +323,8 @@ class Router:
                     continue
                 links.add(outlet)
             route.append(subscription)
-        return tuple(route)
+        found = tuple(route)
+        return self._route_tuples.setdefault(found, found)
 
     def publish(
         self,
@@ -341,8 +347,12 @@ class Router:
         routes = self._routes[source]
         count_topic = self.topics.count
         # Counted in locals and added once: the loop runs once per run, and
-        # short runs make it the broker's per-message loop.
+        # short runs make it the broker's per-message loop. Consecutive runs
+        # with the same route are queued together (one push per batch).
         published_runs = published_messages = unrouted = from_links = 0
+        batch: list[EncodedRun] = []
+        batch_route: tuple[Subscription, ...] = ()
+        batch_messages = batch_bytes = 0
         for run in runs:
             key = run.key
             subscriptions = routes.get(key)
@@ -362,17 +372,30 @@ class Router:
                     routes.clear()
                 routes[key] = subscriptions
             count = run.count
+            size = len(run.chunk)
             published_runs += 1
             published_messages += count
             if from_peer:
                 from_links += count  # its topic is counted by the worker it came from
             else:
-                count_topic(key, count, len(run.chunk))
-            if subscriptions:
-                for subscription in subscriptions:
-                    subscription.push(run)
-            else:
+                count_topic(key, count, size)
+            if not subscriptions:
                 unrouted += count
+            elif subscriptions is batch_route:
+                batch.append(run)
+                batch_messages += count
+                batch_bytes += size
+            else:
+                if batch:
+                    for subscription in batch_route:
+                        subscription.push_many(batch, batch_messages, batch_bytes)
+                batch = [run]
+                batch_route = subscriptions
+                batch_messages = count
+                batch_bytes = size
+        if batch:
+            for subscription in batch_route:
+                subscription.push_many(batch, batch_messages, batch_bytes)
         counters = self.counters
         counters.published_runs += published_runs
         counters.published_messages += published_messages
