@@ -100,37 +100,40 @@ cdef list _runs(const uint8_t* buf, int64_t size, int64_t count, int64_t limit):
     return runs
 
 
+cdef list _frame_runs(const uint8_t* buf, int64_t size, int64_t limit, uint32_t* stream):
+    """The runs of the frame at ``buf`` if it is an unacked, unstamped
+    Publish laid out as chunks (its stream in ``stream``); else None."""
+    cdef bint acked_layout = size >= 56 and memcmp(buf, <const uint8_t*>_WITH_ACK, 36) == 0
+    cdef int64_t count
+    if not (
+        size >= 56
+        and (acked_layout or memcmp(buf, <const uint8_t*>_PLAIN, 36) == 0)
+        and _u32(buf + 36) == 12  # the body table's soffset
+        and _u32(buf + 44) == 8  # the runs uoffset
+        and buf[48] == 0  # stamp_ts_broker
+        and not (acked_layout and buf[49])  # a field only in that layout
+    ):
+        return None
+    count = _u32(buf + 52)
+    if 56 + 4 * count > size:
+        return None
+    stream[0] = _u32(buf + 40)
+    return _runs(buf, size, count, limit)
+
+
 def forwardable(views, int64_t limit, decode):
     """See ``broky.protocol.forward.forwardable``."""
     cdef list frames = []
     cdef object merged = None
     cdef Py_buffer view_buffer
-    cdef const uint8_t* buf
-    cdef int64_t size, count
-    cdef uint32_t stream
-    cdef const uint8_t* plain = _PLAIN
-    cdef const uint8_t* with_ack = _WITH_ACK
+    cdef uint32_t stream = 0
     cdef list runs
-    cdef bint acked_layout
     for view in views:
-        runs = None
         PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
         try:
-            buf = <const uint8_t*>view_buffer.buf
-            size = view_buffer.len
-            acked_layout = size >= 56 and memcmp(buf, with_ack, 36) == 0
-            if (
-                size >= 56
-                and (acked_layout or memcmp(buf, plain, 36) == 0)
-                and _u32(buf + 36) == 12  # the body table's soffset
-                and _u32(buf + 44) == 8  # the runs uoffset
-                and buf[48] == 0  # stamp_ts_broker
-                and not (acked_layout and buf[49])  # a field only in that layout
-            ):
-                count = _u32(buf + 52)
-                if 56 + 4 * count <= size:
-                    stream = _u32(buf + 40)
-                    runs = _runs(buf, size, count, limit)
+            runs = _frame_runs(
+                <const uint8_t*>view_buffer.buf, view_buffer.len, limit, &stream
+            )
         finally:
             PyBuffer_Release(&view_buffer)
         if runs is None:
@@ -142,3 +145,35 @@ def forwardable(views, int64_t limit, decode):
             merged = ForwardPublish(stream, runs)
             frames.append(merged)
     return frames
+
+
+def walk(view, int64_t max_frame_bytes, int64_t limit, decode):
+    """See ``broky.protocol.forward.walk``."""
+    cdef list frames = []
+    cdef object merged = None
+    cdef Py_buffer view_buffer
+    cdef const uint8_t* buf
+    cdef int64_t size, position = 0, length
+    cdef uint32_t stream = 0
+    cdef list runs
+    PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>view_buffer.buf
+        size = view_buffer.len
+        while size - position >= 4:
+            length = _u32(buf + position)
+            if length > max_frame_bytes or size - position - 4 < length:
+                break
+            runs = _frame_runs(buf + position + 4, length, limit, &stream)
+            if runs is None:
+                frames.append(decode(view[position + 4 : position + 4 + length]))
+                merged = None
+            elif merged is not None and merged.stream == stream:
+                merged.runs.extend(runs)
+            else:
+                merged = ForwardPublish(stream, runs)
+                frames.append(merged)
+            position += 4 + length
+    finally:
+        PyBuffer_Release(&view_buffer)
+    return frames, position

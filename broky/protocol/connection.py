@@ -26,7 +26,7 @@ from typing import Final, cast
 from broky.protocol.codec import decode_frame
 from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.forward import forwardable
+from broky.protocol.forward import receive_forwarding
 from broky.protocol.frames import (
     Deliver,
     Error,
@@ -138,12 +138,11 @@ class ProtocolMachine:
                 self.state = State.HANDSHAKE
                 if not data:
                     return []
-            views = self.reader.feed(data)
             frames: list[Received]
             if forward and self.state is State.OPEN:
-                frames = forwardable(views, self.max_message_bytes, decode_frame)
+                frames = receive_forwarding(self.reader, data, self.max_message_bytes, decode_frame)
             else:
-                frames = [decode_frame(view) for view in views]
+                frames = [decode_frame(view) for view in self.reader.feed(data)]
             if self.state is State.HANDSHAKE and frames:
                 self._check_handshake(frames[0])
                 start = 1

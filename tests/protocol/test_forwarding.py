@@ -225,9 +225,15 @@ def _decode_or_mark(view: memoryview) -> Frame:
     frames=traffic(),
     limit=st.sampled_from([0, 1, 40, 200]),
     edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=4),
+    truncate=st.integers(0, 2**16),
+    max_frame_bytes=st.sampled_from([64, 200, 1 << 20]),
 )
 def test_compiled_and_pure_readers_agree(
-    frames: list[Publish | Subscribe | Ping], limit: int, edits: list[tuple[int, int]]
+    frames: list[Publish | Subscribe | Ping],
+    limit: int,
+    edits: list[tuple[int, int]],
+    truncate: int,
+    max_frame_bytes: int,
 ) -> None:
     compiled = forward.forwardable_compiled
     if compiled is None:
@@ -238,7 +244,15 @@ def test_compiled_and_pure_readers_agree(
             frame = encoded[position % len(encoded)]
             if len(frame) > 4:
                 frame[4 + position % (len(frame) - 4)] = value
-    views = _views(b"".join(encoded))
+    data = b"".join(encoded)
+    views = _views(data)
     assert [_plain(f) for f in compiled(views, limit, _decode_or_mark)] == [
         _plain(f) for f in forward.forwardable_pure(views, limit, _decode_or_mark)
     ]
+    walk_compiled = forward.walk_compiled
+    assert walk_compiled is not None
+    cut = memoryview(data)[: len(data) - truncate % 300]
+    fast_frames, fast_end = walk_compiled(cut, max_frame_bytes, limit, _decode_or_mark)
+    pure_frames, pure_end = forward.walk_pure(cut, max_frame_bytes, limit, _decode_or_mark)
+    assert fast_end == pure_end
+    assert [_plain(f) for f in fast_frames] == [_plain(f) for f in pure_frames]
