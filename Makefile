@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench clean
 
-$(STAMP): pyproject.toml setup.py broky/protocol/_forward.pyx
+$(STAMP): pyproject.toml setup.py $(wildcard broky/protocol/*.pyx)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'

@@ -1,9 +1,10 @@
 """Build the optional C extension of the hot path; everything else is in pyproject.toml.
 
-``broky.protocol._forward`` (Cython) is the compiled twin of
-``broky.protocol.forward.forwardable_pure``. It is optional twice over: the
+``broky.protocol._forward`` and ``_vectors`` (Cython) are the compiled
+twins of ``broky.protocol.forward.forwardable_pure``/``walk_pure`` and
+``broky.protocol.chunks.chunk_offsets_pure``. Each is optional twice over: the
 build continues without it when compiling fails (``optional=True``), and
-Broky runs the pure-Python version whenever it is missing.
+Broky runs the pure-Python version whenever one is missing.
 """
 
 from setuptools import Extension, setup
@@ -14,7 +15,10 @@ except ImportError:  # no Cython at build time: the pure-Python reader runs
     extensions = []
 else:
     extensions = cythonize(
-        [Extension("broky.protocol._forward", ["broky/protocol/_forward.pyx"], optional=True)],
+        [
+            Extension(f"broky.protocol.{name}", [f"broky/protocol/{name}.pyx"], optional=True)
+            for name in ("_forward", "_vectors")
+        ],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )

@@ -20,6 +20,7 @@ readers only accept what that decoder would decode to the same result.
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -178,6 +179,33 @@ def encode_chunk(run: Run) -> bytes:
     return encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages)
 
 
+def chunk_offsets_pure(chunks: Sequence[bytes], position: int) -> tuple[bytes, int]:
+    """The uoffsets of a runs vector whose first run's table is ``position``
+    bytes after the first uoffset (packed little-endian), and the chunks'
+    total length: each chunk's table is 4 bytes further from its slot than
+    the chunk is long, minus the slot's own 4 bytes."""
+    offsets = []
+    for chunk in chunks:
+        offsets.append(position)
+        position += len(chunk) - 4
+    return struct.pack(f"<{len(offsets)}I", *offsets), sum(len(chunk) for chunk in chunks)
+
+
+def _compiled_offsets() -> Callable[[Sequence[bytes], int], tuple[bytes, int]] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.protocol._vectors import chunk_offsets as compiled  # noqa: PLC0415
+    except ImportError:
+        return None
+    return compiled
+
+
+#: The compiled builder (``broky.protocol._vectors``) when it is built.
+chunk_offsets_compiled = _compiled_offsets()
+chunk_offsets = chunk_offsets_compiled or chunk_offsets_pure
+
+
 def runs_frame_parts(
     body_type: BodyType,
     stream: int,
@@ -193,12 +221,10 @@ def runs_frame_parts(
     count = len(chunks)
     vector_end = _RUNS_VECTOR_AT + 4 + 4 * count
     pad = (-vector_end) & 7
-    position = vector_end + pad + CHUNK_TABLE_OFFSET - _RUNS_VECTOR_AT - 4
-    offsets = []
-    for chunk in chunks:
-        offsets.append(position)
-        position += len(chunk) - 4
-    total = vector_end + pad + sum(len(chunk) for chunk in chunks)
+    offsets, chunk_bytes = chunk_offsets(
+        chunks, vector_end + pad + CHUNK_TABLE_OFFSET - _RUNS_VECTOR_AT - 4
+    )
+    total = vector_end + pad + chunk_bytes
     if body_type == BodyType.PUBLISH:
         vtable = _PUBLISH_ACK_VTABLE if ack else _PUBLISH_VTABLE
     else:
@@ -215,7 +241,7 @@ def runs_frame_parts(
         1 if ack else 0,
         count,
     )
-    parts = [head, struct.pack(f"<{count}I", *offsets), PADDING[pad]]
+    parts = [head, offsets, PADDING[pad]]
     parts.extend(chunks)
     return parts
 

@@ -346,6 +346,7 @@ class Router:
             self._clear_routes()
         routes = self._routes[source]
         count_topic = self.topics.count
+        topic_table = self.topics.table
         # Counted in locals and added once: the loop runs once per run, and
         # short runs make it the broker's per-message loop. Consecutive runs
         # with the same route are queued together (one push per batch).
@@ -378,7 +379,12 @@ class Router:
             if from_peer:
                 from_links += count  # its topic is counted by the worker it came from
             else:
-                count_topic(key, count, size)
+                figures = topic_table.get(key)
+                if figures is None:
+                    count_topic(key, count, size)
+                else:
+                    figures[0] += count
+                    figures[1] += size
             if not subscriptions:
                 unrouted += count
             elif subscriptions is batch_route:

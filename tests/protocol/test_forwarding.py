@@ -19,7 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.protocol import forward
-from broky.protocol.chunks import read_forwardable_runs, read_runs_frame
+from broky.protocol.chunks import (
+    chunk_offsets_compiled,
+    chunk_offsets_pure,
+    read_forwardable_runs,
+    read_runs_frame,
+)
 from broky.protocol.codec import decode_frame, encode_frame, encode_run_chunk
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import ErrorCode
@@ -256,3 +261,18 @@ def test_compiled_and_pure_readers_agree(
     pure_frames, pure_end = forward.walk_pure(cut, max_frame_bytes, limit, _decode_or_mark)
     assert fast_end == pure_end
     assert [_plain(f) for f in fast_frames] == [_plain(f) for f in pure_frames]
+
+
+@PROPERTY
+@given(
+    chunks=st.lists(st.binary(min_size=4, max_size=64), max_size=20),
+    position=st.integers(0, 2**20),
+)
+def test_compiled_and_pure_offsets_agree(chunks: list[bytes], position: int) -> None:
+    compiled = chunk_offsets_compiled
+    if compiled is None:
+        assert os.environ.get("BROKY_PURE") == "1", "broky.protocol._vectors was not built"
+        pytest.skip("the compiled vector builder is not in use (BROKY_PURE=1)")
+    expected = chunk_offsets_pure(chunks, position)
+    assert compiled(chunks, position) == expected
+    assert compiled(tuple(chunks), position) == expected
