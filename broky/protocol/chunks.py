@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from broky.protocol.constants import BodyType
-from broky.protocol.frames import Buffer, EncodedRun, Run
+from broky.protocol.frames import Buffer, Run
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -338,37 +338,37 @@ def read_chunk_run(view: memoryview, table: int) -> Run | None:
     )
 
 
-def read_forwardable_runs(buf: Buffer, count: int, limit: int) -> list[EncodedRun] | None:
-    """The runs of a runs frame (``buf`` after its size prefix, header read
-    by :func:`read_runs_frame`, ``count`` runs) as forwardable chunks, when
-    every run is laid out as a chunk and no run's messages exceed ``limit``
-    bytes in all (0: no limit); else None, and the caller decodes the frame
-    the generic way (which also words any error precisely).
+#: The parts of a run chunk ``read_forwardable`` reads: its key, ts_broker,
+#: message count, sizes and messages (views) and the whole chunk (a view).
+ChunkParts = tuple[bytes, int, int, memoryview, memoryview, memoryview]
 
-    This is the broker's per-message loop for short runs: it copies each
-    chunk once and builds nothing else, where decoding first builds a
-    ``Run`` and then its ``EncodedRun``.
-    """
-    view = memoryview(buf)
+
+def read_forwardable(view: memoryview, count: int, limit: int) -> list[ChunkParts] | None:
+    """The runs of a runs frame (``view`` after its size prefix, header read
+    by :func:`read_runs_frame`, ``count`` runs) as chunk parts, when every
+    run is laid out as a chunk and no run's messages exceed ``limit`` bytes
+    in all (0: no limit); else None, and the caller decodes the frame the
+    generic way (which also words any error precisely)."""
     size = len(view)
-    runs: list[EncodedRun] = []
-    append = runs.append
-    layout_of = _chunk_layout
+    runs: list[ChunkParts] = []
     slot = _RUNS_VECTOR_AT - CHUNK_TABLE_OFFSET
     for offset in struct.unpack_from(f"<{count}I", view, _RUNS_VECTOR_AT):
         start = slot + offset
         slot += 4
-        layout = layout_of(view, start, size)
+        layout = _chunk_layout(view, start, size)
         if layout is None:
             return None
-        run_count, messages_at, messages_end, key_at, key_end, end, _ = layout
+        run_count, messages_at, messages_end, key_at, key_end, end, ts_broker = layout
         if limit and messages_end - messages_at - 4 > limit:
             return None
-        append(
-            EncodedRun(
+        runs.append(
+            (
                 bytes(view[start + key_at + 4 : start + key_end]),
+                ts_broker,
                 run_count,
-                bytes(view[start : start + end]),
+                view[start + _CHUNK_SIZES_DATA_AT : start + _CHUNK_SIZES_DATA_AT + 4 * run_count],
+                view[start + messages_at + 4 : start + messages_end],
+                view[start : start + end],
             )
         )
     return runs
