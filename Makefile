@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard broky/protocol/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard broky/*/*.pyx)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'

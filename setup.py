@@ -1,8 +1,9 @@
 """Build the optional C extension of the hot path; everything else is in pyproject.toml.
 
-``broky.protocol._forward`` and ``_vectors`` (Cython) are the compiled
-twins of ``broky.protocol.forward.forwardable_pure``/``walk_pure`` and
-``broky.protocol.chunks.chunk_offsets_pure``. Each is optional twice over: the
+``broky.protocol._forward``, ``broky.protocol._vectors`` and
+``broky.router._fanout`` (Cython) are the compiled twins of
+``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
+and ``broky.router.fanout.fan_out_pure``. Each is optional twice over: the
 build continues without it when compiling fails (``optional=True``), and
 Broky runs the pure-Python version whenever one is missing.
 """
@@ -16,8 +17,12 @@ except ImportError:  # no Cython at build time: the pure-Python reader runs
 else:
     extensions = cythonize(
         [
-            Extension(f"broky.protocol.{name}", [f"broky/protocol/{name}.pyx"], optional=True)
-            for name in ("_forward", "_vectors")
+            Extension(name, [name.replace(".", "/") + ".pyx"], optional=True)
+            for name in (
+                "broky.protocol._forward",
+                "broky.protocol._vectors",
+                "broky.router._fanout",
+            )
         ],
         compiler_directives={"language_level": "3"},
         quiet=True,

@@ -25,6 +25,7 @@ from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
+from broky.router.fanout import fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.matcher import MATCH_CACHE_SIZE, SubscriptionIndex, validate_pattern
 from broky.router.outbox import (
@@ -345,16 +346,25 @@ class Router:
         if self._routes_generation != self._index.generation:
             self._clear_routes()
         routes = self._routes[source]
-        count_topic = self.topics.count
-        topic_table = self.topics.table
-        # Counted in locals and added once: the loop runs once per run, and
-        # short runs make it the broker's per-message loop. Consecutive runs
-        # with the same route are queued together (one push per batch).
-        published_runs = published_messages = unrouted = from_links = 0
-        batch: list[EncodedRun] = []
-        batch_route: tuple[Subscription, ...] = ()
-        batch_messages = batch_bytes = 0
-        for run in runs:
+        # A peer's runs are counted by the worker they came from.
+        topics = None if from_peer else self.topics.table
+        runs = runs if isinstance(runs, list) else list(runs)
+        end = len(runs)
+        published_runs = published_messages = unrouted = 0
+        position = 0
+        while True:
+            # Runs with cached routes and tracked topics, in batches (fan_out).
+            position, walked_runs, walked_messages, walked_unrouted = fan_out(
+                runs, position, routes, topics
+            )
+            published_runs += walked_runs
+            published_messages += walked_messages
+            unrouted += walked_unrouted
+            if position >= end:
+                break
+            # The one run fan_out stopped at: route its key, start counting it.
+            run = runs[position]
+            position += 1
             key = run.key
             subscriptions = routes.get(key)
             if subscriptions is None:
@@ -374,39 +384,20 @@ class Router:
                 routes[key] = subscriptions
             count = run.count
             size = len(run.chunk)
+            if topics is not None:
+                self.topics.count(key, count, size)
             published_runs += 1
             published_messages += count
-            if from_peer:
-                from_links += count  # its topic is counted by the worker it came from
-            else:
-                figures = topic_table.get(key)
-                if figures is None:
-                    count_topic(key, count, size)
-                else:
-                    figures[0] += count
-                    figures[1] += size
             if not subscriptions:
                 unrouted += count
-            elif subscriptions is batch_route:
-                batch.append(run)
-                batch_messages += count
-                batch_bytes += size
-            else:
-                if batch:
-                    for subscription in batch_route:
-                        subscription.push_many(batch, batch_messages, batch_bytes)
-                batch = [run]
-                batch_route = subscriptions
-                batch_messages = count
-                batch_bytes = size
-        if batch:
-            for subscription in batch_route:
-                subscription.push_many(batch, batch_messages, batch_bytes)
+            for subscription in subscriptions:
+                subscription.push_many([run], count, size)
         counters = self.counters
         counters.published_runs += published_runs
         counters.published_messages += published_messages
         counters.dropped_no_subscriber += unrouted
-        counters.from_links += from_links
+        if from_peer:
+            counters.from_links += published_messages
 
     def run_direct_writes(self) -> None:
         """Make the direct writes queued since the last call (see ``direct_writes``)."""
