@@ -198,9 +198,20 @@ class ServerConnection:
         self.client_name = ""
 
     def _wake(self) -> None:
-        self._work.set()
-        if self._writer_idle and self._direct_fd >= 0:
-            self._router.direct_writes.append(self._write_directly)
+        router = self._router
+        if (
+            self._writer_idle
+            and self._direct_fd >= 0
+            and router.routing
+            and self._outlet.failure is None
+        ):
+            # A reader is routing: it makes this write when its batch is
+            # done (Router.run_direct_writes), and wakes the writer task only
+            # if the socket does not take everything: no task switch per
+            # message at light load.
+            router.direct_writes.append(self._write_directly)
+        else:
+            self._work.set()
         if self._outlet.failure is not None and self._send_scope is not None:
             # A blocked write gets CLOSE_TIMEOUT more seconds, then is abandoned.
             self._send_scope.deadline = min(
@@ -225,13 +236,10 @@ class ServerConnection:
         interleave bytes; what the socket does not take, the writer sends
         first, and from then on batches as usual (the socket pushes back)."""
         outlet = self._outlet
-        if (
-            not self._writer_idle
-            or self._unsent
-            or self._direct_fd < 0
-            or outlet.failure is not None
-            or not outlet.has_work
-        ):
+        if not self._writer_idle or self._unsent or outlet.failure is not None:
+            self._work.set()  # the writer takes it from here
+            return
+        if not outlet.has_work:
             return
         data = b"".join(outlet.take())
         try:
@@ -242,6 +250,8 @@ class ServerConnection:
         self._counters.direct_writes += 1
         if sent < len(data):
             self._unsent = data[sent:]
+        if self._unsent or outlet.has_work:
+            self._work.set()
 
     def _close_reason(self, reason: CloseReason, detail: str = "") -> None:
         if self._reason is None:
@@ -384,9 +394,13 @@ class ServerConnection:
                 self._note_progress(bool(frames))
                 if self.principal is None and frames:
                     frames = await self._admit(frames)
-                handle(frames)
-                if router.direct_writes:
-                    router.run_direct_writes()
+                router.routing = True
+                try:
+                    handle(frames)
+                finally:
+                    router.routing = False
+                    if router.direct_writes:
+                        router.run_direct_writes()
                 if pressure.outlets:
                     await self._hold_reading(self._yield_to_subscribers)
                 if self._durable.store is not None and self._durable.store.congested:

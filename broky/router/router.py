@@ -151,6 +151,10 @@ class Router:
         #: make at once (ServerConnection._write_directly): a reader runs
         #: them after each read, so one write per connection per read batch.
         self.direct_writes: list[Callable[[], None]] = []
+        #: True while a reader routes a batch it read: it runs the direct
+        #: writes when done, so connections woken meanwhile need not wake
+        #: their writer tasks (see ServerConnection._wake).
+        self.routing = False
 
     # --- connections -------------------------------------------------------
 
