@@ -19,7 +19,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The cluster tests start a real etcd (Debian's etcd-server); apt-get runs only when it is missing.
 test: lint
+	@command -v etcd >/dev/null || { apt-get update && apt-get install -y etcd-server; }
 	$(VENV)/bin/pytest -q
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.
