@@ -71,7 +71,9 @@ def test_joins_and_leaves_move_little(
             if len(live) > factor:
                 # Only the joiner gains replicas, and no more than its share.
                 gained = {
-                    node for old, new in zip(placement, after) for node in set(new) - set(old)
+                    node
+                    for old, new in zip(placement, after, strict=True)
+                    for node in set(new) - set(old)
                 }
                 assert gained <= {joined}
                 share = math.ceil(vbuckets * factor / len(live))
