@@ -1,13 +1,13 @@
-"""A small trio client for etcd v3, over etcd's JSON gateway with httpx.
+"""A small trio client for etcd v3, over etcd's JSON gateway.
 
 Why not a library: no maintained etcd client runs on trio. The gRPC ones
 are synchronous (``etcd3``, which no longer imports with protobuf >= 4) or
 asyncio-only (``aetcd`` and friends); OpenStack's ``etcd3gw`` speaks the same
 gateway but blocks a thread per call and per watch. The gateway is stable
-HTTP/1.1 + JSON that etcd 3.4 and later serve on the client port, Patroni
-elects PostgreSQL primaries through it, and httpx runs on trio natively. The
-request and answer formats live in broky.cluster.etcd_wire (no I/O); this
-module only moves them.
+HTTP/1.1 + JSON that etcd 3.4 and later serve on the client port, and
+Patroni elects PostgreSQL primaries through it. The request and answer
+formats live in broky.cluster.etcd_wire (no I/O); broky.cluster.http moves
+the bytes (h11 on trio; it says why not httpx).
 
 Retry contract: a request whose answer was lost may have been applied.
 Callers only send writes that are safe to repeat: compare-and-swap txns (a
@@ -23,8 +23,6 @@ from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import attrs
-import h11
-import httpx
 import trio
 
 from broky.cluster.etcd_wire import (
@@ -46,6 +44,7 @@ from broky.cluster.etcd_wire import (
     txn_json,
     watch_create_json,
 )
+from broky.cluster.http import HttpConnection, HttpError, HttpPool
 
 #: How long one unary request may take. etcd answers in milliseconds (a txn
 #: is ~2 ms here, it fsyncs its WAL); seconds mean it lost its quorum or the
@@ -98,16 +97,14 @@ class EtcdClient:
             raise ValueError("at least one etcd endpoint is needed")
         self.endpoints = tuple(endpoints)
         self._current = 0
-        # trust_env=False: a proxy set in the environment must not sit
-        # between a node and its metadata store.
-        self._http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(REQUEST_TIMEOUT))
+        self._pool = HttpPool()
 
     @classmethod
     def from_url(cls, url: str) -> EtcdClient:
         return cls(parse_endpoints(url))
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._pool.aclose()
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -119,18 +116,24 @@ class EtcdClient:
     def endpoint(self) -> str:
         return self.endpoints[self._current]
 
+    def _host_port(self) -> tuple[str, int]:
+        parts = urlsplit(self.endpoint)
+        return parts.hostname or "", parts.port or 80
+
     def _failed(self, exc: Exception, path: str) -> EtcdUnavailable:
         failed = self.endpoint
         self._current = (self._current + 1) % len(self.endpoints)
-        return EtcdUnavailable(f"etcd at {failed} unreachable on {path}: {exc!r}")
+        return EtcdUnavailable(f"etcd at {failed} unreachable on {path}: {exc}")
 
     async def call(self, path: str, body: Json) -> Json:
         """POST ``body`` to the gateway's ``path`` (``/v3/kv/range``...)."""
+        host, port = self._host_port()
         try:
-            response = await self._http.post(self.endpoint + path, json=body)
-        except httpx.TransportError as exc:
+            with trio.fail_after(REQUEST_TIMEOUT):
+                _status, answer = await self._pool.post(host, port, path, json.dumps(body).encode())
+        except (HttpError, trio.TooSlowError) as exc:
             raise self._failed(exc, path) from exc
-        return check(decode(response.content))
+        return check(decode(answer))
 
     async def get(self, key: bytes) -> RangeResult:
         return await self.range(Get(key))
@@ -185,80 +188,48 @@ class EtcdClient:
     async def watch(
         self, key: bytes, range_end: bytes = b"", start_revision: int = 0
     ) -> AsyncIterator[WatchStream]:
-        """Watch ``key`` (or the range) from ``start_revision`` (0: from now).
+        """Watch ``key`` (or the range) from ``start_revision`` (0: from now),
+        on a connection of its own (a watch is one long chunked answer).
 
         The stream ends with EtcdUnavailable when the connection drops and
         with WatchCompacted when the start revision is gone; restarting is
         the caller's (broky.cluster.mirror does it), since only the caller
-        knows the last revision it applied.
-
-        A watch is one long chunked answer. It runs on its own connection
-        with h11 (httpx's transport underneath) rather than httpx's
-        streaming API, whose nested async generators cannot all be closed
-        when a watch is abandoned mid-stream, which trio reports."""
-        endpoint = self.endpoint
-        parts = urlsplit(endpoint)
-        host, port = parts.hostname or "", parts.port or 80
+        knows the last revision it applied."""
+        host, port = self._host_port()
         body = json.dumps(watch_create_json(key, range_end, start_revision)).encode()
         try:
             with trio.fail_after(REQUEST_TIMEOUT):
-                tcp = await trio.open_tcp_stream(host, port)
-        except (OSError, trio.TooSlowError) as exc:
+                connection = await HttpConnection.open(host, port)
+        except (HttpError, trio.TooSlowError) as exc:
             raise self._failed(exc, "/v3/watch") from exc
-        async with tcp:
-            stream = WatchStream(self, tcp)
-            await stream.start(parts.netloc, body)
+        try:
+            stream = WatchStream(self, connection)
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT):
+                    await stream.start(body)
+            except trio.TooSlowError as exc:
+                raise self._failed(exc, "/v3/watch") from exc
             yield stream
+        finally:
+            await connection.aclose()
 
 
 class WatchStream:
     """The batches of one open watch, in revision order; iterate it."""
 
-    def __init__(self, client: EtcdClient, tcp: trio.SocketStream) -> None:
+    def __init__(self, client: EtcdClient, connection: HttpConnection) -> None:
         self._client = client
-        self._tcp = tcp
-        self._http = h11.Connection(h11.CLIENT)
+        self._connection = connection
         self._pending = b""
 
-    async def start(self, netloc: str, body: bytes) -> None:
-        headers = [
-            ("Host", netloc),
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-        ]
-        request = h11.Request(method="POST", target="/v3/watch", headers=headers)
-        with trio.fail_after(REQUEST_TIMEOUT):
-            await self._send(self._http.send(request), self._http.send(h11.Data(data=body)))
-            await self._send(self._http.send(h11.EndOfMessage()))
-            event = await self._next_event()
-        if not isinstance(event, h11.Response):
-            raise EtcdError(f"etcd answered a watch with {event!r}")
-        if event.status_code != 200:
-            error = b""
-            while isinstance(event := await self._next_event(), h11.Data):
-                error += event.data
-            check(decode(error))
-            raise EtcdError(f"etcd answered a watch with HTTP {event}")
-
-    async def _send(self, *chunks: bytes | None) -> None:
+    async def start(self, body: bytes) -> None:
         try:
-            await self._tcp.send_all(b"".join(chunk for chunk in chunks if chunk))
-        except trio.BrokenResourceError as exc:
+            status = await self._connection.send_request("/v3/watch", body)
+            if status != 200:
+                check(decode(await self._connection.read_body()))
+                raise EtcdError(f"etcd answered a watch with HTTP {status}")
+        except HttpError as exc:
             raise self._client._failed(exc, "/v3/watch") from exc
-
-    async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
-        while True:
-            try:
-                event = self._http.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise EtcdError(f"etcd's watch answer is not valid HTTP: {exc}") from exc
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                data = await self._tcp.receive_some(65536)
-            except trio.BrokenResourceError as exc:
-                raise self._client._failed(exc, "/v3/watch") from exc
-            self._http.receive_data(data)
 
     def __aiter__(self) -> WatchStream:
         return self
@@ -271,7 +242,10 @@ class WatchStream:
                 if line.strip():
                     return parse_watch_line(line.decode())
                 continue
-            event = await self._next_event()
-            if not isinstance(event, h11.Data):
-                raise EtcdUnavailable("etcd closed the watch stream")
-            self._pending += event.data
+            try:
+                data = await self._connection.next_data()
+            except HttpError as exc:
+                raise self._client._failed(exc, "/v3/watch") from exc
+            if data is None:
+                raise EtcdUnavailable("etcd ended the watch stream")
+            self._pending += data
