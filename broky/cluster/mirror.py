@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 #: Pause before re-opening a watch etcd dropped: short, since failover time
 #: depends on seeing changes, but not a busy loop while etcd is down.
 RETRY_DELAY = 0.1
+#: Longest pause between re-reads while etcd stays unreachable.
+MAX_RETRY_DELAY = 2.0
 
 
 class PrefixMirror:
@@ -57,13 +59,7 @@ class PrefixMirror:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the copy current until cancelled; started once the first read
         is in (so callers of ``nursery.start`` see a full copy)."""
-        while True:
-            try:
-                await self._reload()
-                break
-            except EtcdError as exc:
-                log.warning("reading %r from etcd failed (%s), retrying", self.prefix, exc)
-                await trio.sleep(RETRY_DELAY)
+        await self._reload_until_done()
         task_status.started()
         while True:
             try:
@@ -76,12 +72,16 @@ class PrefixMirror:
                 await trio.sleep(RETRY_DELAY)
 
     async def _reload_until_done(self) -> None:
+        delay = RETRY_DELAY
         while True:
             try:
                 await self._reload()
                 return
-            except EtcdError:
-                await trio.sleep(RETRY_DELAY)
+            except EtcdError as exc:
+                level = logging.WARNING if delay == RETRY_DELAY else logging.DEBUG
+                log.log(level, "reading %r from etcd failed (%s), retrying", self.prefix, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
 
     async def _follow(self) -> None:
         end = prefix_end(self.prefix)
