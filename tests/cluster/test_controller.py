@@ -40,7 +40,10 @@ async def nodes(etcd_url: str, prefix: bytes) -> AsyncIterator[list[ClusterNode]
                 node = ClusterNode(client, keys, NodeInfo(name), SETTINGS, lease_ttl=1)
                 await nursery.start(node.run)
                 started.append(node)
-            await eventually(lambda: len(started[0].vbuckets.states()) == SETTINGS.vbuckets)
+            # Every node's view has the whole placement.
+            await eventually(
+                lambda: all(len(n.vbuckets.states()) == SETTINGS.vbuckets for n in started)
+            )
         yield started
         nursery.cancel_scope.cancel()
 
