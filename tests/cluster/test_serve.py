@@ -182,6 +182,44 @@ async def test_nodes_join_fail_over_and_leave(
     assert f"{VBUCKETS} vbuckets placed, {VBUCKETS} under-replicated, 0 offline" in text
 
 
+async def test_a_paused_node_is_replaced_and_comes_back_as_a_new_life(
+    nodes: list[Node], etcd: EtcdClient, cluster_name: str
+) -> None:
+    """SIGSTOP past the lease (a zombie): its vbuckets fail over while it
+    sleeps; after SIGCONT it finds its lease gone, registers again with a
+    new node epoch, leads nothing, and its old life is in no ISR."""
+    keys = ClusterKeys.for_cluster(cluster_name)
+    with trio.fail_after(30):
+        await wait_for(etcd, keys, lambda s: len(s.members) == 3 and len(s.vbuckets) == VBUCKETS)
+    before = await read_status(etcd, keys)
+    paused = nodes[0]
+    old_life = before.members[paused.node_id].epoch
+    led = {v for v, s in before.vbuckets.items() if s.state.leader == paused.node_id}
+    os.kill(paused.process.pid, signal.SIGSTOP)
+    try:
+        with trio.fail_after(10):
+            await wait_for(
+                etcd,
+                keys,
+                lambda s: (
+                    paused.node_id not in s.members
+                    and all(s.vbuckets[v].state.leader not in (None, paused.node_id) for v in led)
+                ),
+            )
+    finally:
+        os.kill(paused.process.pid, signal.SIGCONT)
+    with trio.fail_after(10):
+        await wait_for(etcd, keys, lambda s: paused.node_id in s.members)
+    after = await read_status(etcd, keys)
+    assert after.members[paused.node_id].epoch > old_life
+    for vbucket, stored in after.vbuckets.items():
+        assert stored.state.leader != paused.node_id
+        assert (paused.node_id, old_life) not in stored.state.isr
+        if vbucket in led:
+            assert stored.state.epoch == before.vbuckets[vbucket].state.epoch + 1
+    assert paused.process.poll() is None  # it kept running
+
+
 def test_status_of_an_empty_cluster(etcd_url: str, cluster_name: str) -> None:
     done = subprocess.run(
         [
