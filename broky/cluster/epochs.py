@@ -25,6 +25,7 @@ decides.
 from __future__ import annotations
 
 import bisect
+import enum
 from collections.abc import Iterable
 
 #: (epoch, start offset of its first record in this log).
@@ -109,3 +110,42 @@ def truncation_step(
     if own_epoch != epoch:
         return min(own_end, follower_end), False
     return min(leader_end, own_end, follower_end), True
+
+
+class Verdict(enum.Enum):
+    """What a follower does with a batch a leader sent it."""
+
+    APPEND = "append"
+    #: The sender leads an older epoch than one this follower follows: it
+    #: was deposed. Answer FENCED with our epoch; it must step down.
+    FENCED = "fenced"
+    #: A newer epoch: run ``truncation_step`` rounds against this leader
+    #: first, then ``FollowerFence.follow`` it.
+    TRUNCATE_FIRST = "truncate_first"
+    #: Not at our log end: fetch from our log end instead.
+    OUT_OF_SEQUENCE = "out_of_sequence"
+
+
+class FollowerFence:
+    """The newest leader epoch a follower has truncated for, kept durably
+    with the epoch history; the follower's half of fencing (a leader that
+    lost its lease may still send)."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    def verdict(self, epoch: int, base_offset: int, log_end: int) -> Verdict:
+        """For a batch of leader epoch ``epoch`` starting at ``base_offset``."""
+        if epoch < self.epoch:
+            return Verdict.FENCED
+        if epoch > self.epoch:
+            return Verdict.TRUNCATE_FIRST
+        if base_offset != log_end:
+            return Verdict.OUT_OF_SEQUENCE
+        return Verdict.APPEND
+
+    def follow(self, epoch: int) -> None:
+        """Truncation against the leader of ``epoch`` is done (never goes back)."""
+        if epoch < self.epoch:
+            raise EpochHistoryError(f"following epoch {epoch} after epoch {self.epoch}")
+        self.epoch = epoch

@@ -45,6 +45,8 @@ REGISTER_WAIT = 10.0
 
 #: Pause before registering again after the lease was lost or etcd failed.
 REJOIN_DELAY = 0.2
+#: Longest pause between attempts to rejoin while etcd is unreachable.
+MAX_REJOIN_DELAY = 5.0
 
 
 class ClusterNode:
@@ -95,7 +97,9 @@ class ClusterNode:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.membership.run)
             await nursery.start(self.vbuckets.run)
+            delay = REJOIN_DELAY
             while True:
+                lives = self.lives
                 try:
                     await self._live(task_status)
                 except* LeaseLost as group:
@@ -103,7 +107,9 @@ class ClusterNode:
                 except* EtcdError as group:
                     log.warning("node %s: etcd failed: %s", self.node_id, group.exceptions[0])
                 task_status = trio.TASK_STATUS_IGNORED
-                await trio.sleep(REJOIN_DELAY)
+                # Rejoin at once after a life; back off while etcd stays away.
+                delay = REJOIN_DELAY if self.lives > lives else min(delay * 2, MAX_REJOIN_DELAY)
+                await trio.sleep(delay)
 
     async def _live(self, task_status: trio.TaskStatus[None]) -> None:
         self.settings = await load_settings(self.client, self.keys, self.proposed_settings)

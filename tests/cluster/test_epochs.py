@@ -9,7 +9,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broky.cluster.epochs import EpochHistory, EpochHistoryError, truncation_step
+from broky.cluster.epochs import (
+    EpochHistory,
+    EpochHistoryError,
+    FollowerFence,
+    Verdict,
+    truncation_step,
+)
 
 REPLICAS = ("A", "B", "C")
 
@@ -142,3 +148,15 @@ def test_history_refuses_going_back() -> None:
     history = EpochHistory([(1, 0), (5, 5)])
     history.truncate(5)
     assert history.entries == ((1, 0),)
+
+
+def test_follower_fence() -> None:
+    fence = FollowerFence()
+    assert fence.verdict(3, 0, 0) is Verdict.TRUNCATE_FIRST
+    fence.follow(3)
+    assert fence.verdict(3, 0, 0) is Verdict.APPEND
+    assert fence.verdict(3, 5, 2) is Verdict.OUT_OF_SEQUENCE
+    assert fence.verdict(2, 0, 0) is Verdict.FENCED  # a deposed leader still sending
+    assert fence.verdict(4, 0, 0) is Verdict.TRUNCATE_FIRST
+    with pytest.raises(EpochHistoryError, match="after epoch 3"):
+        fence.follow(2)
