@@ -167,7 +167,10 @@ class EtcdClient:
     async def grant(self, ttl: int) -> Lease:
         """A new lease of about ``ttl`` seconds (see Lease.ttl)."""
         answer = await self.call("/v3/lease/grant", {"TTL": str(ttl)})
-        return Lease(int(answer["ID"]), int(answer["TTL"]))
+        try:
+            return Lease(int(answer["ID"]), int(answer["TTL"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EtcdError(f"etcd granted no lease: {answer}") from exc
 
     async def keepalive(self, lease: int) -> int:
         """Renew ``lease`` once; returns its new TTL, 0 if it has expired."""
