@@ -75,6 +75,9 @@ class ClusterNode:
         self.controller: Controller | None = None
         #: Lives so far (1 + times the lease was lost and the node re-registered).
         self.lives = 0
+        #: Revoke the lease when stopped, so others fail over at once. False
+        #: leaves it to expire, as after a crash (fault tests use it).
+        self.revoke_on_exit = True
 
     @property
     def node_id(self) -> str:
@@ -136,8 +139,12 @@ class ClusterNode:
         finally:
             self.registration = None
             self.controller = None
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                try:
-                    await self.client.revoke(lease.id)
-                except EtcdError as exc:
-                    log.warning("could not revoke lease %x: %s", lease.id, exc)
+            if self.revoke_on_exit:
+                await self._revoke(lease.id)
+
+    async def _revoke(self, lease: int) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            try:
+                await self.client.revoke(lease)
+            except EtcdError as exc:
+                log.warning("could not revoke lease %x: %s", lease, exc)
