@@ -167,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="broky",
         description="Broky, a publish/subscribe message broker: serve runs one; pub, sub and "
-        "top talk to one; bench load-tests one; passwd makes credentials for its config.",
+        "top talk to one; bench load-tests one; passwd makes credentials for its config; "
+        "cluster runs a local etcd or shows a replicated cluster.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 

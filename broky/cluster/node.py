@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+import attrs
 import trio
 
 from broky.cluster.controller import Controller, load_settings
@@ -49,6 +50,24 @@ REJOIN_DELAY = 0.2
 MAX_REJOIN_DELAY = 5.0
 
 
+@attrs.frozen
+class ClusterNodeStatistics:
+    """A snapshot of one node's view of the cluster."""
+
+    node_id: str
+    #: Registrations so far (1 + lease losses after which it rejoined).
+    lives: int
+    #: The current life's node epoch (0 between lives).
+    node_epoch: int
+    #: The controller epoch if this node is the controller, else 0.
+    controller_epoch: int
+    #: Leader changes this node wrote while controller, in its current life.
+    elections: int
+    members: int
+    vbuckets: int
+    vbuckets_led: int
+
+
 class ClusterNode:
     """This node as a cluster member (see the module docstring)."""
 
@@ -82,6 +101,19 @@ class ClusterNode:
     @property
     def node_id(self) -> str:
         return self.info.node_id
+
+    def statistics(self) -> ClusterNodeStatistics:
+        registration, controller = self.registration, self.controller
+        return ClusterNodeStatistics(
+            node_id=self.node_id,
+            lives=self.lives,
+            node_epoch=0 if registration is None else registration.epoch,
+            controller_epoch=(controller.epoch or 0) if controller is not None else 0,
+            elections=0 if controller is None else controller.elections,
+            members=len(self.membership.members()),
+            vbuckets=len(self.vbuckets.states()),
+            vbuckets_led=len(self.terms()),
+        )
 
     def terms(self) -> dict[int, Term]:
         """The vbuckets this life leads, per the latest etcd state seen."""

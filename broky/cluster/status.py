@@ -1,4 +1,5 @@
-"""``broky cluster status``: members, placement, leaders, epochs and ISR.
+"""``broky cluster status``: members, placement, leaders, epochs and ISR;
+``broky cluster etcd``: a local etcd to try a cluster with.
 
 One linearizable read of the cluster's keys in etcd (a txn of range reads,
 so every part is from the same revision), printed as a table or as JSON
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
@@ -19,6 +23,7 @@ import trio
 from broky.cluster.etcd import EtcdClient, parse_endpoints
 from broky.cluster.etcd_wire import EtcdError, Get
 from broky.cluster.keys import ClusterKeys, check_name
+from broky.cluster.local_etcd import EtcdNotFound, local_etcd
 from broky.cluster.membership import Member, members_of
 from broky.cluster.placement import vbucket_of
 from broky.cluster.settings import ClusterSettings
@@ -105,7 +110,11 @@ def render(status: ClusterStatus, out: TextIO, topic: str = "", partitions: int 
             file=out,
         )
     if not status.vbuckets:
-        print(f"\nno placement yet: waiting for {settings.replication_factor} nodes", file=out)
+        print(
+            f"\nno placement yet: the controller writes it once {settings.replication_factor} "
+            "nodes are live",
+            file=out,
+        )
         return
     width = settings.replication_factor
     offline = [v for v, s in status.vbuckets.items() if s.state.leader is None]
@@ -167,10 +176,28 @@ def _cluster_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def run_local_etcd(args: argparse.Namespace) -> int:
+    """``broky cluster etcd``: a local etcd until Ctrl-C (or SIGTERM)."""
+    try:
+        with local_etcd(Path(args.data_dir), args.port) as url:
+            print(f"etcd listening: --cluster {url}", flush=True)
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except (EtcdNotFound, RuntimeError) as exc:
+        print(f"broky: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``broky cluster status``."""
-    cluster = commands.add_parser("cluster", help="inspect a replicated cluster (in etcd)")
+    """``broky cluster status`` and ``broky cluster etcd``."""
+    cluster = commands.add_parser("cluster", help="a replicated cluster (metadata in etcd)")
     actions = cluster.add_subparsers(dest="cluster_command", required=True)
+    etcd = actions.add_parser(
+        "etcd", help="run a local one-member etcd tuned for 1 s leases (needs etcd-server)"
+    )
+    etcd.add_argument("--data-dir", default="broky-etcd", help="its data (default ./broky-etcd)")
+    etcd.add_argument("--port", type=int, default=2379, help="client port (default 2379)")
+    etcd.set_defaults(handler=_blocking_signals(run_local_etcd))
     status = actions.add_parser("status", help="members, placement, leaders, epochs and ISR")
     status.add_argument(
         "--etcd",
@@ -183,3 +210,19 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--topic", help="only the vbuckets of this topic's partitions")
     status.add_argument("--partitions", type=int, default=1, help="partitions of --topic")
     status.set_defaults(handler=lambda args: trio.run(status_command, args))
+
+
+def _blocking_signals(
+    handler: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """Run ``handler`` with SIGINT/SIGTERM blocked, so ``sigwait`` receives
+    them and the ``with`` blocks it is in still stop etcd on the way out."""
+
+    def run(args: argparse.Namespace) -> int:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            return handler(args)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    return run

@@ -72,6 +72,10 @@ async def test_a_new_cluster_is_placed_with_one_controller(
     assert sum(leads) == SETTINGS.vbuckets
     assert max(leads) - min(leads) <= 2, leads
     (controller,) = controller_of(nodes)
+    stats = [node.statistics() for node in nodes]
+    assert [s.controller_epoch > 0 for s in stats] == [node is controller for node in nodes]
+    assert sum(s.vbuckets_led for s in stats) == SETTINGS.vbuckets
+    assert all((s.lives, s.members, s.vbuckets) == (1, 3, SETTINGS.vbuckets) for s in stats)
     holder = (await etcd.get(keys.controller)).kvs[0]
     assert holder.value == controller.node_id.encode()
     assert controller.controller is not None
@@ -118,9 +122,12 @@ async def test_a_dead_leaders_vbuckets_get_new_leaders_from_the_isr(
 ) -> None:
     with trio.fail_after(5):
         await eventually(lambda: len(controller_of(nodes)) == 1)
-    victim = next(node for node in nodes if node not in controller_of(nodes))
+    (controller,) = controller_of(nodes)
+    victim = next(node for node in nodes if node is not controller)
+    led = len(victim.terms())
     elapsed = await fail_over(nodes, etcd, prefix, victim)
     assert elapsed < 2.0, f"failover took {elapsed:.2f} s"
+    assert controller.statistics().elections == led
     # The victim notices, registers again as a new life, and leads nothing.
     with trio.fail_after(5):
         await eventually(lambda: victim.lives == 2 and victim.registration is not None)

@@ -263,3 +263,43 @@ def test_status_reports_an_unreachable_etcd() -> None:
     )
     assert done.returncode == 1
     assert "cannot read the cluster" in done.stderr
+
+
+def start_cluster_etcd(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "broky",
+                "cluster",
+                "etcd",
+                "--data-dir",
+                str(data_dir),
+                "--port",
+                str(port),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def test_cluster_etcd_runs_a_local_etcd_until_interrupted(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "etcd.out"
+    process = start_cluster_etcd(tmp_path / "d", port, log)
+    try:
+        with trio.fail_after(20):
+            while b"etcd listening" not in log.read_bytes():  # noqa: ASYNC110 - a log file
+                await trio.sleep(0.05)
+            async with EtcdClient.from_url(f"etcd://127.0.0.1:{port}") as client:
+                assert (await client.get(b"x")).revision >= 1
+            os.kill(process.pid, signal.SIGINT)
+            assert await trio.to_thread.run_sync(process.wait) == 0
+        # etcd went with it.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
