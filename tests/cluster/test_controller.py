@@ -126,7 +126,7 @@ async def test_a_dead_leaders_vbuckets_get_new_leaders_from_the_isr(
     victim = next(node for node in nodes if node is not controller)
     led = len(victim.terms())
     elapsed = await fail_over(nodes, etcd, prefix, victim)
-    assert elapsed < 2.0, f"failover took {elapsed:.2f} s"
+    assert elapsed < 5.0, f"failover took {elapsed:.2f} s"  # revoked: milliseconds, loosely
     assert controller.statistics().elections == led
     # The victim notices, registers again as a new life, and leads nothing.
     with trio.fail_after(5):

@@ -44,7 +44,7 @@ NAMES = ("n1", "n2", "n3")
 CYCLES = 20
 #: Longest a fault may take to be reflected in etcd: a 1 s lease, the
 #: controller's reaction, and a loaded CI machine.
-SETTLE_BOUND = 6.0
+SETTLE_BOUND = 10.0
 
 
 @attrs.define
@@ -151,7 +151,11 @@ async def test_fault_cycles_keep_leadership_safe(
             for _ in range(CYCLES):
                 fault = rng.choice(("crash", "lease", "stop"))
                 victim = rng.choice(sorted(cluster.running))
-                registration = cluster.running[victim].node.registration
+                # On a loaded machine a node may be between two lives (its
+                # lease ran out): the fault hits its next life.
+                node = cluster.running[victim].node
+                await eventually(partial(registered, node))
+                registration = node.registration
                 assert registration is not None
                 began = trio.current_time()
                 if fault == "lease":
@@ -169,6 +173,10 @@ async def test_fault_cycles_keep_leadership_safe(
     for fault, times in settle_times.items():
         assert all(t < SETTLE_BOUND for t in times), (fault, times)
     print({fault: [round(t, 2) for t in times] for fault, times in settle_times.items()})
+
+
+def registered(node: ClusterNode) -> bool:
+    return node.registration is not None
 
 
 def settled(life: tuple[str, int], status: ClusterStatus) -> bool:

@@ -140,7 +140,9 @@ async def test_nodes_join_fail_over_and_leave(
                 and all(s.vbuckets[v].state.leader not in (None, killed.node_id) for v in led)
             ),
         )
-    assert elapsed < 3.0, f"failover after SIGKILL took {elapsed:.2f} s"
+    # A liveness bound (1 s lease + reaction), loose for loaded CI machines;
+    # benchmarks/bench_failover.py measures the distribution.
+    assert elapsed < 5.0, f"failover after SIGKILL took {elapsed:.2f} s"
     after = await read_status(etcd, keys)
     for vbucket in led:
         assert after.vbuckets[vbucket].state.epoch == status.vbuckets[vbucket].state.epoch + 1
