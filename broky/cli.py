@@ -19,6 +19,7 @@ from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
 from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.gcpolicy import tune_for_broker
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
@@ -253,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             config = load_config(args)
             _configure_logging(config.log_level)
+            tune_for_broker()
             workers = worker_count(config)
             if workers == 1 and not config.cluster_listen:
                 server = serve
