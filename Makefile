@@ -20,8 +20,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The whole suite runs on the compiled hot path; the tests that drive the
-# hot path run again on its pure-Python fallback (BROKY_PURE=1).
+# hot path run again on its pure-Python fallback (BROKY_PURE=1). The cluster
+# tests start a real etcd (Debian's etcd-server); apt-get runs only when it is missing.
 test: lint
+	@command -v etcd >/dev/null || { apt-get update && apt-get install -y etcd-server; }
 	$(VENV)/bin/pytest -q
 	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration
 

@@ -16,6 +16,8 @@ import trio
 
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
+from broky.cluster import status as cluster_status
+from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.gcpolicy import tune_for_broker
 from broky.loadtest import cli as bench
@@ -70,6 +72,12 @@ def load_config(args: argparse.Namespace) -> Config:
         "accept",
         "cluster_listen",
         "allow_anonymous",
+        "cluster_etcd",
+        "node_id",
+        "cluster_name",
+        "replication_factor",
+        "vbuckets",
+        "cluster_lease_ttl",
     )
     for name in (*overridable, *TLS_SETTINGS):
         value = getattr(args, name, None)
@@ -160,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="broky",
         description="Broky, a publish/subscribe message broker: serve runs one; pub, sub and "
-        "top talk to one; bench load-tests one; passwd makes credentials for its config.",
+        "top talk to one; bench load-tests one; passwd makes credentials for its config; "
+        "cluster runs a local etcd or shows a replicated cluster.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -180,6 +189,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument(
         "--peers", help="comma-separated cluster_listen addresses of the other nodes"
+    )
+    serve_cmd.add_argument(
+        "--cluster",
+        dest="cluster_etcd",
+        help="join the replicated cluster whose metadata is in this etcd, "
+        "etcd://HOST:PORT[,HOST:PORT...] (needs --node-id)",
+    )
+    serve_cmd.add_argument("--node-id", help="this node's id in the replicated cluster")
+    serve_cmd.add_argument(
+        "--cluster-name", help="the cluster's name (its keys in etcd: /broky/NAME/)"
+    )
+    serve_cmd.add_argument(
+        "--replication-factor", type=int, help="copies of each partition (new cluster: 3)"
+    )
+    serve_cmd.add_argument("--vbuckets", type=int, help="vbuckets of a new cluster (256)")
+    serve_cmd.add_argument(
+        "--cluster-lease-ttl", type=int, help="seconds before a silent node is dead (1)"
     )
     for setting in TLS_SETTINGS:
         serve_cmd.add_argument(
@@ -217,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_auth_flags(top_cmd)
     bench.add_parser(commands)
     passwd.add_parser(commands)
+    cluster_status.add_parser(commands)
     return parser
 
 
@@ -228,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args)
             _configure_logging(config.log_level)
             tune_for_broker()
-            if worker_count(config) == 1 and not config.cluster_listen:
-                trio.run(serve, config, partial(load_config, args))
+            workers = worker_count(config)
+            if workers == 1 and not config.cluster_listen:
+                server = serve
             elif config.durable:
                 raise ConfigError(
                     "durable topics need one worker and no cluster (workers = 1, no "
@@ -237,8 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "their partition is not implemented yet"
                 )
             else:
-                trio.run(serve_node, config, partial(load_config, args))
-        elif args.command in ("bench", "passwd"):
+                server = serve_node
+            load = partial(load_config, args)
+            if config.cluster_etcd:
+                trio.run(serve_member, server, config, load, workers)
+            else:
+                trio.run(server, config, load)
+        elif args.command in ("bench", "passwd", "cluster"):
             return int(args.handler(args))
         elif args.command == "top":
             trio.run(
@@ -259,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"broky: configuration error: {exc}", file=sys.stderr)
         return 2
-    except (BrokyError, OSError) as exc:
+    except (BrokyError, OSError, ClusterStartError) as exc:
         print(f"broky: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

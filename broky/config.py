@@ -14,6 +14,8 @@ from typing import Any, Final
 
 import attrs
 
+from broky.cluster.etcd import parse_endpoints
+from broky.cluster.keys import check_name
 from broky.connection.handler import ConnectionSettings
 from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
@@ -169,6 +171,20 @@ class Config:
     #: Bytes queued for one connection across all its subscriptions; beyond
     #: it, each subscription's slow-consumer policy applies (drop or disconnect).
     max_pending_bytes: int = attrs.field(default=DEFAULT_MAX_PENDING_BYTES, validator=_positive)
+    #: etcd holding the replicated cluster's metadata, ``etcd://HOST:PORT[,...]``
+    #: (broky.cluster); empty: no replicated cluster.
+    cluster_etcd: str = ""
+    #: This node's id in the replicated cluster (required with cluster_etcd).
+    node_id: str = ""
+    #: The cluster's keys live under ``/broky/<cluster_name>/`` in etcd.
+    cluster_name: str = "broky"
+    #: Seconds a node's lease lasts without renewal: how long the partitions
+    #: of a crashed node wait for new leaders (etcd may raise it to its floor).
+    cluster_lease_ttl: int = attrs.field(default=1, validator=_positive)
+    #: Copies of each partition; fixed by the first node of a new cluster.
+    replication_factor: int = attrs.field(default=3, validator=_positive)
+    #: Vbuckets the partitions are spread over; fixed like replication_factor.
+    vbuckets: int = attrs.field(default=256, validator=_positive)
 
     @port.validator
     def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:
@@ -205,6 +221,7 @@ class Config:
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("tls_client_ca needs tls_cert and tls_key (mTLS is TLS first)")
         self._check_cluster_tls()
+        self._check_replicated_cluster()
         if self.durable and not self.data_dir:
             raise ConfigError("durable topics need data_dir (where their logs live)")
         if self.cluster_listen:
@@ -280,6 +297,20 @@ class Config:
                     f"cluster_tls_names holds certificate identities (a CN, DNS name or email "
                     f"address), not {name!r}"
                 )
+
+    def _check_replicated_cluster(self) -> None:
+        if not self.cluster_etcd:
+            if self.node_id:
+                raise ConfigError("node_id needs cluster_etcd (the etcd holding the cluster)")
+            return
+        if not self.node_id:
+            raise ConfigError("cluster_etcd needs node_id: every node of a cluster has its own")
+        try:
+            parse_endpoints(self.cluster_etcd)
+            check_name("node_id", self.node_id)
+            check_name("cluster_name", self.cluster_name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def _check_files(self, *names: str) -> None:
         """Name the setting whose file is missing (OpenSSL's errors do not)."""

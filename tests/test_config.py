@@ -176,3 +176,23 @@ def test_invalid_toml(tmp_path: Path) -> None:
 def test_heartbeat_must_be_shorter_than_the_idle_timeout() -> None:
     with pytest.raises(ConfigError, match="heartbeat_interval"):
         Config(heartbeat_interval=30.0, idle_timeout=30.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"cluster_etcd": "etcd://127.0.0.1:2379"}, "needs node_id"),
+        ({"node_id": "n1"}, "node_id needs cluster_etcd"),
+        ({"cluster_etcd": "127.0.0.1:2379", "node_id": "n1"}, "cluster must be etcd://"),
+        ({"cluster_etcd": "etcd://127.0.0.1:2379", "node_id": "n/1"}, "node_id must be"),
+        (
+            {"cluster_etcd": "etcd://a:1", "node_id": "n1", "cluster_name": ""},
+            "cluster_name must be",
+        ),
+        ({"cluster_lease_ttl": 0}, "cluster_lease_ttl must be > 0"),
+        ({"replication_factor": 0}, "replication_factor must be > 0"),
+    ],
+)
+def test_replicated_cluster_settings_are_checked(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.from_mapping(values)

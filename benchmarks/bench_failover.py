@@ -1,0 +1,177 @@
+"""Failover time of the replicated cluster's metadata path, as JSON lines.
+
+Run: ``.venv/bin/python -m benchmarks.bench_failover [--cycles N] [--vbuckets V]``.
+
+Each cycle starts a fresh cluster (its own name in one local etcd, tuned as
+broky.cluster.local_etcd says) of three ``broky serve --cluster`` processes
+(one worker each), waits for placement, then:
+
+1. SIGKILLs the node leading the most vbuckets and measures the time from
+   the signal to etcd holding a new leader (epoch + 1) for every vbucket it
+   led: lease expiry + the controller's watch + its CAS txns;
+2. SIGTERMs another node (a clean stop revokes its lease) and measures the
+   same.
+
+Times are read by polling etcd every 10 ms, so they carry up to 10 ms of
+polling error. Clients re-finding leaders is not measured (there is no
+data path yet). One JSON object per cycle, then a summary with
+p50 / p90 / max per kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from broky.cluster.etcd import EtcdClient
+from broky.cluster.keys import ClusterKeys
+from broky.cluster.local_etcd import local_etcd
+from broky.cluster.status import ClusterStatus, read_status
+
+#: Bound on any one wait in a cycle: a failover that takes longer is a bug.
+WAIT_TIMEOUT = 30.0
+POLL_INTERVAL = 0.01
+
+
+def start_node(etcd_url: str, cluster: str, node_id: str, vbuckets: int, log: Path) -> int:
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "broky",
+                "serve",
+                "--port",
+                "0",
+                "--workers",
+                "1",
+                "--cluster",
+                etcd_url,
+                "--node-id",
+                node_id,
+                "--cluster-name",
+                cluster,
+                "--vbuckets",
+                str(vbuckets),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    return process.pid
+
+
+async def wait_until(
+    client: EtcdClient, keys: ClusterKeys, done: Callable[[ClusterStatus], bool]
+) -> float:
+    started = time.monotonic()
+    with trio.fail_after(WAIT_TIMEOUT):
+        while not done(await read_status(client, keys)):  # noqa: ASYNC110 - polling etcd
+            await trio.sleep(POLL_INTERVAL)
+    return time.monotonic() - started
+
+
+async def fail_over(
+    client: EtcdClient, keys: ClusterKeys, pids: dict[str, int], victim: str, signum: int
+) -> tuple[float, int]:
+    """Signal ``victim``; returns (seconds until its vbuckets have new leaders, how many)."""
+    before = await read_status(client, keys)
+    led = {v: s.state.epoch for v, s in before.vbuckets.items() if s.state.leader == victim}
+    sent = time.monotonic()
+    pid = pids.pop(victim)
+    os.kill(pid, signum)
+    await wait_until(
+        client,
+        keys,
+        lambda s: all(
+            s.vbuckets[v].state.leader not in (None, victim) and s.vbuckets[v].state.epoch > epoch
+            for v, epoch in led.items()
+        ),
+    )
+    elapsed = time.monotonic() - sent
+    await trio.to_thread.run_sync(os.waitpid, pid, 0)
+    return elapsed, len(led)
+
+
+async def cycle(etcd_url: str, number: int, vbuckets: int, logs: Path) -> dict[str, object]:
+    cluster = f"bench{number}"
+    keys = ClusterKeys.for_cluster(cluster)
+    pids: dict[str, int] = {}
+    async with EtcdClient.from_url(etcd_url) as client:
+        try:
+            for node in ("n1", "n2", "n3"):
+                pids[node] = start_node(
+                    etcd_url, cluster, node, vbuckets, logs / f"{cluster}-{node}.log"
+                )
+            await wait_until(
+                client, keys, lambda s: len(s.members) == 3 and len(s.vbuckets) == vbuckets
+            )
+            status = await read_status(client, keys)
+            leads = dict.fromkeys(pids, 0)
+            for stored in status.vbuckets.values():
+                if stored.state.leader:
+                    leads[stored.state.leader] += 1
+            victim = max(sorted(leads), key=lambda node: leads[node])
+            killed, killed_count = await fail_over(client, keys, pids, victim, signal.SIGKILL)
+            stopped_node = sorted(pids)[0]
+            stopped, stopped_count = await fail_over(
+                client, keys, pids, stopped_node, signal.SIGTERM
+            )
+        finally:
+            for pid in pids.values():
+                os.kill(pid, signal.SIGTERM)
+            for pid in pids.values():
+                await trio.to_thread.run_sync(os.waitpid, pid, 0)
+    return {
+        "cycle": number,
+        "sigkill_failover_s": round(killed, 4),
+        "sigkill_vbuckets": killed_count,
+        "sigterm_failover_s": round(stopped, 4),
+        "sigterm_vbuckets": stopped_count,
+    }
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def run(cycles: int, vbuckets: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="broky-failover-") as tmp:
+        logs = Path(tmp)
+        with local_etcd(logs / "etcd") as etcd_url:
+            results = []
+            for number in range(cycles):
+                result = await cycle(etcd_url, number, vbuckets, logs)
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    summary: dict[str, object] = {"summary": True, "cycles": cycles, "vbuckets": vbuckets}
+    for kind in ("sigkill_failover_s", "sigterm_failover_s"):
+        values = [float(str(result[kind])) for result in results]
+        summary[kind] = {
+            "p50": round(percentile(values, 0.5), 4),
+            "p90": round(percentile(values, 0.9), 4),
+            "max": round(max(values), 4),
+        }
+    print(json.dumps(summary), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument("--vbuckets", type=int, default=256)
+    args = parser.parse_args()
+    trio.run(run, args.cycles, args.vbuckets)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The controller: one node at a time writes placement and elects leaders.
+
+Election: the ``controller`` key is created if absent, attached to the
+candidate's lease; its ``create_revision`` is the controller epoch. Every
+controller write is one etcd txn guarded by "``controller`` still has my
+create_revision" *and* "each vbucket key still has the mod_revision I read"
+(create_revision 0 for a new key), so a deposed controller's writes and a
+concurrent change by a leader (an ISR change) both fail the compare and the
+controller re-reads. Two controllers can never both win: etcd's
+create-if-absent is atomic, and a controller that lost its lease without
+knowing it cannot write.
+
+Duties, on every membership change (and every ``RECHECK_INTERVAL``):
+
+- once enough nodes are live (``replication_factor``), create the vbucket
+  map of a new cluster (broky.cluster.placement) with every replica in sync;
+- apply broky.cluster.state.after_membership to every vbucket: dead or
+  restarted nodes leave the ISR, vbuckets whose leader left get a new one
+  from the ISR with epoch + 1.
+
+Moving replicas onto joining nodes needs the data path (a new replica must
+catch up before it counts), so the map of a running cluster is not
+rebalanced yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from broky.cluster.etcd import EtcdClient
+from broky.cluster.etcd_wire import Compare, EtcdError, EventType, Get, Put
+from broky.cluster.keys import ClusterKeys
+from broky.cluster.membership import Membership
+from broky.cluster.placement import place
+from broky.cluster.settings import ClusterSettings
+from broky.cluster.state import VbucketState, after_membership, initial_state
+from broky.cluster.vbuckets import StoredState, states_of
+
+log = logging.getLogger(__name__)
+
+#: Vbucket keys written per txn: etcd allows 128 operations per list
+#: (--max-txn-ops); 64 keeps one election round for a 3-node, 256-vbucket
+#: cluster (about 85 vbuckets led per node) at two txns.
+KEYS_PER_TXN = 64
+
+#: How often the controller re-checks everything without a membership
+#: change, so a write lost to an etcd hiccup is retried.
+RECHECK_INTERVAL = 5.0
+
+#: Pause before retrying after etcd failed a request.
+RETRY_DELAY = 0.1
+
+
+@attrs.frozen
+class Write:
+    """One vbucket change: ``mod_revision`` 0 creates the key."""
+
+    vbucket: int
+    mod_revision: int
+    old: VbucketState | None
+    state: VbucketState
+
+
+class NotController(Exception):
+    """This node's controller epoch is over (another controller was elected
+    or its lease ended): it must stop writing and campaign again."""
+
+
+async def load_settings(
+    client: EtcdClient, keys: ClusterKeys, proposed: ClusterSettings
+) -> ClusterSettings:
+    """The cluster's settings: ``proposed`` if this is the first node to
+    write them, else what is stored (a difference is logged)."""
+    data = proposed.to_json()
+    result = await client.txn(
+        [Compare.created(keys.config, 0)], [Put(keys.config, data)], [Get(keys.config)]
+    )
+    if result.succeeded:
+        return proposed
+    stored = ClusterSettings.from_json(result.ranges[0][0].value)
+    if stored != proposed:
+        log.warning("cluster settings in etcd %s differ from this node's %s", stored, proposed)
+    return stored
+
+
+class Controller:
+    """Campaigns for the controller key with ``lease`` and, while elected,
+    keeps placement and leadership current with ``membership``."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: ClusterKeys,
+        node_id: str,
+        lease: int,
+        settings: ClusterSettings,
+        membership: Membership,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.node_id = node_id
+        self.lease = lease
+        self.settings = settings
+        self.membership = membership
+        #: The controller epoch while this node is the controller, else None.
+        self.epoch: int | None = None
+        #: Leader changes this node wrote as controller (one per vbucket).
+        self.elections = 0
+
+    async def run(self) -> None:
+        """Campaign, lead while elected, campaign again; until cancelled."""
+        while True:
+            try:
+                epoch = await self.campaign()
+                self.epoch = epoch
+                log.info("node %s is the controller (epoch %d)", self.node_id, epoch)
+                await self._lead(epoch)
+            except NotController as exc:
+                log.info("node %s is no longer the controller: %s", self.node_id, exc)
+            except EtcdError as exc:
+                log.warning("controller: etcd request failed (%s), retrying", exc)
+                await trio.sleep(RETRY_DELAY)
+            finally:
+                self.epoch = None
+
+    async def campaign(self) -> int:
+        """Wait until this node is the controller; returns its epoch."""
+        key = self.keys.controller
+        while True:
+            result = await self.client.txn(
+                [Compare.created(key, 0)],
+                [Put(key, self.node_id.encode(), self.lease)],
+                [Get(key)],
+            )
+            if result.succeeded:
+                return result.revision
+            (holder,) = result.ranges[0] or (None,)
+            if holder is None:
+                continue  # deleted between the compare and the read
+            if holder.lease == self.lease:
+                return holder.create_revision  # our own txn, answered late
+            async with self.client.watch(key, start_revision=result.revision + 1) as stream:
+                async for batch in stream:
+                    if any(event.type is EventType.DELETE for event in batch.events):
+                        break
+
+    async def _lead(self, epoch: int) -> None:
+        while True:
+            await self.reconcile(epoch)
+            with trio.move_on_after(RECHECK_INTERVAL):
+                await self.membership.changed()
+
+    async def reconcile(self, epoch: int) -> None:
+        """Bring every vbucket in line with the current membership."""
+        while True:
+            live = {node: member.epoch for node, member in self.membership.members().items()}
+            found = await self.client.get_prefix(self.keys.vbuckets)
+            stored = states_of(self.keys, {kv.key: kv for kv in found.kvs})
+            writes = self._plan(stored, live)
+            if not writes:
+                return
+            if await self._write(epoch, writes):
+                return
+
+    def _plan(self, stored: dict[int, StoredState], live: dict[str, int]) -> list[Write]:
+        """Every change to make, with the mod_revision to compare."""
+        writes: list[Write] = []
+        missing = [v for v in range(self.settings.vbuckets) if v not in stored]
+        if missing and len(live) >= self.settings.replication_factor:
+            current = [
+                stored[v].state.replicas if v in stored else ()
+                for v in range(self.settings.vbuckets)
+            ]
+            target = place(current, live, self.settings.vbuckets, self.settings.replication_factor)
+            writes.extend(Write(v, 0, None, initial_state(target[v], live)) for v in missing)
+        for vbucket, entry in sorted(stored.items()):
+            changed = after_membership(entry.state, live)
+            if changed is not None:
+                writes.append(Write(vbucket, entry.kv.mod_revision, entry.state, changed))
+        return writes
+
+    async def _write(self, epoch: int, writes: Sequence[Write]) -> bool:
+        """Write ``writes`` in CAS txns; False if one lost a race (re-read and
+        plan again); NotController if our epoch is over."""
+        guard = Compare.created(self.keys.controller, epoch)
+        for start in range(0, len(writes), KEYS_PER_TXN):
+            batch = writes[start : start + KEYS_PER_TXN]
+            compares = [guard]
+            puts = []
+            for write in batch:
+                key = self.keys.vbucket(write.vbucket)
+                compares.append(
+                    Compare.modified(key, write.mod_revision)
+                    if write.mod_revision
+                    else Compare.created(key, 0)
+                )
+                puts.append(Put(key, write.state.to_json()))
+            result = await self.client.txn(compares, puts, [Get(self.keys.controller)])
+            if not result.succeeded:
+                holders = result.ranges[0]
+                if not holders or holders[0].create_revision != epoch:
+                    raise NotController("the controller key changed")
+                return False
+            for write in batch:
+                if write.old is None:
+                    log.debug("vbucket %d placed: %s", write.vbucket, describe(write.state))
+                    continue
+                if write.old.leader != write.state.leader:
+                    self.elections += 1
+                log.info("vbucket %d: %s", write.vbucket, describe(write.state))
+        return True
+
+
+def describe(state: VbucketState) -> str:
+    """A vbucket state in one short line, for logs."""
+    isr = ",".join(node for node, _ in state.isr)
+    leader = state.leader or "OFFLINE"
+    return f"leader {leader} epoch {state.epoch} isr [{isr}] replicas [{','.join(state.replicas)}]"
