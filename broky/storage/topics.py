@@ -25,7 +25,6 @@ import xxhash
 
 from broky.protocol.codec import read_bytes, table_fields, u32_array
 from broky.protocol.frames import Buffer, Run
-from broky.protocol.message import message_views, pack_sizes
 from broky.router.matcher import SubscriptionIndex, validate_pattern
 from broky.storage.config import LogConfig
 from broky.storage.errors import StorageError
@@ -131,40 +130,50 @@ def partition_run(run: Run, partitions: int) -> list[tuple[int, Run]]:
     case (one partition, or a run whose messages share a key_partition)
     returns the run itself. With one partition no message is looked at;
     otherwise each message's ``key_partition`` field is read (a vtable
-    lookup, not a decode).
+    lookup, not a decode). The parts are views of the run's bytes.
     """
     if partitions == 1:
         return [(0, run)]
+    if run.count == 1:  # the many-keys case: one message per run
+        messages = run.messages
+        if _has_key_partition(messages, 0):
+            partition_key = key_partition(memoryview(messages))
+            if partition_key:
+                return [(partition_for(partition_key, partitions), run)]
+        return [(partition_for(run.key, partitions), run)]
     default = partition_for(run.key, partitions)
     targets = []
     messages = memoryview(run.messages)
+    sizes = u32_array(memoryview(run.sizes))
     position = 0
-    for size in u32_array(memoryview(run.sizes)):
+    for size in sizes:
         if _has_key_partition(messages, position):
             partition_key = key_partition(messages[position : position + size])
             targets.append(partition_for(partition_key, partitions) if partition_key else default)
         else:
             targets.append(default)
         position += size
-    if all(target == targets[0] for target in targets):
-        return [(targets[0], run)]
-    views = message_views(run)
+    first = targets[0]
+    if targets.count(first) == len(targets):
+        return [(first, run)]
+    size_table = memoryview(run.sizes)
     pieces: list[tuple[int, Run]] = []
-    start = 0
-    for index in range(1, len(views) + 1):
-        if index == len(views) or targets[index] != targets[start]:
-            group = views[start:index]
+    start = position = 0
+    for index in range(1, len(targets) + 1):
+        if index == len(targets) or targets[index] != targets[start]:
+            length = sum(sizes[start:index])
             pieces.append(
                 (
                     targets[start],
                     Run(
                         run.key,
                         run.ts_broker,
-                        len(group),
-                        pack_sizes([len(view) for view in group]),
-                        b"".join(group),
+                        index - start,
+                        size_table[4 * start : 4 * index],
+                        messages[position : position + length],
                     ),
                 )
             )
             start = index
+            position += length
     return pieces
