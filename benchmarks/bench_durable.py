@@ -93,14 +93,18 @@ async def measure(
     elapsed = time.monotonic() - start
     published = sum(count[0] for count in counts)
     acked = sum(count[1] for count in counts)
+    server_seconds = cpu_seconds(pid) - server_before
     figures: dict[str, object] = {
         "keys": mix,
         "msgs_per_s": round(acked / elapsed),
         "published": published,
         "acked": acked,
         "lost": published - acked,
-        "server_cpu": round((cpu_seconds(pid) - server_before) / elapsed, 2),
+        "server_cpu": round(server_seconds / elapsed, 2),
         "client_cpu": round((time.process_time() - client_before) / elapsed, 2),
+        # The broker's CPU per acked message: what the code costs, whatever
+        # share of this shared machine the run happened to get.
+        "server_us_per_msg": round(server_seconds / max(acked, 1) * 1e6, 2),
     }
     if not replay:
         return figures
