@@ -53,6 +53,8 @@ DEFAULT_PENDING_BYTES: Final = 64 * 1024 * 1024
 #: runs (a key per message) the byte bound alone let ~200k of them pile up.
 #: 32k runs is still several rounds of every partition.
 DEFAULT_PENDING_RUNS: Final = 32 * 1024
+#: Keys whose durable topic (or none) ``match`` remembers: ~100 bytes each.
+TOPIC_CACHE_KEYS: Final = 65_536
 #: Seconds between ``tick()`` calls of an idle partition (interval fsync,
 #: time rolls, retention): a fraction of the default 1 s fsync interval.
 TICK_SECONDS: Final = 0.2
@@ -289,6 +291,8 @@ class DurableStore:
         #: The same owners by topic name, in partition order (the append path).
         self._partition_owners: dict[str, list[PartitionOwner]] = {}
         self._nursery: trio.Nursery | None = None
+        #: ``match``'s answers by key; the policies never change after start.
+        self._topic_of: dict[bytes, TopicPolicy | None] = {}
 
     def open(self) -> None:
         """Open (and recover) every partition log; blocking, call it in a thread."""
@@ -337,11 +341,19 @@ class DurableStore:
 
     def match(self, key: bytes) -> TopicPolicy | None:
         """The durable topic of ``key``, or None (ephemeral; invalid keys too,
-        so that the router answers them as it always has)."""
+        so that the router answers them as it always has). Remembered per
+        key (bounded like the router's route cache): it is asked once per run."""
+        topics = self._topic_of
+        if key in topics:
+            return topics[key]
         try:
-            return self.policies.match(key)
+            topic = self.policies.match(key)
         except RemoteProtocolError:
-            return None
+            topic = None
+        if len(topics) >= TOPIC_CACHE_KEYS:
+            topics.clear()
+        topics[key] = topic
+        return topic
 
     def append(
         self,

@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from bisect import bisect_right
+from itertools import accumulate
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
@@ -323,23 +324,29 @@ class PartitionLog:
     def _batch_bounds(self, runs: list[Run]) -> list[tuple[int, int]]:
         """Where ``runs`` split into batches, as index ranges: a batch stays
         under ``BATCH_TARGET_BYTES`` and inside what is left of its segment
-        (a run too big for either gets a batch of its own)."""
+        (a run too big for either gets a batch of its own). Found by binary
+        search over the running total of the runs' sizes: one step per
+        batch, not per run."""
         limit = self.config.segment_bytes
         target = min(BATCH_TARGET_BYTES, limit)
+        ends = list(accumulate(run_stored_bytes(run) for run in runs))
         filled = self._segments[-1].size
         bounds = []
         start = 0
-        size = _BATCH_OVERHEAD
-        for index, run in enumerate(runs):
-            need = run_stored_bytes(run)
-            if index > start and (size + need > target or filled + size + need > limit):
-                bounds.append((start, index))
-                filled += size
-                if filled + _BATCH_OVERHEAD + need > limit:
-                    filled = 0  # the next batch starts a segment
-                start, size = index, _BATCH_OVERHEAD
-            size += need
-        bounds.append((start, len(runs)))
+        before = 0  # the running total before run ``start``
+        while start < len(runs):
+            room = min(target, limit - filled) - _BATCH_OVERHEAD
+            stop = max(bisect_right(ends, before + room, start), start + 1)
+            if stop == start + 1 and filled and ends[start] - before > room:
+                filled = 0  # a run that fits no more here starts a segment
+                continue
+            bounds.append((start, stop))
+            size = _BATCH_OVERHEAD + ends[stop - 1] - before
+            filled += size
+            if filled + _BATCH_OVERHEAD >= limit:
+                filled = 0  # the next batch starts a segment
+            before = ends[stop - 1]
+            start = stop
         return bounds
 
     def _write(self, parts: list[bytes], positions: list[tuple[int, int, int]], end: int) -> None:
