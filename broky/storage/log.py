@@ -28,8 +28,8 @@ import logging
 import os
 import time
 from bisect import bisect_right
-from itertools import accumulate
 from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 from typing import Final
 
 import attrs
