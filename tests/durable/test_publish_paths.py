@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,8 @@ from broky.protocol.chunks import (
     encode_run_chunk,
     read_chunk_run,
 )
-from broky.protocol.codec import decode_frame, encode_frame
+from broky.protocol.codec import decode_frame, encode_frame, read_bytes, table_fields
+from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import PublishAck, Run
 from broky.protocol.message import decode_run, encode_message, pack_sizes
 from broky.storage.topics import key_partition, partition_for, partition_run
@@ -108,3 +110,35 @@ def test_a_long_publish_ack_round_trips(entries: list[tuple[int, int, int]]) -> 
         last_offsets=tuple(-e[2] - 1 for e in entries),
     )
     assert decode_frame(memoryview(encode_frame(ack))[4:]) == ack
+
+
+def walked_key_partition(message: memoryview) -> bytes:
+    """The validated table walk alone (what key_partition must agree with)."""
+    (field,) = table_fields(message, int.from_bytes(message[:4], "little"), 1)
+    return read_bytes(message, field)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payload=st.binary(max_size=20),
+    partition_key=st.binary(max_size=12),
+    flips=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 200),
+)
+def test_key_partition_agrees_with_the_validated_walk_on_any_bytes(
+    payload: bytes, partition_key: bytes, flips: list[tuple[int, int]], cut: int
+) -> None:
+    data = bytearray(encode_message(payload, key_partition=partition_key, uid=b"u" * 20))
+    for position, value in flips:
+        if position < len(data):
+            data[position] = value
+    message = memoryview(bytes(data[: max(cut, 4)] if cut < len(data) else data))
+    try:
+        expected: bytes | type[Exception] = walked_key_partition(message)
+    except RemoteProtocolError:
+        expected = RemoteProtocolError
+    if expected is RemoteProtocolError:
+        with pytest.raises(RemoteProtocolError):
+            key_partition(message)
+    else:
+        assert key_partition(message) == expected
