@@ -74,6 +74,13 @@ BATCH_HEADER_BYTES: Final = BATCH_HEADER.size
 _CRC_FROM: Final = _PREFIX.size
 #: Bytes of the run table per run (ts_broker, count, key_length).
 RUN_ENTRY_BYTES: Final = 16
+#: What a read's byte budget counts for a run of a version 2 batch besides
+#: its key, sizes and messages. At least its table entry on disk, and at
+#: least what its durable chunk adds on the wire (a 64-byte head, three
+#: vector lengths, the key's NUL and paddings: at most 94 bytes), so that the
+#: runs a budget admits also fit a Fetched or Deliver frame of that size,
+#: however small the messages.
+RUN_BUDGET_OVERHEAD: Final = 96
 #: Largest key a batch can carry (the u16 of version 1); wire keys stop at 1,024.
 MAX_BATCH_KEY_BYTES: Final = 0xFFFF
 #: Largest batch accepted on append and believed on read. A run comes from one
@@ -103,9 +110,10 @@ class StoredBatch:
     log_time: int
     sizes: memoryview
     messages: memoryview
-    #: On-disk bytes this run accounts for (read budgets count these): a
-    #: version 1 batch's whole length, or a version 2 run's table entry, key,
-    #: sizes and messages. A slice keeps its run's.
+    #: Bytes this run counts for in read budgets: a version 1 batch's whole
+    #: length, or a version 2 run's key, sizes and messages plus
+    #: ``RUN_BUDGET_OVERHEAD`` (its table entry, and room for its wire chunk).
+    #: A slice keeps its run's.
     stored_bytes: int
 
     @property
@@ -434,7 +442,7 @@ class RecordBatch:
                     self.messages[position : position + length],
                     self.stored_bytes
                     if one_run
-                    else RUN_ENTRY_BYTES + key_length + 4 * count + length,
+                    else RUN_BUDGET_OVERHEAD + key_length + 4 * count + length,
                 )
                 yield run if start <= offset and end <= stop else run.slice(start, stop)
                 position += length

@@ -10,11 +10,13 @@ import os
 import struct
 from pathlib import Path
 
+import attrs
 import pytest
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.protocol.chunks import encode_durable_run_chunk
 from broky.protocol.frames import Run
 from broky.protocol.message import decode_run
 from broky.storage.batch import (
@@ -82,6 +84,10 @@ def test_a_batch_gives_back_every_run_in_order(
         (r.key, r.ts_broker, r.count) for r in runs
     ]
     assert [payloads_of(r.run) for r in back] == [payloads for _, _, payloads in specs]
+    for stored in back:  # a read budget admits no more than a frame can carry
+        assert len(encode_durable_run_chunk(Run(*attrs.astuple(stored.run)[:5], 1023, base))) <= (
+            stored.stored_bytes
+        )
     offsets = [offset for r in back for offset, _ in r.records()]
     assert offsets == list(range(base, base + sum(r.count for r in runs))), "dense offsets"
     # Any window of offsets gives exactly those messages.
