@@ -16,7 +16,6 @@ import trio
 
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
-from broky.collector import tune_collector
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
@@ -228,7 +227,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args)
             _configure_logging(config.log_level)
             if worker_count(config) == 1 and not config.cluster_listen:
-                tune_collector()
                 trio.run(serve, config, partial(load_config, args))
             elif config.durable:
                 raise ConfigError(

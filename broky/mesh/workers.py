@@ -42,7 +42,6 @@ from typing import Any, Final
 import attrs
 import trio
 
-from broky.collector import tune_collector
 from broky.config import Config, ConfigError
 from broky.mesh.link import Connector, tls_connector
 from broky.mesh.rundir import make_run_dir
@@ -303,7 +302,6 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
         level=config.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker-{plan.index} %(name)s: %(message)s",
     )
-    tune_collector()
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run_worker, config, plan, supervisor)
 
