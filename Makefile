@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard broky/*/*.pyx)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
@@ -19,8 +19,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The whole suite runs on the compiled hot path; the tests that drive the
+# hot path run again on its pure-Python fallback (BROKY_PURE=1).
 test: lint
 	$(VENV)/bin/pytest -q
+	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.
 bench: $(STAMP)

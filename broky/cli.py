@@ -17,6 +17,7 @@ import trio
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.gcpolicy import tune_for_broker
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
@@ -226,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             config = load_config(args)
             _configure_logging(config.log_level)
+            tune_for_broker()
             if worker_count(config) == 1 and not config.cluster_listen:
                 trio.run(serve, config, partial(load_config, args))
             elif config.durable:

@@ -16,9 +16,18 @@ from collections.abc import Callable, Sequence
 from broky.durable.acks import AckQueue
 from broky.durable.replay import Replay
 from broky.durable.store import DurableStore, located_chunk
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType, ErrorCode, StartKind
-from broky.protocol.frames import Error, Fetch, ListPartitions, Partitions, Publish, Run
+from broky.protocol.frames import (
+    EncodedRun,
+    Error,
+    Fetch,
+    ListPartitions,
+    Partitions,
+    Publish,
+    Run,
+)
 from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
@@ -78,6 +87,21 @@ class DurableRequests:
             )
         if ticket is not None:
             acks.release()
+
+    def forward(self, stream: int, runs: list[EncodedRun]) -> None:
+        """Unacked Publish runs read as forwardable chunks: routed as they
+        are unless one of them belongs to a durable topic; then the runs
+        are read back from their chunks and take the durable path, in order."""
+        store = self.store
+        if store is None or not any(store.match(run.key) for run in runs):
+            self._router.publish(runs, self._outlet, stream)
+            return
+        decoded = []
+        for run in runs:
+            chunk_run = read_chunk_run(memoryview(run.chunk), CHUNK_TABLE_OFFSET)
+            assert chunk_run is not None  # it was read as a chunk on receipt
+            decoded.append(chunk_run)
+        self.publish(Publish(stream, tuple(decoded)), decoded)
 
     def replay(
         self,

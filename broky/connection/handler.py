@@ -37,15 +37,17 @@ from broky.protocol.constants import (
 )
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
+    EncodedRun,
     Error,
     Fetch,
     Flow,
-    Frame,
+    ForwardPublish,
     Hello,
     ListPartitions,
     Ping,
     Pong,
     Publish,
+    Received,
     Run,
     Subscribe,
     Unsubscribe,
@@ -163,6 +165,7 @@ class ServerConnection:
         self._counters = counters
         self.peer = peer
         self._machine = ProtocolMachine(Role.SERVER, settings.max_frame_bytes)
+        self._machine.max_message_bytes = settings.max_message_bytes
         self._work = trio.Event()
         #: True while the writer task waits for work: then the task that
         #: routed something may write it at once (_write_directly).
@@ -330,12 +333,12 @@ class ServerConnection:
             self._greeted = True
             self._outlet.send_control(self._machine.initiate())
 
-    def _receive(self, data: bytes | bytearray) -> list[Frame]:
+    def _receive(self, data: bytes | bytearray) -> list[Received]:
         machine = self._machine
         if self._greeted:
-            return machine.receive_data(data)
+            return machine.receive_forwarding(data)
         try:
-            frames = machine.receive_data(data)
+            frames = machine.receive_forwarding(data)
         except RemoteProtocolError:
             if foreign_preamble_reply(machine.received_preamble) is None:
                 self._greet()
@@ -438,7 +441,7 @@ class ServerConnection:
             with trio.move_on_after(wait):
                 await relieved.wait()
 
-    async def _admit(self, frames: list[Frame]) -> list[Frame]:
+    async def _admit(self, frames: list[Received]) -> list[Received]:
         """Authenticate the Hello (``frames[0]``) and decide what this
         connection may do; the frames to handle, none if it is refused.
 
@@ -632,13 +635,40 @@ class ServerConnection:
         )
         return tuple(kept)
 
-    def _handle_frames(self, frames: Sequence[Frame]) -> None:
+    def _forwardable(self, frame: ForwardPublish) -> list[EncodedRun]:
+        """The runs of ``frame`` this principal may publish (the machine
+        already kept frames with oversize messages out of ForwardPublish);
+        refused ones get one stream Error, as ``_admissible`` words it."""
+        gate = self._gate
+        runs = frame.runs
+        if gate is None:
+            return runs
+        kept = [run for run in runs if gate.allows(run.key)]
+        if len(kept) != len(runs):
+            refused = next(run for run in runs if not gate.allows(run.key))
+            rejected = sum(run.count for run in runs) - sum(run.count for run in kept)
+            self._stream_error(
+                ErrorCode.PERMISSION_DENIED,
+                f"publishing to {refused.key.decode(errors='replace')!r} is not allowed for "
+                f"principal {self.principal.name if self.principal else ''!r} "
+                f"({rejected} message(s) of this frame not published)",
+                frame.stream,
+            )
+        return kept
+
+    def _handle_frames(self, frames: Sequence[Received]) -> None:
         router = self._router
         outlet = self._outlet
         durable = self._durable
         store = durable.store
         for frame in frames:
-            if type(frame) is Publish:
+            if type(frame) is ForwardPublish:
+                forwarded = self._forwardable(frame)
+                if store is None:
+                    router.publish(forwarded, outlet, frame.stream)
+                else:
+                    durable.forward(frame.stream, forwarded)
+            elif type(frame) is Publish:
                 runs = self._admissible(frame)
                 if runs is None:
                     continue  # refused whole, answered in its ack's place

@@ -27,8 +27,9 @@ import trio
 from broky.durable.store import DurableStore, PartitionOwner, located_chunk
 from broky.protocol.codec import split_run_chunk
 from broky.protocol.constants import StartKind
+from broky.protocol.frames import EncodedRun
 from broky.router.matcher import SubscriptionIndex, patterns_overlap
-from broky.router.outbox import DurableEncodedRun, EncodedRun, Subscription
+from broky.router.outbox import DurableEncodedRun, Subscription
 from broky.storage.batch import StoredBatch
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog

@@ -34,8 +34,8 @@ import trio
 from broky.durable.acks import AckQueue, AckTicket
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Run
-from broky.router.outbox import DurableEncodedRun, EncodedRun
+from broky.protocol.frames import EncodedRun, Run
+from broky.router.outbox import DurableEncodedRun
 from broky.router.router import Router
 from broky.storage.config import FsyncPolicy
 from broky.storage.errors import StorageError

@@ -43,6 +43,7 @@ import attrs
 import trio
 
 from broky.config import Config, ConfigError
+from broky.gcpolicy import tune_for_broker
 from broky.mesh.link import Connector, tls_connector
 from broky.mesh.rundir import make_run_dir
 from broky.protocol.constants import LinkKind
@@ -302,6 +303,7 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
         level=config.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker-{plan.index} %(name)s: %(message)s",
     )
+    tune_for_broker()
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run_worker, config, plan, supervisor)
 

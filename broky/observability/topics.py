@@ -5,8 +5,9 @@ unique keys (``orders.<id>``) explode any metrics system. So the router
 counts per key in a table of at most ``capacity`` keys (8 x K), and the
 metrics show the K busiest.
 
-Cost: ``count`` is called once per run, not per message: one dict lookup and
-two additions for a key already tracked. When a new key finds the table full,
+Cost: once per run, not per message: one dict lookup and two additions for
+a key already tracked (the router does those inline, calling ``count`` only
+for a key not tracked yet). When a new key finds the table full,
 the table is cut back to its K busiest keys (``heapq.nlargest``, O(capacity)),
 which happens at most once per ``capacity - K`` new keys: O(log K) amortised.
 
@@ -49,7 +50,7 @@ class TopicCounter:
     ``top`` a read for metrics.
     """
 
-    __slots__ = ("_table", "capacity", "cuts", "top_k")
+    __slots__ = ("capacity", "cuts", "table", "top_k")
 
     def __init__(self, top_k: int = DEFAULT_TOP_TOPICS) -> None:
         if top_k < 1:
@@ -57,33 +58,36 @@ class TopicCounter:
         self.top_k = top_k
         self.capacity = max(TRACKED_PER_REPORTED * top_k, MIN_TRACKED)
         #: key -> [messages, bytes]; a list so that a hit updates in place.
-        self._table: dict[bytes, list[int]] = {}
+        #: The router adds to a tracked key's list itself (no call per run),
+        #: so the dict is only ever changed in place, never replaced.
+        self.table: dict[bytes, list[int]] = {}
         #: How many times the table was cut back (for tests and curiosity).
         self.cuts = 0
 
     def count(self, key: bytes, messages: int, size: int) -> None:
         """Add one run's messages and bytes to ``key``'s figures."""
-        figures = self._table.get(key)
+        figures = self.table.get(key)
         if figures is None:
-            if len(self._table) >= self.capacity:
+            if len(self.table) >= self.capacity:
                 self._cut()
-            self._table[key] = [messages, size]
+            self.table[key] = [messages, size]
             return
         figures[0] += messages
         figures[1] += size
 
     def _cut(self) -> None:
-        keep = heapq.nlargest(self.top_k, self._table.items(), key=lambda item: item[1][0])
-        self._table = dict(keep)
+        keep = heapq.nlargest(self.top_k, self.table.items(), key=lambda item: item[1][0])
+        self.table.clear()
+        self.table.update(keep)
         self.cuts += 1
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self.table)
 
     def top(self, limit: int | None = None) -> list[TopicFigures]:
         """The busiest keys by messages, busiest first (``limit`` defaults to K)."""
         busiest = heapq.nlargest(
-            limit or self.top_k, self._table.items(), key=lambda item: item[1][0]
+            limit or self.top_k, self.table.items(), key=lambda item: item[1][0]
         )
         return [
             TopicFigures(key.decode(errors="replace"), figures[0], figures[1])

@@ -20,6 +20,7 @@ readers only accept what that decoder would decode to the same result.
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -222,6 +223,33 @@ def encode_chunk(run: Run) -> bytes:
     return encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages)
 
 
+def chunk_offsets_pure(chunks: Sequence[bytes], position: int) -> tuple[bytes, int]:
+    """The uoffsets of a runs vector whose first run's table is ``position``
+    bytes after the first uoffset (packed little-endian), and the chunks'
+    total length: each chunk's table is 4 bytes further from its slot than
+    the chunk is long, minus the slot's own 4 bytes."""
+    offsets = []
+    for chunk in chunks:
+        offsets.append(position)
+        position += len(chunk) - 4
+    return struct.pack(f"<{len(offsets)}I", *offsets), sum(len(chunk) for chunk in chunks)
+
+
+def _compiled_offsets() -> Callable[[Sequence[bytes], int], tuple[bytes, int]] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.protocol._vectors import chunk_offsets as compiled  # noqa: PLC0415
+    except ImportError:
+        return None
+    return compiled
+
+
+#: The compiled builder (``broky.protocol._vectors``) when it is built.
+chunk_offsets_compiled = _compiled_offsets()
+chunk_offsets = chunk_offsets_compiled or chunk_offsets_pure
+
+
 def runs_frame_parts(
     body_type: BodyType,
     stream: int,
@@ -237,12 +265,10 @@ def runs_frame_parts(
     count = len(chunks)
     vector_end = _RUNS_VECTOR_AT + 4 + 4 * count
     pad = (-vector_end) & 7
-    position = vector_end + pad + CHUNK_TABLE_OFFSET - _RUNS_VECTOR_AT - 4
-    offsets = []
-    for chunk in chunks:
-        offsets.append(position)
-        position += len(chunk) - 4
-    total = vector_end + pad + sum(len(chunk) for chunk in chunks)
+    offsets, chunk_bytes = chunk_offsets(
+        chunks, vector_end + pad + CHUNK_TABLE_OFFSET - _RUNS_VECTOR_AT - 4
+    )
+    total = vector_end + pad + chunk_bytes
     if body_type == BodyType.PUBLISH:
         vtable = _PUBLISH_ACK_VTABLE if ack else _PUBLISH_VTABLE
     else:
@@ -259,7 +285,7 @@ def runs_frame_parts(
         1 if ack else 0,
         count,
     )
-    parts = [head, struct.pack(f"<{count}I", *offsets), PADDING[pad]]
+    parts = [head, offsets, PADDING[pad]]
     parts.extend(chunks)
     return parts
 
@@ -267,7 +293,7 @@ def runs_frame_parts(
 # --- reading chunks and runs frames back -------------------------------------
 #: A chunk's first 16 bytes as encode_run_chunk writes them: its vtable and
 #: the table's soffset back to it.
-_CHUNK_VTABLE: Final = _CHUNK_HEAD.pack(12, 28, 12, 4, 16, 20, 12, 0, 0, 0, 0, 0)[:16]
+CHUNK_VTABLE: Final = _CHUNK_HEAD.pack(12, 28, 12, 4, 16, 20, 12, 0, 0, 0, 0, 0)[:16]
 #: A chunk's head as read back: those 16 bytes, ts_broker, the key, sizes and
 #: messages uoffsets, the padding word, the sizes vector's length and its
 #: first entry (the whole vector of a run of one message).
@@ -281,27 +307,24 @@ _PADDED_LENGTH: Final = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 
 
-def read_chunk_run(view: memoryview, table: int) -> Run | None:  # noqa: PLR0911
-    """The run whose table is at ``table``, if ``view`` holds it byte for byte
-    as :func:`encode_run_chunk` lays out a chunk; None when it does not (the
-    caller then reads the run through its vtable).
+def _chunk_layout(  # noqa: PLR0911
+    view: memoryview, start: int, size: int
+) -> tuple[int, ...] | None:
+    """``(count, messages_at, messages_end, key_at, key_end, end, ts_broker)``
+    of the chunk at ``start`` (offsets from ``start``), if ``view`` holds it
+    byte for byte as :func:`encode_run_chunk` lays out a chunk; else None.
 
-    When it returns a run, the generic decoder would have decoded the same
-    run (every offset it would follow is checked, bounds included), and the
-    run's ``chunk`` is the view of those bytes: forwarding a copy of them is
-    exactly what encoding the run again would produce (the paddings and the
-    key's NUL are checked to be zero too). Padding is checked as the high
-    bytes of little-endian words, which costs less than comparing slices.
-    Called once per run of a frame: every line here is per message on short runs.
+    Every offset the generic decoder would follow is checked, bounds
+    included, and so are the paddings and the key's NUL (as the high bytes
+    of little-endian words, which costs less than comparing slices): a
+    chunk accepted here decodes to the run whose encoding it is.
     """
-    start = table - CHUNK_TABLE_OFFSET
-    size = len(view)
     if start < 0 or start + _CHUNK_READ_BYTES > size:
         return None
     head, ts_broker, key_offset, sizes_offset, messages_offset, padding, count, first = (
         _CHUNK_READ.unpack_from(view, start)
     )
-    if head != _CHUNK_VTABLE or sizes_offset != _CHUNK_SIZES_UOFFSET or padding:
+    if head != CHUNK_VTABLE or sizes_offset != _CHUNK_SIZES_UOFFSET or padding:
         return None
     # The same arithmetic as _chunk_tail, relative to the chunk's start.
     sizes_end = _CHUNK_SIZES_DATA_AT + 4 * count
@@ -324,20 +347,75 @@ def read_chunk_run(view: memoryview, table: int) -> Run | None:  # noqa: PLR0911
         or _U64.unpack_from(view, start + end - 8)[0] >> (64 - 8 * (end - key_end))
     ):
         return None
-    chunk = view[start : start + end]
-    sizes = chunk[_CHUNK_SIZES_DATA_AT:sizes_end]
-    if (first if count == 1 else sum_u32(sizes)) != messages_len:
+    if count == 1:
+        if first != messages_len:
+            return None
+    elif sum_u32(view[start + _CHUNK_SIZES_DATA_AT : start + sizes_end]) != messages_len:
         return None
+    return count, messages_at, messages_end, key_at, key_end, end, ts_broker
+
+
+def read_chunk_run(view: memoryview, table: int) -> Run | None:
+    """The run whose table is at ``table``, if ``view`` holds it laid out as
+    :func:`encode_run_chunk` lays out a chunk; None when it does not (the
+    caller then reads the run through its vtable).
+
+    When it returns a run, the generic decoder would have decoded the same
+    run, and the run's ``chunk`` is the view of those bytes: forwarding a
+    copy of them is exactly what encoding the run again would produce.
+    """
+    start = table - CHUNK_TABLE_OFFSET
+    layout = _chunk_layout(view, start, len(view))
+    if layout is None:
+        return None
+    count, messages_at, messages_end, key_at, key_end, end, ts_broker = layout
+    chunk = view[start : start + end]
     return Run(
         bytes(chunk[key_at + 4 : key_end]),
         ts_broker,
         count,
-        sizes,
+        chunk[_CHUNK_SIZES_DATA_AT : _CHUNK_SIZES_DATA_AT + 4 * count],
         chunk[messages_at + 4 : messages_end],
         0,
         -1,
         chunk,
     )
+
+
+#: The parts of a run chunk ``read_forwardable`` reads: its key, ts_broker,
+#: message count, sizes and messages (views) and the whole chunk (a view).
+ChunkParts = tuple[bytes, int, int, memoryview, memoryview, memoryview]
+
+
+def read_forwardable(view: memoryview, count: int, limit: int) -> list[ChunkParts] | None:
+    """The runs of a runs frame (``view`` after its size prefix, header read
+    by :func:`read_runs_frame`, ``count`` runs) as chunk parts, when every
+    run is laid out as a chunk and no run's messages exceed ``limit`` bytes
+    in all (0: no limit); else None, and the caller decodes the frame the
+    generic way (which also words any error precisely)."""
+    size = len(view)
+    runs: list[ChunkParts] = []
+    slot = _RUNS_VECTOR_AT - CHUNK_TABLE_OFFSET
+    for offset in struct.unpack_from(f"<{count}I", view, _RUNS_VECTOR_AT):
+        start = slot + offset
+        slot += 4
+        layout = _chunk_layout(view, start, size)
+        if layout is None:
+            return None
+        run_count, messages_at, messages_end, key_at, key_end, end, ts_broker = layout
+        if limit and messages_end - messages_at - 4 > limit:
+            return None
+        runs.append(
+            (
+                bytes(view[start + key_at + 4 : start + key_end]),
+                ts_broker,
+                run_count,
+                view[start + _CHUNK_SIZES_DATA_AT : start + _CHUNK_SIZES_DATA_AT + 4 * run_count],
+                view[start + messages_at + 4 : start + messages_end],
+                view[start : start + end],
+            )
+        )
+    return runs
 
 
 #: A runs frame's head as read back (the bytes after the size prefix): its
@@ -361,6 +439,14 @@ _RUNS_FRAME_LAYOUTS: Final = {
     _runs_frame_start(BodyType.DELIVER, _DELIVER_VTABLE): (BodyType.DELIVER, False),
     _runs_frame_start(BodyType.FETCHED, _DELIVER_VTABLE): (BodyType.FETCHED, False),
 }
+
+
+#: The first 36 bytes of an unacked Publish frame in each layout (without
+#: and with its ack field), for the compiled forwarding reader.
+PUBLISH_FRAME_STARTS: Final = (
+    _runs_frame_start(BodyType.PUBLISH, _PUBLISH_VTABLE),
+    _runs_frame_start(BodyType.PUBLISH, _PUBLISH_ACK_VTABLE),
+)
 
 
 def read_runs_frame(buf: Buffer) -> tuple[BodyType, int, bool, bool, int] | None:

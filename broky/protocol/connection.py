@@ -21,17 +21,19 @@ encodes; the machine only polices what it receives.
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, cast
 
 from broky.protocol.codec import decode_frame
 from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.forward import receive_forwarding
 from broky.protocol.frames import (
     Deliver,
     Error,
     Fetch,
     Fetched,
     Flow,
+    ForwardPublish,
     Frame,
     Hello,
     ListPartitions,
@@ -41,6 +43,7 @@ from broky.protocol.frames import (
     Pong,
     Publish,
     PublishAck,
+    Received,
     Subscribe,
     Subscribed,
     Unsubscribe,
@@ -77,6 +80,7 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         Error,
         ListPartitions,
         Fetch,
+        ForwardPublish,
     ),
 }
 _HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}
@@ -91,6 +95,8 @@ class ProtocolMachine:
         self.reader = FrameReader(max_frame_bytes)
         self._preamble = b""
         self._allowed = _OPEN_FRAMES[role]
+        #: See ``receive_forwarding`` (0: no bound).
+        self.max_message_bytes = 0
 
     @property
     def received_preamble(self) -> bytes:
@@ -107,6 +113,18 @@ class ProtocolMachine:
         Raises RemoteProtocolError (and moves to CLOSED) on any violation;
         frames decoded before the bad one are lost with the connection.
         """
+        return cast(list[Frame], self._receive(data, forward=False))
+
+    def receive_forwarding(self, data: bytes | bytearray) -> list[Received]:
+        """``receive_data`` for a broker that routes Publish frames as they
+        came: unacked, unstamped Publish frames whose runs are all laid out
+        as chunks, none with more than ``max_message_bytes`` of messages,
+        come out as ForwardPublish, consecutive ones of one stream merged
+        into one (their order kept). The broker then pays per frame and per
+        run only for what forwarding needs, not for decoding each run."""
+        return self._receive(data, forward=True)
+
+    def _receive(self, data: bytes | bytearray, *, forward: bool) -> list[Received]:
         if self.state is State.CLOSED:
             return []
         try:
@@ -120,7 +138,11 @@ class ProtocolMachine:
                 self.state = State.HANDSHAKE
                 if not data:
                     return []
-            frames = [decode_frame(view) for view in self.reader.feed(data)]
+            frames: list[Received]
+            if forward and self.state is State.OPEN:
+                frames = receive_forwarding(self.reader, data, self.max_message_bytes, decode_frame)
+            else:
+                frames = [decode_frame(view) for view in self.reader.feed(data)]
             if self.state is State.HANDSHAKE and frames:
                 self._check_handshake(frames[0])
                 start = 1
@@ -148,7 +170,7 @@ class ProtocolMachine:
         self.state = State.CLOSED
         self.reader.clear()
 
-    def _check_handshake(self, frame: Frame) -> None:
+    def _check_handshake(self, frame: Received) -> None:
         expected = _HANDSHAKE_FRAME[self.role]
         if isinstance(frame, Error) and self.role is Role.CLIENT:
             self.state = State.OPEN

@@ -52,6 +52,21 @@ class Run:
     chunk: Buffer | None = attrs.field(default=None, eq=False, repr=False)
 
 
+@attrs.define(slots=True)
+class EncodedRun:
+    """A run as the broker forwards it: its key, message count and chunk
+    (see ``broky.protocol.chunks``).
+
+    Not frozen: a frozen attrs class pays an ``object.__setattr__`` per field
+    on construction, and on short runs one of these is built per message.
+    Nothing mutates one after it is built.
+    """
+
+    key: bytes
+    count: int
+    chunk: bytes
+
+
 @attrs.frozen(slots=True)
 class Hello:
     """Client's opening frame."""
@@ -93,6 +108,18 @@ class Publish:
     stamp_ts_broker: bool = False
     #: Ask for a PublishAck once the frame's durable runs reach their durability point.
     ack: bool = False
+
+
+@attrs.frozen(slots=True)
+class ForwardPublish:
+    """Publish frames the broker routes as they arrived: not frames on the
+    wire but how a server's ``ProtocolMachine`` (with ``forward_publish``
+    set) hands over consecutive unacked Publish frames of one stream whose
+    runs are all laid out as chunks, read without decoding each run.
+    """
+
+    stream: int
+    runs: list[EncodedRun]
 
 
 @attrs.frozen(slots=True)
@@ -248,3 +275,6 @@ Frame: TypeAlias = (
     | Fetch
     | Fetched
 )
+#: What a ProtocolMachine hands over: wire frames, and on a server that asks
+#: for it, Publish frames to forward as they came (ForwardPublish).
+Received: TypeAlias = Frame | ForwardPublish

@@ -141,22 +141,30 @@ class FrameReader:
         frames: list[memoryview] = []
         view = memoryview(data)
         if self._pending:
-            view = self._complete_pending(view, frames)
+            view = self.complete_pending(view, frames)
             if self._pending:
                 return frames
         position, end = 0, len(view)
         while end - position >= 4:
             size = self._check(_U32.unpack_from(view, position)[0])
             if end - position - 4 < size:
-                self._frame_size = size
                 break
             frames.append(view[position + 4 : position + 4 + size])
             position += 4 + size
-        if position < end:
-            self._pending += view[position:]
+        self.keep_tail(view[position:])
         return frames
 
-    def _complete_pending(self, view: memoryview, frames: list[memoryview]) -> memoryview:
+    def keep_tail(self, tail: memoryview) -> None:
+        """Keep ``tail``, the start of a frame (nothing is pending): checks
+        its size prefix once the 4 bytes are there."""
+        if len(tail) >= 4:
+            self._frame_size = self._check(_U32.unpack_from(tail, 0)[0])
+        if tail:
+            self._pending += tail
+
+    def complete_pending(self, view: memoryview, frames: list[memoryview]) -> memoryview:
+        """Feed the pending frame from ``view``, appending it to ``frames``
+        once complete; returns the rest of ``view`` (empty while pending)."""
         pending = self._pending
         if self._frame_size < 0:
             take = 4 - len(pending)

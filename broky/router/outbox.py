@@ -35,7 +35,7 @@ from broky.protocol.constants import (
     NoticeKind,
     SlowConsumerPolicy,
 )
-from broky.protocol.frames import Notice
+from broky.protocol.frames import EncodedRun, Notice
 from broky.router.pressure import WRITE_STALL_SECONDS, Pressure
 
 #: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
@@ -53,16 +53,7 @@ DEFAULT_OUTBOX_MESSAGES: Final = 100_000
 DEFAULT_WRITE_BATCH_BYTES: Final = 512 * 1024
 
 
-@attrs.frozen(slots=True)
-class EncodedRun:
-    """A run as the router forwards it: its key, message count and chunk."""
-
-    key: bytes
-    count: int
-    chunk: bytes
-
-
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class DurableEncodedRun(EncodedRun):
     """A run of a durable topic after its append: where it lives in the log.
 
@@ -165,6 +156,34 @@ class Subscription:
             self.scheduled = True
             self.outlet.schedule(self)
 
+    def push_many(self, runs: list[EncodedRun], messages: int, size: int) -> None:
+        """``push`` each of ``runs`` (holding ``messages`` messages and
+        ``size`` chunk bytes in all): at once when they all fit, which is
+        the common case, else one by one so that the bounds apply per run."""
+        outlet = self.outlet
+        if (
+            self.holding is not None
+            or self.pending_messages + messages > self.max_messages
+            or self.pending_bytes + size > self.max_bytes
+            or (
+                outlet.max_pending_bytes
+                and outlet.pending_bytes
+                and outlet.pending_bytes + size > outlet.max_pending_bytes
+            )
+        ):
+            for run in runs:
+                self.push(run)
+            return
+        self.runs.extend(runs)
+        self.pending_messages += messages
+        self.pending_bytes += size
+        outlet.pending_bytes += size
+        if self.pending_bytes > self.high_water_bytes and not outlet.pressed:
+            outlet.press()
+        if not self.scheduled and (self.credit is None or self.credit > 0):
+            self.scheduled = True
+            outlet.schedule(self)
+
     def _hold(self, run: EncodedRun) -> None:
         holding = self.holding
         assert holding is not None
@@ -236,6 +255,22 @@ class Subscription:
         taken_messages = 0
         runs = self.runs
         credit = self.credit
+        if credit is None:
+            # The common case, without credit: count the runs that fit the
+            # budget; if they fit one frame too, take them in one sweep.
+            for run in runs:
+                taken_bytes += len(run.chunk)
+                taken_messages += run.count
+                chunks.append(run.chunk)
+                if taken_bytes >= budget:
+                    break
+            if taken_bytes + 4 * len(chunks) <= frame_room:
+                for _ in range(len(chunks)):
+                    runs.popleft()
+                frame_bytes = taken_bytes
+            else:
+                chunks = []
+                taken_bytes = taken_messages = 0
         while runs and taken_bytes < budget:
             if credit is not None and credit <= 0:
                 break

@@ -24,14 +24,14 @@ from broky.protocol.chunks import forward_chunk
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Error, Run, Subscribed
+from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
+from broky.router.fanout import fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.matcher import MATCH_CACHE_SIZE, SubscriptionIndex, validate_pattern
 from broky.router.outbox import (
     DEFAULT_OUTBOX_BYTES,
     DEFAULT_OUTBOX_MESSAGES,
     DEFAULT_WRITE_BATCH_BYTES,
-    EncodedRun,
     Outlet,
     RouterCounters,
     Subscription,
@@ -141,6 +141,10 @@ class Router:
             kind: {} for kind in LinkKind
         }
         self._routes_generation = -1
+        #: One tuple object per distinct route: keys with the same
+        #: subscribers share it, so ``publish`` tells by identity that
+        #: consecutive runs go to the same place and queues them together.
+        self._route_tuples: dict[tuple[Subscription, ...], tuple[Subscription, ...]] = {}
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
         self.pressure = Pressure()
         #: Writes that connections woken while idle ask the routing task to
@@ -266,6 +270,7 @@ class Router:
         """Empty the route caches and note the index generation they follow."""
         for cached in self._routes.values():
             cached.clear()
+        self._route_tuples.clear()
         self._routes_generation = self._index.generation
 
     # --- links to peer routers ---------------------------------------------
@@ -319,7 +324,8 @@ class Router:
                     continue
                 links.add(outlet)
             route.append(subscription)
-        return tuple(route)
+        found = tuple(route)
+        return self._route_tuples.setdefault(found, found)
 
     def publish(
         self,
@@ -340,11 +346,25 @@ class Router:
         if self._routes_generation != self._index.generation:
             self._clear_routes()
         routes = self._routes[source]
-        count_topic = self.topics.count
-        # Counted in locals and added once: the loop runs once per run, and
-        # short runs make it the broker's per-message loop.
-        published_runs = published_messages = unrouted = from_links = 0
-        for run in runs:
+        # A peer's runs are counted by the worker they came from.
+        topics = None if from_peer else self.topics.table
+        runs = runs if isinstance(runs, list) else list(runs)
+        end = len(runs)
+        published_runs = published_messages = unrouted = 0
+        position = 0
+        while True:
+            # Runs with cached routes and tracked topics, in batches (fan_out).
+            position, walked_runs, walked_messages, walked_unrouted = fan_out(
+                runs, position, routes, topics
+            )
+            published_runs += walked_runs
+            published_messages += walked_messages
+            unrouted += walked_unrouted
+            if position >= end:
+                break
+            # The one run fan_out stopped at: route its key, start counting it.
+            run = runs[position]
+            position += 1
             key = run.key
             subscriptions = routes.get(key)
             if subscriptions is None:
@@ -363,22 +383,21 @@ class Router:
                     routes.clear()
                 routes[key] = subscriptions
             count = run.count
+            size = len(run.chunk)
+            if topics is not None:
+                self.topics.count(key, count, size)
             published_runs += 1
             published_messages += count
-            if from_peer:
-                from_links += count  # its topic is counted by the worker it came from
-            else:
-                count_topic(key, count, len(run.chunk))
-            if subscriptions:
-                for subscription in subscriptions:
-                    subscription.push(run)
-            else:
+            if not subscriptions:
                 unrouted += count
+            for subscription in subscriptions:
+                subscription.push_many([run], count, size)
         counters = self.counters
         counters.published_runs += published_runs
         counters.published_messages += published_messages
         counters.dropped_no_subscriber += unrouted
-        counters.from_links += from_links
+        if from_peer:
+            counters.from_links += published_messages
 
     def run_direct_writes(self) -> None:
         """Make the direct writes queued since the last call (see ``direct_writes``)."""

@@ -1,0 +1,289 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twin of ``broky.protocol.forward.walk_pure`` (see that module).
+
+The loop that reads unacked Publish frames for forwarding runs once per run
+of every frame a broker receives: on short runs it is the broker's
+per-message cost. This module does exactly what the pure-Python version
+does, checked by the same hypothesis properties; it is built when a C
+compiler is there and skipped otherwise (the pure version then runs).
+Little-endian hosts only: elsewhere the import is refused.
+"""
+
+import sys
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+
+from broky.protocol.chunks import CHUNK_VTABLE, PUBLISH_FRAME_STARTS
+from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
+from broky.protocol.frames import EncodedRun, ForwardPublish
+
+if sys.byteorder != "little":
+    raise ImportError("the compiled forwarding reader assumes a little-endian host")
+
+cdef bytes _VTABLE = CHUNK_VTABLE
+cdef bytes _PLAIN = PUBLISH_FRAME_STARTS[0]
+cdef bytes _WITH_ACK = PUBLISH_FRAME_STARTS[1]
+cdef int64_t _MAX_BYTES = MAX_COALESCED_BYTES
+cdef int64_t _MAX_MESSAGES = MAX_COALESCED_MESSAGES
+cdef int _MAX_SEGMENTS = MAX_COALESCED_MESSAGES  # a run holds at least one message
+
+
+cdef inline uint32_t _u32(const uint8_t* p) noexcept nogil:
+    cdef uint32_t value
+    memcpy(&value, p, 4)
+    return value
+
+
+cdef inline uint64_t _u64(const uint8_t* p) noexcept nogil:
+    cdef uint64_t value
+    memcpy(&value, p, 8)
+    return value
+
+
+cdef struct Chunk:
+    # One run chunk as read: pointers into the frame being walked.
+    const uint8_t* start
+    int64_t length
+    const uint8_t* key
+    int64_t key_len
+    const uint8_t* sizes
+    const uint8_t* messages
+    int64_t messages_len
+    int64_t count
+    int64_t ts_broker
+
+
+cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t limit,
+                      Chunk* out) noexcept:
+    """Whether the chunk at ``start`` is laid out as encode_run_chunk lays it
+    out (chunks._chunk_layout's checks) within ``limit``; fills ``out``."""
+    cdef int64_t run_count, sizes_end, messages_at, messages_len, messages_end
+    cdef int64_t key_at, key_len, key_end, end, total, i
+    cdef uint64_t before
+    if start < 0 or start + 48 > size:
+        return False
+    if memcmp(buf + start, <const uint8_t*>_VTABLE, 16) != 0:
+        return False
+    if _u32(buf + start + 28) != 12 or _u32(buf + start + 36) != 0:
+        return False
+    run_count = _u32(buf + start + 40)
+    sizes_end = 44 + 4 * run_count
+    messages_at = sizes_end + ((4 - sizes_end) & 7)
+    if <int64_t>_u32(buf + start + 32) != messages_at - 32 or start + messages_at + 4 > size:
+        return False
+    before = _u32(buf + start + messages_at - 4)
+    messages_len = _u32(buf + start + messages_at)
+    if messages_at != sizes_end and before:
+        return False
+    messages_end = messages_at + 4 + messages_len
+    key_at = (messages_end + 3) & ~3
+    if <int64_t>_u32(buf + start + 24) != key_at - 24 or start + key_at + 4 > size:
+        return False
+    before = _u32(buf + start + key_at - 4)
+    key_len = _u32(buf + start + key_at)
+    key_end = key_at + 4 + key_len
+    end = (key_end + 8) & ~7
+    if start + end > size:
+        return False
+    if (before >> (32 - 8 * (key_at - messages_end))) != 0:
+        return False
+    if (_u64(buf + start + end - 8) >> (64 - 8 * (end - key_end))) != 0:
+        return False
+    if run_count == 1:
+        if <int64_t>_u32(buf + start + 44) != messages_len:
+            return False
+    else:
+        total = 0
+        for i in range(run_count):
+            total += _u32(buf + start + 44 + 4 * i)
+        if total != messages_len:
+            return False
+    if limit and messages_len > limit:
+        return False
+    out.start = buf + start
+    out.length = end
+    out.key = buf + start + key_at + 4
+    out.key_len = key_len
+    out.sizes = buf + start + 44
+    out.messages = buf + start + messages_at + 4
+    out.messages_len = messages_len
+    out.count = run_count
+    out.ts_broker = <int64_t>_u64(buf + start + 16)
+    return True
+
+
+cdef bint _is_forwardable(const uint8_t* frame, int64_t size) noexcept:
+    """An unacked, unstamped Publish header as runs_frame_parts lays it out."""
+    cdef bint acked_layout = size >= 56 and memcmp(frame, <const uint8_t*>_WITH_ACK, 36) == 0
+    return (
+        size >= 56
+        and (acked_layout or memcmp(frame, <const uint8_t*>_PLAIN, 36) == 0)
+        and _u32(frame + 36) == 12  # the body table's soffset
+        and _u32(frame + 44) == 8  # the runs uoffset
+        and frame[48] == 0  # stamp_ts_broker
+        and not (acked_layout and frame[49])  # a field only in that layout
+        and 56 + 4 * <int64_t>_u32(frame + 52) <= size
+    )
+
+
+cdef bytes _coalesced_chunk(Chunk* group, int n, int64_t count, int64_t messages_len):
+    """encode_run_chunk(key, ts_broker, sizes, messages) of the group's runs."""
+    cdef int64_t sizes_len = 4 * count
+    cdef int64_t sizes_end = 40 + 4 + sizes_len
+    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
+    cdef int64_t messages_end = messages_at + 4 + messages_len
+    cdef int64_t key_at = (messages_end + 3) & ~3
+    cdef int64_t key_len = group[0].key_len
+    cdef int64_t key_end = key_at + 4 + key_len + 1
+    cdef int64_t chunk_end = (key_end + 7) & ~7
+    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(chunk)
+    cdef uint32_t value
+    cdef int64_t at, i
+    memset(out, 0, chunk_end)
+    # The head: the first run's vtable and soffset, then ts_broker and the
+    # key, sizes and messages uoffsets for this layout.
+    memcpy(out, group[0].start, 16)
+    memcpy(out + 16, &group[0].ts_broker, 8)
+    value = <uint32_t>(key_at - 24)
+    memcpy(out + 24, &value, 4)
+    value = 12
+    memcpy(out + 28, &value, 4)
+    value = <uint32_t>(messages_at - 32)
+    memcpy(out + 32, &value, 4)
+    value = <uint32_t>count
+    memcpy(out + 40, &value, 4)
+    at = 44
+    for i in range(n):
+        memcpy(out + at, group[i].sizes, 4 * group[i].count)
+        at += 4 * group[i].count
+    value = <uint32_t>messages_len
+    memcpy(out + messages_at, &value, 4)
+    at = messages_at + 4
+    for i in range(n):
+        memcpy(out + at, group[i].messages, group[i].messages_len)
+        at += group[i].messages_len
+    value = <uint32_t>key_len
+    memcpy(out + key_at, &value, 4)
+    memcpy(out + key_at + 4, group[0].key, key_len)
+    return chunk
+
+
+cdef class _Group:
+    """Runs gathered for coalescing (see forward._Coalescer)."""
+    cdef Chunk* chunks
+    cdef int n
+    cdef int64_t messages_len
+    cdef int64_t count
+
+    def __cinit__(self):
+        self.chunks = <Chunk*>PyMem_Malloc(_MAX_SEGMENTS * sizeof(Chunk))
+        if self.chunks is NULL:
+            raise MemoryError()
+        self.n = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.chunks)
+
+    cdef int flush(self, list into) except -1:
+        cdef Chunk* first
+        if self.n == 0:
+            return 0
+        first = &self.chunks[0]
+        key = PyBytes_FromStringAndSize(<const char*>first.key, first.key_len)
+        if self.n == 1:
+            into.append(EncodedRun(
+                key, first.count, PyBytes_FromStringAndSize(<const char*>first.start, first.length)
+            ))
+        else:
+            into.append(EncodedRun(
+                key, self.count, _coalesced_chunk(self.chunks, self.n, self.count, self.messages_len)
+            ))
+        self.n = 0
+        self.messages_len = 0
+        self.count = 0
+        return 0
+
+    cdef int add(self, Chunk* chunk, list into) except -1:
+        cdef Chunk* first
+        if self.n:
+            first = &self.chunks[0]
+            if (
+                chunk.key_len != first.key_len
+                or memcmp(chunk.key, first.key, chunk.key_len) != 0
+                or chunk.ts_broker != first.ts_broker
+                or self.messages_len + chunk.messages_len > _MAX_BYTES
+                or self.count + chunk.count > _MAX_MESSAGES
+                or self.n == _MAX_SEGMENTS
+            ):
+                self.flush(into)
+        self.chunks[self.n] = chunk[0]
+        self.n += 1
+        self.messages_len += chunk.messages_len
+        self.count += chunk.count
+        return 0
+
+
+def walk(view, int64_t max_frame_bytes, int64_t limit, decode):
+    """See ``broky.protocol.forward.walk_pure``."""
+    cdef list frames = []
+    cdef object merged = None
+    cdef list runs = None
+    cdef Py_buffer view_buffer
+    cdef const uint8_t* buf
+    cdef const uint8_t* frame
+    cdef int64_t size, position = 0, length, count, index, start
+    cdef uint32_t stream
+    cdef bint whole
+    cdef Chunk chunk
+    cdef _Group group = _Group()
+    cdef Chunk* staged
+    PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>view_buffer.buf
+        size = view_buffer.len
+        while size - position >= 4:
+            length = _u32(buf + position)
+            if length > max_frame_bytes or size - position - 4 < length:
+                break
+            frame = buf + position + 4
+            whole = _is_forwardable(frame, length)
+            if whole:
+                # Read every run first: a frame is forwarded whole or decoded whole.
+                count = _u32(frame + 52)
+                staged = <Chunk*>PyMem_Malloc((count if count else 1) * sizeof(Chunk))
+                if staged is NULL:
+                    raise MemoryError()
+                try:
+                    for index in range(count):
+                        start = 56 + 4 * index + <int64_t>_u32(frame + 56 + 4 * index) - 12
+                        if not _read_chunk(frame, length, start, limit, &staged[index]):
+                            whole = False
+                            break
+                    if whole:
+                        stream = _u32(frame + 40)
+                        if merged is None or merged.stream != stream:
+                            if merged is not None:
+                                group.flush(runs)
+                            runs = []
+                            merged = ForwardPublish(stream, runs)
+                            frames.append(merged)
+                        for index in range(count):
+                            group.add(&staged[index], runs)
+                finally:
+                    PyMem_Free(staged)
+            if not whole:
+                if merged is not None:
+                    group.flush(runs)
+                    merged = None
+                frames.append(decode(view[position + 4 : position + 4 + length]))
+            position += 4 + length
+        if merged is not None:
+            group.flush(runs)
+    finally:
+        PyBuffer_Release(&view_buffer)
+    return frames, position

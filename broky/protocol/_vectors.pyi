@@ -1,0 +1,3 @@
+from collections.abc import Sequence
+
+def chunk_offsets(chunks: Sequence[bytes], position: int) -> tuple[bytes, int]: ...

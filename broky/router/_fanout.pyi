@@ -1,0 +1,8 @@
+from collections.abc import Sequence
+
+from broky.protocol.frames import EncodedRun
+from broky.router.fanout import Routes, Topics
+
+def fan_out(
+    runs: Sequence[EncodedRun], start: int, routes: Routes, topics: Topics | None
+) -> tuple[int, int, int, int]: ...

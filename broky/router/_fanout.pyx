@@ -1,0 +1,72 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Compiled twin of ``broky.router.fanout.fan_out_pure`` (see that module)."""
+
+from cpython.dict cimport PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF
+
+
+cdef inline void _add(list figures, Py_ssize_t index, Py_ssize_t amount) except *:
+    old = <object>PyList_GET_ITEM(figures, index)
+    new = old + amount
+    Py_INCREF(new)
+    Py_DECREF(old)
+    PyList_SET_ITEM(figures, index, new)
+
+
+cdef int _flush(tuple route, list batch, Py_ssize_t messages, Py_ssize_t size) except -1:
+    for subscription in route:
+        subscription.push_many(batch, messages, size)
+    return 0
+
+
+def fan_out(runs, Py_ssize_t start, routes, topics):
+    """See ``broky.router.fanout.fan_out_pure``."""
+    cdef Py_ssize_t stop = len(runs), position, count, size
+    cdef Py_ssize_t published_runs = 0, published_messages = 0, unrouted = 0
+    cdef Py_ssize_t batch_messages = 0, batch_bytes = 0
+    cdef list batch = None
+    cdef tuple batch_route = None
+    cdef tuple subscriptions
+    cdef PyObject* found
+    cdef dict topic_table = topics
+    cdef dict route_table = routes
+    cdef bint counting = topics is not None
+    cdef list figures
+    for position in range(start, stop):
+        run = runs[position]
+        key = run.key
+        found = PyDict_GetItem(route_table, key)
+        if found is NULL:
+            stop = position
+            break
+        subscriptions = <tuple>found
+        count = run.count
+        size = len(run.chunk)
+        if counting:
+            found = PyDict_GetItem(topic_table, key)
+            if found is NULL:
+                stop = position
+                break
+            figures = <list>found
+            _add(figures, 0, count)
+            _add(figures, 1, size)
+        published_runs += 1
+        published_messages += count
+        if not subscriptions:
+            unrouted += count
+        elif subscriptions is batch_route:
+            batch.append(run)
+            batch_messages += count
+            batch_bytes += size
+        else:
+            if batch is not None:
+                _flush(batch_route, batch, batch_messages, batch_bytes)
+            batch = [run]
+            batch_route = subscriptions
+            batch_messages = count
+            batch_bytes = size
+    if batch is not None:
+        _flush(batch_route, batch, batch_messages, batch_bytes)
+    return stop, published_runs, published_messages, unrouted

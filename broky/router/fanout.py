@@ -1,0 +1,93 @@
+"""The router's per-run loop: runs whose route is cached, queued in batches.
+
+``fan_out(runs, start, routes, topics)`` walks ``runs`` from ``start`` while
+each run's key has a cached route (``routes``: key -> tuple of
+subscriptions) and, unless ``topics`` is None, a tracked TopicCounter entry
+(``topics``: key -> [messages, bytes], added to in place). Consecutive runs
+with the same route tuple (the router interns them, so identity tells) are
+handed to each of its subscriptions as one ``push_many``. It stops at the
+first run that needs the router's own attention (a key to route or to
+start counting), having queued everything before it, and returns
+``(stop, runs, messages, unrouted messages)`` for what it walked. The
+router handles that run and calls again from the next one, so cache misses
+(rare: new keys) cost Python, and hits (every other run) cost only this loop.
+
+Two implementations do exactly the same: the C extension
+``broky.router._fanout`` (Cython) and ``fan_out_pure``, which runs where it
+is not built and with ``BROKY_PURE=1``; a hypothesis property holds them
+equal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+from broky.protocol.frames import EncodedRun
+from broky.router.outbox import Subscription
+
+Routes = Mapping[bytes, tuple[Subscription, ...]]
+Topics = dict[bytes, list[int]]
+FanOut = Callable[[Sequence[EncodedRun], int, Routes, "Topics | None"], tuple[int, int, int, int]]
+
+
+def fan_out_pure(
+    runs: Sequence[EncodedRun], start: int, routes: Routes, topics: Topics | None
+) -> tuple[int, int, int, int]:
+    """The pure-Python implementation (see the module docstring)."""
+    published_runs = published_messages = unrouted = 0
+    batch: list[EncodedRun] = []
+    batch_route: tuple[Subscription, ...] = ()
+    batch_messages = batch_bytes = 0
+    stop = len(runs)
+    for position in range(start, stop):
+        run = runs[position]
+        key = run.key
+        subscriptions = routes.get(key)
+        if subscriptions is None:
+            stop = position
+            break
+        count = run.count
+        size = len(run.chunk)
+        if topics is not None:
+            figures = topics.get(key)
+            if figures is None:
+                stop = position
+                break
+            figures[0] += count
+            figures[1] += size
+        published_runs += 1
+        published_messages += count
+        if not subscriptions:
+            unrouted += count
+        elif subscriptions is batch_route:
+            batch.append(run)
+            batch_messages += count
+            batch_bytes += size
+        else:
+            if batch:
+                for subscription in batch_route:
+                    subscription.push_many(batch, batch_messages, batch_bytes)
+            batch = [run]
+            batch_route = subscriptions
+            batch_messages = count
+            batch_bytes = size
+    if batch:
+        for subscription in batch_route:
+            subscription.push_many(batch, batch_messages, batch_bytes)
+    return stop, published_runs, published_messages, unrouted
+
+
+def _compiled() -> FanOut | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.router import _fanout  # noqa: PLC0415
+    except ImportError:
+        return None
+    return _fanout.fan_out
+
+
+fan_out_compiled = _compiled()
+#: What this process uses: the compiled loop when it is there.
+fan_out: FanOut = fan_out_compiled or fan_out_pure

@@ -1,0 +1,31 @@
+"""Build the optional C extension of the hot path; everything else is in pyproject.toml.
+
+``broky.protocol._forward``, ``broky.protocol._vectors`` and
+``broky.router._fanout`` (Cython) are the compiled twins of
+``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
+and ``broky.router.fanout.fan_out_pure``. Each is optional twice over: the
+build continues without it when compiling fails (``optional=True``), and
+Broky runs the pure-Python version whenever one is missing.
+"""
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # no Cython at build time: the pure-Python reader runs
+    extensions = []
+else:
+    extensions = cythonize(
+        [
+            Extension(name, [name.replace(".", "/") + ".pyx"], optional=True)
+            for name in (
+                "broky.protocol._forward",
+                "broky.protocol._vectors",
+                "broky.router._fanout",
+            )
+        ],
+        compiler_directives={"language_level": "3"},
+        quiet=True,
+    )
+
+setup(ext_modules=extensions)

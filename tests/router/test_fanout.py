@@ -1,0 +1,76 @@
+"""The compiled fan-out loop is the pure one's twin, and both batch as documented."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broky.protocol.frames import EncodedRun
+from broky.router import fanout
+
+
+class Recorder:
+    """Stands in for a Subscription: records what push_many hands it."""
+
+    def __init__(self, name: str, log: list[tuple[str, list[bytes], int, int]]) -> None:
+        self.name = name
+        self.log = log
+
+    def push_many(self, runs: list[EncodedRun], messages: int, size: int) -> None:
+        self.log.append((self.name, [run.key for run in runs], messages, size))
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[EncodedRun], dict[bytes, int], dict[bytes, int], int]:
+    keys = [b"a", b"b", b"c", b"d", b"e"]
+    runs = [
+        EncodedRun(key, draw(st.integers(0, 5)), bytes(draw(st.integers(0, 64))))
+        for key in draw(st.lists(st.sampled_from(keys), max_size=30))
+    ]
+    # key -> route number (routes 0-2; 3: no subscribers); absent keys miss.
+    routes = draw(st.dictionaries(st.sampled_from(keys), st.integers(0, 3)))
+    topics = draw(st.dictionaries(st.sampled_from(keys), st.integers(0, 100)))
+    return runs, routes, topics, draw(st.integers(0, 30))
+
+
+def _run(
+    implementation: Any, case: tuple[list[EncodedRun], dict[bytes, int], dict[bytes, int], int]
+) -> tuple[object, ...]:
+    runs, route_numbers, topic_counts, start = case
+    log: list[tuple[str, list[bytes], int, int]] = []
+    a, b = Recorder("a", log), Recorder("b", log)
+    shared = ((a,), (a, b), (b,), ())  # interned route tuples, as the router keeps them
+    routes = {key: shared[number] for key, number in route_numbers.items()}
+    topics = {key: [count, 0] for key, count in topic_counts.items()}
+    result = implementation(runs, min(start, len(runs)), routes, topics)
+    without_topics = implementation(runs, min(start, len(runs)), routes, None)
+    return result, without_topics, log, topics
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=cases())
+def test_compiled_and_pure_fan_out_agree(
+    case: tuple[list[EncodedRun], dict[bytes, int], dict[bytes, int], int],
+) -> None:
+    compiled = fanout.fan_out_compiled
+    if compiled is None:
+        assert os.environ.get("BROKY_PURE") == "1", "broky.router._fanout was not built"
+        pytest.skip("the compiled fan-out is not in use (BROKY_PURE=1)")
+    assert _run(compiled, case) == _run(fanout.fan_out_pure, case)
+
+
+def test_consecutive_runs_of_one_route_go_as_one_batch_and_a_miss_stops() -> None:
+    log: list[tuple[str, list[bytes], int, int]] = []
+    a = Recorder("a", log)
+    route = (a,)
+    runs = [EncodedRun(key, 1, b"xx") for key in (b"k1", b"k2", b"k3", b"new", b"k1")]
+    routes: Any = {b"k1": route, b"k2": route, b"k3": route}
+    topics = {b"k1": [0, 0], b"k2": [0, 0], b"k3": [0, 0], b"new": [0, 0]}
+    assert fanout.fan_out(runs, 0, routes, topics) == (3, 3, 3, 0)
+    assert log == [("a", [b"k1", b"k2", b"k3"], 3, 6)]
+    assert topics[b"k1"] == [1, 2]
+    assert topics[b"new"] == [0, 0]  # not walked: its route is not cached
