@@ -1,8 +1,8 @@
 """Durable publish end to end: acked publishes through a real broker process.
 
 Run: ``.venv/bin/python -m benchmarks.bench_durable [--duration S] [--dir DIR]
-[--keys MIX]``. Prints one JSON object per line. A ``broky serve`` process
-(one worker) keeps topic ``bench.>`` durable (8 partitions) with the policy
+[--keys MIX] [--broker-python PATH]``. Prints one JSON object per line. A
+``broky serve`` process (one worker) keeps topic ``bench.>`` durable (8 partitions) with the policy
 under test; publisher connections in this process publish 100-byte payloads
 with ``ack=True`` and count a message only once its ack arrived. The key mix
 (``--keys``, repeatable) says how messages spread over keys: ``one`` (each
@@ -93,14 +93,18 @@ async def measure(
     elapsed = time.monotonic() - start
     published = sum(count[0] for count in counts)
     acked = sum(count[1] for count in counts)
+    server_seconds = cpu_seconds(pid) - server_before
     figures: dict[str, object] = {
         "keys": mix,
         "msgs_per_s": round(acked / elapsed),
         "published": published,
         "acked": acked,
         "lost": published - acked,
-        "server_cpu": round((cpu_seconds(pid) - server_before) / elapsed, 2),
+        "server_cpu": round(server_seconds / elapsed, 2),
         "client_cpu": round((time.process_time() - client_before) / elapsed, 2),
+        # The broker's CPU per acked message: what the code costs, whatever
+        # share of this shared machine the run happened to get.
+        "server_us_per_msg": round(server_seconds / max(acked, 1) * 1e6, 2),
     }
     if not replay:
         return figures
@@ -118,14 +122,21 @@ async def measure(
 
 
 def broker_rate(
-    root: Path, fsync: str, duration: float, mix: str = "one", replay: bool = True
+    root: Path,
+    fsync: str,
+    duration: float,
+    mix: str = "one",
+    replay: bool = True,
+    broker_python: str = sys.executable,
 ) -> dict[str, object]:
-    """Run ``measure`` against a fresh broker with its own data directory."""
+    """Run ``measure`` against a fresh broker with its own data directory,
+    started by ``broker_python`` (another checkout's interpreter: an A/B of
+    two versions of the broker against the same client)."""
     name = f"{fsync}-{mix}"
     config = root / f"{name}.toml"
     write_config(config, root / f"data-{name}", fsync)
     process = subprocess.Popen(
-        [sys.executable, "-m", "broky", "serve", "--config", str(config)],
+        [broker_python, "-m", "broky", "serve", "--config", str(config)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -151,6 +162,11 @@ def main() -> None:
         "--keys", action="append", choices=KEY_MIXES,
         help="key mix of fsync=always (repeatable; default: all three)",
     )  # fmt: skip
+    parser.add_argument(
+        "--broker-python",
+        default=sys.executable,
+        help="interpreter that runs the broker (e.g. another checkout's .venv/bin/python)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as name:
         root = Path(name)
@@ -165,7 +181,7 @@ def main() -> None:
         summary: dict[str, object] = {"raw_write_fsync_msgs_per_s": raw.rate}
         runs = [("always", mix) for mix in args.keys or KEY_MIXES] + [("interval", "one")]
         for fsync, mix in runs:
-            figures = broker_rate(root, fsync, args.duration, mix, replay=mix == "one")
+            figures = broker_rate(root, fsync, args.duration, mix, mix == "one", args.broker_python)
             replay_rate = figures.pop("replay_msgs_per_s", None)
             rate = figures["msgs_per_s"]
             assert isinstance(rate, int)

@@ -1,7 +1,13 @@
 """Spark connector throughput: 1M 100-byte messages read in batch (offline and
 through a broker) and as a stream, on a local[2] SparkSession.
 
-Run: ``.venv/bin/python -m benchmarks.bench_spark [--messages N] [--partitions P] [--repeat R]``.
+Run: ``.venv/bin/python -m benchmarks.bench_spark [--messages N] [--partitions P] [--repeat R]
+[--keys runs|many]``.
+
+``--keys runs`` (the default) publishes runs of 100 messages per key over 64
+keys; ``--keys many`` cycles 1,000 keys message by message (``bench.k0`` ..
+``bench.k999``), so every run is one message long, as with device or order
+ids.
 
 Prints one JSON line per scenario. The baseline, in the same run and over the
 same data, is the offline reader (``broky.storage.reader.iter_records``)
@@ -40,9 +46,12 @@ from broky.storage.reader import iter_records
 
 PAYLOAD = b"x" * 100
 PUBLISHERS = 4
-#: Messages a publisher sends on one key before moving to the next: producers
-#: batch by key, and the broker stores each run of one key as one batch.
+#: Messages a publisher sends on one key before moving to the next (``runs``
+#: mix): producers batch by key.
 RUN_LENGTH = 100
+#: Keys the ``many`` mix cycles through, one message each.
+MANY_KEYS = 1000
+KEY_MIXES = ("runs", "many")
 
 
 def report(
@@ -84,14 +93,18 @@ def start_broker(directory: Path, partitions: int) -> tuple[subprocess.Popen[byt
             time.sleep(0.05)
 
 
-async def publish(address: str, messages: int) -> None:
-    """``messages`` acked publishes from PUBLISHERS connections, 64 keys, in
-    runs of RUN_LENGTH messages per key."""
+async def publish(address: str, messages: int, mix: str = "runs") -> None:
+    """``messages`` acked publishes from PUBLISHERS connections: 64 keys in
+    runs of RUN_LENGTH messages per key, or (``many``) a new key of
+    MANY_KEYS every message."""
 
     async def publisher(first: int) -> None:
         async with connect(address) as client:
             for index in range(first, messages, PUBLISHERS):
-                key = f"bench.k{(index // (RUN_LENGTH * PUBLISHERS)) % 64}"
+                if mix == "many":
+                    key = f"bench.k{index % MANY_KEYS}"
+                else:
+                    key = f"bench.k{(index // (RUN_LENGTH * PUBLISHERS)) % 64}"
                 await client.publish(key, PAYLOAD, ack=True)
                 if index % 20_000 < PUBLISHERS:
                     await client.flush_acks()
@@ -115,6 +128,7 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=5, help="runs per Spark scenario (the first warms the JVM)"
     )
+    parser.add_argument("--keys", choices=KEY_MIXES, default="runs", help="key mix (see above)")
     args = parser.parse_args()
     rows = args.messages
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -124,8 +138,8 @@ def main() -> None:
         data_dir = str(directory / "data")
         process, address = start_broker(directory, args.partitions)
         try:
-            seconds = timed(lambda: trio.run(publish, address, rows))
-            report("publish_acked_setup", rows, seconds, run_length=RUN_LENGTH)
+            seconds = timed(lambda: trio.run(publish, address, rows, args.keys))
+            report("publish_acked_setup", rows, seconds, keys=args.keys)
 
             seconds = timed(lambda: sum(1 for _ in iter_records(data_dir, "bench")))
             baseline = report("baseline_offline_reader_iter_records", rows, seconds)

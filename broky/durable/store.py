@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
-from broky.protocol.codec import encode_durable_run_chunk
+from broky.protocol.chunks import durable_chunk
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.outbox import DurableEncodedRun
@@ -48,6 +48,13 @@ log = logging.getLogger("broky.durable")
 #: backpressure): 64 MiB is ~0.2 s of the fastest disk we target and bounds
 #: the broker's memory for durable traffic whatever the number of partitions.
 DEFAULT_PENDING_BYTES: Final = 64 * 1024 * 1024
+#: Runs queued for the logs before publishers wait, whatever their bytes:
+#: each queued run is a few Python objects (~0.5 KiB), and with one-message
+#: runs (a key per message) the byte bound alone let ~200k of them pile up.
+#: 32k runs is still several rounds of every partition.
+DEFAULT_PENDING_RUNS: Final = 32 * 1024
+#: Keys whose durable topic (or none) ``match`` remembers: ~100 bytes each.
+TOPIC_CACHE_KEYS: Final = 65_536
 #: Seconds between ``tick()`` calls of an idle partition (interval fsync,
 #: time rolls, retention): a fraction of the default 1 s fsync interval.
 TICK_SECONDS: Final = 0.2
@@ -71,20 +78,15 @@ class DurableStatistics:
     recovery_corrupt_segments: int
 
 
-@attrs.define(slots=True, eq=False)
-class _PendingRun:
-    run: Run
-    ticket: AckTicket | None
-    acks: AckQueue | None
-    run_index: int
+#: Who waits for a queued run's durability: the acked frame's ticket, its
+#: connection's ack queue and the run's index in the frame.
+_AckSlot = tuple[AckTicket, AckQueue, int]
 
 
 def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
     """The chunk of ``run`` as stored from ``base_offset`` of ``partition``:
     what Deliver and Fetched carry for durable topics."""
-    return encode_durable_run_chunk(
-        Run(run.key, run.ts_broker, run.count, run.sizes, run.messages, partition, base_offset)
-    )
+    return durable_chunk(run, run.ts_broker, partition, base_offset)
 
 
 class PartitionOwner:
@@ -102,18 +104,34 @@ class PartitionOwner:
         #: Cached after each round, for ListPartitions without a thread hop.
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
-        self._pending: list[_PendingRun] = []
+        # The runs queued for the next round, in parallel lists: a short run
+        # costs a few list appends here, not an object.
+        self._runs: list[Run] = []
+        self._stamps: list[int] = []
+        self._acks: list[_AckSlot | None] = []
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
 
     def append(
-        self, run: Run, ticket: AckTicket | None, acks: AckQueue | None, run_index: int
+        self,
+        run: Run,
+        ticket: AckTicket | None,
+        acks: AckQueue | None,
+        run_index: int,
+        ts_broker: int | None = None,
     ) -> None:
-        """Queue a run for the next round (never waits)."""
-        self._pending.append(_PendingRun(run, ticket, acks, run_index))
-        self.store.pending_bytes += len(run.messages)
-        self._wake.set()
+        """Queue a run for the next round (never waits), to be stored with
+        ``ts_broker`` (default: the run's own)."""
+        self._runs.append(run)
+        self._stamps.append(run.ts_broker if ts_broker is None else ts_broker)
+        self._acks.append(None if ticket is None or acks is None else (ticket, acks, run_index))
+        store = self.store
+        store.pending_bytes += len(run.messages)
+        store.pending_runs += 1
+        wake = self._wake
+        if not wake.is_set():
+            wake.set()
 
     def submit(self, request: LogRequest, done: Callable[[Any], None]) -> None:
         """Run ``request(log)`` in the next round; ``done`` gets its result or
@@ -140,32 +158,42 @@ class PartitionOwner:
         """Serve rounds until cancelled; a round in a thread is not interrupted."""
         next_tick = time.monotonic()
         while True:
-            if not (self._pending or self._requests):
+            if not (self._runs or self._requests):
                 with trio.move_on_at(trio.current_time() + TICK_SECONDS):
                     await self._wake.wait()
             self._wake = trio.Event()
-            pending, self._pending = self._pending, []
+            runs, stamps, acks = self._runs, self._stamps, self._acks
+            self._runs, self._stamps, self._acks = [], [], []
             requests, self._requests = self._requests, []
             tick = time.monotonic() >= next_tick
-            if not (tick or pending or requests):
+            if not (tick or runs or requests):
                 continue
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
-            runs = [item.run for item in pending]
-            outcome, results = await trio.to_thread.run_sync(self._round, runs, requests, tick)
-            self._finish(pending, outcome)
+            outcome, results = await trio.to_thread.run_sync(
+                self._round, runs, stamps, requests, tick
+            )
+            self._finish(runs, stamps, acks, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
 
     def _round(
-        self, runs: list[Run], requests: list[tuple[LogRequest, Callable[[Any], None]]], tick: bool
+        self,
+        runs: list[Run],
+        stamps: list[int],
+        requests: list[tuple[LogRequest, Callable[[Any], None]]],
+        tick: bool,
     ) -> tuple[int | StorageError | OSError | None, list[Any]]:
-        """One round, in a worker thread: append + fsync, requests, tick."""
+        """One round, in a worker thread: append + fsync, requests, tick.
+
+        Every run of the round goes into one append, which packs them into
+        as few batches as fit (group commit for the disk and for the format).
+        """
         partition_log = self._log
         outcome: int | StorageError | OSError | None = None
         if runs:
             try:
-                outcome = partition_log.append(runs).first_offset
+                outcome = partition_log.append(runs, stamps).first_offset
                 if self._fsync_always:
                     partition_log.sync()
             except (StorageError, OSError) as exc:
@@ -187,31 +215,48 @@ class PartitionOwner:
         self.statistics = partition_log.statistics()
         return outcome, results
 
-    def _finish(self, pending: list[_PendingRun], outcome: int | Exception | None) -> None:
-        """Back on the trio thread: fan the appended runs out, release acks."""
-        if not pending:
+    def _finish(
+        self,
+        runs: list[Run],
+        stamps: list[int],
+        acks: list[_AckSlot | None],
+        outcome: int | Exception | None,
+    ) -> None:
+        """Back on the trio thread: fan the appended runs out, release acks.
+
+        Once per run of the round, so kept to a chunk, a router entry and a
+        ticket update each: ack queues are collected as they change (one
+        connection's runs usually come together), not per run.
+        """
+        if not runs:
             return
         store = self.store
-        store.pending_bytes -= sum(len(item.run.messages) for item in pending)
+        store.pending_bytes -= sum(len(run.messages) for run in runs)
+        store.pending_runs -= len(runs)
         store.room_changed()
         queues: set[AckQueue] = set()
+        last_queue: AckQueue | None = None
         if not isinstance(outcome, int):
             reason = f"could not store {self.topic.name}/{self.partition}: {outcome}"
-            for item in pending:
-                if item.ticket is not None and item.acks is not None:
-                    item.ticket.failed(reason)
-                    queues.add(item.acks)
+            for slot in acks:
+                if slot is not None:
+                    slot[0].failed(reason)
+                    queues.add(slot[1])
         else:
             offset = outcome
+            partition = self.partition
             encoded: list[EncodedRun] = []
-            for item in pending:
-                run = item.run
-                chunk = located_chunk(run, self.partition, offset)
-                encoded.append(DurableEncodedRun(run.key, run.count, chunk, self, offset))
-                if item.ticket is not None and item.acks is not None:
-                    item.ticket.done(item.run_index, self.partition, offset, offset + run.count - 1)
-                    queues.add(item.acks)
-                offset += run.count
+            for run, stamp, slot in zip(runs, stamps, acks, strict=True):
+                count = run.count
+                chunk = durable_chunk(run, stamp, partition, offset)
+                encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
+                if slot is not None:
+                    ticket, queue, run_index = slot
+                    ticket.done(run_index, partition, offset, offset + count - 1)
+                    if queue is not last_queue:
+                        queues.add(queue)
+                        last_queue = queue
+                offset += count
             store.router.publish(encoded)
         for queue in queues:
             queue.release()
@@ -231,6 +276,7 @@ class DurableStore:
         router: Router,
         clock: Callable[[], int] = time.time_ns,
         pending_limit: int = DEFAULT_PENDING_BYTES,
+        pending_runs_limit: int = DEFAULT_PENDING_RUNS,
     ) -> None:
         self.data_dir = data_dir
         self.policies = TopicPolicies(policies)
@@ -238,9 +284,15 @@ class DurableStore:
         self._clock = clock
         self.pending_limit = pending_limit
         self.pending_bytes = 0
+        self.pending_runs_limit = pending_runs_limit
+        self.pending_runs = 0
         self._room = trio.Event()
         self.owners: dict[tuple[str, int], PartitionOwner] = {}
+        #: The same owners by topic name, in partition order (the append path).
+        self._partition_owners: dict[str, list[PartitionOwner]] = {}
         self._nursery: trio.Nursery | None = None
+        #: ``match``'s answers by key; the policies never change after start.
+        self._topic_of: dict[bytes, TopicPolicy | None] = {}
 
     def open(self) -> None:
         """Open (and recover) every partition log; blocking, call it in a thread."""
@@ -248,9 +300,9 @@ class DurableStore:
             for partition in range(topic.partitions):
                 directory = os.path.join(self.data_dir, topic.name, str(partition))
                 partition_log = PartitionLog.open(directory, topic.log, self._clock)
-                self.owners[(topic.name, partition)] = PartitionOwner(
-                    self, topic, partition, partition_log
-                )
+                owner = PartitionOwner(self, topic, partition, partition_log)
+                self.owners[(topic.name, partition)] = owner
+                self._partition_owners.setdefault(topic.name, []).append(owner)
         repaired = [owner.recovery for owner in self.owners.values() if not owner.recovery.clean]
         log.info(
             "durable topics: %d partitions opened in %s, %d repaired",
@@ -289,11 +341,19 @@ class DurableStore:
 
     def match(self, key: bytes) -> TopicPolicy | None:
         """The durable topic of ``key``, or None (ephemeral; invalid keys too,
-        so that the router answers them as it always has)."""
+        so that the router answers them as it always has). Remembered per
+        key (bounded like the router's route cache): it is asked once per run."""
+        topics = self._topic_of
+        if key in topics:
+            return topics[key]
         try:
-            return self.policies.match(key)
+            topic = self.policies.match(key)
         except RemoteProtocolError:
-            return None
+            topic = None
+        if len(topics) >= TOPIC_CACHE_KEYS:
+            topics.clear()
+        topics[key] = topic
+        return topic
 
     def append(
         self,
@@ -307,11 +367,11 @@ class DurableStore:
         """Queue a published run for its partitions, stamped with ``stamp``."""
         if not run.count:
             return  # nothing to store (and a batch holds at least one message)
-        run = Run(run.key, stamp, run.count, run.sizes, run.messages)
+        owners = self._partition_owners[topic.name]
         for partition, part in partition_run(run, topic.partitions):
             if ticket is not None:
                 ticket.remaining += 1
-            self.owners[(topic.name, partition)].append(part, ticket, acks, run_index)
+            owners[partition].append(part, ticket, acks, run_index, stamp)
 
     def now(self) -> int:
         """The broker time stamped on durable runs (``ts_broker``)."""
@@ -320,10 +380,12 @@ class DurableStore:
     @property
     def congested(self) -> bool:
         """Publishers should wait (``wait_for_room``) before reading more."""
-        return self.pending_bytes >= self.pending_limit
+        return (
+            self.pending_bytes >= self.pending_limit or self.pending_runs >= self.pending_runs_limit
+        )
 
     async def wait_for_room(self) -> None:
-        """Wait until the queued durable bytes fall under the bound."""
+        """Wait until the queued durable bytes and runs fall under their bounds."""
         while self.congested:
             if self._room.is_set():
                 self._room = trio.Event()  # one event shared by every waiting reader

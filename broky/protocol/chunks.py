@@ -172,6 +172,50 @@ def encode_durable_run_chunk(run: Run) -> bytes:
     return b"".join((head, *tail))
 
 
+#: The key and messages uoffsets of an ephemeral chunk (at 24 and 32).
+_CHUNK_UOFFSETS: Final = struct.Struct("<I4xI")
+#: How much further from the table a durable chunk's vectors lie.
+_DURABLE_SHIFT: Final = _DURABLE_SIZES_AT - _CHUNK_SIZES_AT
+
+
+def durable_chunk(run: Run, ts_broker: int, partition: int, base_offset: int) -> bytes:
+    """What :func:`encode_durable_run_chunk` gives for ``run`` stamped with
+    ``ts_broker`` and stored at ``base_offset`` of ``partition``.
+
+    A run that arrived as a chunk (``run.chunk``, from :func:`read_chunk_run`)
+    keeps its vectors: both layouts put them from an 8-aligned position in
+    the same order with the same padding, so the durable chunk is a new head
+    and a copy of the old chunk's tail, instead of a fresh layout per vector
+    (a durable publish of one-message runs pays this once per message).
+    """
+    chunk = run.chunk
+    if chunk is None:
+        return encode_durable_run_chunk(
+            Run(run.key, ts_broker, run.count, run.sizes, run.messages, partition, base_offset)
+        )
+    key_uoffset, messages_uoffset = _CHUNK_UOFFSETS.unpack_from(chunk, 24)
+    head = _DURABLE_CHUNK_HEAD.pack(
+        -36,
+        ts_broker,
+        base_offset,
+        # Each uoffset grows by the shift and shrinks by the 8 bytes its
+        # field moved down the table.
+        key_uoffset + _DURABLE_SHIFT - 8,
+        _DURABLE_SIZES_AT - 36,
+        messages_uoffset + _DURABLE_SHIFT - 8,
+        partition,
+        16,
+        36,
+        20,
+        4,
+        24,
+        28,
+        32,
+        12,
+    )
+    return head + chunk[_CHUNK_SIZES_AT:]
+
+
 def encode_chunk(run: Run) -> bytes:
     """The chunk of any run: with its offsets when it has them."""
     if run.base_offset >= 0:

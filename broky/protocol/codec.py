@@ -183,10 +183,14 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
 
 
 def _vector(builder: flatbuffers.Builder, values: Sequence[int], size: int, signed: bool) -> int:
+    """An int64 (``signed``) or uint32 vector, packed in one call: a
+    PublishAck has an entry per run, so short runs make it long, and the
+    builder's per-element prepend cost ~1.5 us per entry (what
+    ``CreateByteVector`` does, for wider elements)."""
+    data = struct.pack(f"<{len(values)}{'q' if signed else 'I'}", *values)
     builder.StartVector(size, len(values), size)
-    prepend = builder.PrependInt64 if signed else builder.PrependUint32
-    for value in reversed(values):
-        prepend(value)
+    builder.head -= len(data)
+    builder.Bytes[builder.head : builder.head + len(data)] = data
     return int(builder.EndVector())
 
 

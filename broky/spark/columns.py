@@ -19,6 +19,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, cast
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -37,6 +38,7 @@ from pyspark.sql.types import (
 from broky.protocol.codec import u32_array
 from broky.protocol.frames import Run
 from broky.protocol.message import decode_message
+from broky.storage.batch import RecordBatch
 
 #: What a read yields, one row per message. Absent optional fields
 #: (key_partition, uid, a zero timestamp) are null; tags are never null.
@@ -78,7 +80,60 @@ _FAST_CONSTANT: Final = np.r_[0:24, 32:48]
 _FAST_HEAD_BYTES: Final = 52
 
 
-def _to_batch(topic: bytes, partition: int, runs: Sequence[Run]) -> pa.RecordBatch:
+@attrs.frozen
+class RunColumns:
+    """Consecutive runs of one partition as columns, ready for :func:`_to_batch`.
+
+    Per run: message count, first offset, ``ts_broker`` and key length; then
+    the keys, the size tables and the messages back to back. A stored batch
+    of many runs (``broky.storage.batch.RecordBatch``) becomes one of these
+    without a Python step per run, which is what keeps a log written one
+    message per key as fast to read as one written in long runs.
+    """
+
+    counts: npt.NDArray[np.int64]
+    bases: npt.NDArray[np.int64]
+    ts_brokers: npt.NDArray[np.int64]
+    key_lengths: npt.NDArray[np.int64]
+    keys: bytes
+    sizes: bytes
+    messages: bytes
+
+    @property
+    def rows(self) -> int:
+        return int(self.counts.sum())
+
+    @classmethod
+    def of_runs(cls, runs: Sequence[Run]) -> RunColumns:
+        """Runs that each carry their ``base_offset``."""
+        keys = [bytes(run.key) for run in runs]
+        return cls(
+            np.array([run.count for run in runs], np.int64),
+            np.array([run.base_offset for run in runs], np.int64),
+            np.array([run.ts_broker for run in runs], np.int64),
+            np.array([len(key) for key in keys], np.int64),
+            b"".join(keys),
+            b"".join([bytes(run.sizes) for run in runs]),
+            b"".join([bytes(run.messages) for run in runs]),
+        )
+
+    @classmethod
+    def of_batch(cls, batch: RecordBatch) -> RunColumns:
+        """Every run of a stored batch."""
+        counts = np.array(batch.counts, np.int64)
+        bases = np.cumsum(counts) - counts + batch.base_offset
+        return cls(
+            counts,
+            bases,
+            np.array(batch.ts_brokers, np.int64),
+            np.array(batch.key_lengths, np.int64),
+            bytes(batch.keys),
+            bytes(batch.sizes),
+            bytes(batch.messages),
+        )
+
+
+def _to_batch(topic: bytes, partition: int, pieces: Sequence[RunColumns]) -> pa.RecordBatch:
     """One Arrow batch of ``ARROW_SCHEMA`` from consecutive runs of a partition.
 
     All the runs' messages are decoded in one vectorised pass, so that small
@@ -86,11 +141,12 @@ def _to_batch(topic: bytes, partition: int, runs: Sequence[Run]) -> pa.RecordBat
     large ones; messages not in the fast layout are decoded one by one and
     their payloads appended after the others.
     """
-    counts = np.array([run.count for run in runs], np.int64)
+    counts = np.concatenate([piece.counts for piece in pieces])
+    run_ts = np.concatenate([piece.ts_brokers for piece in pieces])
     rows = int(counts.sum())
-    sizes = np.frombuffer(b"".join([bytes(run.sizes) for run in runs]), "<u4").astype(np.int64)
+    sizes = np.frombuffer(b"".join([piece.sizes for piece in pieces]), "<u4").astype(np.int64)
     # Zero padding lets the head gather below run past a short last message.
-    messages = b"".join([*(bytes(run.messages) for run in runs), bytes(_FAST_HEAD_BYTES)])
+    messages = b"".join([*(piece.messages for piece in pieces), bytes(_FAST_HEAD_BYTES)])
     buffer = np.frombuffer(messages, np.uint8)
     starts = np.zeros(rows, np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
@@ -108,9 +164,9 @@ def _to_batch(topic: bytes, partition: int, runs: Sequence[Run]) -> pa.RecordBat
         pa.array([], pa.string()),
         type=_TAGS,
     )
+    run_of_row = np.repeat(np.arange(len(counts)), counts)
     slow_rows = np.flatnonzero(~fast)
     if len(slow_rows):
-        run_of_row = np.repeat(np.arange(len(runs)), counts)
         key_partitions: list[bytes | None] = [None] * rows
         uids: list[bytes | None] = [None] * rows
         tag_lists: list[list[tuple[str, str]]] = [[] for _ in range(rows)]
@@ -118,10 +174,9 @@ def _to_batch(topic: bytes, partition: int, runs: Sequence[Run]) -> pa.RecordBat
         extra_at = len(messages)
         message_view = memoryview(messages)
         for row in slow_rows.tolist():
-            run = runs[run_of_row[row]]
             start = int(starts[row])
             message = decode_message(
-                message_view[start : start + int(sizes[row])], "", run.ts_broker
+                message_view[start : start + int(sizes[row])], "", int(run_ts[run_of_row[row]])
             )
             ts_producer[row] = message.ts_producer
             lengths[row] = len(message.payload)
@@ -143,24 +198,45 @@ def _to_batch(topic: bytes, partition: int, runs: Sequence[Run]) -> pa.RecordBat
     )
     # Each run's offsets count up from its base: base - (rows before it) + row.
     run_firsts = np.cumsum(counts) - counts
-    bases = np.array([run.base_offset for run in runs], np.int64)
+    bases = np.concatenate([piece.bases for piece in pieces])
     offsets = np.repeat(bases - run_firsts, counts) + np.arange(rows, dtype=np.int64)
     columns = [
         _repeated_text([topic], [rows]),
         pa.array(np.full(rows, partition, np.int32)),
         pa.array(offsets),
-        # Keys are UTF-8 on the wire; a broken one must not break the column.
-        _repeated_text(
-            [bytes(run.key).decode(errors="replace").encode() for run in runs], counts.tolist()
-        ),
+        _keys(pieces, run_of_row, rows),
         key_partition,
         _binary(lengths, payloads),
         _timestamps(ts_producer),
-        _timestamps(np.repeat(np.array([run.ts_broker for run in runs], np.int64), counts)),
+        _timestamps(run_ts[run_of_row]),
         uid,
         tags,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _keys(pieces: Sequence[RunColumns], run_of_row: npt.NDArray[np.int64], rows: int) -> pa.Array:
+    """The key column: each run's key on each of its rows, built from the
+    keys' buffer (one gather, not a string per row)."""
+    keys = b"".join([piece.keys for piece in pieces])
+    key_lengths = np.concatenate([piece.key_lengths for piece in pieces])
+    if not keys.isascii():
+        # Keys are UTF-8 on the wire; a broken one must not break the column.
+        starts = (np.cumsum(key_lengths) - key_lengths).tolist()
+        texts = [
+            keys[start : start + length].decode(errors="replace").encode()
+            for start, length in zip(starts, key_lengths.tolist(), strict=True)
+        ]
+        keys = b"".join(texts)
+        key_lengths = np.array([len(text) for text in texts], np.int64)
+    offsets = np.zeros(len(key_lengths) + 1, np.int32)
+    np.cumsum(key_lengths, out=offsets[1:])
+    run_keys = pa.StringArray.from_buffers(
+        len(key_lengths), pa.py_buffer(offsets), pa.py_buffer(keys)
+    )
+    if len(key_lengths) == rows:
+        return run_keys  # one message per run
+    return run_keys.take(pa.array(run_of_row))
 
 
 def _heads(buffer: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
@@ -221,29 +297,44 @@ def slice_run(run: Run, start: int, stop: int) -> Run:
 def record_batches(
     topic: str,
     partition: int,
-    runs: Iterable[Run],
+    pieces: Iterable[Run | RunColumns],
     time_range: tuple[int, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of ``ARROW_SCHEMA`` for the runs of one partition, in order.
 
     Each run must carry its ``base_offset``. ``time_range`` keeps only
     messages whose run's ``ts_broker`` is in ``[start, stop)`` (ns): runs
-    share one ``ts_broker``, so whole runs are kept or skipped.
+    share one ``ts_broker``, so whole runs are kept or skipped. It applies
+    to ``Run`` pieces only: the caller passes ``RunColumns`` only for runs
+    it has already selected.
     """
-    pending: list[Run] = []
+    pending: list[RunColumns] = []
+    runs: list[Run] = []
     rows = 0
     size = 0
     topic_bytes = topic.encode()
-    for run in runs:
-        if time_range is not None and not time_range[0] <= run.ts_broker < time_range[1]:
-            continue
-        if run.count == 0:
-            continue
-        pending.append(run)
-        rows += run.count
-        size += len(run.messages)
+    for piece in pieces:
+        if isinstance(piece, RunColumns):
+            if runs:
+                pending.append(RunColumns.of_runs(runs))
+                runs = []
+            pending.append(piece)
+            rows += piece.rows
+            size += len(piece.messages)
+        else:
+            if time_range is not None and not time_range[0] <= piece.ts_broker < time_range[1]:
+                continue
+            if piece.count == 0:
+                continue
+            runs.append(piece)
+            rows += piece.count
+            size += len(piece.messages)
         if rows >= BATCH_ROWS or size >= BATCH_BYTES:
+            if runs:
+                pending.append(RunColumns.of_runs(runs))
             yield _to_batch(topic_bytes, partition, pending)
-            pending, rows, size = [], 0, 0
+            pending, runs, rows, size = [], [], 0, 0
+    if runs:
+        pending.append(RunColumns.of_runs(runs))
     if pending:
         yield _to_batch(topic_bytes, partition, pending)

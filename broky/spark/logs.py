@@ -24,7 +24,7 @@ from broky.client.durable import PartitionInfo
 from broky.client.errors import BrokyError
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
-from broky.spark.columns import record_batches, slice_run
+from broky.spark.columns import RunColumns, record_batches, slice_run
 from broky.spark.options import BrokerEndpoint
 from broky.spark.planning import (
     TO_END,
@@ -36,7 +36,7 @@ from broky.spark.planning import (
     segment_ranges,
     spec_offset,
 )
-from broky.storage.reader import iter_batches, list_partitions, partition_files
+from broky.storage.reader import iter_record_batches, list_partitions, partition_files
 
 #: Fetch answers a reader thread may hold before the decoder catches up:
 #: bounds a task's memory to a few fetches of ``fetch_bytes`` each.
@@ -114,20 +114,27 @@ class DataDirLog:
         directory = os.path.join(self.data_dir, work.topic, str(work.partition))
         files = partition_files(directory, work.topic, work.partition)
 
-        def runs() -> Iterator[Run]:
-            for batch in iter_batches(files, work.start):
-                if work.stop != TO_END and batch.base_offset >= work.stop:
+        def runs() -> Iterator[Run | RunColumns]:
+            stop = None if work.stop == TO_END else work.stop
+            for batch in iter_record_batches(files, work.start):
+                if stop is not None and batch.base_offset >= stop:
                     return
-                run = Run(
-                    batch.key,
-                    batch.ts_broker,
-                    batch.count,
-                    batch.sizes,
-                    batch.messages,
-                    work.partition,
-                    batch.base_offset,
+                inside = batch.base_offset >= work.start and (
+                    stop is None or batch.next_offset <= stop
                 )
-                yield run if work.stop == TO_END else slice_run(run, work.start, work.stop)
+                if inside and time_range is None:
+                    yield RunColumns.of_batch(batch)  # the usual case: no step per run
+                    continue
+                for stored in batch.runs(work.start, stop):
+                    yield Run(
+                        stored.key,
+                        stored.ts_broker,
+                        stored.count,
+                        stored.sizes,
+                        stored.messages,
+                        work.partition,
+                        stored.base_offset,
+                    )
 
         return record_batches(work.topic, work.partition, runs(), time_range)
 

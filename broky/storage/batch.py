@@ -1,40 +1,56 @@
-"""The record batch: how one run is laid out on disk (``docs/storage.md``).
+"""Record batches: how runs are laid out on disk (``docs/storage.md``).
 
-A batch holds one run: the run's key and ``ts_broker``, the wire size table
-and the message FlatBuffers exactly as they arrived, behind a 48-byte header
-that gives the batch's base offset, message count, append time and a CRC32C.
-Message *i* of a batch has offset ``base_offset + i``: offsets are dense, so
-they are implied rather than stored per message, and the sizes and messages
-stay byte for byte the ``Run.sizes`` and ``Run.messages`` of the wire. Appending
-is one ``join``; replaying is a view, never a re-encode.
+A batch is what one ``write()`` of a log appends and what one CRC32C
+covers. Format version 2 (written today) holds *many runs*: everything a
+partition's owner appended in one group-commit round, behind a 48-byte
+header and a run table (per run: ``ts_broker``, message count, key length),
+then the keys, the wire size table of every message and the message
+FlatBuffers exactly as they arrived. Version 1 (written by older brokers,
+still read) held one run per batch. Offsets are dense: message *i* of a
+batch has offset ``base_offset + i``, so they are implied, never stored.
+
+Why many runs per batch: real traffic changes key almost every message
+(device ids, order ids), so a run is often one message long. Per-run
+batches cost a header, a CRC call, an index entry and a Python round of
+encoding per message; one batch per round costs that once per round, and a
+reader (the Spark connector) decodes a batch's columns in one vectorised
+pass instead of one Python step per run.
 
 Why one CRC per batch and not per message: a batch is written with one
-``write()`` and acknowledged as a whole, so a torn or damaged batch is dropped
-as a whole; one checksum over ~100 KiB costs about 4 us with CRC32C in
-hardware, where a checksum per 100-byte message would cost more in Python
-call overhead than the write itself.
+``write()`` and acknowledged as a whole, so a torn or damaged batch is
+dropped as a whole; CRC32C in hardware costs ~4 us per 100 KiB, where a
+checksum per 100-byte message would cost more in call overhead than the
+write itself.
 
-Layout (little-endian like FlatBuffers; every part padded to 8 so that the
-messages are 8-aligned in the file, as the wire's alignment rules want)::
+Version 2 layout (little-endian like FlatBuffers; every part padded to 8 so
+that the messages are 8-aligned in the file, as the wire's alignment rules
+want)::
 
     0  u32  batch_length  whole batch in bytes, padding included, multiple of 8
     4  u32  crc32c        CRC32C (Castagnoli) of bytes [8, batch_length)
-    8  4s   magic         b"BKB" + format version 1
-   12  u16  flags         0; reserved (compression)
-   14  u16  key_length
+    8  4s   magic         b"BKB" + format version 2
+   12  u16  flags         0; reserved (compression, per-run columns to come)
+   14  u16  reserved      0
    16  u32  count         messages in the batch, >= 1
    20  u32  messages_length   sum of the sizes
    24  i64  base_offset   offset of the first message
-   32  i64  ts_broker     the run's ts_broker as it arrived (0 = unset)
+   32  u32  run_count     runs in the batch, >= 1
+   36  u32  keys_length   sum of the key lengths
    40  i64  log_time      ns since the epoch when the log appended it
-   48  key, zero-padded to 8; sizes (u32 each), padded to 8;
+   48  run table, as three columns: i64 ts_broker x run_count, u32 count x
+       run_count, u32 key_length x run_count (16 bytes per run in all);
+       keys back to back, padded to 8; sizes (u32 each), padded to 8;
        messages, padded to 8
+
+Version 1 had ``key_length`` (u16) at 14 and ``ts_broker`` (i64) at 32 and
+no run table: the key followed the header.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
 from typing import Final
 
 import attrs
@@ -44,16 +60,28 @@ from broky.protocol.codec import PADDING, sum_u32, u32_array
 from broky.protocol.frames import Buffer, Run
 from broky.storage.errors import CorruptRecordError, StorageError
 
-#: Bytes 8..11 of every batch: "BKB" and the format version. A reader that
-#: meets another version stops rather than guess.
+#: Bytes 8..11 of a batch: "BKB" and the format version (1: one run, 2: many
+#: runs). A reader that meets another version stops rather than guess.
 BATCH_MAGIC: Final = b"BKB\x01"
+BATCH_MAGIC_V2: Final = b"BKB\x02"
 _PREFIX: Final = struct.Struct("<II")
-_HEAD_TAIL: Final = struct.Struct("<4sHHIIqqq")
-#: The fixed header; the CRC covers everything from byte 8 on.
+_V1_TAIL: Final = struct.Struct("<4sHHIIqqq")
+_V2_TAIL: Final = struct.Struct("<4sHHIIqIIq")
+#: The fixed header of either version; the CRC covers everything from byte 8 on.
 BATCH_HEADER: Final = struct.Struct("<II4sHHIIqqq")
+_V2_HEADER: Final = struct.Struct("<II4sHHIIqIIq")
 BATCH_HEADER_BYTES: Final = BATCH_HEADER.size
 _CRC_FROM: Final = _PREFIX.size
-#: Largest key a batch can carry (u16 field); wire keys stop at 1,024 bytes.
+#: Bytes of the run table per run (ts_broker, count, key_length).
+RUN_ENTRY_BYTES: Final = 16
+#: What a read's byte budget counts for a run of a version 2 batch besides
+#: its key, sizes and messages. At least its table entry on disk, and at
+#: least what its durable chunk adds on the wire (a 64-byte head, three
+#: vector lengths, the key's NUL and paddings: at most 94 bytes), so that the
+#: runs a budget admits also fit a Fetched or Deliver frame of that size,
+#: however small the messages.
+RUN_BUDGET_OVERHEAD: Final = 96
+#: Largest key a batch can carry (the u16 of version 1); wire keys stop at 1,024.
 MAX_BATCH_KEY_BYTES: Final = 0xFFFF
 #: Largest batch accepted on append and believed on read. A run comes from one
 #: frame (4 MiB by default), so 64 MiB leaves room for raised frame limits
@@ -67,10 +95,11 @@ def _pad8(length: int) -> int:
 
 @attrs.frozen(slots=True)
 class StoredBatch:
-    """A verified batch read back from a log: one run and its offsets.
+    """One run read back from a log, with its offsets: the unit of reads.
 
-    ``sizes`` and ``messages`` are views of the bytes read; ``run`` turns the
-    batch into the protocol's ``Run`` without copying, ready for
+    A version 1 batch is one run; a version 2 batch gives one of these per
+    run it holds. ``sizes`` and ``messages`` are views of the bytes read;
+    ``run`` turns it into the protocol's ``Run`` without copying, ready for
     ``encode_run_chunk`` on the replay path.
     """
 
@@ -81,7 +110,10 @@ class StoredBatch:
     log_time: int
     sizes: memoryview
     messages: memoryview
-    #: On-disk size of the batch this came from (a slice keeps its batch's).
+    #: Bytes this run counts for in read budgets: a version 1 batch's whole
+    #: length, or a version 2 run's key, sizes and messages plus
+    #: ``RUN_BUDGET_OVERHEAD`` (its table entry, and room for its wire chunk).
+    #: A slice keeps its run's.
     stored_bytes: int
 
     @property
@@ -113,7 +145,7 @@ class StoredBatch:
     def slice(self, start: int, stop: int) -> StoredBatch:
         """The messages with offsets in ``[start, stop)``, as a batch of views.
 
-        Used to begin a read mid-batch (an exact replay position) or to stop
+        Used to begin a read mid-run (an exact replay position) or to stop
         at an upper bound; costs a sum over the size table, no copy.
         """
         start = max(start, self.base_offset)
@@ -137,7 +169,7 @@ class StoredBatch:
 
 
 def batch_length(key_length: int, count: int, messages_length: int) -> int:
-    """On-disk size of a batch with these contents."""
+    """On-disk size of a version 1 batch with these contents."""
     return (
         BATCH_HEADER_BYTES
         + key_length
@@ -149,12 +181,96 @@ def batch_length(key_length: int, count: int, messages_length: int) -> int:
     )
 
 
-def encode_batch(base_offset: int, log_time: int, run: Run) -> bytes:
-    """Encode ``run`` as one batch: a single buffer for a single ``write()``.
+def runs_batch_length(run_count: int, keys_length: int, count: int, messages_length: int) -> int:
+    """On-disk size of a version 2 batch with these contents."""
+    return (
+        BATCH_HEADER_BYTES
+        + RUN_ENTRY_BYTES * run_count
+        + keys_length
+        + _pad8(keys_length)
+        + 4 * count
+        + _pad8(4 * count)
+        + messages_length
+        + _pad8(messages_length)
+    )
 
-    The run's sizes and messages are copied once, verbatim. Raises
-    StorageError for a run the format cannot hold (caller's bug: empty runs,
-    oversize keys or batches, a size table that disagrees with the messages).
+
+def run_stored_bytes(run: Run) -> int:
+    """What ``run`` adds to a version 2 batch, padding aside (its
+    ``StoredBatch.stored_bytes`` once read back)."""
+    return RUN_ENTRY_BYTES + len(run.key) + 4 * run.count + len(run.messages)
+
+
+def encode_runs(
+    base_offset: int, log_time: int, runs: Sequence[Run], ts_brokers: Sequence[int] | None = None
+) -> bytes:
+    """Encode ``runs`` as one version 2 batch: one buffer for one ``write()``.
+
+    ``ts_brokers`` replaces the runs' own ``ts_broker`` (the broker stamps
+    durable runs), one per run. The sizes and messages are copied verbatim.
+    Costs a few list passes per run; every check is done over all runs at
+    once. Raises StorageError, with nothing encoded, for runs the format
+    cannot hold (the caller's bug: empty runs, oversize keys or batches, a
+    size table that disagrees with its messages).
+    """
+    if not runs:
+        raise StorageError("a batch needs at least one run")
+    counts = [run.count for run in runs]
+    keys = [run.key for run in runs]
+    key_lengths = list(map(len, keys))
+    size_tables = [run.sizes for run in runs]
+    messages = [run.messages for run in runs]
+    if ts_brokers is None:
+        ts_brokers = [run.ts_broker for run in runs]
+    if min(counts) < 1 or list(map(len, size_tables)) != [4 * count for count in counts]:
+        raise StorageError("cannot store an empty run or one with a bad size table")
+    if max(key_lengths) > MAX_BATCH_KEY_BYTES:
+        raise StorageError(f"key of {max(key_lengths)} bytes exceeds {MAX_BATCH_KEY_BYTES}")
+    sizes = b"".join(size_tables)
+    # Each run's sizes must add up to its messages: compare the running sums
+    # of all sizes at run ends with the running sums of message lengths.
+    size_sums = list(accumulate(u32_array(memoryview(sizes))))
+    message_ends = list(accumulate(map(len, messages)))
+    if [size_sums[end - 1] for end in accumulate(counts)] != message_ends:
+        raise StorageError("run sizes do not add up to the length of its messages")
+    count = len(size_sums)
+    messages_length = message_ends[-1]
+    keys_length = sum(key_lengths)
+    run_count = len(runs)
+    length = runs_batch_length(run_count, keys_length, count, messages_length)
+    if length > MAX_BATCH_BYTES:
+        raise StorageError(f"batch of {length} bytes exceeds {MAX_BATCH_BYTES}")
+    body = b"".join(
+        (
+            _V2_TAIL.pack(
+                BATCH_MAGIC_V2,
+                0,
+                0,
+                count,
+                messages_length,
+                base_offset,
+                run_count,
+                keys_length,
+                log_time,
+            ),
+            struct.pack(f"<{run_count}q{2 * run_count}I", *ts_brokers, *counts, *key_lengths),
+            *keys,
+            PADDING[_pad8(keys_length)],
+            sizes,
+            PADDING[_pad8(4 * count)],
+            *messages,
+            PADDING[_pad8(messages_length)],
+        )
+    )
+    return _PREFIX.pack(length, crc32c(body)) + body
+
+
+def encode_batch(base_offset: int, log_time: int, run: Run) -> bytes:
+    """Encode ``run`` as one version 1 batch, as brokers before format 2 did.
+
+    Logs keep being written in version 2 (:func:`encode_runs`); this stays so
+    that tests and tools can write the logs older brokers left behind, which
+    must stay readable. Raises StorageError like :func:`encode_runs`.
     """
     key = run.key
     count = run.count
@@ -168,7 +284,7 @@ def encode_batch(base_offset: int, log_time: int, run: Run) -> bytes:
     length = batch_length(len(key), count, messages_length)
     if length > MAX_BATCH_BYTES:
         raise StorageError(f"batch of {length} bytes exceeds {MAX_BATCH_BYTES}")
-    tail = _HEAD_TAIL.pack(
+    tail = _V1_TAIL.pack(
         BATCH_MAGIC, 0, len(key), count, messages_length, base_offset, run.ts_broker, log_time
     )
     parts = (
@@ -188,56 +304,155 @@ def encode_batch(base_offset: int, log_time: int, run: Run) -> bytes:
 
 @attrs.frozen(slots=True)
 class BatchHeader:
-    """The fixed header of a batch, as read from disk (not yet verified)."""
+    """The fixed header of a batch of either version, as read from disk
+    (not yet verified). A version 1 batch reads as one run whose key follows
+    the header and whose ``ts_broker`` is the header's."""
 
     length: int
     crc: int
-    key_length: int
+    version: int
     count: int
     messages_length: int
     base_offset: int
-    ts_broker: int
     log_time: int
+    run_count: int
+    keys_length: int
+    #: Version 1 only (version 2 keeps one per run in its run table).
+    ts_broker: int
 
     @property
     def next_offset(self) -> int:
         return self.base_offset + self.count
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes after the header that say which keys the batch holds: the
+        run table and the keys (version 2), or the key (version 1)."""
+        if self.version == 1:
+            return self.keys_length
+        return RUN_ENTRY_BYTES * self.run_count + self.keys_length
+
+    def key_last_offsets(self, table: Buffer) -> list[tuple[bytes, int]]:
+        """``(key, offset of its last message)`` per run, from the
+        ``table_bytes`` after the header: a lookup that reads no messages."""
+        if self.version == 1:
+            return [(bytes(table[: self.keys_length]), self.next_offset - 1)]
+        runs = self.run_count
+        columns = struct.unpack_from(f"<{2 * runs}I", table, 8 * runs)
+        found = []
+        key_at = RUN_ENTRY_BYTES * runs
+        for key_length, end in zip(columns[runs:], accumulate(columns[:runs]), strict=True):
+            found.append((bytes(table[key_at : key_at + key_length]), self.base_offset + end - 1))
+            key_at += key_length
+        return found
 
 
 def read_header(buf: Buffer, position: int) -> BatchHeader | str:
     """Parse and sanity-check the header at ``position``.
 
     Returns the header, or a short reason why these bytes are not a batch
-    header (too short, wrong magic, lengths that disagree). The CRC is not
+    header (too short, unknown magic, lengths that disagree). The CRC is not
     checked here: see :func:`verify_batch`.
     """
     if position + BATCH_HEADER_BYTES > len(buf):
         return "truncated header"
-    (
-        length,
-        crc,
-        magic,
-        flags,
-        key_length,
-        count,
-        messages_length,
-        base_offset,
-        ts_broker,
-        log_time,
-    ) = BATCH_HEADER.unpack_from(buf, position)
-    if magic != BATCH_MAGIC:
+    fields = _V2_HEADER.unpack_from(buf, position)
+    length, crc, magic, flags, reserved, count, messages_length, base_offset = fields[:8]
+    word, tail, log_time = fields[8:]
+    if magic == BATCH_MAGIC_V2:
+        runs, keys_length = word, tail
+        if flags != 0 or reserved != 0 or count < 1 or runs < 1:
+            return "bad flags or empty batch"
+        expected = runs_batch_length(runs, keys_length, count, messages_length)
+        header = BatchHeader(
+            length, crc, 2, count, messages_length, base_offset, log_time, runs, keys_length, 0
+        )
+    elif magic == BATCH_MAGIC:
+        if flags != 0 or count < 1:
+            return "bad flags or empty batch"
+        key_length = reserved
+        ts_broker = BATCH_HEADER.unpack_from(buf, position)[8]
+        expected = batch_length(key_length, count, messages_length)
+        header = BatchHeader(
+            length, crc, 1, count, messages_length, base_offset, log_time, 1, key_length, ts_broker
+        )
+    else:
         return f"bad magic {bytes(magic)!r}"
-    if flags != 0 or count < 1:
-        return "bad flags or empty batch"
-    if length > MAX_BATCH_BYTES or length != batch_length(key_length, count, messages_length):
+    if length > MAX_BATCH_BYTES or length != expected:
         return f"batch length {length} disagrees with its header"
-    return BatchHeader(
-        length, crc, key_length, count, messages_length, base_offset, ts_broker, log_time
-    )
+    return header
 
 
-def verify_batch(buf: Buffer, position: int) -> StoredBatch | str:
-    """Check the batch at ``position`` whole (framing and CRC32C) and view it.
+@attrs.frozen(slots=True)
+class RecordBatch:
+    """A verified batch of either version, as columns over the bytes read.
+
+    ``ts_brokers``, ``counts`` and ``key_lengths`` have one entry per run;
+    ``keys`` is the runs' keys back to back; ``sizes`` and ``messages`` are
+    those of every message of the batch, in offset order. Columnar readers
+    (the Spark connector) use these directly; :meth:`runs` gives one
+    :class:`StoredBatch` per run.
+    """
+
+    base_offset: int
+    count: int
+    log_time: int
+    stored_bytes: int
+    version: int
+    ts_brokers: Sequence[int]
+    counts: Sequence[int]
+    key_lengths: Sequence[int]
+    keys: memoryview
+    sizes: memoryview
+    messages: memoryview
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+    def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
+        """The runs with messages in ``[start, stop)``, in order, sliced to it.
+
+        Runs before ``start`` cost a little arithmetic each, no object.
+        """
+        stop = self.next_offset if stop is None else stop
+        offset = self.base_offset
+        message = key_at = 0
+        position = -1  # byte position of message ``message``, once needed
+        sizes = u32_array(self.sizes)
+        log_time = self.log_time
+        one_run = self.version == 1
+        for ts_broker, count, key_length in zip(
+            self.ts_brokers, self.counts, self.key_lengths, strict=True
+        ):
+            end = offset + count
+            if offset >= stop:
+                return
+            if end > start:
+                if position < 0:
+                    position = sum(sizes[:message])
+                length = sizes[message] if count == 1 else sum(sizes[message : message + count])
+                run = StoredBatch(
+                    offset,
+                    count,
+                    bytes(self.keys[key_at : key_at + key_length]),
+                    ts_broker,
+                    log_time,
+                    self.sizes[4 * message : 4 * (message + count)],
+                    self.messages[position : position + length],
+                    self.stored_bytes
+                    if one_run
+                    else RUN_BUDGET_OVERHEAD + key_length + 4 * count + length,
+                )
+                yield run if start <= offset and end <= stop else run.slice(start, stop)
+                position += length
+            offset = end
+            message += count
+            key_at += key_length
+
+
+def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
+    """Check the batch at ``position`` whole (framing, CRC32C, run table) and view it.
 
     Returns the batch, or the reason it is not a valid batch. ``buf`` must
     hold the whole batch for it to verify.
@@ -251,25 +466,39 @@ def verify_batch(buf: Buffer, position: int) -> StoredBatch | str:
     view = memoryview(buf)
     if crc32c(view[position + _CRC_FROM : end]) != header.crc:
         return "CRC32C mismatch"
-    key_at = position + BATCH_HEADER_BYTES
-    sizes_at = key_at + header.key_length + _pad8(header.key_length)
+    keys_at = position + BATCH_HEADER_BYTES
+    runs = header.run_count
+    if header.version == 1:
+        ts_brokers: Sequence[int] = (header.ts_broker,)
+        counts: Sequence[int] = (header.count,)
+        key_lengths: Sequence[int] = (header.keys_length,)
+    else:
+        columns = struct.unpack_from(f"<{runs}q{2 * runs}I", view, keys_at)
+        ts_brokers, counts, key_lengths = columns[:runs], columns[runs:-runs], columns[-runs:]
+        if min(counts) < 1 or sum(counts) != header.count:
+            return "run counts disagree with the message count"
+        keys_at += RUN_ENTRY_BYTES * runs
+    sizes_at = keys_at + header.keys_length + _pad8(header.keys_length)
     messages_at = sizes_at + 4 * header.count + _pad8(4 * header.count)
     sizes = view[sizes_at : sizes_at + 4 * header.count]
-    if sum_u32(sizes) != header.messages_length:
-        return "sizes do not add up to the messages"
-    return StoredBatch(
+    if sum_u32(sizes) != header.messages_length or sum(key_lengths) != header.keys_length:
+        return "sizes or key lengths do not add up to the messages or keys"
+    return RecordBatch(
         header.base_offset,
         header.count,
-        bytes(view[key_at : key_at + header.key_length]),
-        header.ts_broker,
         header.log_time,
+        header.length,
+        header.version,
+        ts_brokers,
+        counts,
+        key_lengths,
+        view[keys_at : keys_at + header.keys_length],
         sizes,
         view[messages_at : messages_at + header.messages_length],
-        header.length,
     )
 
 
-def decode_batch(buf: Buffer, position: int, path: str = "", file_position: int = 0) -> StoredBatch:
+def decode_batch(buf: Buffer, position: int, path: str = "", file_position: int = 0) -> RecordBatch:
     """:func:`verify_batch`, raising CorruptRecordError instead of a reason."""
     batch = verify_batch(buf, position)
     if isinstance(batch, str):

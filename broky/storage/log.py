@@ -28,13 +28,19 @@ import logging
 import os
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 from typing import Final
 
 import attrs
 
 from broky.protocol.frames import Run
-from broky.storage.batch import StoredBatch, encode_batch
+from broky.storage.batch import (
+    BATCH_HEADER_BYTES,
+    StoredBatch,
+    encode_runs,
+    run_stored_bytes,
+)
 from broky.storage.config import FsyncPolicy, LogConfig
 from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
 from broky.storage.segment import (
@@ -56,6 +62,14 @@ Clock = Callable[[], int]
 DEFAULT_READ_BYTES: Final = 1024 * 1024
 #: Index entries store offsets relative to the segment's base as u32.
 _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
+#: Bytes of runs one batch takes before the next batch starts. Large enough
+#: that a batch's fixed costs (header, CRC call, index entry, a reader's
+#: decode setup) vanish per message; small enough that a read from the
+#: middle of a batch (a replay position, ``last``) verifies little it does
+#: not return, and that a batch stays within one read window.
+BATCH_TARGET_BYTES: Final = 256 * 1024
+#: A batch's bytes besides its runs: the header and at most three paddings.
+_BATCH_OVERHEAD: Final = BATCH_HEADER_BYTES + 3 * 7
 
 
 @attrs.frozen(slots=True)
@@ -241,8 +255,15 @@ class PartitionLog:
 
     # --- appending -----------------------------------------------------------
 
-    def append(self, runs: Iterable[Run]) -> AppendResult:
-        """Append runs as batches, one per run, with one ``write()``.
+    def append(self, runs: Iterable[Run], ts_brokers: Sequence[int] | None = None) -> AppendResult:
+        """Append runs as few batches as fit (format version 2), with one ``write()``.
+
+        The runs share batches: a batch takes runs until it reaches
+        ``BATCH_TARGET_BYTES`` or its segment's size limit, so an append of
+        many short runs (one group-commit round of a partition) costs one
+        header, one CRC and one index entry per batch, not per run.
+        ``ts_brokers``, when given, is each run's ``ts_broker`` to store
+        instead of its own (the broker stamps durable runs).
 
         All batches of one call share one ``log_time``. A roll (by size or
         time) splits the call into one write per segment. Runs are checked
@@ -256,20 +277,26 @@ class PartitionLog:
         ``sync()`` before acknowledging.
         """
         self._check_open()
-        now = self._now()
-        first = offset = self.end_offset
-        encoded: list[tuple[int, int, bytes, bytes]] = []
-        for run in runs:
-            encoded.append((offset, run.count, run.key, encode_batch(offset, now, run)))
-            offset += run.count
-        if not encoded:
+        runs = list(runs)
+        if not runs:
             raise StorageError("append needs at least one run")
+        if ts_brokers is not None and len(ts_brokers) != len(runs):
+            raise StorageError(f"{len(ts_brokers)} ts_broker stamps for {len(runs)} runs")
+        now = self._now()
         if self._time_roll_due(now):
             self.roll()
+        first = offset = self.end_offset
+        encoded: list[tuple[int, int, bytes]] = []
+        for start, stop in self._batch_bounds(runs):
+            group = runs[start:stop]
+            stamps = None if ts_brokers is None else ts_brokers[start:stop]
+            count = sum(run.count for run in group)
+            encoded.append((offset, count, encode_runs(offset, now, group, stamps)))
+            offset += count
         parts: list[bytes] = []
         positions: list[tuple[int, int, int]] = []
         pending = 0
-        for base, count, _key, data in encoded:
+        for base, count, data in encoded:
             active = self._segments[-1]
             written = active.size + pending
             if written and (
@@ -283,13 +310,44 @@ class PartitionLog:
             parts.append(data)
             pending += len(data)
         self._write(parts, positions, offset)
-        if self._last_by_key is not None:
-            for base, count, key, _data in encoded:
-                self._last_by_key[key] = base + count - 1
+        last_by_key = self._last_by_key
+        if last_by_key is not None:
+            end = first
+            for run in runs:
+                end += run.count
+                last_by_key[run.key] = end - 1
         self._appended_messages += offset - first
         if self.config.fsync is FsyncPolicy.INTERVAL:
             self._sync_if_due(now)
         return AppendResult(first, offset - 1)
+
+    def _batch_bounds(self, runs: list[Run]) -> list[tuple[int, int]]:
+        """Where ``runs`` split into batches, as index ranges: a batch stays
+        under ``BATCH_TARGET_BYTES`` and inside what is left of its segment
+        (a run too big for either gets a batch of its own). Found by binary
+        search over the running total of the runs' sizes: one step per
+        batch, not per run."""
+        limit = self.config.segment_bytes
+        target = min(BATCH_TARGET_BYTES, limit)
+        ends = list(accumulate(run_stored_bytes(run) for run in runs))
+        filled = self._segments[-1].size
+        bounds = []
+        start = 0
+        before = 0  # the running total before run ``start``
+        while start < len(runs):
+            room = min(target, limit - filled) - _BATCH_OVERHEAD
+            stop = max(bisect_right(ends, before + room, start), start + 1)
+            if stop == start + 1 and filled and ends[start] - before > room:
+                filled = 0  # a run that fits no more here starts a segment
+                continue
+            bounds.append((start, stop))
+            size = _BATCH_OVERHEAD + ends[stop - 1] - before
+            filled += size
+            if filled + _BATCH_OVERHEAD >= limit:
+                filled = 0  # the next batch starts a segment
+            before = ends[stop - 1]
+            start = stop
+        return bounds
 
     def _write(self, parts: list[bytes], positions: list[tuple[int, int, int]], end: int) -> None:
         if not parts:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from broky.storage.batch import StoredBatch
+from broky.storage.batch import RecordBatch, StoredBatch
 from broky.storage.errors import CorruptRecordError
 from broky.storage.segment import LOG_SUFFIX, parse_stem, segment_stem, verified_batches
 
@@ -66,12 +66,13 @@ def list_partitions(data_dir: str) -> list[PartitionFiles]:
     return sorted(found, key=lambda files: (files.topic, files.partition))
 
 
-def iter_batches(files: PartitionFiles, from_offset: int = 0) -> Iterator[StoredBatch]:
-    """Verified batches of a partition from ``from_offset`` (sliced to start there).
+def iter_record_batches(files: PartitionFiles, from_offset: int = 0) -> Iterator[RecordBatch]:
+    """Verified on-disk batches of a partition, from the one holding ``from_offset``.
 
-    A bad batch at the end of the last segment is a write in progress or a
-    torn tail the broker will truncate: iteration ends there. A bad batch
-    anywhere else is damage and raises CorruptRecordError.
+    Whole batches, for columnar readers: the first may start before
+    ``from_offset``. A bad batch at the end of the last segment is a write
+    in progress or a torn tail the broker will truncate: iteration ends
+    there. A bad batch anywhere else is damage and raises CorruptRecordError.
     """
     for position, base in enumerate(files.bases):
         last_segment = position == len(files.bases) - 1
@@ -86,9 +87,16 @@ def iter_batches(files: PartitionFiles, from_offset: int = 0) -> Iterator[Stored
                         return
                     raise CorruptRecordError(f"corrupt batch: {batch}", path, byte)
                 if batch.next_offset > from_offset:
-                    yield batch.slice(from_offset, batch.next_offset)
+                    yield batch
         finally:
             os.close(fd)
+
+
+def iter_batches(files: PartitionFiles, from_offset: int = 0) -> Iterator[StoredBatch]:
+    """The runs of a partition from ``from_offset`` (the first sliced to
+    start there), verified as :func:`iter_record_batches` says."""
+    for batch in iter_record_batches(files, from_offset):
+        yield from batch.runs(from_offset)
 
 
 def iter_records(data_dir: str, topic: str | None = None) -> Iterator[Record]:

@@ -24,6 +24,7 @@ import attrs
 from broky.storage.batch import (
     BATCH_HEADER_BYTES,
     BatchHeader,
+    RecordBatch,
     StoredBatch,
     decode_batch,
     read_header,
@@ -107,7 +108,7 @@ class ScanResult:
     error: str | None
 
 
-def verified_batches(fd: int, size: int) -> Iterator[tuple[int, StoredBatch | str]]:
+def verified_batches(fd: int, size: int) -> Iterator[tuple[int, RecordBatch | str]]:
     """``(position, batch)`` for each valid batch from the start of a ``.log``.
 
     Stops at the first invalid one, after yielding ``(position, reason)``
@@ -159,7 +160,8 @@ def scan(fd: int, base_offset: int, size: int, index: SegmentIndex) -> ScanResul
 
 
 def iter_headers(fd: int, start: int, end: int) -> Iterator[tuple[BatchHeader, bytes]]:
-    """Each batch's header and key from ``start``, reading nothing else.
+    """Each batch's header and the bytes that name its keys (its
+    ``table_bytes``: run table and keys) from ``start``, reading no messages.
 
     For lookups that need no message bytes (time search, last offset per
     key). The CRC is not checked: headers only steer reads, and every batch
@@ -174,11 +176,11 @@ def iter_headers(fd: int, start: int, end: int) -> Iterator[tuple[BatchHeader, b
         header = read_header(*got)
         if isinstance(header, str):
             return
-        key_got = window.get(position + BATCH_HEADER_BYTES, header.key_length)
-        if key_got is None:
+        table_got = window.get(position + BATCH_HEADER_BYTES, header.table_bytes)
+        if table_got is None:
             return
-        buffer, at = key_got
-        yield header, buffer[at : at + header.key_length]
+        buffer, at = table_got
+        yield header, buffer[at : at + header.table_bytes]
         position += header.length
 
 
@@ -364,14 +366,14 @@ class Segment:
     def read(
         self, start: int, stop: int, max_bytes: int, used: int = 0
     ) -> tuple[list[StoredBatch], int]:
-        """Verified batches covering offsets from ``start`` (< ``stop``).
+        """Verified runs covering offsets from ``start`` (< ``stop``).
 
-        Returns the batches (the first and last sliced to ``[start, stop)``)
-        and ``used`` plus the on-disk bytes they took. Reads whole batches
-        while the total fits in ``max_bytes``, and at least one when ``used``
-        is 0, so that a reader makes progress past a batch larger than its
-        budget. Every batch served has passed its CRC32C; a bad one raises
-        CorruptRecordError.
+        Returns the runs (the first and last sliced to ``[start, stop)``)
+        and ``used`` plus the stored bytes they account for. Reads whole
+        runs while the total fits in ``max_bytes``, and at least one when
+        ``used`` is 0, so that a reader makes progress past a run larger
+        than its budget. Every run served comes from a batch that passed its
+        CRC32C; a bad one raises CorruptRecordError.
         """
         window = _Window(self._reader(), self.size, max(READ_WINDOW_BYTES // 16, max_bytes))
         expected, position = self.index.position_for_offset(start)
@@ -384,7 +386,7 @@ class Segment:
             if isinstance(header, str):
                 raise CorruptRecordError(f"corrupt batch: {header}", self.path, position)
             expected = header.next_offset
-            if header.base_offset >= stop or (used and used + header.length > max_bytes):
+            if header.base_offset >= stop:
                 break
             if header.next_offset > start:
                 got = window.get(position, header.length)
@@ -392,15 +394,18 @@ class Segment:
                     raise CorruptRecordError("batch runs past the segment", self.path, position)
                 buffer, at = got
                 batch = decode_batch(buffer, at, self.path, position - at)
-                batches.append(batch.slice(start, stop))
-                used += header.length
+                for run in batch.runs(start, stop):
+                    if used and used + run.stored_bytes > max_bytes:
+                        return batches, used
+                    batches.append(run)
+                    used += run.stored_bytes
             position += header.length
         return batches, used
 
     def offset_for_time(self, log_time: int) -> int:
         """The first offset whose batch has ``log_time`` at or after the given one."""
         start = self.index.position_for_time(log_time)
-        for header, _key in iter_headers(self._reader(), start, self.size):
+        for header, _table in iter_headers(self._reader(), start, self.size):
             if header.log_time >= log_time:
                 return header.base_offset
         return self.next_offset
@@ -408,8 +413,8 @@ class Segment:
     def last_offsets(self) -> dict[bytes, int]:
         """The last offset of each key in this segment (a header-only scan)."""
         last: dict[bytes, int] = {}
-        for header, key in iter_headers(self._reader(), 0, self.size):
-            last[key] = header.next_offset - 1
+        for header, table in iter_headers(self._reader(), 0, self.size):
+            last.update(header.key_last_offsets(table))
         return last
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ def test_layout_matches_the_documented_bytes() -> None:
 
 def test_round_trip_gives_the_wire_run_back() -> None:
     run = make_run(b"orders.eu", [b"x" * n for n in range(1, 40)], ts_broker=42)
-    batch = decode_batch(encode_batch(5, 9, run), 0)
+    (batch,) = decode_batch(encode_batch(5, 9, run), 0).runs()
     assert (batch.base_offset, batch.count, batch.key, batch.ts_broker, batch.log_time) == (
         5,
         39,
@@ -57,7 +57,9 @@ def test_round_trip_gives_the_wire_run_back() -> None:
 
 
 def test_slice_keeps_exact_offsets() -> None:
-    batch = decode_batch(encode_batch(10, 0, make_run(b"k", [b"a", b"bb", b"ccc", b"dddd"])), 0)
+    (batch,) = decode_batch(
+        encode_batch(10, 0, make_run(b"k", [b"a", b"bb", b"ccc", b"dddd"])), 0
+    ).runs()
     part = batch.slice(11, 13)
     assert (part.base_offset, part.count) == (11, 2)
     assert [m.payload for m in decode_run(part.run)] == [b"bb", b"ccc"]
