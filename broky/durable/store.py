@@ -32,7 +32,9 @@ import attrs
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.ownership import PartitionLock, partition_owner
 from broky.protocol.codec import encode_durable_run_chunk
+from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Run
 from broky.router.outbox import DurableEncodedRun, EncodedRun
@@ -54,6 +56,9 @@ TICK_SECONDS: Final = 0.2
 
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
+#: Takes a run part bound for a partition another worker owns:
+#: ``(topic, partition, run, ticket, acks, run_index)`` (broky.durable.forwarding).
+RemoteAppend = Callable[[TopicPolicy, int, Run, "AckTicket | None", "AckQueue | None", int], None]
 
 
 @attrs.frozen
@@ -231,8 +236,18 @@ class DurableStore:
         router: Router,
         clock: Callable[[], int] = time.time_ns,
         pending_limit: int = DEFAULT_PENDING_BYTES,
+        worker: int = 0,
+        workers: int = 1,
     ) -> None:
         self.data_dir = data_dir
+        #: This worker's index and the node's worker count: it opens only the
+        #: partitions it owns (broky.durable.ownership).
+        self.worker = worker
+        self.workers = max(workers, 1)
+        #: Where runs for other workers' partitions go (None: one worker, or
+        #: no forwarding: such runs fail with OwnerUnavailable).
+        self.forward: RemoteAppend | None = None
+        self._locks: list[PartitionLock] = []
         self.policies = TopicPolicies(policies)
         self.router = router
         self._clock = clock
@@ -243,10 +258,14 @@ class DurableStore:
         self._nursery: trio.Nursery | None = None
 
     def open(self) -> None:
-        """Open (and recover) every partition log; blocking, call it in a thread."""
+        """Open (and recover) every partition log this worker owns, each under
+        its directory's lock; blocking, call it in a thread."""
         for topic in self.policies.policies:
             for partition in range(topic.partitions):
+                if self.owner_index(topic.name, partition) != self.worker:
+                    continue
                 directory = os.path.join(self.data_dir, topic.name, str(partition))
+                self._locks.append(PartitionLock(directory))
                 partition_log = PartitionLog.open(directory, topic.log, self._clock)
                 self.owners[(topic.name, partition)] = PartitionOwner(
                     self, topic, partition, partition_log
@@ -284,6 +303,13 @@ class DurableStore:
                 owner.close()
             except (StorageError, OSError) as exc:
                 log.error("closing %s/%d failed: %s", owner.topic.name, owner.partition, exc)
+        for lock in self._locks:
+            lock.release()
+        self._locks.clear()
+
+    def owner_index(self, topic: str, partition: int) -> int:
+        """The worker that owns ``partition`` of ``topic`` on this node."""
+        return partition_owner(topic, partition, self.workers)
 
     # --- publishing (on the trio thread, never waiting) --------------------
 
@@ -307,11 +333,25 @@ class DurableStore:
         """Queue a published run for its partitions, stamped with ``stamp``."""
         if not run.count:
             return  # nothing to store (and a batch holds at least one message)
+        original = run
         run = Run(run.key, stamp, run.count, run.sizes, run.messages)
-        for partition, part in partition_run(run, topic.partitions):
+        parts = partition_run(run, topic.partitions)
+        for partition, part in parts:
             if ticket is not None:
                 ticket.remaining += 1
-            self.owners[(topic.name, partition)].append(part, ticket, acks, run_index)
+            owner = self.owners.get((topic.name, partition))
+            if owner is not None:
+                owner.append(part, ticket, acks, run_index)
+            elif self.forward is not None:
+                # The owner restamps ts_broker: a whole run goes as it arrived.
+                self.forward(
+                    topic, partition, original if len(parts) == 1 else part, ticket, acks, run_index
+                )
+            elif ticket is not None and acks is not None:
+                ticket.failed(
+                    f"worker {self.worker} does not own {topic.name}/{partition}",
+                    ErrorCode.OWNER_UNAVAILABLE,
+                )
 
     def now(self) -> int:
         """The broker time stamped on durable runs (``ts_broker``)."""
