@@ -228,11 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _configure_logging(config.log_level)
             if worker_count(config) == 1 and not config.cluster_listen:
                 trio.run(serve, config, partial(load_config, args))
-            elif config.durable:
+            elif config.durable and config.cluster_listen:
                 raise ConfigError(
-                    "durable topics need one worker and no cluster (workers = 1, no "
-                    "cluster_listen): forwarding durable runs to the worker that owns "
-                    "their partition is not implemented yet"
+                    "durable topics are not replicated between nodes yet: remove "
+                    "cluster_listen (a node's workers share its durable topics)"
                 )
             else:
                 trio.run(serve_node, config, partial(load_config, args))

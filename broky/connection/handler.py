@@ -25,6 +25,7 @@ import trio
 
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.reasons import CloseReason
+from broky.durable.forwarding import Forwarder
 from broky.durable.store import DurableStore
 from broky.protocol.codec import encode_frame, u32_array
 from broky.protocol.connection import ProtocolMachine, Role, State
@@ -133,6 +134,7 @@ class ServerConnection:
         map_certificate: bool = False,
         quotas: QuotaLedger | None = None,
         node_names: frozenset[str] | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._stream = stream
         #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
@@ -175,7 +177,9 @@ class ServerConnection:
         #: Bytes a direct write left unsent; the writer sends them first.
         self._unsent = b""
         self._outlet = router.attach(self._wake)
-        self._durable = DurableRequests(router, self._outlet, store, self._subscribe_refusal)
+        self._durable = DurableRequests(
+            router, self._outlet, store, self._subscribe_refusal, forwarder
+        )
         if self._socket_fd >= 0:
             self._outlet.writable = self._socket_has_room
         self._send_scope: trio.CancelScope | None = None
@@ -386,9 +390,9 @@ class ServerConnection:
                     router.run_direct_writes()
                 if pressure.outlets:
                     await self._hold_reading(self._yield_to_subscribers)
-                if self._durable.store is not None and self._durable.store.congested:
-                    # Durable backpressure, via TCP.
-                    await self._hold_reading(self._durable.store.wait_for_room)
+                if self._durable.congested:
+                    # Durable backpressure (logs or owners' credit), via TCP.
+                    await self._hold_reading(self._durable.wait_for_room)
         except RemoteProtocolError as exc:
             self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
             if self._greeted:

@@ -43,6 +43,7 @@ import attrs
 import trio
 
 from broky.config import Config, ConfigError
+from broky.durable.config import policy_table
 from broky.mesh.link import Connector, tls_connector
 from broky.mesh.rundir import make_run_dir
 from broky.protocol.constants import LinkKind
@@ -124,6 +125,7 @@ async def run_worker(
         workers=plan.count,
     )
     local_links = []
+    channels = []
     for other in range(plan.count):
         if other != plan.index:
             path = str(link_socket_path(run_dir, other))
@@ -136,6 +138,12 @@ async def run_worker(
                     LinkKind.LOCAL, connect_local, f"worker-{plan.index}>worker-{other}"
                 )
             )
+            if broker.forwarder is not None:
+                channels.append(
+                    broker.add_owner_channel(
+                        other, connect_local, f"worker-{plan.index}>worker-{other} durable"
+                    )
+                )
     await join_cluster(broker, config, plan.index)
     # SIGHUP is the supervisor's to act on (it sends reloads down the pipe);
     # caught here so that `pkill -HUP broky` does not kill the workers.
@@ -151,6 +159,8 @@ async def run_worker(
             with trio.move_on_after(READY_TIMEOUT):
                 for link in local_links:
                     await link.ready.wait()
+                for channel in channels:
+                    await channel.ready.wait()
             print("ready", flush=True)
             async for signum in signals:
                 if signum != signal.SIGHUP:
@@ -330,6 +340,7 @@ class Supervisor:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
         config["peers"] = list(self.config.peers)
         config["users"] = [user.to_table() for user in self.config.users]
+        config["durable"] = [policy_table(policy) for policy in self.config.durable]
         return config
 
     def _spec(self, index: int, handoff_fd: int) -> str:

@@ -48,9 +48,12 @@ DEFAULT_LINK_OUTBOX_MESSAGES: Final = 1_000_000
 #: Which subscriptions a run may reach, by where the run came from (one hop
 #: per tier: see broky.router.interest).
 _ELIGIBLE: Final = {
-    LinkKind.CLIENT: frozenset((LinkKind.CLIENT, LinkKind.LOCAL, LinkKind.CLUSTER)),
+    LinkKind.CLIENT: frozenset(
+        (LinkKind.CLIENT, LinkKind.LOCAL, LinkKind.CLUSTER, LinkKind.DURABLE)
+    ),
     LinkKind.CLUSTER: frozenset((LinkKind.CLIENT, LinkKind.LOCAL)),
     LinkKind.LOCAL: frozenset((LinkKind.CLIENT,)),
+    LinkKind.DURABLE: frozenset((LinkKind.CLIENT,)),
 }
 #: Keys cached per source kind; same bound and reasoning as the match cache.
 ROUTE_CACHE_SIZE: Final = MATCH_CACHE_SIZE
@@ -147,6 +150,12 @@ class Router:
         #: make at once (ServerConnection._write_directly): a reader runs
         #: them after each read, so one write per connection per read batch.
         self.direct_writes: list[Callable[[], None]] = []
+        #: Whether a key belongs to a durable topic, set when the workers of a
+        #: node forward durable traffic to each other (broky.durable.forwarding):
+        #: then durable keys reach other workers only over their ``DURABLE``
+        #: connections (lossless, in offset order), never over the lossy
+        #: ``LOCAL`` links, and ``DURABLE`` connections get nothing else.
+        self.durable_keys: Callable[[bytes], bool] | None = None
 
     # --- connections -------------------------------------------------------
 
@@ -209,6 +218,11 @@ class Router:
         limits = self.limits
         if outlet.kind is LinkKind.CLIENT:
             max_messages, max_bytes = limits.outbox_messages, limits.outbox_bytes
+        elif outlet.kind is LinkKind.DURABLE:
+            # A forwarded client subscription: its credit, and drops (never a
+            # disconnect, which would cut every forwarded request with it).
+            max_messages, max_bytes = limits.outbox_messages, limits.outbox_bytes
+            policy = SlowConsumerPolicy.DROP
         else:  # a peer's interest: never disconnect a link, never flow-control it
             max_messages, max_bytes = limits.link_outbox_messages, limits.link_outbox_bytes
             policy, credit = SlowConsumerPolicy.DROP, 0
@@ -310,9 +324,19 @@ class Router:
         eligible = _ELIGIBLE[source]
         route: list[Subscription] = []
         links: set[Outlet] = set()
+        durable_keys = self.durable_keys
+        durable = durable_keys is not None and durable_keys(key)
         for subscription in self._index.match(key):
             outlet = subscription.outlet
-            if outlet.kind not in eligible:
+            kind = outlet.kind
+            if kind not in eligible:
+                continue
+            if durable_keys is not None and (
+                (kind is LinkKind.LOCAL and durable) or (kind is LinkKind.DURABLE and not durable)
+            ):
+                continue
+            if kind is LinkKind.DURABLE:
+                route.append(subscription)  # one per forwarded client subscription
                 continue
             if outlet.kind is not LinkKind.CLIENT:
                 if outlet in links:
