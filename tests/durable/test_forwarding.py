@@ -1,0 +1,180 @@
+"""Durable topics on several workers, in one process: each broker plays one
+worker of a node, linked to the others as ``broky serve`` links them (LOCAL
+links for ephemeral traffic, owner channels for durable requests)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from broky import Broker, BrokyError, Config, ErrorCode, Message, Start
+from broky.connection.inproc import pipe_pair
+from broky.durable import forwarding
+from broky.durable.ownership import partition_owner
+from broky.storage.topics import partition_for
+from tests.conftest import eventually
+from tests.durable.test_durable_broker import check_dense, fetch_all, take
+
+TIMEOUT = 20
+PARTITIONS = 8
+
+
+def config(data_dir: Path) -> Config:
+    table = {"name": "orders", "pattern": "orders.>", "partitions": PARTITIONS}
+    return Config.from_mapping(
+        {"listen": False, "data_dir": str(data_dir), "durable": [table], "system_events": False}
+    )
+
+
+def channel_connector(peer: Broker) -> Any:
+    async def connect() -> trio.abc.Stream:
+        nursery = peer._connection_nursery
+        if nursery is None:
+            raise OSError("the peer is not serving")
+        near, far = pipe_pair()
+        nursery.start_soon(peer._serve_stream, far)
+        return near
+
+    return connect
+
+
+@asynccontextmanager
+async def node(data_dir: Path, workers: int) -> AsyncIterator[tuple[list[Broker], trio.Nursery]]:
+    """``workers`` brokers as the workers of one node; each in its own
+    cancel scope (``scopes``) so that a test can stop one."""
+    brokers = [Broker(config(data_dir), worker=index, workers=workers) for index in range(workers)]
+    for broker in brokers:
+        for other, peer in enumerate(brokers):
+            if peer is not broker:
+                broker.add_owner_channel(other, channel_connector(peer), f"to-{other}")
+    async with trio.open_nursery() as nursery:
+        for broker in brokers:
+            await nursery.start(broker.serve)
+        for broker in brokers:
+            for peer in brokers:
+                if peer is not broker:
+                    broker.link_to(peer)
+        for broker in brokers:
+            assert broker.forwarder is not None
+            for channel in broker.forwarder.channels.values():
+                await channel.ready.wait()
+        yield brokers, nursery
+        nursery.cancel_scope.cancel()
+
+
+def key_for(partition: int) -> str:
+    """An ``orders`` key whose messages land in ``partition``."""
+    return next(
+        f"orders.k{n}"
+        for n in range(10_000)
+        if partition_for(f"orders.k{n}".encode(), PARTITIONS) == partition
+    )
+
+
+async def test_publish_anywhere_dense_offsets_and_same_view_everywhere(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 3) as (brokers, _):
+            acked: dict[int, list[int]] = defaultdict(list)
+            for round_ in range(3):
+                for index, broker in enumerate(brokers):
+                    async with broker.connect() as client:
+                        for n in range(80):
+                            payload = f"{index}-{round_}-{n}".encode()
+                            await client.publish(key_for(n % PARTITIONS), payload, ack=True)
+                        for ack in await client.flush_acks():
+                            acked[ack.partition].extend(
+                                range(ack.first_offset, ack.last_offset + 1)
+                            )
+            assert sorted(acked) == list(range(PARTITIONS))
+            for partition, offsets in acked.items():
+                assert sorted(offsets) == list(range(len(offsets))), partition
+            views = []
+            for broker in brokers:
+                async with broker.connect() as client:
+                    found = await fetch_all(client)
+                    check_dense(found)
+                    views.append({p: [m.payload for m in ms] for p, ms in found.items()})
+            assert views[0] == views[1] == views[2]
+            assert sum(len(items) for items in views[0].values()) == 3 * 3 * 80
+            forwarded = sum(b.forwarder.forwarded_messages for b in brokers if b.forwarder)
+            assert forwarded > 0
+
+
+async def test_replay_then_live_across_workers_without_gap_or_duplicate(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 2) as (brokers, _):
+            async with brokers[1].connect() as publisher:
+                for n in range(400):
+                    await publisher.publish(key_for(n % PARTITIONS), b"old%d" % n, ack=True)
+                await publisher.flush_acks()
+                async with (
+                    brokers[0].connect() as consumer,
+                    consumer.subscribe("orders.>", start=Start.earliest()) as subscription,
+                ):
+                    # Live publishes race the replay on purpose.
+                    for n in range(400):
+                        await publisher.publish(key_for(n % PARTITIONS), b"new%d" % n, ack=True)
+                    await publisher.flush_acks()
+                    received = await take(subscription, 800)
+            by_partition: dict[int, list[Message]] = defaultdict(list)
+            for message in received:
+                by_partition[message.partition].append(message)
+            for partition, messages in by_partition.items():
+                assert [m.offset for m in messages] == list(range(len(messages))), partition
+            payloads = sorted(m.payload for m in received)
+            assert payloads == sorted(
+                [b"old%d" % n for n in range(400)] + [b"new%d" % n for n in range(400)]
+            )
+
+
+async def test_a_down_owner_fails_its_partitions_fast_and_retriably(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 2) as (brokers, _):
+            mine = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 0)
+            theirs = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 1)
+            async with brokers[0].connect() as client:
+                subscription = await client.subscribe("orders.>", start=Start.earliest())
+                # Worker 1 stops: its channel from worker 0 goes down.
+                channel = brokers[0].forwarder.channels[1]  # type: ignore[union-attr]
+                for connection in list(brokers[1]._connections):
+                    connection.shutdown()
+                await eventually(lambda: not channel.connected)
+                await client.publish(key_for(theirs), b"lost", ack=True)
+                with pytest.raises(BrokyError) as refused:
+                    await client.flush_acks()
+                assert refused.value.code is ErrorCode.OWNER_UNAVAILABLE
+                # The relayed subscription ended with the same retriable error.
+                with pytest.raises(BrokyError) as ended:
+                    await take(subscription, 1)
+                assert ended.value.code is ErrorCode.OWNER_UNAVAILABLE
+                # Worker 0's own partitions keep working meanwhile...
+                await client.publish(key_for(mine), b"kept", ack=True)
+                (ack,) = await client.flush_acks()
+                assert ack.partition == mine
+                # ...and worker 1's work again once the channel is back.
+                await eventually(lambda: channel.connected)
+                await client.publish(key_for(theirs), b"back", ack=True)
+                (ack,) = await client.flush_acks()
+                assert ack.partition == theirs
+
+
+async def test_exhausted_credit_slows_publishers_and_drops_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forwarding, "FORWARD_CREDIT_BYTES", 1)  # one frame in flight
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 2) as (brokers, _), brokers[0].connect() as client:
+            for n in range(2000):
+                await client.publish(key_for(n % PARTITIONS), b"%d" % n, ack=True)
+                if n % 100 == 99:
+                    await client.flush()
+            acks = await client.flush_acks()
+            assert sum(a.last_offset - a.first_offset + 1 for a in acks) == 2000
+            found = await fetch_all(client)
+            assert sum(len(items) for items in found.values()) == 2000
