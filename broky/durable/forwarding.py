@@ -425,12 +425,14 @@ class OwnerChannel:
             raise RemoteProtocolError(
                 "the owner acknowledged a publish that was not forwarded", ErrorCode.INTERNAL
             )
-        forwarded = self._outstanding.popleft()
+        forwarded = self._outstanding[0]
         if sequence and sequence != forwarded.sequence:
+            # Left outstanding: the session ends and ``_down`` fails it.
             raise RemoteProtocolError(
                 f"ack {sequence} answers forwarded publish {forwarded.sequence}",
                 ErrorCode.INTERNAL,
             )
+        self._outstanding.popleft()
         self.in_flight_bytes -= forwarded.nbytes
         self._forwarder.room_changed()
         return forwarded
@@ -535,6 +537,7 @@ class OwnerChannel:
             "acknowledging; nothing of this frame was acknowledged, retry"
         )
         outstanding, self._outstanding = self._outstanding, deque()
+        self._sequence = 0  # the owner counts a new connection's acks from 1
         self._chunks, self._parts = [], []
         self.in_flight_bytes = 0
         for forwarded in outstanding:

@@ -405,8 +405,13 @@ class Supervisor:
             if self._stopping:
                 return
             log.error("worker %d exited with code %s; restarting", index, code)
-            await trio.sleep(RESTART_DELAY)
-            process = await self._start(index)
+            while True:
+                await trio.sleep(RESTART_DELAY)
+                try:
+                    process = await self._start(index)
+                    break
+                except RuntimeError as exc:  # killed again while starting: try again
+                    log.error("%s; restarting", exc)
 
     async def _accept_and_hand_off(self, listener: trio.socket.SocketType) -> None:
         targets = itertools.cycle(range(self.count))
