@@ -101,7 +101,7 @@ async def test_every_worker_publishes_and_reads_every_partition(
                         acked[ack.partition].extend(zip(offsets, payloads, strict=True))
             total = 3 * 2 * workers * 40
             assert sum(len(items) for items in acked.values()) == total
-            for partition, items in acked.items():
+            for items in acked.values():
                 assert sorted(offset for offset, _ in items) == list(range(len(items)))
             expected = {p: [payload for _, payload in sorted(items)] for p, items in acked.items()}
             # Every worker reads every partition back exactly as acked.
