@@ -430,8 +430,18 @@ class Broker:
             bytes_received=counters.bytes_received,
             bytes_sent=counters.bytes_sent,
             links=tuple(link.status() for link in self._links),
-            durable=self.store.statistics() if self.store is not None else None,
+            durable=self._durable_statistics(),
         )
+
+    def _durable_statistics(self) -> DurableStatistics | None:
+        if self.store is None:
+            return None
+        statistics = self.store.statistics()
+        if self.forwarder is not None:
+            statistics = attrs.evolve(
+                statistics, forwarded_messages=self.forwarder.forwarded_messages
+            )
+        return statistics
 
 
 def is_private(stream: trio.abc.Stream) -> bool:

@@ -117,6 +117,12 @@ class OwnerUnavailable(Exception):
     ``ErrorCode.OWNER_UNAVAILABLE``)."""
 
 
+def _shutting_down(problem: BaseException) -> bool:
+    """Whether the owner closed the channel because it is stopping (logged
+    at info: a clean stop of the node is not a fault)."""
+    return "SERVER_SHUTDOWN" in str(problem)
+
+
 @attrs.define(slots=True, eq=False)
 class _Part:
     """One run of a forwarded frame: whose ticket it completes."""
@@ -312,7 +318,9 @@ class OwnerChannel:
                     RemoteProtocolError,
                     OwnerUnavailable,
                 ) as group:
-                    log.warning("channel %s: down: %s", self.name, group.exceptions[0])
+                    problem = group.exceptions[0]
+                    level = logging.INFO if _shutting_down(problem) else logging.WARNING
+                    log.log(level, "channel %s: down: %s", self.name, problem)
                 finally:
                     self._down()
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -507,7 +515,7 @@ class OwnerChannel:
     def _error(self, frame: Error) -> None:
         stream = frame.stream
         if stream == 0:
-            raise trio.BrokenResourceError(f"owner error: {frame.code.name}: {frame.message}")
+            raise OwnerUnavailable(f"owner error: {frame.code.name}: {frame.message}")
         if stream == PUBLISH_STREAM:
             self._fail_forwarded(self._next_forwarded(0), frame.code, frame.message)
             return
@@ -560,8 +568,8 @@ class OwnerChannel:
             )
         self._forwarder.room_changed()
         self._forwarder.run_direct_writes()
-        if was_connected:
-            log.warning("channel %s: down, %d forwarded frames failed", self.name, len(outstanding))
+        if was_connected and outstanding:
+            log.warning("channel %s: %d forwarded frames failed", self.name, len(outstanding))
 
 
 class Forwarder:

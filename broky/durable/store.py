@@ -74,6 +74,8 @@ class DurableStatistics:
     recovery_truncated_bytes: int
     recovery_indexes_rebuilt: int
     recovery_corrupt_segments: int
+    #: Acked messages this worker forwarded to other workers' partitions.
+    forwarded_messages: int = 0
 
 
 @attrs.define(slots=True, eq=False)
