@@ -19,7 +19,9 @@ from broky.durable.replay import Replay
 from broky.durable.store import DurableStore, located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType, ErrorCode, LinkKind, StartKind
+from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Error, Fetch, ListPartitions, Partitions, Publish, Run
+from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
@@ -106,6 +108,22 @@ class DurableRequests:
             if self._forwarder is not None and self._forwarder.congested:
                 await self._forwarder.wait_for_room()
 
+    def _owners(self, pattern: bytes) -> set[int]:
+        """The other workers owning partitions a client's ``pattern`` reads."""
+        store = self.store
+        if store is None or self._forwarder is None or self._outlet.kind is not LinkKind.CLIENT:
+            return set()
+        try:
+            validate_pattern(pattern)
+        except RemoteProtocolError:
+            return set()  # the router refuses it
+        return overlapping_owners(store.policies.policies, pattern, store.owner_index, store.worker)
+
+    def remote_owners(self, pattern: bytes) -> int:
+        """How many other workers must confirm a subscription to ``pattern``
+        before its ``Subscribed`` (their live runs flow from then on)."""
+        return len(self._owners(pattern))
+
     def replay(
         self,
         subscription: Subscription,
@@ -119,12 +137,9 @@ class DurableRequests:
         if store is None:
             return
         forwarder = self._forwarder
-        if forwarder is not None and self._outlet.kind is LinkKind.CLIENT:
-            owners = overlapping_owners(
-                store.policies.policies, subscription.pattern, store.owner_index, store.worker
-            )
-            if owners:
-                forwarder.subscribe(subscription, owners, start, start_time, start_offsets)
+        owners = self._owners(subscription.pattern)
+        if forwarder is not None and owners:
+            forwarder.subscribe(subscription, owners, start, start_time, start_offsets)
         if start is StartKind.LATEST or subscription.closed:
             return
         store.spawn(Replay(store, subscription, start, start_time, start_offsets).run)

@@ -656,7 +656,12 @@ class ServerConnection:
                     self._stream_error(ErrorCode.PERMISSION_DENIED, refusal, frame.stream)
                     continue
                 subscription = router.subscribe(
-                    outlet, frame.stream, frame.pattern, frame.slow_consumer, frame.credit
+                    outlet,
+                    frame.stream,
+                    frame.pattern,
+                    frame.slow_consumer,
+                    frame.credit,
+                    durable.remote_owners(frame.pattern),
                 )
                 if subscription is not None and store is not None:
                     durable.replay(subscription, frame.start, frame.start_time, frame.start_offsets)

@@ -79,6 +79,7 @@ from broky.protocol.frames import (
     PublishAck,
     Run,
     Subscribe,
+    Subscribed,
     Unsubscribe,
     Welcome,
 )
@@ -398,6 +399,10 @@ class OwnerChannel:
                     self._error(frame)
                 elif type(frame) is Notice:
                     self._dropped(frame)
+                elif type(frame) is Subscribed:
+                    relay = self._relays.get(frame.stream)
+                    if relay is not None:
+                        self._forwarder.owner_confirmed(relay.subscription)
                 elif type(frame) is Welcome:
                     self.connected = True
                     self.ready.set()
@@ -631,6 +636,11 @@ class Forwarder:
         """Let connections woken by answers write at once (see Router.direct_writes)."""
         if self._router.direct_writes:
             self._router.run_direct_writes()
+
+    def owner_confirmed(self, subscription: Subscription) -> None:
+        """An owner registered its share of ``subscription``: its live runs flow."""
+        self._router.confirm(subscription, owner=True)
+        self.run_direct_writes()
 
     def end_subscription(self, subscription: Subscription, code: ErrorCode, message: str) -> None:
         """End a client subscription a relay can no longer serve."""

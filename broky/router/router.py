@@ -188,8 +188,10 @@ class Router:
         pattern: bytes,
         policy: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         credit: int = 0,
+        awaiting_owners: int = 0,
     ) -> Subscription | None:
-        """Open a subscription and queue its ``Subscribed`` confirmation.
+        """Open a subscription and queue its ``Subscribed`` confirmation
+        (after the links', and ``awaiting_owners`` calls of ``confirm``).
 
         Stream-level problems (bad pattern, duplicate stream, too many
         subscriptions) are answered with a stream Error; returns None then.
@@ -242,11 +244,23 @@ class Router:
         pending = interest.pending.get(pattern)
         if pending is None and confirming:
             pending = interest.pending[pattern] = PendingConfirmation(confirming)
+        subscription.awaiting_owners = awaiting_owners
         if pending is not None and outlet.kind is LinkKind.CLIENT:
             pending.waiters.append(subscription)  # Subscribed once the local links confirm
         else:
-            outlet.send_control(encode_frame(Subscribed(stream)))
+            self.confirm(subscription)
         return subscription
+
+    def confirm(self, subscription: Subscription, owner: bool = False) -> None:
+        """Send ``Subscribed`` once the links (``owner`` false) and every
+        owner in ``awaiting_owners`` (``owner`` true, one call each) confirmed."""
+        if owner:
+            subscription.awaiting_owners -= 1
+        else:
+            subscription.links_confirmed = True
+        ready = subscription.awaiting_owners <= 0 and subscription.links_confirmed
+        if ready and not subscription.closed:
+            subscription.outlet.send_control(encode_frame(Subscribed(subscription.stream)))
 
     def unsubscribe(self, outlet: Outlet, stream: int) -> None:
         """Close a subscription; an unknown stream gets a stream Error."""
@@ -307,8 +321,8 @@ class Router:
             return
         del self.interest.pending[pattern]
         for waiter in pending.waiters:
-            if isinstance(waiter, Subscription) and not waiter.closed:
-                waiter.outlet.send_control(encode_frame(Subscribed(waiter.stream)))
+            if isinstance(waiter, Subscription):
+                self.confirm(waiter)
 
     # --- publishing --------------------------------------------------------
 

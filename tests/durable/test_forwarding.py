@@ -178,3 +178,26 @@ async def test_exhausted_credit_slows_publishers_and_drops_nothing(
             assert sum(a.last_offset - a.first_offset + 1 for a in acks) == 2000
             found = await fetch_all(client)
             assert sum(len(items) for items in found.values()) == 2000
+
+
+async def test_live_from_confirmation_on_every_workers_partitions(tmp_path: Path) -> None:
+    """``Subscribed`` (latest start) waits for the other owners: whatever is
+    published after it, on any worker, is delivered, in offset order."""
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 3) as (brokers, _):
+            for round_ in range(5):
+                async with (
+                    brokers[round_ % 3].connect() as consumer,
+                    consumer.subscribe("orders.>") as subscription,
+                    brokers[(round_ + 1) % 3].connect() as publisher,
+                ):
+                    for n in range(PARTITIONS * 4):
+                        await publisher.publish(key_for(n % PARTITIONS), b"%d" % n, ack=True)
+                    await publisher.flush_acks()
+                    received = await take(subscription, PARTITIONS * 4)
+                by_partition: dict[int, list[int]] = defaultdict(list)
+                for message in received:
+                    by_partition[message.partition].append(message.offset)
+                assert len(by_partition) == PARTITIONS
+                for offsets in by_partition.values():
+                    assert offsets == list(range(offsets[0], offsets[0] + 4))
