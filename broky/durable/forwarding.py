@@ -26,9 +26,9 @@ as a client would, so the owner serves it with the code that serves clients
   subscription with the same pattern and start position. The owner replays
   its partitions and continues live with its usual no-gap, no-duplicate
   seam; the ingress pushes what arrives into the client's subscription and
-  gives the owner more credit (``RELAY_CREDIT`` messages in flight) only
-  while the client's outbox is at most half full, so a replay never
-  overflows it. Fetch and ListPartitions are forwarded and answered on the
+  gives the owner more credit only for what fits in the lower half of the
+  client's outbox (by messages and by bytes), so a replay never overflows
+  it. Fetch and ListPartitions are forwarded and answered on the
   client's stream.
 - **Failure.** When a channel goes down (the owner died or is restarting),
   or the oldest forwarded publish waited ``FORWARD_TIMEOUT`` (a stalled
@@ -51,6 +51,7 @@ import attrs
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.replay import queue_live
 from broky.mesh.link import Connector
 from broky.protocol.chunks import encode_chunk, forward_chunk, runs_frame_parts
 from broky.protocol.codec import encode_frame
@@ -97,10 +98,12 @@ PUBLISH_STREAM: Final = 1
 #: several group commits of the owner, and bounds the ingress's memory for
 #: one owner whatever the number of publishers.
 FORWARD_CREDIT_BYTES: Final = 8 * 1024 * 1024
-#: Messages a relayed subscription may have in flight from the owner: small
-#: enough to fit a client outbox's holding area during a replay of the
-#: ingress's own partitions, large enough for one round trip of the socket.
-RELAY_CREDIT: Final = 1000
+#: Messages a relayed subscription may have in flight from the owner before
+#: the ingress has seen their size (8 of the largest messages a frame holds
+#: fit a default outbox); later the window is what fits the lower half of
+#: the client's outbox, by messages and bytes, at most RELAY_MAX_CREDIT.
+RELAY_START_CREDIT: Final = 8
+RELAY_MAX_CREDIT: Final = 8192
 #: Seconds the oldest forwarded publish may wait for its ack before the
 #: owner counts as stalled and everything outstanding fails (retriable).
 FORWARD_TIMEOUT: Final = 10.0
@@ -148,7 +151,11 @@ class _Relay:
     """A client subscription's share served by one owner."""
 
     subscription: Subscription
-    owed: int = 0
+    #: Credit the owner holds (messages it may still send).
+    in_flight: int = 0
+    #: Bytes per message of what the owner sent lately (0: nothing yet, so
+    #: the window stays at RELAY_START_CREDIT).
+    message_bytes: int = 0
 
 
 @attrs.define(slots=True, eq=False)
@@ -265,14 +272,14 @@ class OwnerChannel:
         if not self.connected:
             return False
         stream = next(self._stream_ids)
-        self._relays[stream] = _Relay(subscription)
+        self._relays[stream] = _Relay(subscription, RELAY_START_CREDIT)
         self._send(
             encode_frame(
                 Subscribe(
                     stream,
                     subscription.pattern,
                     SlowConsumerPolicy.DROP,
-                    RELAY_CREDIT,
+                    RELAY_START_CREDIT,
                     start,
                     start_time,
                     start_offsets,
@@ -372,14 +379,16 @@ class OwnerChannel:
             if self.connected:
                 self._send(encode_frame(Unsubscribe(stream)))
             return
-        if (
-            relay.owed
-            and subscription.holding is None
-            and subscription.pending_messages * 2 <= subscription.max_messages
-            and subscription.pending_bytes * 2 <= subscription.max_bytes
-        ):
-            self._send(encode_frame(Flow(stream, relay.owed)))
-            relay.owed = 0
+        # Credit for what fits in the lower half of the client's outbox, so
+        # that what the owner sends never overflows it (a drop would be a gap).
+        if not relay.message_bytes:
+            return
+        room_bytes = subscription.max_bytes // 2 - subscription.pending_bytes
+        room_messages = subscription.max_messages // 2 - subscription.pending_messages
+        window = min(RELAY_MAX_CREDIT, room_messages, room_bytes // relay.message_bytes)
+        if window > relay.in_flight:
+            self._send(encode_frame(Flow(stream, window - relay.in_flight)))
+            relay.in_flight = window
 
     async def _reader(self, stream: trio.abc.Stream, machine: ProtocolMachine) -> None:
         while True:
@@ -467,9 +476,17 @@ class OwnerChannel:
         if subscription.closed:
             self._grant(frame.stream, relay)
             return
+        count = size = 0
         for run in frame.runs:
-            subscription.push(EncodedRun(run.key, run.count, encode_chunk(run)))
-            relay.owed += run.count
+            chunk = encode_chunk(run)
+            # Past any holding area: that one serves the seam of this worker's
+            # own partitions; the owner kept the seam of these.
+            queue_live(subscription, EncodedRun(run.key, run.count, chunk))
+            count += run.count
+            size += len(chunk)
+        relay.in_flight -= count
+        if count:
+            relay.message_bytes = max(1, size // count)
         self._grant(frame.stream, relay)
 
     def _dropped(self, frame: Notice) -> None:
