@@ -230,3 +230,25 @@ async def test_a_replay_of_large_messages_from_another_worker_drops_nothing(
             assert all(offsets == list(range(24)) for offsets in by_partition.values())
             stats = brokers[0].statistics().router
             assert stats.dropped_slow_consumer == 0
+
+
+async def test_a_stalled_owner_fails_forwarded_publishes_within_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forwarding, "FORWARD_TIMEOUT", 0.5)
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 2) as (brokers, _):
+            theirs = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 1)
+            store = brokers[1].store
+            assert store is not None
+            store.pending_limit = 0  # worker 1 stops reading its connections: a stall
+            async with brokers[0].connect() as client:
+                # The owner's channel reader handles this frame, then waits for room.
+                await client.publish(key_for(theirs), b"last", ack=True)
+                await client.flush_acks()
+                await client.publish(key_for(theirs), b"stalled", ack=True)
+                started = trio.current_time()
+                with pytest.raises(BrokyError) as failed:
+                    await client.flush_acks()
+                assert failed.value.code is ErrorCode.OWNER_UNAVAILABLE
+                assert trio.current_time() - started < 0.5 + 5.0  # bounded, not a performance check
