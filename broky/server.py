@@ -104,7 +104,9 @@ class Broker:
         self.forwarder: Forwarder | None = None
         if self.store is not None and workers > 1:
             store = self.store
-            self.forwarder = Forwarder(self.router, worker, store.owner_index)
+            self.forwarder = Forwarder(
+                self.router, worker, store.owner_index, self.config.max_frame_bytes
+            )
             store.forward = self.forwarder.append
             self.router.durable_keys = lambda key: store.match(key) is not None
         self._channels: list[OwnerChannel] = []

@@ -98,6 +98,10 @@ PUBLISH_STREAM: Final = 1
 #: several group commits of the owner, and bounds the ingress's memory for
 #: one owner whatever the number of publishers.
 FORWARD_CREDIT_BYTES: Final = 8 * 1024 * 1024
+#: Most bytes of runs in one forwarded Publish frame (half the node's
+#: ``max_frame_bytes`` if that is less): a client frame split by partition
+#: grows by a run header per piece, and must still fit the owner's limit.
+FORWARD_FRAME_BYTES: Final = 1024 * 1024
 #: Messages a relayed subscription may have in flight from the owner before
 #: the ingress has seen their size (8 of the largest messages a frame holds
 #: fit a default outbox); later the window is what fits the lower half of
@@ -209,6 +213,7 @@ class OwnerChannel:
         #: The frame being gathered from one client frame (see ``flush``).
         self._chunks: list[bytes] = []
         self._parts: list[_Part] = []
+        self._gathered_bytes = 0
         self._sequence = 0
         self._outstanding: deque[_Forwarded] = deque()
         self.in_flight_bytes = 0
@@ -246,8 +251,12 @@ class OwnerChannel:
                     self._unavailable(f"{topic.name}/{partition}"), ErrorCode.OWNER_UNAVAILABLE
                 )
             return
-        self._chunks.append(forward_chunk(run))
+        chunk = forward_chunk(run)
+        self._chunks.append(chunk)
         self._parts.append(_Part(ticket, acks, run_index))
+        self._gathered_bytes += len(chunk)
+        if self._gathered_bytes >= self._forwarder.frame_bytes:
+            self.flush()  # a client frame split into pieces may outgrow a frame
 
     def flush(self) -> None:
         """Send the gathered runs as one acked Publish frame."""
@@ -255,6 +264,7 @@ class OwnerChannel:
             return
         chunks, self._chunks = self._chunks, []
         parts, self._parts = self._parts, []
+        self._gathered_bytes = 0
         data = b"".join(runs_frame_parts(BodyType.PUBLISH, PUBLISH_STREAM, chunks, ack=True))
         self._sequence += 1
         self._outstanding.append(_Forwarded(self._sequence, parts, len(data), trio.current_time()))
@@ -569,6 +579,7 @@ class OwnerChannel:
         outstanding, self._outstanding = self._outstanding, deque()
         self._sequence = 0  # the owner counts a new connection's acks from 1
         self._chunks, self._parts = [], []
+        self._gathered_bytes = 0
         self.in_flight_bytes = 0
         for forwarded in outstanding:
             self._fail_forwarded(forwarded, ErrorCode.OWNER_UNAVAILABLE, reason)
@@ -597,8 +608,16 @@ class OwnerChannel:
 class Forwarder:
     """One worker's channels to the owners of the partitions it does not own."""
 
-    def __init__(self, router: Router, worker: int, owner_index: Callable[[str, int], int]) -> None:
+    def __init__(
+        self,
+        router: Router,
+        worker: int,
+        owner_index: Callable[[str, int], int],
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
         self._router = router
+        #: Gathered runs past this size leave as a forwarded frame at once.
+        self.frame_bytes = min(FORWARD_FRAME_BYTES, max_frame_bytes // 2)
         self.worker = worker
         self._owner_index = owner_index
         self.channels: dict[int, OwnerChannel] = {}
