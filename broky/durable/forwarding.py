@@ -53,8 +53,8 @@ import trio
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.replay import queue_live
 from broky.mesh.link import Connector
-from broky.protocol.chunks import encode_chunk, forward_chunk, runs_frame_parts
-from broky.protocol.codec import encode_frame
+from broky.protocol.chunks import encode_chunk, encode_run_chunk, forward_chunk, runs_frame_parts
+from broky.protocol.codec import RUN_CHUNK_OVERHEAD, encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -133,11 +133,23 @@ def _shutting_down(problem: BaseException) -> bool:
 
 @attrs.define(slots=True, eq=False)
 class _Part:
-    """One run of a forwarded frame: whose ticket it completes."""
+    """One run of a forwarded frame: whose ticket it completes. It joins
+    ``pieces`` consecutive pieces of one client run (``partition_run``'s, for
+    partitions this owner holds) into one run, which the owner splits again:
+    fewer, longer runs cost less on both sides than one per piece."""
 
     ticket: AckTicket | None
     acks: AckQueue | None
     run_index: int
+    pieces: int = 1
+
+    def settle(self, reason: str, code: ErrorCode) -> AckQueue | None:
+        """Fail every piece; the queue to release (None: not acked)."""
+        if self.ticket is None or self.acks is None:
+            return None
+        self.ticket.remaining -= self.pieces - 1
+        self.ticket.failed(reason, code)
+        return self.acks
 
 
 @attrs.define(slots=True, eq=False)
@@ -213,6 +225,8 @@ class OwnerChannel:
         #: The frame being gathered from one client frame (see ``flush``).
         self._chunks: list[bytes] = []
         self._parts: list[_Part] = []
+        #: The pieces of the last part, not yet joined into its chunk.
+        self._group: list[Run] = []
         self._gathered_bytes = 0
         self._sequence = 0
         self._outstanding: deque[_Forwarded] = deque()
@@ -251,15 +265,41 @@ class OwnerChannel:
                     self._unavailable(f"{topic.name}/{partition}"), ErrorCode.OWNER_UNAVAILABLE
                 )
             return
-        chunk = forward_chunk(run)
-        self._chunks.append(chunk)
-        self._parts.append(_Part(ticket, acks, run_index))
-        self._gathered_bytes += len(chunk)
+        parts = self._parts
+        last = parts[-1] if parts else None
+        if (
+            last is not None
+            and last.ticket is ticket
+            and last.run_index == run_index
+            and last.acks is acks
+            and self._group
+        ):
+            self._group.append(run)
+            last.pieces += 1
+        else:
+            self._close_group()
+            self._group = [run]
+            parts.append(_Part(ticket, acks, run_index))
+        self._gathered_bytes += len(run.messages) + len(run.sizes) + RUN_CHUNK_OVERHEAD
         if self._gathered_bytes >= self._forwarder.frame_bytes:
             self.flush()  # a client frame split into pieces may outgrow a frame
 
+    def _close_group(self) -> None:
+        """Turn the pieces gathered for the last part into one chunk."""
+        group = self._group
+        if not group:
+            return
+        self._group = []
+        if len(group) == 1:
+            self._chunks.append(forward_chunk(group[0]))  # as the client sent it
+            return
+        sizes = b"".join(piece.sizes for piece in group)
+        messages = b"".join(piece.messages for piece in group)
+        self._chunks.append(encode_run_chunk(group[0].key, 0, sizes, messages))
+
     def flush(self) -> None:
         """Send the gathered runs as one acked Publish frame."""
+        self._close_group()
         if not self._chunks:
             return
         chunks, self._chunks = self._chunks, []
@@ -435,20 +475,28 @@ class OwnerChannel:
     def _acked(self, frame: PublishAck) -> None:
         forwarded = self._next_forwarded(frame.sequence)
         queues: set[AckQueue] = set()
-        answered = [False] * len(forwarded.parts)
+        parts = forwarded.parts
+        entries = [0] * len(parts)
         for index, partition, first, last in zip(
             frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
         ):
-            part = forwarded.parts[index]
-            answered[index] = True
+            part = parts[index]
+            entries[index] += 1
             self.forwarded_messages += last - first + 1
             if part.ticket is not None and part.acks is not None:
                 part.ticket.done(part.run_index, partition, first, last)
                 queues.add(part.acks)
-        for part, done in zip(forwarded.parts, answered, strict=True):
-            if not done and part.ticket is not None and part.acks is not None:
-                part.ticket.failed(f"worker {self.owner} did not acknowledge a forwarded run")
-                queues.add(part.acks)
+        for part, count in zip(parts, entries, strict=True):
+            if not count:
+                queue = part.settle(
+                    f"worker {self.owner} did not acknowledge a forwarded run",
+                    ErrorCode.STORAGE_FAILURE,
+                )
+                if queue is not None:
+                    queues.add(queue)
+            elif count < part.pieces and part.ticket is not None:
+                # The owner's split joined pieces that were apart here.
+                part.ticket.remaining -= part.pieces - count
         for queue in queues:
             queue.release()
 
@@ -470,13 +518,10 @@ class OwnerChannel:
         return forwarded
 
     def _fail_forwarded(self, forwarded: _Forwarded, code: ErrorCode, reason: str) -> None:
-        queues: set[AckQueue] = set()
-        for part in forwarded.parts:
-            if part.ticket is not None and part.acks is not None:
-                part.ticket.failed(reason, code)
-                queues.add(part.acks)
+        queues = {part.settle(reason, code) for part in forwarded.parts}
         for queue in queues:
-            queue.release()
+            if queue is not None:
+                queue.release()
 
     def _delivered(self, frame: Deliver) -> None:
         relay = self._relays.get(frame.stream)
@@ -578,7 +623,7 @@ class OwnerChannel:
         )
         outstanding, self._outstanding = self._outstanding, deque()
         self._sequence = 0  # the owner counts a new connection's acks from 1
-        self._chunks, self._parts = [], []
+        self._chunks, self._parts, self._group = [], [], []
         self._gathered_bytes = 0
         self.in_flight_bytes = 0
         for forwarded in outstanding:

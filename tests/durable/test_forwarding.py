@@ -294,3 +294,35 @@ async def test_a_frame_split_by_partition_still_fits_the_owners_frame_limit(
                 stored = sum(info.end_offset for info in await client.partitions("orders"))
             channel = brokers[0].forwarder.channels[1]  # type: ignore[union-attr]
             assert channel.connected
+
+
+async def test_pieces_joined_for_an_owner_are_acked_exactly(tmp_path: Path) -> None:
+    """Messages alternating between a partition of each worker: the other
+    worker's pieces of a run travel as one run and come back as one ack
+    entry, which must still complete every piece's share of the client ack."""
+    mine = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 0)
+    theirs = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 1)
+    alternating = [
+        next(b"%d" % n for n in range(10_000) if partition_for(b"%d" % n, PARTITIONS) == p)
+        for p in (mine, theirs)
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 2) as (brokers, _), brokers[0].connect() as client:
+            for round_ in range(3):
+                for n in range(1000):
+                    await client.publish(
+                        "orders.one",
+                        b"%d-%d" % (round_, n),
+                        key_partition=alternating[n % 2],
+                        ack=True,
+                    )
+                acks = await client.flush_acks()
+                counted: dict[int, int] = defaultdict(int)
+                for ack in acks:
+                    counted[ack.partition] += ack.last_offset - ack.first_offset + 1
+                assert counted == {mine: 500, theirs: 500}
+            found = await fetch_all(client)
+            check_dense(found)
+            assert [m.payload for m in found[theirs]] == [
+                b"%d-%d" % (round_, n) for round_ in range(3) for n in range(1, 1000, 2)
+            ]
