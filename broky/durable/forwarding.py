@@ -172,6 +172,41 @@ class _Relay:
     #: Bytes per message of what the owner sent lately (0: nothing yet, so
     #: the window stays at RELAY_START_CREDIT).
     message_bytes: int = 0
+    #: Runs received that did not fit the client's outbox yet (its own
+    #: replay fills it too): pushed first, in order, as it drains. At most
+    #: the credit window, so bounded like it.
+    waiting: deque[EncodedRun] = attrs.field(factory=deque)
+    waiting_bytes: int = 0
+    waiting_messages: int = 0
+
+    def push_waiting(self) -> None:
+        """Move waiting runs into the client's outbox while it is at most
+        half full (this worker's own replay reads only then too, and adds at
+        most a quarter: together they stay within the bound)."""
+        subscription = self.subscription
+        outlet = subscription.outlet
+        waiting = self.waiting
+        while waiting:
+            run = waiting[0]
+            size = len(run.chunk)
+            if (
+                subscription.pending_bytes * 2 > subscription.max_bytes
+                or subscription.pending_messages * 2 > subscription.max_messages
+                or subscription.pending_messages + run.count > subscription.max_messages
+                or subscription.pending_bytes + size > subscription.max_bytes
+                or (
+                    outlet.max_pending_bytes
+                    and outlet.pending_bytes
+                    and outlet.pending_bytes + size > outlet.max_pending_bytes
+                )
+            ):
+                return
+            waiting.popleft()
+            self.waiting_bytes -= size
+            self.waiting_messages -= run.count
+            # Past any holding area: that one serves the seam of this worker's
+            # own partitions; the owner kept the seam of these.
+            queue_live(subscription, run)
 
 
 @attrs.define(slots=True, eq=False)
@@ -429,12 +464,15 @@ class OwnerChannel:
             if self.connected:
                 self._send(encode_frame(Unsubscribe(stream)))
             return
+        relay.push_waiting()
         # Credit for what fits in the lower half of the client's outbox, so
-        # that what the owner sends never overflows it (a drop would be a gap).
+        # that the owner never sends much more than the client takes.
         if not relay.message_bytes:
             return
-        room_bytes = subscription.max_bytes // 2 - subscription.pending_bytes
-        room_messages = subscription.max_messages // 2 - subscription.pending_messages
+        room_bytes = subscription.max_bytes // 2 - subscription.pending_bytes - relay.waiting_bytes
+        room_messages = (
+            subscription.max_messages // 2 - subscription.pending_messages - relay.waiting_messages
+        )
         window = min(RELAY_MAX_CREDIT, room_messages, room_bytes // relay.message_bytes)
         if window > relay.in_flight:
             self._send(encode_frame(Flow(stream, window - relay.in_flight)))
@@ -532,13 +570,14 @@ class OwnerChannel:
             self._grant(frame.stream, relay)
             return
         count = size = 0
+        waiting = relay.waiting
         for run in frame.runs:
             chunk = encode_chunk(run)
-            # Past any holding area: that one serves the seam of this worker's
-            # own partitions; the owner kept the seam of these.
-            queue_live(subscription, EncodedRun(run.key, run.count, chunk))
+            waiting.append(EncodedRun(run.key, run.count, chunk))
             count += run.count
             size += len(chunk)
+        relay.waiting_bytes += size
+        relay.waiting_messages += count
         relay.in_flight -= count
         if count:
             relay.message_bytes = max(1, size // count)

@@ -326,3 +326,29 @@ async def test_pieces_joined_for_an_owner_are_acked_exactly(tmp_path: Path) -> N
             assert [m.payload for m in found[theirs]] == [
                 b"%d-%d" % (round_, n) for round_ in range(3) for n in range(1, 1000, 2)
             ]
+
+
+async def test_a_replay_from_every_worker_into_a_small_outbox_drops_nothing(
+    tmp_path: Path,
+) -> None:
+    """The worker's own replay and the owners' relayed shares fill one client
+    outbox at once; relayed runs wait for room instead of overflowing it."""
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 3, outbox_bytes=64 * 1024) as (brokers, _):
+            for index, broker in enumerate(brokers):
+                async with broker.connect() as publisher:
+                    for n in range(1200):
+                        await publisher.publish(
+                            key_for(n % PARTITIONS), b"%d-%d" % (index, n), ack=True
+                        )
+                    await publisher.flush_acks()
+            async with (
+                brokers[0].connect() as consumer,
+                consumer.subscribe("orders.>", start=Start.earliest(), credit=64) as subscription,
+            ):
+                received = await take(subscription, 3600)
+            by_partition: dict[int, list[int]] = defaultdict(list)
+            for message in received:
+                by_partition[message.partition].append(message.offset)
+            assert all(offsets == list(range(450)) for offsets in by_partition.values())
+            assert brokers[0].statistics().router.dropped_slow_consumer == 0
