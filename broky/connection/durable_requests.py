@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from broky.durable.acks import AckQueue
-from broky.durable.forwarding import Forwarder, PartitionListing, overlapping_owners
+from broky.durable.forwarding import Forwarder
+from broky.durable.relays import PartitionListing, overlapping_owners
 from broky.durable.replay import Replay
 from broky.durable.store import DurableStore, located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts

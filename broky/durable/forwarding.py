@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -51,10 +50,11 @@ import attrs
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
-from broky.durable.replay import queue_live
+from broky.durable.forwarded import PUBLISH_STREAM, ForwardedPublishes
+from broky.durable.relays import RELAY_START_CREDIT, PartitionListing, Relay
 from broky.mesh.link import Connector
-from broky.protocol.chunks import encode_chunk, encode_run_chunk, forward_chunk, runs_frame_parts
-from broky.protocol.codec import RUN_CHUNK_OVERHEAD, encode_frame
+from broky.protocol.chunks import encode_chunk, runs_frame_parts
+from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -84,15 +84,12 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
-from broky.router.matcher import patterns_overlap
-from broky.router.outbox import EncodedRun, Outlet, Subscription
+from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.topics import TopicPolicy
 
 log = logging.getLogger("broky.forwarding")
 
-#: The channel stream that carries forwarded publishes (others: requests).
-PUBLISH_STREAM: Final = 1
 #: Unacknowledged forwarded publish bytes per (ingress, owner) pair before
 #: the ingress stops reading publishers: 8 MiB is ~80k messages of 100 bytes,
 #: several group commits of the owner, and bounds the ingress's memory for
@@ -102,16 +99,10 @@ FORWARD_CREDIT_BYTES: Final = 8 * 1024 * 1024
 #: ``max_frame_bytes`` if that is less): a client frame split by partition
 #: grows by a run header per piece, and must still fit the owner's limit.
 FORWARD_FRAME_BYTES: Final = 1024 * 1024
-#: Messages a relayed subscription may have in flight from the owner before
-#: the ingress has seen their size (8 of the largest messages a frame holds
-#: fit a default outbox); later the window is what fits the lower half of
-#: the client's outbox, by messages and bytes, at most RELAY_MAX_CREDIT.
-RELAY_START_CREDIT: Final = 8
-RELAY_MAX_CREDIT: Final = 8192
 #: Seconds the oldest forwarded publish may wait for its ack before the
 #: owner counts as stalled and everything outstanding fails (retriable).
 FORWARD_TIMEOUT: Final = 10.0
-#: How often a channel returns owed relay credit and notices closed
+#: How often a channel returns relay credit and notices closed
 #: subscriptions and stalled owners.
 CHECK_SECONDS: Final = 0.02
 #: Reconnection pauses: a restarted owner is found within MAX_BACKOFF.
@@ -132,116 +123,11 @@ def _shutting_down(problem: BaseException) -> bool:
 
 
 @attrs.define(slots=True, eq=False)
-class _Part:
-    """One run of a forwarded frame: whose ticket it completes. It joins
-    ``pieces`` consecutive pieces of one client run (``partition_run``'s, for
-    partitions this owner holds) into one run, which the owner splits again:
-    fewer, longer runs cost less on both sides than one per piece."""
-
-    ticket: AckTicket | None
-    acks: AckQueue | None
-    run_index: int
-    pieces: int = 1
-
-    def settle(self, reason: str, code: ErrorCode) -> AckQueue | None:
-        """Fail every piece; the queue to release (None: not acked)."""
-        if self.ticket is None or self.acks is None:
-            return None
-        self.ticket.remaining -= self.pieces - 1
-        self.ticket.failed(reason, code)
-        return self.acks
-
-
-@attrs.define(slots=True, eq=False)
-class _Forwarded:
-    """One forwarded Publish frame awaiting its ack."""
-
-    sequence: int
-    parts: list[_Part]
-    nbytes: int
-    sent_at: float
-
-
-@attrs.define(slots=True, eq=False)
-class _Relay:
-    """A client subscription's share served by one owner."""
-
-    subscription: Subscription
-    #: Credit the owner holds (messages it may still send).
-    in_flight: int = 0
-    #: Bytes per message of what the owner sent lately (0: nothing yet, so
-    #: the window stays at RELAY_START_CREDIT).
-    message_bytes: int = 0
-    #: Runs received that did not fit the client's outbox yet (its own
-    #: replay fills it too): pushed first, in order, as it drains. At most
-    #: the credit window, so bounded like it.
-    waiting: deque[EncodedRun] = attrs.field(factory=deque)
-    waiting_bytes: int = 0
-    waiting_messages: int = 0
-
-    def push_waiting(self) -> None:
-        """Move waiting runs into the client's outbox while it is at most
-        half full (this worker's own replay reads only then too, and adds at
-        most a quarter: together they stay within the bound)."""
-        subscription = self.subscription
-        outlet = subscription.outlet
-        waiting = self.waiting
-        while waiting:
-            run = waiting[0]
-            size = len(run.chunk)
-            if (
-                subscription.pending_bytes * 2 > subscription.max_bytes
-                or subscription.pending_messages * 2 > subscription.max_messages
-                or subscription.pending_messages + run.count > subscription.max_messages
-                or subscription.pending_bytes + size > subscription.max_bytes
-                or (
-                    outlet.max_pending_bytes
-                    and outlet.pending_bytes
-                    and outlet.pending_bytes + size > outlet.max_pending_bytes
-                )
-            ):
-                return
-            waiting.popleft()
-            self.waiting_bytes -= size
-            self.waiting_messages -= run.count
-            # Past any holding area: that one serves the seam of this worker's
-            # own partitions; the owner kept the seam of these.
-            queue_live(subscription, run)
-
-
-@attrs.define(slots=True, eq=False)
 class _Answer:
     """Where an owner's answer to a Fetch goes: the client's outlet and stream."""
 
     outlet: Outlet
     stream: int
-
-
-class PartitionListing:
-    """A ListPartitions answered by several workers: merged once all answered."""
-
-    def __init__(
-        self, expected: int, done: Callable[[list[tuple[str, int, int, int]] | str], None]
-    ) -> None:
-        self.expected = expected
-        self.entries: list[tuple[str, int, int, int]] = []
-        self.failure = ""
-        self._done = done
-        self._finished = False
-
-    def add(self, entries: list[tuple[str, int, int, int]]) -> None:
-        self.entries.extend(entries)
-        self._answered()
-
-    def fail(self, reason: str) -> None:
-        self.failure = self.failure or reason
-        self._answered()
-
-    def _answered(self) -> None:
-        self.expected -= 1
-        if self.expected <= 0 and not self._finished:
-            self._finished = True
-            self._done(self.failure or self.entries)
 
 
 class OwnerChannel:
@@ -257,20 +143,10 @@ class OwnerChannel:
         self._outgoing: list[bytes] = []
         self._work = trio.Event()
         self._stream_ids = itertools.count(PUBLISH_STREAM + 1)
-        #: The frame being gathered from one client frame (see ``flush``).
-        self._chunks: list[bytes] = []
-        self._parts: list[_Part] = []
-        #: The pieces of the last part, not yet joined into its chunk.
-        self._group: list[Run] = []
-        self._gathered_bytes = 0
-        self._sequence = 0
-        self._outstanding: deque[_Forwarded] = deque()
-        self.in_flight_bytes = 0
-        self._relays: dict[int, _Relay] = {}
+        self.publishes = ForwardedPublishes(forwarder.frame_bytes)
+        self._relays: dict[int, Relay] = {}
         self._fetches: dict[int, _Answer] = {}
-        self._listings: dict[int, tuple[PartitionListing, str]] = {}
-        #: Messages forwarded and acked, for statistics.
-        self.forwarded_messages = 0
+        self._listings: dict[int, PartitionListing] = {}
 
     # --- requests (trio thread, never waiting) ----------------------------------
 
@@ -300,51 +176,14 @@ class OwnerChannel:
                     self._unavailable(f"{topic.name}/{partition}"), ErrorCode.OWNER_UNAVAILABLE
                 )
             return
-        parts = self._parts
-        last = parts[-1] if parts else None
-        if (
-            last is not None
-            and last.ticket is ticket
-            and last.run_index == run_index
-            and last.acks is acks
-            and self._group
-        ):
-            self._group.append(run)
-            last.pieces += 1
-        else:
-            self._close_group()
-            self._group = [run]
-            parts.append(_Part(ticket, acks, run_index))
-        self._gathered_bytes += len(run.messages) + len(run.sizes) + RUN_CHUNK_OVERHEAD
-        if self._gathered_bytes >= self._forwarder.frame_bytes:
+        if self.publishes.add(run, ticket, acks, run_index):
             self.flush()  # a client frame split into pieces may outgrow a frame
-
-    def _close_group(self) -> None:
-        """Turn the pieces gathered for the last part into one chunk."""
-        group = self._group
-        if not group:
-            return
-        self._group = []
-        if len(group) == 1:
-            self._chunks.append(forward_chunk(group[0]))  # as the client sent it
-            return
-        sizes = b"".join(piece.sizes for piece in group)
-        messages = b"".join(piece.messages for piece in group)
-        self._chunks.append(encode_run_chunk(group[0].key, 0, sizes, messages))
 
     def flush(self) -> None:
         """Send the gathered runs as one acked Publish frame."""
-        self._close_group()
-        if not self._chunks:
-            return
-        chunks, self._chunks = self._chunks, []
-        parts, self._parts = self._parts, []
-        self._gathered_bytes = 0
-        data = b"".join(runs_frame_parts(BodyType.PUBLISH, PUBLISH_STREAM, chunks, ack=True))
-        self._sequence += 1
-        self._outstanding.append(_Forwarded(self._sequence, parts, len(data), trio.current_time()))
-        self.in_flight_bytes += len(data)
-        self._send(data)
+        data = self.publishes.take_frame(trio.current_time())
+        if data is not None:
+            self._send(data)
 
     def subscribe(
         self,
@@ -357,7 +196,7 @@ class OwnerChannel:
         if not self.connected:
             return False
         stream = next(self._stream_ids)
-        self._relays[stream] = _Relay(subscription, RELAY_START_CREDIT)
+        self._relays[stream] = Relay(subscription)
         self._send(
             encode_frame(
                 Subscribe(
@@ -388,7 +227,7 @@ class OwnerChannel:
             listing.fail(self._unavailable("some partitions"))
             return
         stream = next(self._stream_ids)
-        self._listings[stream] = (listing, topic)
+        self._listings[stream] = listing
         self._send(encode_frame(ListPartitions(stream, topic)))
 
     # --- the connection -----------------------------------------------------------
@@ -451,32 +290,21 @@ class OwnerChannel:
             await trio.sleep(CHECK_SECONDS)
             for stream, relay in list(self._relays.items()):
                 self._grant(stream, relay)
-            outstanding = self._outstanding
-            if outstanding and trio.current_time() - outstanding[0].sent_at > FORWARD_TIMEOUT:
+            oldest = self.publishes.oldest_sent_at
+            if oldest is not None and trio.current_time() - oldest > FORWARD_TIMEOUT:
                 raise OwnerUnavailable(
                     f"worker {self.owner} acknowledged nothing for {FORWARD_TIMEOUT} s"
                 )
 
-    def _grant(self, stream: int, relay: _Relay) -> None:
-        subscription = relay.subscription
-        if subscription.closed:
+    def _grant(self, stream: int, relay: Relay) -> None:
+        if relay.subscription.closed:
             del self._relays[stream]
             if self.connected:
                 self._send(encode_frame(Unsubscribe(stream)))
             return
-        relay.push_waiting()
-        # Credit for what fits in the lower half of the client's outbox, so
-        # that the owner never sends much more than the client takes.
-        if not relay.message_bytes:
-            return
-        room_bytes = subscription.max_bytes // 2 - subscription.pending_bytes - relay.waiting_bytes
-        room_messages = (
-            subscription.max_messages // 2 - subscription.pending_messages - relay.waiting_messages
-        )
-        window = min(RELAY_MAX_CREDIT, room_messages, room_bytes // relay.message_bytes)
-        if window > relay.in_flight:
-            self._send(encode_frame(Flow(stream, window - relay.in_flight)))
-            relay.in_flight = window
+        credit = relay.grant()
+        if credit:
+            self._send(encode_frame(Flow(stream, credit)))
 
     async def _reader(self, stream: trio.abc.Stream, machine: ProtocolMachine) -> None:
         while True:
@@ -485,9 +313,13 @@ class OwnerChannel:
                 raise trio.BrokenResourceError("the owner closed the channel")
             for frame in machine.receive_data(data):
                 if type(frame) is PublishAck:
-                    self._acked(frame)
+                    self.publishes.acked(frame, self.owner)
+                    self._forwarder.room_changed()
                 elif type(frame) is Deliver:
-                    self._delivered(frame)
+                    relay = self._relays.get(frame.stream)
+                    if relay is not None:  # else unsubscribed meanwhile
+                        relay.receive(frame.runs)
+                        self._grant(frame.stream, relay)
                 elif type(frame) is Fetched:
                     self._fetched(frame)
                 elif type(frame) is Partitions:
@@ -495,7 +327,9 @@ class OwnerChannel:
                 elif type(frame) is Error:
                     self._error(frame)
                 elif type(frame) is Notice:
-                    self._dropped(frame)
+                    relay = self._relays.get(frame.stream)
+                    if relay is not None and not relay.subscription.closed:
+                        relay.dropped(frame.count)
                 elif type(frame) is Subscribed:
                     relay = self._relays.get(frame.stream)
                     if relay is not None:
@@ -510,101 +344,6 @@ class OwnerChannel:
 
     # --- answers ------------------------------------------------------------------
 
-    def _acked(self, frame: PublishAck) -> None:
-        forwarded = self._next_forwarded(frame.sequence)
-        queues: set[AckQueue] = set()
-        parts = forwarded.parts
-        entries = [0] * len(parts)
-        for index, partition, first, last in zip(
-            frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
-        ):
-            part = parts[index]
-            entries[index] += 1
-            self.forwarded_messages += last - first + 1
-            if part.ticket is not None and part.acks is not None:
-                part.ticket.done(part.run_index, partition, first, last)
-                queues.add(part.acks)
-        for part, count in zip(parts, entries, strict=True):
-            if not count:
-                queue = part.settle(
-                    f"worker {self.owner} did not acknowledge a forwarded run",
-                    ErrorCode.STORAGE_FAILURE,
-                )
-                if queue is not None:
-                    queues.add(queue)
-            elif count < part.pieces and part.ticket is not None:
-                # The owner's split joined pieces that were apart here.
-                part.ticket.remaining -= part.pieces - count
-        for queue in queues:
-            queue.release()
-
-    def _next_forwarded(self, sequence: int) -> _Forwarded:
-        if not self._outstanding:
-            raise RemoteProtocolError(
-                "the owner acknowledged a publish that was not forwarded", ErrorCode.INTERNAL
-            )
-        forwarded = self._outstanding[0]
-        if sequence and sequence != forwarded.sequence:
-            # Left outstanding: the session ends and ``_down`` fails it.
-            raise RemoteProtocolError(
-                f"ack {sequence} answers forwarded publish {forwarded.sequence}",
-                ErrorCode.INTERNAL,
-            )
-        self._outstanding.popleft()
-        self.in_flight_bytes -= forwarded.nbytes
-        self._forwarder.room_changed()
-        return forwarded
-
-    def _fail_forwarded(self, forwarded: _Forwarded, code: ErrorCode, reason: str) -> None:
-        queues = {part.settle(reason, code) for part in forwarded.parts}
-        for queue in queues:
-            if queue is not None:
-                queue.release()
-
-    def _delivered(self, frame: Deliver) -> None:
-        relay = self._relays.get(frame.stream)
-        if relay is None:
-            return  # unsubscribed meanwhile
-        subscription = relay.subscription
-        if subscription.closed:
-            self._grant(frame.stream, relay)
-            return
-        count = size = 0
-        waiting = relay.waiting
-        for run in frame.runs:
-            chunk = encode_chunk(run)
-            waiting.append(EncodedRun(run.key, run.count, chunk))
-            count += run.count
-            size += len(chunk)
-        relay.waiting_bytes += size
-        relay.waiting_messages += count
-        relay.in_flight -= count
-        if count:
-            relay.message_bytes = max(1, size // count)
-        self._grant(frame.stream, relay)
-
-    def _dropped(self, frame: Notice) -> None:
-        """The owner dropped messages for a relayed subscription (it fell
-        behind live traffic): the client's policy decides, as on one worker."""
-        relay = self._relays.get(frame.stream)
-        if relay is None or relay.subscription.closed:
-            return
-        subscription = relay.subscription
-        outlet = subscription.outlet
-        if subscription.policy is SlowConsumerPolicy.DISCONNECT:
-            outlet.fail(
-                ErrorCode.SLOW_CONSUMER,
-                f"subscription {subscription.stream} fell behind by more than "
-                f"{subscription.max_messages} messages or {subscription.max_bytes} bytes",
-            )
-            return
-        subscription.unreported_drops += frame.count
-        subscription.dropped_messages += frame.count
-        outlet.counters.dropped_slow_consumer += frame.count
-        if not subscription.scheduled:
-            subscription.scheduled = True
-            outlet.schedule(subscription)
-
     def _fetched(self, frame: Fetched) -> None:
         answer = self._fetches.pop(frame.stream, None)
         if answer is not None:
@@ -614,26 +353,20 @@ class OwnerChannel:
             )
 
     def _listed(self, frame: Partitions) -> None:
-        entry = self._listings.pop(frame.stream, None)
-        if entry is not None:
-            entry[0].add(
-                list(
-                    zip(
-                        frame.topics,
-                        frame.partitions,
-                        frame.start_offsets,
-                        frame.end_offsets,
-                        strict=True,
-                    )
-                )
+        listing = self._listings.pop(frame.stream, None)
+        if listing is not None:
+            entries = zip(
+                frame.topics, frame.partitions, frame.start_offsets, frame.end_offsets, strict=True
             )
+            listing.add(list(entries))
 
     def _error(self, frame: Error) -> None:
         stream = frame.stream
         if stream == 0:
             raise OwnerUnavailable(f"owner error: {frame.code.name}: {frame.message}")
         if stream == PUBLISH_STREAM:
-            self._fail_forwarded(self._next_forwarded(0), frame.code, frame.message)
+            self.publishes.refused(frame.code, frame.message)
+            self._forwarder.room_changed()
             return
         answer = self._fetches.pop(stream, None)
         if answer is not None:
@@ -644,9 +377,9 @@ class OwnerChannel:
         listing = self._listings.pop(stream, None)
         if listing is not None:
             if frame.code is ErrorCode.UNKNOWN_TOPIC:
-                listing[0].add([])  # the owner has no partition of that topic
+                listing.add([])  # the owner has no partition of that topic
             else:
-                listing[0].fail(frame.message)
+                listing.fail(frame.message)
             return
         relay = self._relays.pop(stream, None)
         if relay is not None:
@@ -654,26 +387,19 @@ class OwnerChannel:
 
     def _down(self) -> None:
         """Fail everything outstanding (see the module docstring)."""
-        was_connected = self.connected
         self.connected = False
         reason = (
             f"worker {self.owner}, the owner of the partition, went down or stalled before "
             "acknowledging; nothing of this frame was acknowledged, retry"
         )
-        outstanding, self._outstanding = self._outstanding, deque()
-        self._sequence = 0  # the owner counts a new connection's acks from 1
-        self._chunks, self._parts, self._group = [], [], []
-        self._gathered_bytes = 0
-        self.in_flight_bytes = 0
-        for forwarded in outstanding:
-            self._fail_forwarded(forwarded, ErrorCode.OWNER_UNAVAILABLE, reason)
+        failed = self.publishes.fail_all(ErrorCode.OWNER_UNAVAILABLE, reason)
         fetches, self._fetches = self._fetches, {}
         for answer in fetches.values():
             answer.outlet.send_control(
                 encode_frame(Error(ErrorCode.OWNER_UNAVAILABLE, reason, answer.stream))
             )
         listings, self._listings = self._listings, {}
-        for listing, _ in listings.values():
+        for listing in listings.values():
             listing.fail(reason)
         relays, self._relays = self._relays, {}
         for relay in relays.values():
@@ -685,8 +411,8 @@ class OwnerChannel:
             )
         self._forwarder.room_changed()
         self._forwarder.run_direct_writes()
-        if was_connected and outstanding:
-            log.warning("channel %s: %d forwarded frames failed", self.name, len(outstanding))
+        if failed:
+            log.warning("channel %s: %d forwarded frames failed", self.name, failed)
 
 
 class Forwarder:
@@ -739,7 +465,8 @@ class Forwarder:
     def congested(self) -> bool:
         """Some owner holds FORWARD_CREDIT_BYTES unacknowledged: stop reading."""
         return any(
-            channel.in_flight_bytes >= FORWARD_CREDIT_BYTES for channel in self.channels.values()
+            channel.publishes.in_flight_bytes >= FORWARD_CREDIT_BYTES
+            for channel in self.channels.values()
         )
 
     async def wait_for_room(self) -> None:
@@ -794,20 +521,4 @@ class Forwarder:
 
     @property
     def forwarded_messages(self) -> int:
-        return sum(channel.forwarded_messages for channel in self.channels.values())
-
-
-def overlapping_owners(
-    policies: tuple[TopicPolicy, ...],
-    pattern: bytes,
-    owner_index: Callable[[str, int], int],
-    worker: int,
-) -> set[int]:
-    """The other workers owning partitions of the durable topics ``pattern`` overlaps."""
-    owners: set[int] = set()
-    for topic in policies:
-        if patterns_overlap(topic.pattern, pattern):
-            for partition in range(topic.partitions):
-                owners.add(owner_index(topic.name, partition))
-    owners.discard(worker)
-    return owners
+        return sum(channel.publishes.acked_messages for channel in self.channels.values())
