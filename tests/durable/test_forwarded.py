@@ -33,7 +33,8 @@ def test_pieces_of_one_run_travel_joined_and_complete_the_ticket() -> None:
     data = publishes.take_frame(0.0)
     assert data is not None
     frame = decode_frame(data[4:])
-    assert isinstance(frame, Publish) and frame.ack
+    assert isinstance(frame, Publish)
+    assert frame.ack
     assert [run.count for run in frame.runs] == [3]  # one run for the owner
     # The owner's split put all three in one partition: one entry.
     publishes.acked(PublishAck(1, 1, (0,), (2,), (10,), (12,)), owner=1)
