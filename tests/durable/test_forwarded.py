@@ -19,7 +19,7 @@ def acks() -> tuple[AckQueue, list[bytes]]:
     """An ack queue whose frames land in a list."""
     outlet = Outlet(lambda: None, RouterCounters())
     sent: list[bytes] = []
-    outlet.send_control = sent.append  # type: ignore[method-assign]
+    outlet.send_control = sent.append  # type: ignore[method-assign,assignment]
     return AckQueue(outlet), sent
 
 
