@@ -1,11 +1,14 @@
 """Durable publish end to end: acked publishes through a real broker process.
 
 Run: ``.venv/bin/python -m benchmarks.bench_durable [--duration S] [--dir DIR]
-[--keys MIX] [--broker-python PATH]``. Prints one JSON object per line. A
-``broky serve`` process (one worker) keeps topic ``bench.>`` durable (8 partitions) with the policy
-under test; publisher connections in this process publish 100-byte payloads
-with ``ack=True`` and count a message only once its ack arrived. The key mix
-(``--keys``, repeatable) says how messages spread over keys: ``one`` (each
+[--keys MIX] [--workers N ...] [--broker-python PATH]``. Prints one JSON
+object per line. A ``broky serve`` process (``--workers``, repeatable,
+default 1; connections handed to the workers round-robin so the publishers
+spread evenly) keeps topic ``bench.>`` durable (8 partitions) with the
+policy under test; publisher connections in this process publish 100-byte
+payloads with ``ack=True`` and count a message only once its ack arrived.
+The key mix (``--keys``, repeatable) says how messages spread over keys:
+``one`` (each
 publisher its own key: long runs, the best case), ``many`` (each publisher
 cycles ``bench.k0`` .. ``bench.k999``: runs of one message) or
 ``key_partition`` (one key, a distinct ``key_partition`` per message, so
@@ -14,7 +17,10 @@ subscriber replays everything from the earliest offset (``Start.earliest()``,
 decoding every message in the client), the replay read rate. In the same
 run, ``raw_write_fsync`` measures this disk's ceiling (write + fdatasync of
 1000-message runs, no broker, no log code), so the ratio survives a noisy
-machine.
+machine. With several workers each row also reports every worker's CPU
+(cores) and the forwarded fraction: the share of acked messages whose
+partition another worker than the publisher's owned (read from each
+worker's ``broky_durable_forwarded_messages_total``).
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import trio
 
 from benchmarks.bench_storage import make_run, raw_writer
 from broky import Start, connect
-from broky.loadtest.servers import cpu_seconds
+from broky.loadtest.servers import _children, _free_ports, cpu_seconds
 
 PAYLOAD = b"x" * 100
 PUBLISHERS = 8
@@ -43,10 +50,14 @@ MANY_KEYS = 1000
 KEY_MIXES = ("one", "many", "key_partition")
 
 
-def write_config(path: Path, data_dir: Path, fsync: str) -> None:
+def write_config(
+    path: Path, data_dir: Path, fsync: str, workers: int = 1, metrics_port: int = 0
+) -> None:
+    spread = f'accept = "handoff"\nmetrics_listen = true\nmetrics_port = {metrics_port}\n'
     path.write_text(
-        f'host = "127.0.0.1"\nport = 0\nworkers = 1\nlog_level = "warning"\n'
-        f'data_dir = "{data_dir}"\nsystem_events = false\nsystem_metrics_interval = 0\n'
+        f'host = "127.0.0.1"\nport = 0\nworkers = {workers}\nlog_level = "warning"\n'
+        + (spread if workers > 1 else "")
+        + f'data_dir = "{data_dir}"\nsystem_events = false\nsystem_metrics_interval = 0\n'
         f'[[durable]]\nname = "bench"\npattern = "bench.>"\npartitions = {PUBLISHERS}\n'
         f'fsync = "{fsync}"\n'
     )
@@ -78,19 +89,48 @@ async def publisher(
             counts[index][1] += sum(ack.last_offset - ack.first_offset + 1 for ack in acked)
 
 
+def worker_cpu(pid: int) -> list[float]:
+    """CPU seconds of each worker process (the process itself with one worker)."""
+    workers = sorted(_children(pid)) or [pid]
+    return [cpu_seconds(worker) for worker in workers]
+
+
+def forwarded_messages(metrics_ports: list[int]) -> int:
+    """The workers' ``broky_durable_forwarded_messages_total``, summed."""
+    total = 0
+    for port in metrics_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            for line in page.read().decode().splitlines():
+                if line.startswith("broky_durable_forwarded_messages_total"):
+                    total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
 async def measure(
-    address: str, duration: float, pid: int, mix: str, replay: bool
+    address: str,
+    duration: float,
+    pid: int,
+    mix: str,
+    replay: bool,
+    metrics_ports: list[int] | None = None,
 ) -> dict[str, object]:
-    """Acked publish rate and the cores the broker and this client used
-    meanwhile, then (with ``replay``) the rate of a replay of everything
-    from the earliest offset."""
+    """Acked publish rate and the cores the broker (each worker) and this
+    client used meanwhile, then (with ``replay``) the rate of a replay of
+    everything from the earliest offset."""
     counts = [[0, 0] for _ in range(PUBLISHERS)]
     server_before, client_before = cpu_seconds(pid), time.process_time()
+    workers_before = worker_cpu(pid)
+    forwarded_before = forwarded_messages(metrics_ports) if metrics_ports else 0
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         for index in range(PUBLISHERS):
             nursery.start_soon(publisher, address, index, start + duration, counts, mix)
     elapsed = time.monotonic() - start
+    workers_cpu = [
+        round((after - before) / elapsed, 2)
+        for before, after in zip(workers_before, worker_cpu(pid), strict=False)
+    ]
+    forwarded = (forwarded_messages(metrics_ports) if metrics_ports else 0) - forwarded_before
     published = sum(count[0] for count in counts)
     acked = sum(count[1] for count in counts)
     server_seconds = cpu_seconds(pid) - server_before
@@ -105,6 +145,8 @@ async def measure(
         # The broker's CPU per acked message: what the code costs, whatever
         # share of this shared machine the run happened to get.
         "server_us_per_msg": round(server_seconds / max(acked, 1) * 1e6, 2),
+        "worker_cpu": workers_cpu,
+        "forwarded_fraction": round(forwarded / acked, 3) if acked else 0.0,
     }
     if not replay:
         return figures
@@ -127,14 +169,17 @@ def broker_rate(
     duration: float,
     mix: str = "one",
     replay: bool = True,
+    workers: int = 1,
     broker_python: str = sys.executable,
 ) -> dict[str, object]:
     """Run ``measure`` against a fresh broker with its own data directory,
     started by ``broker_python`` (another checkout's interpreter: an A/B of
     two versions of the broker against the same client)."""
-    name = f"{fsync}-{mix}"
+    name = f"{fsync}-{mix}-w{workers}"
     config = root / f"{name}.toml"
-    write_config(config, root / f"data-{name}", fsync)
+    metrics_port = _free_ports(workers) if workers > 1 else 0
+    write_config(config, root / f"data-{name}", fsync, workers, metrics_port)
+    ports = list(range(metrics_port, metrics_port + workers)) if workers > 1 else None
     process = subprocess.Popen(
         [broker_python, "-m", "broky", "serve", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -144,7 +189,7 @@ def broker_rate(
         assert process.stdout is not None
         line = process.stdout.readline()
         address = line.strip().rsplit(" ", 1)[-1]
-        return trio.run(measure, address, duration, process.pid, mix, replay)
+        return trio.run(measure, address, duration, process.pid, mix, replay, ports)
     finally:
         process.terminate()
         process.wait(10)
@@ -161,6 +206,10 @@ def main() -> None:
     parser.add_argument(
         "--keys", action="append", choices=KEY_MIXES,
         help="key mix of fsync=always (repeatable; default: all three)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", action="append", type=int,
+        help="worker processes of the broker (repeatable; default: 1)",
     )  # fmt: skip
     parser.add_argument(
         "--broker-python",
@@ -180,22 +229,33 @@ def main() -> None:
         emit("raw_write_fsync", messages_per_fsync=1000, msgs_per_s=raw.rate)
         summary: dict[str, object] = {"raw_write_fsync_msgs_per_s": raw.rate}
         runs = [("always", mix) for mix in args.keys or KEY_MIXES] + [("interval", "one")]
-        for fsync, mix in runs:
-            figures = broker_rate(root, fsync, args.duration, mix, mix == "one", args.broker_python)
-            replay_rate = figures.pop("replay_msgs_per_s", None)
-            rate = figures["msgs_per_s"]
-            assert isinstance(rate, int)
-            emit(
-                f"broker_acked_fsync_{fsync}",
-                publishers=PUBLISHERS,
-                window=WINDOW,
-                **figures,
-                ratio_to_raw=round(rate / raw.rate, 2),
-            )
-            summary[f"acked_{fsync}_{mix}_msgs_per_s"] = rate
-            if replay_rate is not None and fsync == "always":
-                emit("broker_replay_earliest", msgs_per_s=replay_rate)
-                summary["replay_msgs_per_s"] = replay_rate
+        for workers in args.workers or [1]:
+            suffix = f"_w{workers}" if args.workers else ""
+            for fsync, mix in runs:
+                figures = broker_rate(
+                    root,
+                    fsync,
+                    args.duration,
+                    mix,
+                    replay=mix == "one",
+                    workers=workers,
+                    broker_python=args.broker_python,
+                )
+                replay_rate = figures.pop("replay_msgs_per_s", None)
+                rate = figures["msgs_per_s"]
+                assert isinstance(rate, int)
+                emit(
+                    f"broker_acked_fsync_{fsync}",
+                    workers=workers,
+                    publishers=PUBLISHERS,
+                    window=WINDOW,
+                    **figures,
+                    ratio_to_raw=round(rate / raw.rate, 2),
+                )
+                summary[f"acked_{fsync}_{mix}{suffix}_msgs_per_s"] = rate
+                if replay_rate is not None and fsync == "always":
+                    emit("broker_replay_earliest", workers=workers, msgs_per_s=replay_rate)
+                    summary[f"replay{suffix}_msgs_per_s"] = replay_rate
     emit("summary", **summary)
 
 

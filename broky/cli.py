@@ -258,11 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers = worker_count(config)
             if workers == 1 and not config.cluster_listen:
                 server = serve
-            elif config.durable:
+            elif config.durable and config.cluster_listen:
                 raise ConfigError(
-                    "durable topics need one worker and no cluster (workers = 1, no "
-                    "cluster_listen): forwarding durable runs to the worker that owns "
-                    "their partition is not implemented yet"
+                    "durable topics are not replicated between nodes yet: remove "
+                    "cluster_listen (a node's workers share its durable topics)"
                 )
             else:
                 server = serve_node

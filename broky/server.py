@@ -29,6 +29,7 @@ from broky.connection.handler import (
     describe_peer,
 )
 from broky.connection.inproc import pipe_pair
+from broky.durable.forwarding import Forwarder, OwnerChannel
 from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability
@@ -88,10 +89,27 @@ class Broker:
         self.router.node_id = node_id or uuid.uuid4().hex[:12]
         #: The durable topics' logs and owners (None: every key is ephemeral).
         self.store = (
-            DurableStore(self.config.data_dir, self.config.durable, self.router)
+            DurableStore(
+                self.config.data_dir,
+                self.config.durable,
+                self.router,
+                worker=worker,
+                workers=max(workers, 1),
+            )
             if self.config.durable
             else None
         )
+        #: Channels to the workers owning the partitions this one does not
+        #: (None: one worker, or no durable topics). See broky.durable.forwarding.
+        self.forwarder: Forwarder | None = None
+        if self.store is not None and workers > 1:
+            store = self.store
+            self.forwarder = Forwarder(
+                self.router, worker, store.owner_index, self.config.max_frame_bytes
+            )
+            store.forward = self.forwarder.append
+            self.router.durable_keys = lambda key: store.match(key) is not None
+        self._channels: list[OwnerChannel] = []
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
         #: TLS contexts whose certificate a reload loads again, each with the
@@ -187,6 +205,8 @@ class Broker:
                     self._link_nursery = acceptors
                     for link in self._links:
                         acceptors.start_soon(link.run)
+                    for channel in self._channels:
+                        acceptors.start_soon(channel.run)
                     await acceptors.start(self.observability.run)
                     task_status.started(self.address)
                     await trio.sleep_forever()
@@ -235,6 +255,7 @@ class Broker:
                 map_certificate=client_tls,
                 node_names=node_names,
                 quotas=self.quotas,
+                forwarder=self.forwarder,
             )
             limit = self.config.max_connections
             if not trusted and len(self._connections) >= limit:
@@ -304,6 +325,18 @@ class Broker:
         if self._link_nursery is not None:
             self._link_nursery.start_soon(link.run)
         return link
+
+    def add_owner_channel(self, owner: int, connect: Connector, name: str) -> OwnerChannel:
+        """Keep a channel to worker ``owner`` for its durable partitions
+        (reconnecting); before ``serve`` only. Needs durable topics and
+        ``workers`` > 1."""
+        if self.forwarder is None:
+            raise RuntimeError("owner channels need durable topics and more than one worker")
+        if self._connection_nursery is not None:
+            raise RuntimeError("owner channels are added before the broker serves")
+        channel = self.forwarder.add_channel(owner, connect, name)
+        self._channels.append(channel)
+        return channel
 
     def link_to(self, peer: Broker, kind: LinkKind = LinkKind.LOCAL) -> Link:
         """An in-process link that brings ``peer``'s traffic to this broker's
@@ -399,8 +432,18 @@ class Broker:
             bytes_received=counters.bytes_received,
             bytes_sent=counters.bytes_sent,
             links=tuple(link.status() for link in self._links),
-            durable=self.store.statistics() if self.store is not None else None,
+            durable=self._durable_statistics(),
         )
+
+    def _durable_statistics(self) -> DurableStatistics | None:
+        if self.store is None:
+            return None
+        statistics = self.store.statistics()
+        if self.forwarder is not None:
+            statistics = attrs.evolve(
+                statistics, forwarded_messages=self.forwarder.forwarded_messages
+            )
+        return statistics
 
 
 def is_private(stream: trio.abc.Stream) -> bool:

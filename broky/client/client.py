@@ -401,8 +401,7 @@ class Client(Publisher):
         elif frame.stream in self._requests:
             self._answer(frame.stream, frame)
         elif frame.stream == self._publish_stream and (
-            frame.code is ErrorCode.STORAGE_FAILURE
-            or (frame.code in _REFUSALS and self._ack_frames)
+            frame.code in _ACK_FAILURES or (frame.code in _REFUSALS and self._ack_frames)
         ):
             # The broker answers a failed or refused acked frame with an error in its place.
             if self._ack_frames:
@@ -465,3 +464,6 @@ def _nonblocking_writer(stream: trio.abc.Stream) -> Callable[[bytes], int] | Non
 
 #: Publish-stream errors about messages this client may not send.
 _REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
+#: Errors in an acked frame's place that say its messages were not stored:
+#: ``OwnerUnavailable`` is retriable (the partition's worker is restarting).
+_ACK_FAILURES: Final = (ErrorCode.STORAGE_FAILURE, ErrorCode.OWNER_UNAVAILABLE)

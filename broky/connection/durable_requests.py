@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from broky.durable.acks import AckQueue
+from broky.durable.forwarding import Forwarder
+from broky.durable.relays import PartitionListing, overlapping_owners
 from broky.durable.replay import Replay
 from broky.durable.store import DurableStore, located_chunk
 from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run
 from broky.protocol.codec import encode_frame, runs_frame_parts
-from broky.protocol.constants import BodyType, ErrorCode, StartKind
+from broky.protocol.constants import BodyType, ErrorCode, LinkKind, StartKind
+from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     EncodedRun,
     Error,
@@ -28,6 +31,7 @@ from broky.protocol.frames import (
     Publish,
     Run,
 )
+from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
@@ -41,12 +45,19 @@ class DurableRequests:
     """Serve one connection's requests that touch durable topics."""
 
     def __init__(
-        self, router: Router, outlet: Outlet, store: DurableStore | None, refusal: Refusal
+        self,
+        router: Router,
+        outlet: Outlet,
+        store: DurableStore | None,
+        refusal: Refusal,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._router = router
         self._outlet = outlet
         self.store = store
         self._refusal = refusal
+        #: Channels to the other workers' partitions (None: one worker).
+        self._forwarder = forwarder
         #: Created on the first acked publish or refusal.
         self._acks: AckQueue | None = None
 
@@ -81,6 +92,8 @@ class DurableRequests:
                 continue
             stamp = stamp or store.now()
             store.append(topic, run, stamp, ticket, acks if ticket else None, index)
+        if self._forwarder is not None:
+            self._forwarder.flush()
         if ephemeral:
             router.publish(
                 router.encode(ephemeral, frame.stamp_ts_broker), self._outlet, frame.stream
@@ -103,6 +116,39 @@ class DurableRequests:
             decoded.append(chunk_run)
         self.publish(Publish(stream, tuple(decoded)), decoded)
 
+    @property
+    def congested(self) -> bool:
+        """Stop reading this connection: the logs' queue or an owner's credit is full."""
+        store = self.store
+        forwarder = self._forwarder
+        return (store is not None and store.congested) or (
+            forwarder is not None and forwarder.congested
+        )
+
+    async def wait_for_room(self) -> None:
+        """Wait until ``congested`` is false (TCP pushes back on the publisher)."""
+        while self.congested:
+            if self.store is not None and self.store.congested:
+                await self.store.wait_for_room()
+            if self._forwarder is not None and self._forwarder.congested:
+                await self._forwarder.wait_for_room()
+
+    def _owners(self, pattern: bytes) -> set[int]:
+        """The other workers owning partitions a client's ``pattern`` reads."""
+        store = self.store
+        if store is None or self._forwarder is None or self._outlet.kind is not LinkKind.CLIENT:
+            return set()
+        try:
+            validate_pattern(pattern)
+        except RemoteProtocolError:
+            return set()  # the router refuses it
+        return overlapping_owners(store.policies.policies, pattern, store.owner_index, store.worker)
+
+    def remote_owners(self, pattern: bytes) -> int:
+        """How many other workers must confirm a subscription to ``pattern``
+        before its ``Subscribed`` (their live runs flow from then on)."""
+        return len(self._owners(pattern))
+
     def replay(
         self,
         subscription: Subscription,
@@ -110,24 +156,31 @@ class DurableRequests:
         start_time: int,
         start_offsets: tuple[int, ...],
     ) -> None:
-        """Start replaying the durable topics ``subscription`` matches."""
+        """Start replaying the durable topics ``subscription`` matches: this
+        worker's partitions here, the others' at their owners (relayed)."""
         store = self.store
-        if store is None or start is StartKind.LATEST:
+        if store is None:
+            return
+        forwarder = self._forwarder
+        owners = self._owners(subscription.pattern)
+        if forwarder is not None and owners:
+            forwarder.subscribe(subscription, owners, start, start_time, start_offsets)
+        if start is StartKind.LATEST or subscription.closed:
             return
         store.spawn(Replay(store, subscription, start, start_time, start_offsets).run)
 
     def fetch(self, frame: Fetch) -> None:
         """Answer a Fetch from the partition's owner, without waiting here."""
         store = self.store
-        owner = store.owners.get((frame.topic, frame.partition)) if store is not None else None
-        if owner is None:
+        topic = store.policies.named(frame.topic) if store is not None else None
+        if store is None or topic is None or not 0 <= frame.partition < topic.partitions:
             self.stream_error(
                 ErrorCode.UNKNOWN_TOPIC,
                 f"no durable topic {frame.topic!r} with partition {frame.partition}",
                 frame.stream,
             )
             return
-        refusal = self._refusal(owner.topic.pattern)
+        refusal = self._refusal(topic.pattern)
         if refusal is not None:
             self.stream_error(
                 ErrorCode.PERMISSION_DENIED,
@@ -139,6 +192,20 @@ class DurableRequests:
         # Leave room for the frame's header and one run's overhead.
         budget = min(frame.max_bytes or DEFAULT_READ_BYTES, outlet.max_frame_bytes // 2)
         partition = frame.partition
+        owner = store.owners.get((frame.topic, partition))
+        if owner is None:
+            channel = (
+                self._forwarder.channels.get(store.owner_index(topic.name, partition))
+                if self._forwarder is not None
+                else None
+            )
+            if channel is None or not channel.fetch(frame, budget, outlet):
+                self.stream_error(
+                    ErrorCode.OWNER_UNAVAILABLE,
+                    f"the worker owning {frame.topic}/{partition} is unavailable; retry shortly",
+                    frame.stream,
+                )
+            return
 
         def read(partition_log: PartitionLog) -> list[bytes]:
             return [
@@ -159,15 +226,18 @@ class DurableRequests:
         owner.submit(read, done)
 
     def list_partitions(self, frame: ListPartitions) -> None:
-        """Answer from the owners' cached offsets (no disk access)."""
-        owners = self.store.topics(frame.topic) if self.store is not None else []
-        if not owners:
+        """Answer from the owners' cached offsets (no disk access): this
+        worker's, and the other workers' asked over their channels."""
+        store = self.store
+        policies = store.policies.policies if store is not None else ()
+        named = [topic for topic in policies if not frame.topic or topic.name == frame.topic]
+        if store is None or not named:
             self.stream_error(
                 ErrorCode.UNKNOWN_TOPIC, f"no durable topic named {frame.topic!r}", frame.stream
             )
             return
         # Listing all topics shows the readable ones; naming one unreadable is refused.
-        readable = [owner for owner in owners if self._refusal(owner.topic.pattern) is None]
+        readable = {topic.name for topic in named if self._refusal(topic.pattern) is None}
         if frame.topic and not readable:
             self.stream_error(
                 ErrorCode.PERMISSION_DENIED,
@@ -175,14 +245,40 @@ class DurableRequests:
                 frame.stream,
             )
             return
-        self._outlet.send_control(
-            encode_frame(
-                Partitions(
-                    stream=frame.stream,
-                    topics=tuple(owner.topic.name for owner in readable),
-                    partitions=tuple(owner.partition for owner in readable),
-                    start_offsets=tuple(owner.start_offset for owner in readable),
-                    end_offsets=tuple(owner.end_offset for owner in readable),
+        order = {topic.name: position for position, topic in enumerate(policies)}
+        local = [
+            (owner.topic.name, owner.partition, owner.start_offset, owner.end_offset)
+            for owner in store.topics(frame.topic)
+        ]
+
+        def answer(result: list[tuple[str, int, int, int]] | str) -> None:
+            if isinstance(result, str):
+                self.stream_error(ErrorCode.OWNER_UNAVAILABLE, result, frame.stream)
+                return
+            entries = sorted(
+                (entry for entry in local + result if entry[0] in readable),
+                key=lambda entry: (order[entry[0]], entry[1]),
+            )
+            self._outlet.send_control(
+                encode_frame(
+                    Partitions(
+                        stream=frame.stream,
+                        topics=tuple(entry[0] for entry in entries),
+                        partitions=tuple(entry[1] for entry in entries),
+                        start_offsets=tuple(entry[2] for entry in entries),
+                        end_offsets=tuple(entry[3] for entry in entries),
+                    )
                 )
             )
+
+        channels = (
+            list(self._forwarder.channels.values())
+            if self._forwarder is not None and self._outlet.kind is LinkKind.CLIENT
+            else []
         )
+        if not channels:
+            answer([])
+            return
+        listing = PartitionListing(len(channels), answer)
+        for channel in channels:
+            channel.list_partitions(frame.topic, listing)

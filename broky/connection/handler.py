@@ -25,6 +25,7 @@ import trio
 
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.reasons import CloseReason
+from broky.durable.forwarding import Forwarder
 from broky.durable.store import DurableStore
 from broky.protocol.codec import encode_frame, u32_array
 from broky.protocol.connection import ProtocolMachine, Role, State
@@ -135,6 +136,7 @@ class ServerConnection:
         map_certificate: bool = False,
         quotas: QuotaLedger | None = None,
         node_names: frozenset[str] | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._stream = stream
         #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
@@ -180,7 +182,9 @@ class ServerConnection:
         #: Whether the last direct read had to wait for data (see _receive_directly).
         self._read_waited = True
         self._outlet = router.attach(self._wake)
-        self._durable = DurableRequests(router, self._outlet, store, self._subscribe_refusal)
+        self._durable = DurableRequests(
+            router, self._outlet, store, self._subscribe_refusal, forwarder
+        )
         if self._socket_fd >= 0:
             self._outlet.writable = self._socket_has_room
         self._send_scope: trio.CancelScope | None = None
@@ -433,9 +437,9 @@ class ServerConnection:
                         router.run_direct_writes()
                 if pressure.outlets:
                     await self._hold_reading(self._yield_to_subscribers)
-                if self._durable.store is not None and self._durable.store.congested:
-                    # Durable backpressure, via TCP.
-                    await self._hold_reading(self._durable.store.wait_for_room)
+                if self._durable.congested:
+                    # Durable backpressure (logs or owners' credit), via TCP.
+                    await self._hold_reading(self._durable.wait_for_room)
         except RemoteProtocolError as exc:
             self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
             if self._greeted:
@@ -726,7 +730,12 @@ class ServerConnection:
                     self._stream_error(ErrorCode.PERMISSION_DENIED, refusal, frame.stream)
                     continue
                 subscription = router.subscribe(
-                    outlet, frame.stream, frame.pattern, frame.slow_consumer, frame.credit
+                    outlet,
+                    frame.stream,
+                    frame.pattern,
+                    frame.slow_consumer,
+                    frame.credit,
+                    durable.remote_owners(frame.pattern),
                 )
                 if subscription is not None and store is not None:
                     durable.replay(subscription, frame.start, frame.start_time, frame.start_offsets)

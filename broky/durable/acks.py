@@ -34,8 +34,10 @@ class AckTicket:
         self.entries.append((run_index, partition, first, last))
         self.remaining -= 1
 
-    def failed(self, reason: str) -> None:
-        self.failure = self.failure or reason
+    def failed(self, reason: str, code: ErrorCode = ErrorCode.STORAGE_FAILURE) -> None:
+        if not self.failure:
+            self.failure = reason
+            self.code = code
         self.remaining -= 1
 
     def refuse(self, code: ErrorCode, reason: str) -> None:

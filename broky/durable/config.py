@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from broky.protocol.errors import RemoteProtocolError
-from broky.storage.config import FsyncPolicy, LogConfig, RollSchedule
+from broky.storage.config import NS_PER_SECOND, FsyncPolicy, LogConfig, RollSchedule
 from broky.storage.errors import StorageError
 from broky.storage.topics import TopicPolicy
 
@@ -133,3 +133,33 @@ def parse_policies(value: object) -> tuple[TopicPolicy, ...]:
     if duplicates:
         raise DurableConfigError(f"durable topic names must be unique: {duplicates}")
     return tuple(policies)
+
+
+def policy_table(policy: TopicPolicy) -> dict[str, Any]:
+    """The ``[[durable]]`` table that parses back to ``policy`` (how the
+    supervisor hands the policies to its workers, as JSON)."""
+    config = policy.log
+    table: dict[str, Any] = {
+        "name": policy.name,
+        "pattern": policy.pattern.decode(),
+        "partitions": policy.partitions,
+        "segment_bytes": config.segment_bytes,
+        "fsync": config.fsync.value,
+        "fsync_interval": config.fsync_interval_seconds,
+    }
+    if config.retention_seconds is not None:
+        table["retention_seconds"] = config.retention_seconds
+    if config.retention_bytes is not None:
+        table["retention_bytes"] = config.retention_bytes
+    roll = config.roll
+    if roll is not None and roll.interval_ns is not None:
+        table["roll"] = roll.interval_ns / NS_PER_SECOND
+    elif roll is not None and roll.daily_at_ns is not None:
+        minutes = roll.daily_at_ns // (60 * NS_PER_SECOND)
+        offset = roll.utc_offset_ns // (60 * NS_PER_SECOND)
+        sign = "-" if offset < 0 else "+"
+        table["roll"] = (
+            f"daily {minutes // 60:02d}:{minutes % 60:02d} "
+            f"{sign}{abs(offset) // 60:02d}:{abs(offset) % 60:02d}"
+        )
+    return table

@@ -32,7 +32,9 @@ import attrs
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.ownership import PartitionLock, partition_owner
 from broky.protocol.chunks import durable_chunk
+from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.outbox import DurableEncodedRun
@@ -61,6 +63,9 @@ TICK_SECONDS: Final = 0.2
 
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
+#: Takes a run part bound for a partition another worker owns:
+#: ``(topic, partition, run, ticket, acks, run_index)`` (broky.durable.forwarding).
+RemoteAppend = Callable[[TopicPolicy, int, Run, "AckTicket | None", "AckQueue | None", int], None]
 
 
 @attrs.frozen
@@ -76,6 +81,8 @@ class DurableStatistics:
     recovery_truncated_bytes: int
     recovery_indexes_rebuilt: int
     recovery_corrupt_segments: int
+    #: Acked messages this worker forwarded to other workers' partitions.
+    forwarded_messages: int = 0
 
 
 #: Who waits for a queued run's durability: the acked frame's ticket, its
@@ -277,8 +284,18 @@ class DurableStore:
         clock: Callable[[], int] = time.time_ns,
         pending_limit: int = DEFAULT_PENDING_BYTES,
         pending_runs_limit: int = DEFAULT_PENDING_RUNS,
+        worker: int = 0,
+        workers: int = 1,
     ) -> None:
         self.data_dir = data_dir
+        #: This worker's index and the node's worker count: it opens only the
+        #: partitions it owns (broky.durable.ownership).
+        self.worker = worker
+        self.workers = max(workers, 1)
+        #: Where runs for other workers' partitions go (None: one worker, or
+        #: no forwarding: such runs fail with OwnerUnavailable).
+        self.forward: RemoteAppend | None = None
+        self._locks: list[PartitionLock] = []
         self.policies = TopicPolicies(policies)
         self.router = router
         self._clock = clock
@@ -288,21 +305,28 @@ class DurableStore:
         self.pending_runs = 0
         self._room = trio.Event()
         self.owners: dict[tuple[str, int], PartitionOwner] = {}
-        #: The same owners by topic name, in partition order (the append path).
-        self._partition_owners: dict[str, list[PartitionOwner]] = {}
+        #: The same owners by topic name, indexed by partition (the append
+        #: path); None for a partition another worker owns.
+        self._partition_owners: dict[str, list[PartitionOwner | None]] = {}
         self._nursery: trio.Nursery | None = None
         #: ``match``'s answers by key; the policies never change after start.
         self._topic_of: dict[bytes, TopicPolicy | None] = {}
 
     def open(self) -> None:
-        """Open (and recover) every partition log; blocking, call it in a thread."""
+        """Open (and recover) every partition log this worker owns, each under
+        its directory's lock; blocking, call it in a thread."""
         for topic in self.policies.policies:
             for partition in range(topic.partitions):
+                if self.owner_index(topic.name, partition) != self.worker:
+                    continue
                 directory = os.path.join(self.data_dir, topic.name, str(partition))
+                self._locks.append(PartitionLock(directory))
                 partition_log = PartitionLog.open(directory, topic.log, self._clock)
                 owner = PartitionOwner(self, topic, partition, partition_log)
                 self.owners[(topic.name, partition)] = owner
-                self._partition_owners.setdefault(topic.name, []).append(owner)
+                self._partition_owners.setdefault(topic.name, [None] * topic.partitions)[
+                    partition
+                ] = owner
         repaired = [owner.recovery for owner in self.owners.values() if not owner.recovery.clean]
         log.info(
             "durable topics: %d partitions opened in %s, %d repaired",
@@ -336,6 +360,13 @@ class DurableStore:
                 owner.close()
             except (StorageError, OSError) as exc:
                 log.error("closing %s/%d failed: %s", owner.topic.name, owner.partition, exc)
+        for lock in self._locks:
+            lock.release()
+        self._locks.clear()
+
+    def owner_index(self, topic: str, partition: int) -> int:
+        """The worker that owns ``partition`` of ``topic`` on this node."""
+        return partition_owner(topic, partition, self.workers)
 
     # --- publishing (on the trio thread, never waiting) --------------------
 
@@ -367,11 +398,22 @@ class DurableStore:
         """Queue a published run for its partitions, stamped with ``stamp``."""
         if not run.count:
             return  # nothing to store (and a batch holds at least one message)
-        owners = self._partition_owners[topic.name]
-        for partition, part in partition_run(run, topic.partitions):
+        owners = self._partition_owners.get(topic.name)
+        parts = partition_run(run, topic.partitions)
+        for partition, part in parts:
             if ticket is not None:
                 ticket.remaining += 1
-            owners[partition].append(part, ticket, acks, run_index, stamp)
+            owner = owners[partition] if owners is not None else None
+            if owner is not None:
+                owner.append(part, ticket, acks, run_index, stamp)
+            elif self.forward is not None:
+                # The owner stamps ts_broker: a whole run goes as it arrived.
+                self.forward(topic, partition, part, ticket, acks, run_index)
+            elif ticket is not None and acks is not None:
+                ticket.failed(
+                    f"worker {self.worker} does not own {topic.name}/{partition}",
+                    ErrorCode.OWNER_UNAVAILABLE,
+                )
 
     def now(self) -> int:
         """The broker time stamped on durable runs (``ts_broker``)."""

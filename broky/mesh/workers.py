@@ -43,6 +43,7 @@ import attrs
 import trio
 
 from broky.config import Config, ConfigError
+from broky.durable.config import policy_table
 from broky.gcpolicy import tune_for_broker
 from broky.mesh.link import Connector, tls_connector
 from broky.mesh.rundir import make_run_dir
@@ -125,6 +126,7 @@ async def run_worker(
         workers=plan.count,
     )
     local_links = []
+    channels = []
     for other in range(plan.count):
         if other != plan.index:
             path = str(link_socket_path(run_dir, other))
@@ -137,6 +139,12 @@ async def run_worker(
                     LinkKind.LOCAL, connect_local, f"worker-{plan.index}>worker-{other}"
                 )
             )
+            if broker.forwarder is not None:
+                channels.append(
+                    broker.add_owner_channel(
+                        other, connect_local, f"worker-{plan.index}>worker-{other} durable"
+                    )
+                )
     await join_cluster(broker, config, plan.index)
     # SIGHUP is the supervisor's to act on (it sends reloads down the pipe);
     # caught here so that `pkill -HUP broky` does not kill the workers.
@@ -152,6 +160,8 @@ async def run_worker(
             with trio.move_on_after(READY_TIMEOUT):
                 for link in local_links:
                     await link.ready.wait()
+                for channel in channels:
+                    await channel.ready.wait()
             print("ready", flush=True)
             async for signum in signals:
                 if signum != signal.SIGHUP:
@@ -332,6 +342,7 @@ class Supervisor:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
         config["peers"] = list(self.config.peers)
         config["users"] = [user.to_table() for user in self.config.users]
+        config["durable"] = [policy_table(policy) for policy in self.config.durable]
         return config
 
     def _spec(self, index: int, handoff_fd: int) -> str:
@@ -396,8 +407,13 @@ class Supervisor:
             if self._stopping:
                 return
             log.error("worker %d exited with code %s; restarting", index, code)
-            await trio.sleep(RESTART_DELAY)
-            process = await self._start(index)
+            while True:
+                await trio.sleep(RESTART_DELAY)
+                try:
+                    process = await self._start(index)
+                    break
+                except RuntimeError as exc:  # killed again while starting: try again
+                    log.error("%s; restarting", exc)
 
     async def _accept_and_hand_off(self, listener: trio.socket.SocketType) -> None:
         targets = itertools.cycle(range(self.count))

@@ -87,6 +87,7 @@ FAMILIES: Final = {
     "broky_durable_fsyncs": "counter",
     "broky_durable_log_bytes": "gauge",
     "broky_durable_recovery_truncated_bytes": "counter",
+    "broky_durable_forwarded_messages": "counter",
 }
 
 
@@ -321,6 +322,12 @@ def _durable_families(
         "broky_durable_recovery_truncated_bytes",
         "Torn tail bytes cut when the logs were opened (recovery after a crash).",
         durable("recovery_truncated_bytes"),
+    )
+    yield counter(
+        "broky_durable_forwarded_messages",
+        "Acked durable messages this worker's clients published to partitions other "
+        "workers own (forwarded to the owner over its channel).",
+        durable("forwarded_messages"),
     )
 
 

@@ -69,6 +69,7 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 15
     AUTHENTICATION_FAILED = 16
     PERMISSION_DENIED = 17
+    OWNER_UNAVAILABLE = 18
 
 
 class SlowConsumerPolicy(enum.IntEnum):
@@ -84,6 +85,7 @@ class LinkKind(enum.IntEnum):
     CLIENT = 0
     LOCAL = 1
     CLUSTER = 2
+    DURABLE = 3
 
 
 class NoticeKind(enum.IntEnum):

@@ -49,6 +49,8 @@ _COUNTS_TOWARD = {
     LinkKind.CLIENT: (LinkKind.LOCAL, LinkKind.CLUSTER),
     LinkKind.LOCAL: (LinkKind.CLUSTER,),
     LinkKind.CLUSTER: (),
+    # Another worker's durable requests: only this worker's own partitions.
+    LinkKind.DURABLE: (),
 }
 
 

@@ -108,6 +108,12 @@ class Subscription:
     holding_discards: int = 0
     #: Called after each ``take`` (a replay waiting for room sets it).
     drained: Callable[[], None] | None = None
+    #: Confirmations still due from the other workers that own partitions
+    #: this subscription reads (broky.durable.forwarding): ``Subscribed``
+    #: waits for them, as it waits for the links' (Router.confirm).
+    awaiting_owners: int = 0
+    #: The links confirmed while owners were still due.
+    links_confirmed: bool = False
     #: Past this many queued bytes the outlet is under pressure (half the
     #: bound: room for the readers to stop before anything overflows).
     high_water_bytes: int = attrs.field(init=False)

@@ -48,9 +48,12 @@ DEFAULT_LINK_OUTBOX_MESSAGES: Final = 1_000_000
 #: Which subscriptions a run may reach, by where the run came from (one hop
 #: per tier: see broky.router.interest).
 _ELIGIBLE: Final = {
-    LinkKind.CLIENT: frozenset((LinkKind.CLIENT, LinkKind.LOCAL, LinkKind.CLUSTER)),
+    LinkKind.CLIENT: frozenset(
+        (LinkKind.CLIENT, LinkKind.LOCAL, LinkKind.CLUSTER, LinkKind.DURABLE)
+    ),
     LinkKind.CLUSTER: frozenset((LinkKind.CLIENT, LinkKind.LOCAL)),
     LinkKind.LOCAL: frozenset((LinkKind.CLIENT,)),
+    LinkKind.DURABLE: frozenset((LinkKind.CLIENT,)),
 }
 #: Keys cached per source kind; same bound and reasoning as the match cache.
 ROUTE_CACHE_SIZE: Final = MATCH_CACHE_SIZE
@@ -155,6 +158,12 @@ class Router:
         #: writes when done, so connections woken meanwhile need not wake
         #: their writer tasks (see ServerConnection._wake).
         self.routing = False
+        #: Whether a key belongs to a durable topic, set when the workers of a
+        #: node forward durable traffic to each other (broky.durable.forwarding):
+        #: then durable keys reach other workers only over their ``DURABLE``
+        #: connections (lossless, in offset order), never over the lossy
+        #: ``LOCAL`` links, and ``DURABLE`` connections get nothing else.
+        self.durable_keys: Callable[[bytes], bool] | None = None
 
     # --- connections -------------------------------------------------------
 
@@ -187,8 +196,10 @@ class Router:
         pattern: bytes,
         policy: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         credit: int = 0,
+        awaiting_owners: int = 0,
     ) -> Subscription | None:
-        """Open a subscription and queue its ``Subscribed`` confirmation.
+        """Open a subscription and queue its ``Subscribed`` confirmation
+        (after the links', and ``awaiting_owners`` calls of ``confirm``).
 
         Stream-level problems (bad pattern, duplicate stream, too many
         subscriptions) are answered with a stream Error; returns None then.
@@ -217,6 +228,11 @@ class Router:
         limits = self.limits
         if outlet.kind is LinkKind.CLIENT:
             max_messages, max_bytes = limits.outbox_messages, limits.outbox_bytes
+        elif outlet.kind is LinkKind.DURABLE:
+            # A forwarded client subscription: its credit, and drops (never a
+            # disconnect, which would cut every forwarded request with it).
+            max_messages, max_bytes = limits.outbox_messages, limits.outbox_bytes
+            policy = SlowConsumerPolicy.DROP
         else:  # a peer's interest: never disconnect a link, never flow-control it
             max_messages, max_bytes = limits.link_outbox_messages, limits.link_outbox_bytes
             policy, credit = SlowConsumerPolicy.DROP, 0
@@ -236,11 +252,23 @@ class Router:
         pending = interest.pending.get(pattern)
         if pending is None and confirming:
             pending = interest.pending[pattern] = PendingConfirmation(confirming)
+        subscription.awaiting_owners = awaiting_owners
         if pending is not None and outlet.kind is LinkKind.CLIENT:
             pending.waiters.append(subscription)  # Subscribed once the local links confirm
         else:
-            outlet.send_control(encode_frame(Subscribed(stream)))
+            self.confirm(subscription)
         return subscription
+
+    def confirm(self, subscription: Subscription, owner: bool = False) -> None:
+        """Send ``Subscribed`` once the links (``owner`` false) and every
+        owner in ``awaiting_owners`` (``owner`` true, one call each) confirmed."""
+        if owner:
+            subscription.awaiting_owners -= 1
+        else:
+            subscription.links_confirmed = True
+        ready = subscription.awaiting_owners <= 0 and subscription.links_confirmed
+        if ready and not subscription.closed:
+            subscription.outlet.send_control(encode_frame(Subscribed(subscription.stream)))
 
     def unsubscribe(self, outlet: Outlet, stream: int) -> None:
         """Close a subscription; an unknown stream gets a stream Error."""
@@ -302,8 +330,8 @@ class Router:
             return
         del self.interest.pending[pattern]
         for waiter in pending.waiters:
-            if isinstance(waiter, Subscription) and not waiter.closed:
-                waiter.outlet.send_control(encode_frame(Subscribed(waiter.stream)))
+            if isinstance(waiter, Subscription):
+                self.confirm(waiter)
 
     # --- publishing --------------------------------------------------------
 
@@ -319,9 +347,19 @@ class Router:
         eligible = _ELIGIBLE[source]
         route: list[Subscription] = []
         links: set[Outlet] = set()
+        durable_keys = self.durable_keys
+        durable = durable_keys is not None and durable_keys(key)
         for subscription in self._index.match(key):
             outlet = subscription.outlet
-            if outlet.kind not in eligible:
+            kind = outlet.kind
+            if kind not in eligible:
+                continue
+            if durable_keys is not None and (
+                (kind is LinkKind.LOCAL and durable) or (kind is LinkKind.DURABLE and not durable)
+            ):
+                continue
+            if kind is LinkKind.DURABLE:
+                route.append(subscription)  # one per forwarded client subscription
                 continue
             if outlet.kind is not LinkKind.CLIENT:
                 if outlet in links:

@@ -73,6 +73,13 @@ class TopicPolicies:
         for position, policy in enumerate(self.policies):
             self._index.add(policy.pattern, position)
 
+    def named(self, name: str) -> TopicPolicy | None:
+        """The policy called ``name``, if any."""
+        for policy in self.policies:
+            if policy.name == name:
+                return policy
+        return None
+
     def match(self, key: bytes) -> TopicPolicy | None:
         """The first-declared policy whose pattern matches ``key``, if any.
 

@@ -269,13 +269,16 @@ def test_durable_needs_a_data_dir() -> None:
         Config.from_mapping({"durable": [{"pattern": "a.>"}]})
 
 
-def test_serve_refuses_durable_topics_with_several_workers(
+def test_serve_refuses_durable_topics_with_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "broky.toml"
-    path.write_text(f'workers = 2\ndata_dir = "{tmp_path}"\n[[durable]]\npattern = "orders.>"\n')
+    path.write_text(
+        f'workers = 2\ncluster_listen = "127.0.0.1:1"\ndata_dir = "{tmp_path}"\n'
+        '[[durable]]\npattern = "orders.>"\n'
+    )
     assert main(["serve", "--config", str(path)]) == 2
-    assert "durable topics need one worker" in capsys.readouterr().err
+    assert "not replicated between nodes" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

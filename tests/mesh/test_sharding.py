@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broky.mesh.sharding import owner_of, partition_of
+from broky.durable.ownership import partition_owner
+from broky.mesh.sharding import partition_of
 
 
 def test_known_values_are_stable() -> None:
@@ -30,14 +31,14 @@ def test_keys_spread_evenly() -> None:
     assert max(counts.values()) < 1.1 * min(counts.values())
 
 
-@pytest.mark.parametrize("routers", [1, 2, 3, 8])
-def test_every_partition_has_exactly_one_owner(routers: int) -> None:
-    owners = Counter(owner_of(partition, routers) for partition in range(64))
-    assert set(owners) == set(range(routers))
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_every_worker_owns_partitions(workers: int) -> None:
+    owners = Counter(partition_owner("orders", partition, workers) for partition in range(64))
+    assert set(owners) == set(range(workers))
 
 
 def test_bad_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match="partitions"):
         partition_of(b"k", 0)
-    with pytest.raises(ValueError, match="routers"):
-        owner_of(0, 0)
+    with pytest.raises(ValueError, match="workers"):
+        partition_owner("orders", 0, 0)

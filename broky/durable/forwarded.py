@@ -1,0 +1,200 @@
+"""Forwarded acked publishes of one owner channel, as plain bookkeeping.
+
+Sans-IO: runs go in (``add``), Publish frames come out (``take_frame``),
+owner acks and errors go in (``acked``, ``refused``) and complete the client
+tickets; nothing here awaits or touches a socket. The channel
+(broky.durable.forwarding) owns one and does the I/O.
+
+Request ids: the owner answers a connection's acked frames in order,
+counting them from 1, so the n-th PublishAck answers the n-th outstanding
+frame; its ``sequence`` is checked, and a new connection starts from 1 again
+(``fail_all`` resets the count).
+
+Joining: consecutive pieces of one client run bound for this owner
+(``partition_run`` splits a run whose messages land in several partitions)
+travel as one run, which the owner splits again; its ack may then have fewer
+entries than there were pieces (pieces that were apart here meet there), and
+the ticket is settled for the rest.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+import attrs
+
+from broky.durable.acks import AckQueue, AckTicket
+from broky.protocol.chunks import encode_run_chunk, forward_chunk, runs_frame_parts
+from broky.protocol.codec import RUN_CHUNK_OVERHEAD
+from broky.protocol.constants import BodyType, ErrorCode
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import PublishAck, Run
+
+#: The channel stream that carries forwarded publishes (others: requests).
+PUBLISH_STREAM: Final = 1
+
+
+@attrs.define(slots=True, eq=False)
+class _Part:
+    """One run of a forwarded frame: whose ticket it completes, and how many
+    pieces of that client run it joins."""
+
+    ticket: AckTicket | None
+    acks: AckQueue | None
+    run_index: int
+    pieces: int = 1
+
+    def settle(self, reason: str, code: ErrorCode) -> AckQueue | None:
+        """Fail every piece; the queue to release (None: not acked)."""
+        if self.ticket is None or self.acks is None:
+            return None
+        self.ticket.remaining -= self.pieces - 1
+        self.ticket.failed(reason, code)
+        return self.acks
+
+
+@attrs.define(slots=True, eq=False)
+class _Forwarded:
+    """One forwarded Publish frame awaiting its ack."""
+
+    sequence: int
+    parts: list[_Part]
+    nbytes: int
+    sent_at: float
+
+
+class ForwardedPublishes:
+    """Gather runs into frames and match the owner's acks to client tickets."""
+
+    def __init__(self, frame_bytes: int) -> None:
+        #: Gathered runs past this size make a frame at once (``add``).
+        self.frame_bytes = frame_bytes
+        self._chunks: list[bytes] = []
+        self._parts: list[_Part] = []
+        #: The pieces of the last part, not yet joined into its chunk.
+        self._group: list[Run] = []
+        self._gathered_bytes = 0
+        self._sequence = 0
+        self._outstanding: deque[_Forwarded] = deque()
+        #: Bytes of frames sent and not yet answered (the pair's credit use).
+        self.in_flight_bytes = 0
+        #: Messages forwarded and acked, for statistics.
+        self.acked_messages = 0
+
+    @property
+    def oldest_sent_at(self) -> float | None:
+        """When the oldest unanswered frame left (None: none)."""
+        return self._outstanding[0].sent_at if self._outstanding else None
+
+    def add(self, run: Run, ticket: AckTicket | None, acks: AckQueue | None, index: int) -> bool:
+        """Gather a run (run ``index`` of a client frame); True once the
+        gathered runs should leave as a frame (``take_frame``)."""
+        parts = self._parts
+        last = parts[-1] if parts else None
+        if (
+            last is not None
+            and self._group
+            and last.ticket is ticket
+            and last.acks is acks
+            and last.run_index == index
+        ):
+            self._group.append(run)
+            last.pieces += 1
+        else:
+            self._close_group()
+            self._group = [run]
+            parts.append(_Part(ticket, acks, index))
+        self._gathered_bytes += len(run.messages) + len(run.sizes) + RUN_CHUNK_OVERHEAD
+        return self._gathered_bytes >= self.frame_bytes
+
+    def _close_group(self) -> None:
+        group = self._group
+        if not group:
+            return
+        self._group = []
+        if len(group) == 1:
+            self._chunks.append(forward_chunk(group[0]))  # as the client sent it
+            return
+        sizes = b"".join(piece.sizes for piece in group)
+        messages = b"".join(piece.messages for piece in group)
+        self._chunks.append(encode_run_chunk(group[0].key, 0, sizes, messages))
+
+    def take_frame(self, now: float) -> bytes | None:
+        """The gathered runs as one acked Publish frame, now outstanding."""
+        self._close_group()
+        if not self._chunks:
+            return None
+        chunks, self._chunks = self._chunks, []
+        parts, self._parts = self._parts, []
+        self._gathered_bytes = 0
+        data = b"".join(runs_frame_parts(BodyType.PUBLISH, PUBLISH_STREAM, chunks, ack=True))
+        self._sequence += 1
+        self._outstanding.append(_Forwarded(self._sequence, parts, len(data), now))
+        self.in_flight_bytes += len(data)
+        return data
+
+    def _next(self, sequence: int) -> _Forwarded:
+        if not self._outstanding:
+            raise RemoteProtocolError(
+                "the owner acknowledged a publish that was not forwarded", ErrorCode.INTERNAL
+            )
+        forwarded = self._outstanding[0]
+        if sequence and sequence != forwarded.sequence:
+            # Left outstanding: the channel closes and ``fail_all`` fails it.
+            raise RemoteProtocolError(
+                f"ack {sequence} answers forwarded publish {forwarded.sequence}",
+                ErrorCode.INTERNAL,
+            )
+        self._outstanding.popleft()
+        self.in_flight_bytes -= forwarded.nbytes
+        return forwarded
+
+    def acked(self, frame: PublishAck, owner: int) -> None:
+        """The owner's ack of the oldest outstanding frame: complete its tickets."""
+        parts = self._next(frame.sequence).parts
+        queues: set[AckQueue] = set()
+        entries = [0] * len(parts)
+        for index, partition, first, last in zip(
+            frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
+        ):
+            part = parts[index]
+            entries[index] += 1
+            self.acked_messages += last - first + 1
+            if part.ticket is not None and part.acks is not None:
+                part.ticket.done(part.run_index, partition, first, last)
+                queues.add(part.acks)
+        for part, count in zip(parts, entries, strict=True):
+            if not count:
+                queue = part.settle(
+                    f"worker {owner} did not acknowledge a forwarded run", ErrorCode.STORAGE_FAILURE
+                )
+                if queue is not None:
+                    queues.add(queue)
+            elif count < part.pieces and part.ticket is not None:
+                part.ticket.remaining -= part.pieces - count  # pieces joined by the owner
+        for queue in queues:
+            queue.release()
+
+    def refused(self, code: ErrorCode, message: str) -> None:
+        """The owner answered the oldest outstanding frame with an error."""
+        self._settle([self._next(0)], code, message)
+
+    def fail_all(self, code: ErrorCode, reason: str) -> int:
+        """Fail every outstanding and gathered frame (the connection is gone);
+        the number of frames that were awaiting an answer."""
+        outstanding, self._outstanding = list(self._outstanding), deque()
+        gathered = _Forwarded(0, self._parts, 0, 0.0)
+        self._sequence = 0  # the owner counts a new connection's acks from 1
+        self._chunks, self._parts, self._group = [], [], []
+        self._gathered_bytes = 0
+        self.in_flight_bytes = 0
+        self._settle([*outstanding, gathered], code, reason)
+        return len(outstanding)
+
+    @staticmethod
+    def _settle(frames: list[_Forwarded], code: ErrorCode, reason: str) -> None:
+        queues = {part.settle(reason, code) for forwarded in frames for part in forwarded.parts}
+        for queue in queues:
+            if queue is not None:
+                queue.release()

@@ -1,0 +1,240 @@
+"""Durable topics through ``broky serve --workers N``: real worker processes.
+
+Connections are handed to the workers round-robin (``accept = "handoff"``),
+so consecutive connections land on consecutive workers and every worker
+serves publishers and subscribers of partitions it does not own. Every
+process is started here, on 127.0.0.1, and killed by PID when the test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+import trio
+
+from broky import BrokyError, Client, Message, Start, connect
+from broky.storage.topics import partition_for
+from tests.mesh.test_nodes import Node, nodes
+
+pytestmark = pytest.mark.slow
+
+PARTITIONS = 8
+#: Kill cycles of the fault test and the bound of the whole loop: it stops
+#: early rather than run long, and falling short of MIN_CYCLES fails it.
+CYCLES = 20
+MIN_CYCLES = 12
+BUDGET_SECONDS = 45.0
+
+
+def write_config(path: Path, workers: int) -> None:
+    path.write_text(
+        f'host = "127.0.0.1"\nport = 0\nworkers = {workers}\naccept = "handoff"\n'
+        f'log_level = "error"\ndata_dir = "{path.parent / "data"}"\nsystem_events = false\n'
+        "system_metrics_interval = 0\n[[durable]]\n"
+        f'name = "orders"\npattern = "orders.>"\npartitions = {PARTITIONS}\nfsync = "always"\n'
+        "segment_bytes = 65536\n"
+    )
+
+
+KEYS = [
+    next(
+        f"orders.k{n}"
+        for n in range(10_000)
+        if partition_for(f"orders.k{n}".encode(), PARTITIONS) == partition
+    )
+    for partition in range(PARTITIONS)
+]
+
+
+async def fetch_all(client: Client) -> dict[int, list[Message]]:
+    found: dict[int, list[Message]] = {}
+    for info in await client.partitions("orders"):
+        messages: list[Message] = []
+        offset = info.start_offset
+        while offset < info.end_offset:
+            batch = await client.fetch("orders", info.partition, offset, 256 * 1024)
+            assert batch, "fetch returned nothing before the end"
+            messages.extend(batch)
+            offset = batch[-1].offset + 1
+        found[info.partition] = messages
+    return found
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+async def test_every_worker_publishes_and_reads_every_partition(
+    tmp_path: Path, workers: int
+) -> None:
+    config = tmp_path / "broky.toml"
+    write_config(config, workers)
+    with nodes() as start, trio.fail_after(30):
+        node = start(["--config", str(config)])
+        async with AsyncExitStack() as stack:
+            # Two connections per worker; the first subscribes before anything
+            # is published and gets the rest live, wherever it was published.
+            clients = [
+                await stack.enter_async_context(connect(node.address, name=f"c{index}"))
+                for index in range(2 * workers)
+            ]
+            live = await stack.enter_async_context(
+                clients[0].subscribe("orders.>", start=Start.earliest())
+            )
+            acked: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+            for round_ in range(3):
+                for index, client in enumerate(clients):
+                    sent: dict[str, list[bytes]] = defaultdict(list)
+                    for n in range(40):
+                        key = KEYS[(n + index) % PARTITIONS]
+                        payload = b"%d-%d-%d" % (index, round_, n)
+                        await client.publish(key, payload, ack=True)
+                        sent[key].append(payload)
+                    for ack in await client.flush_acks():
+                        payloads = sent[ack.key][: ack.last_offset - ack.first_offset + 1]
+                        del sent[ack.key][: len(payloads)]
+                        offsets = range(ack.first_offset, ack.last_offset + 1)
+                        acked[ack.partition].extend(zip(offsets, payloads, strict=True))
+            total = 3 * 2 * workers * 40
+            assert sum(len(items) for items in acked.values()) == total
+            for items in acked.values():
+                assert sorted(offset for offset, _ in items) == list(range(len(items)))
+            expected = {p: [payload for _, payload in sorted(items)] for p, items in acked.items()}
+            # Every worker reads every partition back exactly as acked.
+            for client in clients[:workers]:
+                found = await fetch_all(client)
+                assert {p: [m.payload for m in ms] for p, ms in found.items()} == expected
+            # The subscriber got everything live, in offset order per partition.
+            received: dict[int, list[Message]] = defaultdict(list)
+            count = 0
+            async for message in live:
+                received[message.partition].append(message)
+                count += 1
+                if count == total:
+                    break
+            for partition, messages in received.items():
+                assert [m.offset for m in messages] == list(range(len(messages)))
+                assert [m.payload for m in messages] == expected[partition]
+            # A replay from the earliest offset, on another worker, is exact too.
+            async with clients[1].subscribe("orders.>", start=Start.earliest()) as replay:
+                replayed: dict[int, list[bytes]] = defaultdict(list)
+                count = 0
+                async for message in replay:
+                    replayed[message.partition].append(message.payload)
+                    count += 1
+                    if count == total:
+                        break
+            assert dict(replayed) == expected
+
+
+async def publish_until_cancelled(
+    address: str, index: int, acked: dict[bytes, int], failures: list[int]
+) -> None:
+    """Publish acked frames over every partition, reconnecting after a lost
+    connection; record what was acked (payload -> partition)."""
+    counter = 0
+    while True:
+        try:
+            async with connect(address, name=f"p{index}") as client:
+                while True:
+                    sent: dict[str, list[bytes]] = defaultdict(list)
+                    for _ in range(random.randint(8, 40)):
+                        key = KEYS[counter % PARTITIONS]
+                        payload = b"%d-%d" % (index, counter)
+                        await client.publish(key, payload, ack=True)
+                        sent[key].append(payload)
+                        counter += 1
+                    try:
+                        acks = await client.flush_acks()
+                    except BrokyError:
+                        failures[0] += 1  # e.g. OwnerUnavailable: not acked, go on
+                        await trio.sleep(0.02)
+                        continue
+                    for ack in acks:
+                        count = ack.last_offset - ack.first_offset + 1
+                        for payload in sent[ack.key][:count]:
+                            acked[payload] = ack.partition
+                        del sent[ack.key][:count]
+        except (BrokyError, OSError):
+            failures[0] += 1
+            await trio.sleep(0.05)  # our worker was killed: reconnect
+
+
+async def all_partitions_writable(address: str, deadline: float) -> None:
+    """Wait until an acked publish to every partition succeeds (all owners up)."""
+    while True:
+        try:
+            async with connect(address, name="probe") as client:
+                for key in KEYS:
+                    await client.publish(key, b"probe", ack=True)
+                with trio.move_on_after(5):  # an unanswered ack fails the check below
+                    await client.flush_acks()
+                    return
+                raise AssertionError("an acked publish was never answered")
+        except (BrokyError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            await trio.sleep(0.05)
+
+
+async def read_back(address: str, deadline: float) -> dict[int, list[Message]]:
+    """Every partition, read through whichever worker the connection lands
+    on (retried while that worker's channel to a restarted owner is down)."""
+    while True:
+        try:
+            async with connect(address, name="reader") as client:
+                return await fetch_all(client)
+        except (BrokyError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            await trio.sleep(0.05)
+
+
+async def test_sigkilled_workers_lose_no_acknowledged_message(tmp_path: Path) -> None:
+    config = tmp_path / "broky.toml"
+    write_config(config, 2)
+    rng = random.Random(14)
+    acked: dict[bytes, int] = {}
+    failures = [0]
+    cycles = 0
+    with nodes() as start:
+        node: Node = start(["--config", str(config)])
+        started = time.monotonic()
+        with trio.fail_after(BUDGET_SECONDS + 30):
+            async with trio.open_nursery() as nursery:
+                for index in range(4):  # two publishers on each worker
+                    nursery.start_soon(
+                        publish_until_cancelled, node.address, index, acked, failures
+                    )
+                while cycles < CYCLES and time.monotonic() - started < BUDGET_SECONDS:
+                    await all_partitions_writable(node.address, time.monotonic() + 15)
+                    await trio.sleep(rng.uniform(0.05, 0.4))
+                    os.kill(rng.choice(node.workers()), signal.SIGKILL)
+                    cycles += 1
+                await all_partitions_writable(node.address, time.monotonic() + 15)
+                nursery.cancel_scope.cancel()
+            stored = await read_back(node.address, time.monotonic() + 15)
+    assert cycles >= MIN_CYCLES, f"only {cycles} kill cycles fit in {BUDGET_SECONDS} s"
+    seen: dict[bytes, int] = {}
+    for partition, messages in stored.items():
+        assert [m.offset for m in messages] == list(range(len(messages))), partition
+        for message in messages:
+            if message.payload != b"probe":
+                assert message.payload not in seen, f"{message.payload!r} stored twice"
+                seen[message.payload] = partition
+        # Per publisher, acked messages keep their publish order in each partition.
+        order: dict[bytes, list[int]] = defaultdict(list)
+        for message in messages:
+            if message.payload in acked:
+                publisher, number = message.payload.split(b"-")
+                order[publisher].append(int(number))
+        for numbers in order.values():
+            assert numbers == sorted(numbers)
+    lost = [payload for payload, partition in acked.items() if seen.get(payload) != partition]
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {lost[:5]}"
+    assert len(acked) > 1000
+    print(f"cycles={cycles} acked={len(acked)} failed_frames={failures[0]}")
