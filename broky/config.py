@@ -108,7 +108,7 @@ class Config:
     idle_timeout: float = attrs.field(default=30.0, validator=_positive)
     handshake_timeout: float = attrs.field(default=5.0, validator=_positive)
     #: Seconds of grace a started frame gets before it must keep arriving at
-    #: MIN_FRAME_BYTES_PER_SECOND (see broky.connection.handler).
+    #: MIN_FRAME_BYTES_PER_SECOND (see broky.connection.liveness).
     frame_timeout: float = attrs.field(default=10.0, validator=_positive)
     outbox_messages: int = attrs.field(default=RouterLimits().outbox_messages, validator=_positive)
     outbox_bytes: int = attrs.field(default=RouterLimits().outbox_bytes, validator=_positive)

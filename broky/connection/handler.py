@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import select
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,6 +23,7 @@ import attrs
 import trio
 
 from broky.connection.durable_requests import DurableRequests
+from broky.connection.liveness import TIMEOUT_JITTER, Liveness
 from broky.connection.reasons import CloseReason
 from broky.durable.forwarding import Forwarder
 from broky.durable.store import DurableStore
@@ -71,16 +71,6 @@ log = logging.getLogger("broky.connection")
 RECEIVE_BYTES: Final = 256 * 1024
 #: How long a closing connection may take to flush its last frames.
 CLOSE_TIMEOUT: Final = 1.0
-#: Once a frame has had ``frame_timeout`` seconds, it must keep arriving at
-#: least this fast (Kestrel's minimum data rate, in spirit): a 4 MiB frame
-#: may take up to 74 s, a peer trickling a byte at a time is closed after the
-#: grace. 64 KiB/s is far below any link a broker client uses.
-MIN_FRAME_BYTES_PER_SECOND: Final = 64 * 1024
-#: Timeouts fire up to this fraction of their limit late, at random per
-#: connection: thousands of connections opened in one instant (a flood) then
-#: time out spread over a while, not in one scheduling round that would
-#: stall every other client's traffic behind thousands of closes.
-TIMEOUT_JITTER: Final = 0.1
 SERVER_NAME: Final = "broky/0.1.0"
 
 
@@ -188,16 +178,8 @@ class ServerConnection:
         if self._socket_fd >= 0:
             self._outlet.writable = self._socket_has_room
         self._send_scope: trio.CancelScope | None = None
-        #: When the last complete frame arrived: liveness counts frames, not
-        #: bytes, so a peer trickling bytes is not kept alive by them.
-        self._last_received = trio.current_time()
-        #: When the frame being received began (None: no frame in progress).
-        self._frame_started: float | None = None
-        #: True while the reader deliberately does not read (quota throttle,
-        #: durable backpressure): that time is not the peer's slowness.
-        self._reading_held = False
-        #: This connection's share of TIMEOUT_JITTER (see there).
-        self._timeout_stretch = 1.0 + random.random() * settings.timeout_jitter
+        #: Liveness clocks and the keepalive task (broky.connection.liveness).
+        self._liveness = Liveness(settings, self._machine)
         self._reason: CloseReason | None = None
         self._reason_detail = ""
         self._greeted = False
@@ -274,7 +256,7 @@ class ServerConnection:
                 return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, nursery.cancel_scope)
-                nursery.start_soon(self._keepalive)
+                nursery.start_soon(self._liveness.run, self._outlet)
                 await self._reader()
                 if self._outlet.failure is None:
                     nursery.cancel_scope.cancel()
@@ -423,9 +405,9 @@ class ServerConnection:
                     pause = bucket.charge(len(data), trio.current_time())
                     if pause:
                         # Not read while throttled: TCP pushes back on the sender.
-                        await self._hold_reading(partial(trio.sleep, pause))
+                        await self._liveness.hold_reading(partial(trio.sleep, pause))
                 frames = receive(data)
-                self._note_progress(bool(frames))
+                self._liveness.note_progress(bool(frames))
                 if self.principal is None and frames:
                     frames = await self._admit(frames)
                 router.routing = True
@@ -436,10 +418,10 @@ class ServerConnection:
                     if router.direct_writes:
                         router.run_direct_writes()
                 if pressure.outlets:
-                    await self._hold_reading(self._yield_to_subscribers)
+                    await self._liveness.hold_reading(self._yield_to_subscribers)
                 if self._durable.congested:
                     # Durable backpressure (logs or owners' credit), via TCP.
-                    await self._hold_reading(self._durable.wait_for_room)
+                    await self._liveness.hold_reading(self._durable.wait_for_room)
         except RemoteProtocolError as exc:
             self._close_reason(CloseReason.PROTOCOL_ERROR, str(exc))
             if self._greeted:
@@ -450,32 +432,6 @@ class ServerConnection:
                 await self._answer_foreign(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
-
-    def _note_progress(self, completed: bool) -> None:
-        """Update the liveness clocks after a read: a completed frame is
-        activity; a frame left unfinished starts (or keeps) its deadline."""
-        now = trio.current_time()
-        if completed:
-            self._last_received = now
-        if not self._machine.partial_frame_bytes:
-            self._frame_started = None
-        elif completed or self._frame_started is None:
-            self._frame_started = now
-
-    async def _hold_reading(self, wait: Callable[[], Awaitable[object]]) -> None:
-        """Stop reading while ``wait`` runs; the time it takes counts against
-        neither the idle timeout nor the frame deadline (the broker chose
-        not to read, the peer was not slow)."""
-        started = trio.current_time()
-        self._reading_held = True
-        try:
-            await wait()
-        finally:
-            self._reading_held = False
-        held = trio.current_time() - started
-        self._last_received += held
-        if self._frame_started is not None:
-            self._frame_started += held
 
     async def _yield_to_subscribers(self) -> None:
         """Pause while a subscriber that drains is far behind, so that its
@@ -858,58 +814,6 @@ class ServerConnection:
         finally:
             self._writer_idle = False
             connection_scope.cancel()
-
-    async def _keepalive(self) -> None:
-        """Ping a quiet peer and close one that misses a deadline.
-
-        Before the Hello: ``handshake_timeout`` from the connection's start
-        (bytes trickling in do not extend it). After: a frame must complete
-        within ``idle_timeout`` of the last one, so a Ping (sent after
-        ``heartbeat_interval`` without a frame) is unanswered for at most
-        ``idle_timeout - heartbeat_interval``; while a frame is arriving, it
-        instead has ``frame_timeout`` plus one second per
-        MIN_FRAME_BYTES_PER_SECOND bytes received so far. Every limit is
-        stretched by this connection's share of TIMEOUT_JITTER.
-        """
-        settings = self._settings
-        interval = settings.heartbeat_interval
-        stretch = self._timeout_stretch
-        opened = trio.current_time()
-        nonce = 0
-        while True:
-            now = trio.current_time()
-            if self._reading_held:
-                await trio.sleep(min(interval, 1.0))
-                continue
-            partial_bytes = self._machine.partial_frame_bytes
-            if self._machine.state is not State.OPEN:
-                limit = settings.handshake_timeout * stretch
-                deadline = opened + limit
-                wake = min(deadline, now + interval)  # the Hello may come meanwhile
-                problem = f"no Hello within {limit:.1f} s of connecting"
-            elif self._frame_started is not None and partial_bytes:
-                grace = settings.frame_timeout * stretch
-                elapsed = now - self._frame_started
-                deadline = self._frame_started + grace + partial_bytes / MIN_FRAME_BYTES_PER_SECOND
-                wake = min(deadline, now + interval)  # the frame may end meanwhile
-                problem = (
-                    f"a frame arrived too slowly: {partial_bytes} bytes in {elapsed:.1f} s "
-                    f"(after {grace:.1f} s, frames must keep arriving at "
-                    f"{MIN_FRAME_BYTES_PER_SECOND // 1024} KiB/s)"
-                )
-            else:
-                limit = settings.idle_timeout * stretch
-                quiet_for = now - self._last_received
-                deadline = self._last_received + limit
-                problem = f"no frame received for {quiet_for:.1f} s (limit {limit:.1f} s)"
-                if interval <= quiet_for < limit:
-                    nonce += 1
-                    self._outlet.send_control(encode_frame(Ping(nonce)))
-                wake = min(deadline, now + interval - quiet_for % interval)
-            if now >= deadline:
-                self._outlet.fail(ErrorCode.IDLE_TIMEOUT, problem)
-                return
-            await trio.sleep_until(max(wake, now + 0.01))
 
 
 def _direct_fd(stream: trio.abc.Stream) -> int:

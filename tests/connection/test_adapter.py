@@ -18,12 +18,12 @@ import trio.testing
 
 from broky.connection.handler import (
     CLOSE_TIMEOUT,
-    TIMEOUT_JITTER,
     ConnectionCounters,
     ConnectionSettings,
     ServerConnection,
 )
 from broky.connection.inproc import pipe_pair
+from broky.connection.liveness import TIMEOUT_JITTER
 from broky.connection.reasons import CloseReason
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import PROTOCOL_VERSION, ErrorCode, SlowConsumerPolicy
