@@ -22,6 +22,7 @@ from typing import Final
 import attrs
 import trio
 
+from broky.connection.admission import Admission, Refusal
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.liveness import TIMEOUT_JITTER, Liveness
 from broky.connection.reasons import CloseReason
@@ -55,13 +56,11 @@ from broky.protocol.frames import (
     Welcome,
 )
 from broky.protocol.framing import foreign_preamble_reply
-from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet
 from broky.router.router import Router
-from broky.security.acl import PublishGate
-from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
+from broky.security.auth import Authenticator, Principal
 from broky.security.identity import certificate_identities
-from broky.security.quotas import QuotaLedger, TokenBucket
+from broky.security.quotas import QuotaLedger
 from broky.security.tls import send_pending_alert
 
 log = logging.getLogger("broky.connection")
@@ -129,29 +128,14 @@ class ServerConnection:
         forwarder: Forwarder | None = None,
     ) -> None:
         self._stream = stream
-        #: Who checks the Hello's credentials; None (or ``trusted``): nobody,
-        #: the connection gets full permissions (in-process, private sockets).
-        self._authenticator = None if trusted else authenticator
-        #: Whether the peer's TLS certificate may name its principal: true
-        #: only on the client listener, whose CA is ``tls_client_ca`` (a
-        #: cluster certificate proves a node, not a user).
-        self._map_certificate = map_certificate
-        #: On a cluster listener with cluster_tls_names: the certificate
-        #: identities it admits (None: any certificate its CA signed).
-        self._node_names = node_names
-        #: The worker's per-principal counts and byte buckets (None: no quotas).
-        self._quotas = quotas
-        #: The name this connection is counted under in ``_quotas``, once admitted.
-        self._counted_as: str | None = None
-        #: Its principal's shared byte-rate bucket (None: not throttled).
-        self._bucket: TokenBucket | None = None
-        #: The verified client certificate's identities, set by the handshake.
-        self._certificate_identities: tuple[str, ...] = ()
-        #: Set once the Hello is admitted.
-        self.principal: Principal | None = None
-        self._gate: PublishGate | None = None
-        #: Why the Hello will be refused whatever it says (max_connections reached).
-        self.refusal: tuple[ErrorCode, str] | None = None
+        #: Identity, permissions and quota share (broky.connection.admission);
+        #: a trusted connection (in-process, private sockets) has no authenticator.
+        self._admission = Admission(
+            None if trusted else authenticator,
+            map_certificate=map_certificate,
+            quotas=quotas,
+            node_names=node_names,
+        )
         self._router = router
         self._settings = settings
         self._counters = counters
@@ -268,8 +252,7 @@ class ServerConnection:
             # list), but none of its buffers may (docs/architecture.md, Memory).
             self._machine.close()
             self._router.detach(self._outlet)
-            if self._quotas is not None and self._counted_as is not None:
-                self._quotas.release(self._counted_as)
+            self._admission.release()
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
                 await self._stream.aclose()
             reason = self._reason or CloseReason.SERVER_SHUTDOWN
@@ -314,10 +297,9 @@ class ServerConnection:
                     "is its certificate missing or not signed by the CA this listener trusts?",
                 )
                 return False
-            if self._map_certificate:
-                self._certificate_identities = certificate_identities(stream.getpeercert())
-            if self._node_names is not None:
-                self._check_node_name(certificate_identities(stream.getpeercert()))
+            admission = self._admission
+            if admission.map_certificate or admission.node_names is not None:
+                admission.certificate_verified(certificate_identities(stream.getpeercert()))
             return True
         self._close_reason(
             CloseReason.IDLE_TIMEOUT, f"TLS handshake not completed within {limit} s"
@@ -400,7 +382,7 @@ class ServerConnection:
                     self._close_reason(CloseReason.CLIENT_CLOSED)
                     return
                 counters.bytes_received += len(data)
-                bucket = self._bucket
+                bucket = self._admission.bucket
                 if bucket is not None:
                     pause = bucket.charge(len(data), trio.current_time())
                     if pause:
@@ -445,72 +427,39 @@ class ServerConnection:
             with trio.move_on_after(wait):
                 await relieved.wait()
 
+    @property
+    def principal(self) -> Principal | None:
+        """Who the connection's Hello proved to be (None: not admitted yet)."""
+        return self._admission.principal
+
+    @property
+    def refusal(self) -> Refusal | None:
+        """Why the Hello will be refused whatever it says (None: it is checked)."""
+        return self._admission.refusal
+
+    @refusal.setter
+    def refusal(self, refusal: Refusal | None) -> None:
+        self._admission.refusal = refusal
+
     async def _admit(self, frames: list[Received]) -> list[Received]:
         """Authenticate the Hello (``frames[0]``) and decide what this
         connection may do; the frames to handle, none if it is refused.
 
-        The slow hash runs in a worker thread (see broky.security.auth), so
-        this is the one place the reader waits on something but the socket;
-        the handshake timeout bounds it.
+        The one place the reader waits on something but the socket (the
+        slow hash, in a worker thread); the handshake timeout bounds it.
         """
         hello = frames[0]
         assert isinstance(hello, Hello)  # the protocol machine checked it
         self.client_name = hello.client_name
-        refusal = self.refusal
-        principal: Principal | None = TRUSTED
-        authenticator = self._authenticator
-        if refusal is None and authenticator is not None:
-            principal = None
-            with trio.move_on_after(self._settings.handshake_timeout):
-                try:
-                    principal = await authenticator.authenticate(
-                        hello.user,
-                        hello.password,
-                        hello.token,
-                        self._certificate_identities,
-                        source=self.peer.rsplit(":", 1)[0],
-                    )
-                    current = self._authenticator
-                    if current is not None and current is not authenticator:
-                        # Users were reloaded during the check.
-                        principal = current.revalidate(principal, authenticator)
-                        if principal is None:
-                            raise AuthenticationFailed(FAILED)
-                except AuthenticationFailed as exc:
-                    refusal = (ErrorCode.AUTHENTICATION_FAILED, str(exc))
-            if principal is None and refusal is None:
-                refusal = (
-                    ErrorCode.AUTHENTICATION_FAILED,
-                    "authentication timed out (the broker is busy checking other logins)",
-                )
-        if (
-            refusal is None
-            and principal is not None
-            and hello.link is not LinkKind.CLIENT
-            and not principal.may_link
-        ):
-            refusal = (
-                ErrorCode.PERMISSION_DENIED,
-                f"principal {principal.name or 'anonymous'!r} may not open router links "
-                "(grant it with link = true in its [[users]] table)",
-            )
-        if refusal is None and principal is not None and self._quotas is not None:
-            over = self._quotas.admit(principal.name, principal.quotas)
-            if over is not None:
-                refusal = (ErrorCode.LIMIT_EXCEEDED, over)
-            else:
-                self._counted_as = principal.name
-                self._bucket = self._quotas.bucket(
-                    principal.name, principal.quotas, trio.current_time()
-                )
-        if refusal is not None or principal is None:
-            code, message = refusal or (ErrorCode.AUTHENTICATION_FAILED, "refused")
-            self._close_reason(CloseReason.for_error(code), f"{message}{self._who(hello)}")
+        admission = self._admission
+        refusal = await admission.admit(
+            hello, self.peer.rsplit(":", 1)[0], self._settings.handshake_timeout
+        )
+        if refusal is not None:
+            code, message = refusal
+            self._close_reason(CloseReason.for_error(code), f"{message}{admission.who(hello)}")
             self._outlet.fail(code, message)
             return []
-        self.principal = principal
-        if principal.permissions is not None:
-            self._gate = PublishGate(principal.permissions)
         return frames
 
     def reauthorize(self, authenticator: Authenticator, previous: Authenticator) -> int:
@@ -523,27 +472,16 @@ class ServerConnection:
         connection stays up, as for a refused subscribe). A principal that
         may not stay is disconnected with AuthenticationFailed.
         """
-        if self._authenticator is None:
+        admission = self._admission
+        if admission.authenticator is None:
             return 0  # a trusted connection never authenticated
-        self._authenticator = authenticator
-        principal = self.principal
-        if principal is None:
-            return 0  # not admitted yet: _admit checks against the new users
-        updated = authenticator.revalidate(principal, previous)
-        if updated is None:
-            self._outlet.fail(
-                ErrorCode.AUTHENTICATION_FAILED,
-                f"the credentials of {principal.name or 'anonymous'!r} were revoked by a "
-                "configuration reload",
-            )
+        before = admission.principal
+        closing = admission.reload(authenticator, previous)
+        if closing is not None:
+            self._outlet.fail(ErrorCode.AUTHENTICATION_FAILED, closing)
             return -1
-        if updated == principal:
+        if admission.principal is before:
             return 0
-        self.principal = updated
-        self._gate = PublishGate(updated.permissions) if updated.permissions is not None else None
-        if self._quotas is not None and self._counted_as is not None:
-            # A new max_connections counts from the next login; a new rate applies now.
-            self._bucket = self._quotas.bucket(updated.name, updated.quotas, trio.current_time())
         ended = 0
         for stream, subscription in list(self._outlet.subscriptions.items()):
             refusal = self._subscribe_refusal(subscription.pattern)
@@ -556,28 +494,6 @@ class ServerConnection:
                 )
                 ended += 1
         return ended
-
-    def _check_node_name(self, identities: tuple[str, ...]) -> None:
-        """Refuse (after its Hello, so that it reads why) a peer whose
-        certificate names no node of ``cluster_tls_names``."""
-        assert self._node_names is not None
-        if self.refusal is None and self._node_names.isdisjoint(identities):
-            named = ", ".join(identities) or "no identity"
-            self.refusal = (
-                ErrorCode.PERMISSION_DENIED,
-                f"this cluster port admits only the nodes in its cluster_tls_names; this "
-                f"certificate names {named}",
-            )
-
-    def _who(self, hello: Hello) -> str:
-        """How a refused Hello introduced itself, for the log line."""
-        if hello.user:
-            return f" as user {hello.user!r}"
-        if hello.token:
-            return " with a token"
-        if self._certificate_identities:
-            return f" with a client certificate for {', '.join(self._certificate_identities)}"
-        return ""
 
     def _check_workers(self, hello: Hello) -> None:
         """Refuse a cluster link from a node with another worker count: worker
@@ -598,7 +514,7 @@ class ServerConnection:
         an acked frame, the whole frame is refused in its ack's place (an
         ack must never cover a message that was not stored): None then."""
         runs = frame.runs
-        gate = self._gate
+        gate = self._admission.gate
         limit = self._settings.max_message_bytes
         if gate is None and (not limit or not any(len(run.messages) > limit for run in runs)):
             return runs
@@ -643,7 +559,7 @@ class ServerConnection:
         """The runs of ``frame`` this principal may publish (the machine
         already kept frames with oversize messages out of ForwardPublish);
         refused ones get one stream Error, as ``_admissible`` words it."""
-        gate = self._gate
+        gate = self._admission.gate
         runs = frame.runs
         if gate is None:
             return runs
@@ -735,21 +651,8 @@ class ServerConnection:
             # Pong: receiving it already refreshed the idle timer.
 
     def _subscribe_refusal(self, pattern: bytes) -> str | None:
-        """Why this principal may not subscribe to ``pattern`` (None: it may).
-        Invalid patterns pass here and are refused by the router as such.
-
-        A router link (admitted with ``link = true``) subscribes to whatever
-        its node's clients want, each of whom that node has checked already:
-        its interest is not filtered again here.
-        """
-        permissions = self.principal.permissions if self.principal is not None else None
-        if permissions is None or self._outlet.kind is not LinkKind.CLIENT:
-            return None
-        try:
-            validate_pattern(pattern)
-        except RemoteProtocolError:
-            return None
-        return permissions.subscribe_refusal(pattern)
+        """Why this connection may not subscribe to ``pattern`` (None: it may)."""
+        return self._admission.subscribe_refusal(pattern, self._outlet.kind)
 
     def _stream_error(self, code: ErrorCode, message: str, stream: int) -> None:
         self._durable.stream_error(code, message, stream)
