@@ -25,7 +25,8 @@ Rows (100-byte payloads; ``--scenario`` picks some, default all):
 - ``latency_5k_raw``, ``latency_50k_raw``: one message per frame at a fixed
   rate, pre-encoded; p50/p99/p99.9 and broker CPU per message.
 - ``latency_5k_client``, ``latency_50k_client``: the same through the
-  client library on both ends (Broky only).
+  client library on both ends; the NATS column is nats-py on both ends of
+  nats-server (reported as not available without nats-py).
 - ``receive``, ``receive_batches``: one ``broky.Client`` subscriber iterating
   per message, or through ``Subscription.batches()`` (not available until
   the client has it).
@@ -82,8 +83,8 @@ def rows(duration: float, warmup: float) -> dict[str, Row]:
         "fanout": Row(base(scenario="fan-out", number=8), sweep=True),
         "latency_5k_raw": Row(latency(interval=1 / 5000)),
         "latency_50k_raw": Row(latency(interval=1 / 50000)),
-        "latency_5k_client": Row(latency(interval=1 / 5000, mode="client"), ()),
-        "latency_50k_client": Row(latency(interval=1 / 50000, mode="client"), ()),
+        "latency_5k_client": Row(latency(interval=1 / 5000, mode="client"), ("nats",)),
+        "latency_50k_client": Row(latency(interval=1 / 50000, mode="client"), ("nats",)),
         "receive": Row(base(scenario="receive"), ()),
         "receive_batches": Row(base(scenario="receive", batches=True), ()),
         "fanin_client": Row(fan_in(mode="client"), ()),

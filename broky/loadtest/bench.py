@@ -37,7 +37,7 @@ import attrs
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.subscription import Subscription as ClientSubscription
 from broky.client.tcp import parse_address
-from broky.loadtest import latency, loadgen, peers
+from broky.loadtest import latency, loadgen, natsclient, peers
 from broky.loadtest.histogram import LatencyHistogram
 from broky.loadtest.load import Load, matching_share
 from broky.loadtest.servers import Server, broky_server, cpu_seconds, peer_server
@@ -187,6 +187,15 @@ def _plan(options: BenchOptions, target: str, address: tuple[str, int]) -> _Plan
         raise Unsupported(f"{target} has no equivalent of the patterns {patterns}")
     if options.scenario == "latency":
         if options.mode == "client":
+            if target == "nats":
+                # The baseline of the client library: nats-py on both ends.
+                if not natsclient.available():
+                    raise Unsupported("nats-py is not installed (pip install nats-py)")
+                return _Plan(
+                    partial(natsclient.nats_latency_subscriber, address, patterns),
+                    partial(natsclient.nats_latency_publisher, address, key, options.size),
+                    latency=True,
+                )
             if not target.startswith("broky"):
                 raise Unsupported("client mode needs the Broky client library")
             return _Plan(
