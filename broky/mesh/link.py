@@ -40,6 +40,7 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
     Error,
+    ForwardPublish,
     Frame,
     Hello,
     Notice,
@@ -309,8 +310,13 @@ class Link:
         source = self._kind
         while True:
             data = await self._receive(stream)
-            for frame in machine.receive_data(data):
-                if type(frame) is Deliver:
+            for frame in machine.receive_forwarding(data):
+                if type(frame) is ForwardPublish:
+                    # Another router's Deliver frames, read as forwardable chunks.
+                    counters.received_runs += len(frame.runs)
+                    counters.received_messages += sum(run.count for run in frame.runs)
+                    router.publish(frame.runs, source=source)
+                elif type(frame) is Deliver:
                     counters.received_runs += len(frame.runs)
                     counters.received_messages += sum(run.count for run in frame.runs)
                     router.publish(router.encode(frame.runs, False), source=source)

@@ -17,7 +17,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from broky.protocol.chunks import CHUNK_VTABLE, PUBLISH_FRAME_STARTS
+from broky.protocol.chunks import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
 from broky.protocol.frames import EncodedRun, ForwardPublish
 
@@ -27,6 +27,7 @@ if sys.byteorder != "little":
 cdef bytes _VTABLE = CHUNK_VTABLE
 cdef bytes _PLAIN = PUBLISH_FRAME_STARTS[0]
 cdef bytes _WITH_ACK = PUBLISH_FRAME_STARTS[1]
+cdef bytes _DELIVER = DELIVER_FRAME_START
 cdef int64_t _MAX_BYTES = MAX_COALESCED_BYTES
 cdef int64_t _MAX_MESSAGES = MAX_COALESCED_MESSAGES
 cdef int _MAX_SEGMENTS = MAX_COALESCED_MESSAGES  # a run holds at least one message
@@ -116,9 +117,19 @@ cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t l
     return True
 
 
-cdef bint _is_forwardable(const uint8_t* frame, int64_t size) noexcept:
-    """An unacked, unstamped Publish header as runs_frame_parts lays it out."""
-    cdef bint acked_layout = size >= 56 and memcmp(frame, <const uint8_t*>_WITH_ACK, 36) == 0
+cdef bint _is_forwardable(const uint8_t* frame, int64_t size, bint deliveries) noexcept:
+    """An unacked, unstamped Publish header (a Deliver header if
+    ``deliveries``) as runs_frame_parts lays it out."""
+    cdef bint acked_layout
+    if deliveries:
+        return (
+            size >= 56
+            and memcmp(frame, <const uint8_t*>_DELIVER, 36) == 0
+            and _u32(frame + 36) == 12
+            and _u32(frame + 44) == 8
+            and 56 + 4 * <int64_t>_u32(frame + 52) <= size
+        )
+    acked_layout = size >= 56 and memcmp(frame, <const uint8_t*>_WITH_ACK, 36) == 0
     return (
         size >= 56
         and (acked_layout or memcmp(frame, <const uint8_t*>_PLAIN, 36) == 0)
@@ -228,7 +239,7 @@ cdef class _Group:
         return 0
 
 
-def walk(view, int64_t max_frame_bytes, int64_t limit, decode):
+def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=False):
     """See ``broky.protocol.forward.walk_pure``."""
     cdef list frames = []
     cdef object merged = None
@@ -251,7 +262,7 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode):
             if length > max_frame_bytes or size - position - 4 < length:
                 break
             frame = buf + position + 4
-            whole = _is_forwardable(frame, length)
+            whole = _is_forwardable(frame, length, deliveries)
             if whole:
                 # Read every run first: a frame is forwarded whole or decoded whole.
                 count = _u32(frame + 52)

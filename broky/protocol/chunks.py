@@ -441,6 +441,8 @@ _RUNS_FRAME_LAYOUTS: Final = {
 }
 
 
+#: The first 36 bytes of a Deliver frame, for the compiled forwarding reader.
+DELIVER_FRAME_START: Final = _runs_frame_start(BodyType.DELIVER, _DELIVER_VTABLE)
 #: The first 36 bytes of an unacked Publish frame in each layout (without
 #: and with its ack field), for the compiled forwarding reader.
 PUBLISH_FRAME_STARTS: Final = (

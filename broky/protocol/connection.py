@@ -69,7 +69,18 @@ class State(enum.Enum):
 
 
 _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
-    Role.CLIENT: (Deliver, Subscribed, Notice, Ping, Pong, Error, PublishAck, Partitions, Fetched),
+    Role.CLIENT: (
+        Deliver,
+        Subscribed,
+        Notice,
+        Ping,
+        Pong,
+        Error,
+        PublishAck,
+        Partitions,
+        Fetched,
+        ForwardPublish,
+    ),
     Role.SERVER: (
         Publish,
         Subscribe,
@@ -121,7 +132,11 @@ class ProtocolMachine:
         as chunks, none with more than ``max_message_bytes`` of messages,
         come out as ForwardPublish, consecutive ones of one stream merged
         into one (their order kept). The broker then pays per frame and per
-        run only for what forwarding needs, not for decoding each run."""
+        run only for what forwarding needs, not for decoding each run.
+
+        On the client side (a router's link to another router), Deliver
+        frames are read the same way: the runs another router forwards come
+        out as ForwardPublish on the Deliver's stream."""
         return self._receive(data, forward=True)
 
     def _receive(self, data: bytes | bytearray, *, forward: bool) -> list[Received]:
@@ -140,7 +155,13 @@ class ProtocolMachine:
                     return []
             frames: list[Received]
             if forward and self.state is State.OPEN:
-                frames = receive_forwarding(self.reader, data, self.max_message_bytes, decode_frame)
+                frames = receive_forwarding(
+                    self.reader,
+                    data,
+                    self.max_message_bytes,
+                    decode_frame,
+                    deliveries=self.role is Role.CLIENT,
+                )
             else:
                 frames = [decode_frame(view) for view in self.reader.feed(data)]
             if self.state is State.HANDSHAKE and frames:

@@ -7,7 +7,9 @@ whose runs are all laid out as chunks (none with more than ``limit`` bytes
 of messages; 0: no bound) becomes a ForwardPublish of EncodedRuns,
 consecutive ones of one stream merged into one; every other frame is
 ``decode(frame)``. It stops at the first incomplete frame or one over
-``max_frame_bytes`` and returns where that is.
+``max_frame_bytes`` and returns where that is. With ``deliveries`` it reads
+Deliver frames that way instead (a router's link receiving the runs another
+router forwards).
 
 Consecutive runs of one ForwardPublish with the same key and ts_broker are
 coalesced into one run (up to ``MAX_COALESCED_BYTES`` of messages), exactly
@@ -28,7 +30,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from broky.protocol.chunks import ChunkParts, encode_run_chunk, read_forwardable, read_runs_frame
 from broky.protocol.constants import BodyType
@@ -36,7 +38,21 @@ from broky.protocol.frames import EncodedRun, ForwardPublish, Frame, Received
 from broky.protocol.framing import FrameReader
 
 Decode = Callable[[memoryview], Frame]
-Walk = Callable[[memoryview, int, int, Decode], tuple[list[Received], int]]
+
+
+class Walk(Protocol):
+    """The signature both implementations share."""
+
+    def __call__(
+        self,
+        view: memoryview,
+        max_frame_bytes: int,
+        limit: int,
+        decode: Decode,
+        deliveries: bool = False,
+    ) -> tuple[list[Received], int]: ...
+
+
 _U32 = struct.Struct("<I")
 #: Most message bytes a coalesced run gathers: enough that a run's fixed
 #: costs vanish per message, small enough that splitting one for a
@@ -94,9 +110,10 @@ class _Coalescer:
 
 
 def walk_pure(
-    view: memoryview, max_frame_bytes: int, limit: int, decode: Decode
+    view: memoryview, max_frame_bytes: int, limit: int, decode: Decode, deliveries: bool = False
 ) -> tuple[list[Received], int]:
     """The pure-Python implementation (see the module docstring)."""
+    wanted = BodyType.DELIVER if deliveries else BodyType.PUBLISH
     frames: list[Received] = []
     merged: ForwardPublish | None = None
     coalescer = _Coalescer()
@@ -110,7 +127,7 @@ def walk_pure(
         head = read_runs_frame(frame)
         if head is not None:
             body_type, stream, stamp, ack, count = head
-            if body_type == BodyType.PUBLISH and not (stamp or ack):
+            if body_type == wanted and not (stamp or ack):
                 runs = read_forwardable(frame, count, limit)
                 if runs is not None:
                     if merged is None or merged.stream != stream:
@@ -147,7 +164,11 @@ IMPLEMENTATION = "compiled" if walk_compiled is not None else "pure"
 
 
 def receive_forwarding(
-    reader: FrameReader, data: bytes | bytearray, limit: int, decode: Decode
+    reader: FrameReader,
+    data: bytes | bytearray,
+    limit: int,
+    decode: Decode,
+    deliveries: bool = False,
 ) -> list[Received]:
     """What ``reader.feed(data)`` completes, read as ``walk`` reads it
     (frames completed by different reads are never merged)."""
@@ -161,8 +182,8 @@ def receive_forwarding(
         # The completed frame is a view past the size prefix of its own
         # buffer: walk that buffer whole.
         framed = memoryview(completed[0].obj)
-        frames, _ = walk(framed, len(framed), limit, decode)
-    walked, position = walk(view, reader.max_frame_bytes, limit, decode)
+        frames, _ = walk(framed, len(framed), limit, decode, deliveries)
+    walked, position = walk(view, reader.max_frame_bytes, limit, decode, deliveries)
     frames += walked
     reader.keep_tail(view[position:])
     return frames

@@ -35,6 +35,7 @@ from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
 from broky.protocol.frames import (
+    Deliver,
     EncodedRun,
     Error,
     ForwardPublish,
@@ -45,6 +46,8 @@ from broky.protocol.frames import (
     Received,
     Run,
     Subscribe,
+    Subscribed,
+    Welcome,
 )
 from broky.protocol.framing import encode_preamble
 from broky.protocol.message import pack_sizes
@@ -372,3 +375,47 @@ def test_compiled_and_pure_offsets_agree(chunks: list[bytes], position: int) -> 
     expected = chunk_offsets_pure(chunks, position)
     assert compiled(chunks, position) == expected
     assert compiled(tuple(chunks), position) == expected
+
+
+# --- a router's link reads Deliver frames the same way ------------------------
+
+
+@st.composite
+def deliveries(draw: st.DrawFn) -> list[Deliver | Ping | Subscribed]:
+    """What a router's link receives: Deliver frames between control frames."""
+    frames: list[Deliver | Ping | Subscribed] = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.integers(0, 5))
+        if kind == 0:
+            frames.append(Ping(draw(st.integers(0, 2**64 - 1))))
+        elif kind == 1:
+            frames.append(Subscribed(draw(st.integers(1, 3))))
+        else:
+            frames.append(
+                Deliver(draw(st.integers(0, 2)), tuple(draw(st.lists(runs(), max_size=4))))
+            )
+    return frames
+
+
+@PROPERTY
+@given(frames=deliveries())
+def test_a_link_reads_deliver_frames_as_forwardable_runs(
+    frames: list[Deliver | Ping | Subscribed],
+) -> None:
+    machine = ProtocolMachine(Role.CLIENT, 1 << 20)
+    assert machine.receive_data(encode_preamble() + encode_frame(Welcome())) == [Welcome()]
+    received = machine.receive_forwarding(b"".join(map(encode_frame, frames)))
+    as_publish = [
+        Publish(frame.stream, frame.runs) if isinstance(frame, Deliver) else frame
+        for frame in frames
+    ]
+    assert [_plain(frame) for frame in received] == [
+        _plain(frame)
+        for frame in _expected(as_publish, 0)  # type: ignore[arg-type]
+    ]
+    compiled = forward.walk_compiled
+    if compiled is not None:
+        data = memoryview(b"".join(map(encode_frame, frames)))
+        fast = compiled(data, 1 << 20, 0, _decode_or_mark, deliveries=True)
+        pure = forward.walk_pure(data, 1 << 20, 0, _decode_or_mark, deliveries=True)
+        assert (fast[1], [_plain(f) for f in fast[0]]) == (pure[1], [_plain(f) for f in pure[0]])
