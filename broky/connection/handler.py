@@ -57,6 +57,8 @@ from broky.protocol.frames import (
 )
 from broky.protocol.framing import foreign_preamble_reply
 from broky.router.outbox import Outlet
+from broky.router.pressure import LOCAL_LINK_STALL_SECONDS
+from broky.router.relief import yield_to_subscribers
 from broky.router.router import Router
 from broky.security.auth import Authenticator, Principal
 from broky.security.identity import certificate_identities
@@ -400,7 +402,7 @@ class ServerConnection:
                     if router.direct_writes:
                         router.run_direct_writes()
                 if pressure.outlets:
-                    await self._liveness.hold_reading(self._yield_to_subscribers)
+                    await self._liveness.hold_reading(partial(yield_to_subscribers, pressure))
                 if self._durable.congested:
                     # Durable backpressure (logs or owners' credit), via TCP.
                     await self._liveness.hold_reading(self._durable.wait_for_room)
@@ -414,18 +416,6 @@ class ServerConnection:
                 await self._answer_foreign(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
-
-    async def _yield_to_subscribers(self) -> None:
-        """Pause while a subscriber that drains is far behind, so that its
-        writer gets the loop; TCP slows this reader's publisher meanwhile.
-        See broky.router.pressure for why, and why a stalled subscriber
-        cannot hold anyone here for long."""
-        pressure = self._router.pressure
-        while (wait := pressure.wait_seconds(trio.current_time())) is not None:
-            relieved = trio.Event()
-            pressure.on_relief(relieved.set)
-            with trio.move_on_after(wait):
-                await relieved.wait()
 
     @property
     def principal(self) -> Principal | None:
@@ -632,6 +622,11 @@ class ServerConnection:
                     self._check_workers(frame)
                     outlet.kind = frame.link
                     outlet.max_pending_bytes = 0  # links: per-subscription bounds only
+                    if frame.link is LinkKind.LOCAL:
+                        # Another worker of this node: part of the broker.
+                        outlet.local_link = True
+                        outlet.write_stall_seconds = LOCAL_LINK_STALL_SECONDS
+                        outlet.max_write_stall_seconds = LOCAL_LINK_STALL_SECONDS
                 outlet.peer = f"{frame.client_name}@{self.peer}"
                 if frame.max_frame_bytes:
                     outlet.max_frame_bytes = max(frame.max_frame_bytes, MIN_MAX_FRAME_BYTES)

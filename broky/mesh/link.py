@@ -51,6 +51,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.router.relief import yield_to_subscribers
 from broky.router.router import Router
 from broky.security.tls import client_handshake
 
@@ -308,7 +309,14 @@ class Link:
         router = self._router
         counters = self.counters
         source = self._kind
+        pressure = router.pressure
         while True:
+            if pressure.outlets:
+                # As a client connection's reader does: a subscriber that
+                # drains gets the loop; the peer router's writer waits (and
+                # its own readers pause in turn), nothing is dropped. Never
+                # for a link back to a worker, which may be waiting for us.
+                await yield_to_subscribers(pressure, local_links=False)
             data = await self._receive(stream)
             for frame in machine.receive_forwarding(data):
                 if type(frame) is ForwardPublish:

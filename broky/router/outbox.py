@@ -36,7 +36,7 @@ from broky.protocol.constants import (
     SlowConsumerPolicy,
 )
 from broky.protocol.frames import EncodedRun, Notice
-from broky.router.pressure import WRITE_STALL_SECONDS, Pressure
+from broky.router.pressure import MAX_WRITE_STALL_SECONDS, WRITE_STALL_SECONDS, Pressure
 
 #: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
 #: Frame and Deliver tables and vtables, the runs vector's length, padding.
@@ -388,6 +388,12 @@ class Outlet:
         #: When the writer's current socket write began (-1: not writing);
         #: set by the connection's writer task.
         self.write_started = -1.0
+        #: When a blocked write makes it slow (see broky.router.pressure);
+        #: a link to another worker of this node gets longer.
+        self.write_stall_seconds = WRITE_STALL_SECONDS
+        self.max_write_stall_seconds = MAX_WRITE_STALL_SECONDS
+        #: Whether this is a link to another worker of this node.
+        self.local_link = False
         #: Asks the connection whether its socket has room for more bytes
         #: (None: it cannot tell, e.g. an in-process pipe).
         self.writable: Callable[[], bool] | None = None

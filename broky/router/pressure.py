@@ -41,6 +41,13 @@ RECHECK_SECONDS: Final = 0.01
 #: waiting for the event loop, not for the subscriber (readers were busy
 #: with big batches): it gets this long before it counts as slow anyway.
 MAX_WRITE_STALL_SECONDS: Final = 1.0
+#: A link to another worker of this node is part of the broker, not a
+#: subscriber: when it falls behind, the broker is the bottleneck and its
+#: publishers must slow down (TCP), not lose messages. Its blocked write
+#: counts as slow only after this long (a worker stopped or wedged; the
+#: supervisor restarts a dead one), so other clients are still isolated
+#: from a worker that stopped for good.
+LOCAL_LINK_STALL_SECONDS: Final = 5.0
 
 
 class Pressing(Protocol):
@@ -51,6 +58,14 @@ class Pressing(Protocol):
     slow: bool
     #: When its writer's current socket write began (-1: not writing).
     write_started: float
+    #: How long a blocked write may last before the outlet counts as slow:
+    #: with its socket full, and in any case (WRITE_STALL_SECONDS and
+    #: MAX_WRITE_STALL_SECONDS for clients, LOCAL_LINK_STALL_SECONDS for a
+    #: link to another worker).
+    write_stall_seconds: float
+    max_write_stall_seconds: float
+    #: A link to another worker of this node (not waited for by link readers).
+    local_link: bool
 
     @property
     def deliverable(self) -> bool:
@@ -85,30 +100,30 @@ class Pressure:
         for wake in waiters:
             wake()
 
-    def wait_seconds(self, now: float) -> float | None:
+    def wait_seconds(self, now: float, local_links: bool = True) -> float | None:
         """How long a reader should pause before looking again, or None if
         no outlet under pressure is draining (read on).
 
         Marks outlets whose write has been blocked for WRITE_STALL_SECONDS
-        as slow (they are ignored from then on).
+        as slow (they are ignored from then on). A reader of a link from
+        another worker passes ``local_links=False``: it waits for its own
+        node's subscribers only, never for a link back to a worker, which
+        could be waiting for it in turn.
         """
         wait: float | None = None
         for outlet in self.outlets:
-            if outlet.slow:
+            if outlet.slow or (outlet.local_link and not local_links):
                 continue
             started = outlet.write_started
             blocked = now - started if started >= 0 else 0.0
-            if blocked >= WRITE_STALL_SECONDS and (
-                blocked >= MAX_WRITE_STALL_SECONDS or not outlet.socket_has_room()
-            ):
+            stall, max_stall = outlet.write_stall_seconds, outlet.max_write_stall_seconds
+            if blocked >= stall and (blocked >= max_stall or not outlet.socket_has_room()):
                 outlet.slow = True
                 continue
             if started < 0 and not outlet.deliverable:
                 continue  # waiting for credit: its application is the slow part
             # Look again when this write would count as slow, or sooner.
-            threshold = (
-                WRITE_STALL_SECONDS if blocked < WRITE_STALL_SECONDS else (MAX_WRITE_STALL_SECONDS)
-            )
+            threshold = stall if blocked < stall else max_stall
             left = threshold - blocked if started >= 0 else RECHECK_SECONDS
             wait = left if wait is None else min(wait, left)
         if wait is None:

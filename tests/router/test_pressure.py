@@ -5,7 +5,12 @@ from __future__ import annotations
 from broky.protocol.constants import SlowConsumerPolicy
 from broky.protocol.frames import Run
 from broky.protocol.message import encode_message, pack_sizes
-from broky.router.pressure import MAX_WRITE_STALL_SECONDS, RECHECK_SECONDS, WRITE_STALL_SECONDS
+from broky.router.pressure import (
+    LOCAL_LINK_STALL_SECONDS,
+    MAX_WRITE_STALL_SECONDS,
+    RECHECK_SECONDS,
+    WRITE_STALL_SECONDS,
+)
 from broky.router.router import Router, RouterLimits
 from tests.router.test_router import Peer
 
@@ -114,3 +119,24 @@ def test_a_blocked_write_whose_socket_has_room_waits_for_the_loop_not_the_peer()
     assert not _slow(peer)
     assert router.pressure.wait_seconds(now=10.01 + MAX_WRITE_STALL_SECONDS) is None
     assert _slow(peer)  # however much room: a write that long is a slow peer
+
+
+def test_a_link_to_another_worker_is_slow_only_after_the_local_stall() -> None:
+    """Such a link is part of the broker: while it falls behind, readers
+    pause (publishers slow down) instead of its runs being dropped, until
+    LOCAL_LINK_STALL_SECONDS say the other worker stopped."""
+    router = _router()
+    peer = _subscribe(router)
+    outlet = peer.outlet
+    outlet.local_link = True
+    outlet.write_stall_seconds = outlet.max_write_stall_seconds = LOCAL_LINK_STALL_SECONDS
+    _publish(router, b"p.k", router.limits.outbox_bytes // 2 + 1)
+    outlet.write_started = 10.0
+    outlet.writable = lambda: False  # its socket is full
+    pressure = router.pressure
+    assert pressure.wait_seconds(10.0 + 1.0) is not None  # a client would be slow by now
+    assert not outlet.slow
+    # A link reader never waits for a link back to a worker (no cycle).
+    assert pressure.wait_seconds(10.0 + 1.0, local_links=False) is None
+    assert pressure.wait_seconds(10.0 + LOCAL_LINK_STALL_SECONDS) is None
+    assert outlet.slow
