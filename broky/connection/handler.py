@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -26,6 +25,7 @@ from broky.connection.admission import Admission, Refusal
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.liveness import TIMEOUT_JITTER, Liveness
 from broky.connection.reasons import CloseReason
+from broky.connection.writer import CLOSE_TIMEOUT, ConnectionWriter
 from broky.durable.forwarding import Forwarder
 from broky.durable.store import DurableStore
 from broky.protocol.codec import encode_frame, u32_array
@@ -70,8 +70,6 @@ log = logging.getLogger("broky.connection")
 #: Bytes asked of the socket per read: big reads mean few syscalls per
 #: message; 256 KiB is what a busy publisher's kernel buffer typically holds.
 RECEIVE_BYTES: Final = 256 * 1024
-#: How long a closing connection may take to flush its last frames.
-CLOSE_TIMEOUT: Final = 1.0
 SERVER_NAME: Final = "broky/0.1.0"
 
 
@@ -101,7 +99,7 @@ class ConnectionCounters:
     closed: Counter[CloseReason] = attrs.field(factory=Counter)
     bytes_received: int = 0
     bytes_sent: int = 0
-    #: Socket writes made by a routing task for an idle writer (_write_directly).
+    #: Socket writes made by a routing task for an idle writer (ConnectionWriter.write_directly).
     direct_writes: int = 0
 
     @property
@@ -144,88 +142,20 @@ class ServerConnection:
         self.peer = peer
         self._machine = ProtocolMachine(Role.SERVER, settings.max_frame_bytes)
         self._machine.max_message_bytes = settings.max_message_bytes
-        self._work = trio.Event()
-        #: True while the writer task waits for work: then the task that
-        #: routed something may write it at once (_write_directly).
-        self._writer_idle = False
-        #: The socket for direct writes (-1: none, e.g. TLS or in-process,
-        #: or once the connection is closing).
-        self._direct_fd = _direct_fd(stream)
-        #: The socket under any TLS, to ask whether it has room (-1: none).
-        self._socket_fd = _direct_fd(getattr(stream, "transport_stream", stream))
-        #: Bytes a direct write left unsent; the writer sends them first.
-        self._unsent = b""
         #: Whether the last direct read had to wait for data (see _receive_directly).
         self._read_waited = True
-        self._outlet = router.attach(self._wake)
+        #: The outlet, the writer task and direct writes (broky.connection.writer).
+        self._writer = ConnectionWriter(stream, router, counters, self._greet, self._close_reason)
+        self._outlet = self._writer.outlet
         self._durable = DurableRequests(
             router, self._outlet, store, self._subscribe_refusal, forwarder
         )
-        if self._socket_fd >= 0:
-            self._outlet.writable = self._socket_has_room
-        self._send_scope: trio.CancelScope | None = None
         #: Liveness clocks and the keepalive task (broky.connection.liveness).
         self._liveness = Liveness(settings, self._machine)
         self._reason: CloseReason | None = None
         self._reason_detail = ""
         self._greeted = False
         self.client_name = ""
-
-    def _wake(self) -> None:
-        router = self._router
-        if (
-            self._writer_idle
-            and self._direct_fd >= 0
-            and router.routing
-            and self._outlet.failure is None
-        ):
-            # A reader is routing: it makes this write when its batch is
-            # done (Router.run_direct_writes), and wakes the writer task only
-            # if the socket does not take everything: no task switch per
-            # message at light load.
-            router.direct_writes.append(self._write_directly)
-        else:
-            self._work.set()
-        if self._outlet.failure is not None and self._send_scope is not None:
-            # A blocked write gets CLOSE_TIMEOUT more seconds, then is abandoned.
-            self._send_scope.deadline = min(
-                self._send_scope.deadline, trio.current_time() + CLOSE_TIMEOUT
-            )
-
-    def _socket_has_room(self) -> bool:
-        """Whether the kernel would take more bytes on this socket now (for
-        broky.router.pressure: a full send buffer means the peer does not read)."""
-        if self._socket_fd < 0:
-            return False
-        try:
-            return bool(select.select([], [self._socket_fd], [], 0)[1])
-        except (OSError, ValueError):
-            return False
-
-    def _write_directly(self) -> None:
-        """Send what the outlet holds with one non-blocking write, from the
-        task that routed it (Router.run_direct_writes, after a reader's
-        batch): at light load a message then leaves without waiting for the
-        writer task's turn. Only while the writer is idle, so the two never
-        interleave bytes; what the socket does not take, the writer sends
-        first, and from then on batches as usual (the socket pushes back)."""
-        outlet = self._outlet
-        if not self._writer_idle or self._unsent or outlet.failure is not None:
-            self._work.set()  # the writer takes it from here
-            return
-        if not outlet.has_work:
-            return
-        data = b"".join(outlet.take())
-        try:
-            sent = os.write(self._direct_fd, data)
-        except OSError:
-            sent = 0  # would block, or broken: the writer sends it, or meets the error
-        self._counters.bytes_sent += sent
-        self._counters.direct_writes += 1
-        if sent < len(data):
-            self._unsent = data[sent:]
-        if self._unsent or outlet.has_work:
-            self._work.set()
 
     def _close_reason(self, reason: CloseReason, detail: str = "") -> None:
         if self._reason is None:
@@ -241,14 +171,13 @@ class ServerConnection:
             ):
                 return
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, nursery.cancel_scope)
+                nursery.start_soon(self._writer.run, nursery.cancel_scope)
                 nursery.start_soon(self._liveness.run, self._outlet)
                 await self._reader()
                 if self._outlet.failure is None:
                     nursery.cancel_scope.cancel()
         finally:
-            # The descriptor's number may be reused once closed.
-            self._direct_fd = self._socket_fd = -1
+            self._writer.close()
             # Free the unfinished frame and everything queued now: the
             # connection object may live on (a log record, an observer's
             # list), but none of its buffers may (docs/architecture.md, Memory).
@@ -352,7 +281,7 @@ class ServerConnection:
         without waiting is preceded by a checkpoint instead, so a busy
         connection still lets every other task run between its reads.
         """
-        fd = self._direct_fd
+        fd = self._writer.direct_fd
         if not self._read_waited:
             await trio.lowlevel.checkpoint()
         self._read_waited = False
@@ -369,7 +298,7 @@ class ServerConnection:
         stream = self._stream
         receive_some: Callable[[], Awaitable[bytes | bytearray]] = (
             self._receive_directly
-            if self._direct_fd >= 0
+            if self._writer.direct_fd >= 0
             else partial(stream.receive_some, RECEIVE_BYTES)
         )
         receive = self._receive
@@ -663,63 +592,6 @@ class ServerConnection:
             max_message_bytes=settings.max_message_bytes,
             principal=self.principal.name if self.principal is not None else "",
         )
-
-    async def _writer(self, connection_scope: trio.CancelScope) -> None:
-        outlet = self._outlet
-        stream = self._stream
-        counters = self._counters
-        try:
-            while True:
-                if not outlet.has_work and not self._unsent:
-                    self._writer_idle = True
-                    await self._work.wait()
-                    self._writer_idle = False
-                    self._work = trio.Event()
-                failure = outlet.failure
-                if failure is not None:
-                    self._greet()  # the Error frame must follow a preamble to be read
-                parts = outlet.take()
-                if self._unsent:
-                    parts.insert(0, self._unsent)
-                    self._unsent = b""
-                if failure is not None:
-                    self._close_reason(CloseReason.for_error(failure[0]), failure[1])
-                    parts.append(encode_frame(Error(failure[0], failure[1])))
-                if parts:
-                    data = b"".join(parts)
-                    with trio.CancelScope() as send_scope:
-                        self._send_scope = send_scope
-                        if failure is not None:
-                            send_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
-                        started = outlet.write_started = trio.current_time()
-                        try:
-                            await stream.send_all(data)
-                        finally:
-                            outlet.wrote(trio.current_time() - started)
-                    self._send_scope = None
-                    if send_scope.cancelled_caught:
-                        # The write was abandoned mid-frame (see _wake): nothing
-                        # more can be framed on this stream, so close it as is.
-                        failure = outlet.failure or failure
-                        if failure is not None:
-                            self._close_reason(CloseReason.for_error(failure[0]), failure[1])
-                        return
-                    counters.bytes_sent += len(data)
-                if failure is not None:
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._close_reason(CloseReason.TRANSPORT_ERROR, str(exc) or type(exc).__name__)
-        finally:
-            self._writer_idle = False
-            connection_scope.cancel()
-
-
-def _direct_fd(stream: trio.abc.Stream) -> int:
-    """The socket descriptor of a plain TCP or Unix stream (-1 otherwise:
-    TLS must encrypt through its stream, an in-process pipe has no socket)."""
-    if isinstance(stream, trio.SocketStream):
-        return stream.socket.fileno()
-    return -1
 
 
 def describe_peer(stream: trio.abc.Stream) -> str:

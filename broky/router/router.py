@@ -151,12 +151,12 @@ class Router:
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
         self.pressure = Pressure()
         #: Writes that connections woken while idle ask the routing task to
-        #: make at once (ServerConnection._write_directly): a reader runs
+        #: make at once (ConnectionWriter.write_directly): a reader runs
         #: them after each read, so one write per connection per read batch.
         self.direct_writes: list[Callable[[], None]] = []
         #: True while a reader routes a batch it read: it runs the direct
         #: writes when done, so connections woken meanwhile need not wake
-        #: their writer tasks (see ServerConnection._wake).
+        #: their writer tasks (see ConnectionWriter.wake).
         self.routing = False
         #: Whether a key belongs to a durable topic, set when the workers of a
         #: node forward durable traffic to each other (broky.durable.forwarding):

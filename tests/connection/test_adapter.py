@@ -17,7 +17,6 @@ import trio
 import trio.testing
 
 from broky.connection.handler import (
-    CLOSE_TIMEOUT,
     ConnectionCounters,
     ConnectionSettings,
     ServerConnection,
@@ -25,6 +24,7 @@ from broky.connection.handler import (
 from broky.connection.inproc import pipe_pair
 from broky.connection.liveness import TIMEOUT_JITTER
 from broky.connection.reasons import CloseReason
+from broky.connection.writer import CLOSE_TIMEOUT
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import PROTOCOL_VERSION, ErrorCode, SlowConsumerPolicy
 from broky.protocol.frames import (

@@ -1,5 +1,5 @@
 """Direct writes: at light load the routing task writes to an idle
-subscriber's socket itself (ServerConnection._write_directly)."""
+subscriber's socket itself (ConnectionWriter.write_directly)."""
 
 from __future__ import annotations
 
