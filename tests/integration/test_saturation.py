@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 import trio
@@ -20,6 +21,7 @@ from broky.loadtest import loadgen
 from broky.loadtest.load import Load
 from broky.protocol.frames import Subscribe, Subscribed
 from tests.conftest import RawConnection, StartBroker, eventually, raw_connection
+from tests.mesh.test_nodes import nodes
 
 #: Spawned, not forked: this process runs trio and pytest-timeout's thread.
 CONTEXT = multiprocessing.get_context("spawn")
@@ -110,3 +112,60 @@ async def _until_settled(count: Callable[[], int], expected: int) -> None:
         if count() != last:
             last, since = count(), trio.current_time()
         await trio.sleep(0.01)
+
+
+@pytest.mark.slow
+async def test_flat_out_fan_in_through_two_workers_loses_nothing(tmp_path: Path) -> None:
+    """Connections handed to two workers round-robin: half the publishers'
+    runs cross a link to the subscriber's worker. When that path is the
+    bottleneck, the link reader pauses for the subscriber, the other worker's
+    readers pause for the link, and TCP slows the publishers: nothing lost.
+    The link's outbox is bound like a client's (4 MiB, not 16), so an
+    overflow is quick if any of that failed."""
+    config = tmp_path / "broky.toml"
+    config.write_text(
+        'host = "127.0.0.1"\nport = 0\nworkers = 2\naccept = "handoff"\n'
+        'log_level = "error"\nsystem_events = false\nsystem_metrics_interval = 0\n'
+        "link_outbox_bytes = 4194304\n"
+    )
+    load = Load(keys=1000, run=1)
+    per_publisher = 100_000
+    received = CONTEXT.Value("q", 0, lock=False)
+    noticed = CONTEXT.Value("q", 0, lock=False)
+    ready, stop = CONTEXT.Event(), CONTEXT.Event()
+    sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(PUBLISHERS)]
+    with nodes() as start, trio.fail_after(120):
+        node = start(["--config", str(config)])
+        host, port = node.address.rsplit(":", 1)
+        address = (host, int(port))
+        subscriber = CONTEXT.Process(
+            target=loadgen.raw_subscribers,
+            args=(address, [load.pattern], received, noticed, ready, stop),
+        )
+        publishers = [
+            CONTEXT.Process(
+                target=loadgen.raw_publisher,
+                args=(address, load, 0, counter, stop, per_publisher),
+            )
+            for counter in sent
+        ]
+        try:
+            subscriber.start()
+            assert await trio.to_thread.run_sync(ready.wait, 30)
+            for publisher in publishers:
+                publisher.start()
+            for publisher in publishers:
+                await trio.to_thread.run_sync(publisher.join, 60)
+                assert publisher.exitcode == 0
+            total = sum(counter.value for counter in sent)
+            assert total >= PUBLISHERS * per_publisher
+            await _until_settled(lambda: received.value, total)
+        finally:
+            stop.set()
+            for process in (*publishers, subscriber):
+                if process.pid is not None:
+                    await trio.to_thread.run_sync(process.join, 10)
+                    if process.is_alive():
+                        process.kill()
+    assert received.value == total
+    assert noticed.value == 0  # no drop Notice either
