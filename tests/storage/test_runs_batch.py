@@ -128,6 +128,14 @@ def test_sizes_that_only_add_up_across_runs_are_refused() -> None:
     ]
     with pytest.raises(StorageError):
         encode_runs(0, 0, bad)
+    long_runs = [make_run(b"a", [b"x"] * 20), make_run(b"b", [b"y"] * 20)]
+    shifted = [
+        Run(b"a", 0, 20, long_runs[0].sizes, bytes(long_runs[0].messages) + b"\0" * 8),
+        Run(b"b", 0, 20, long_runs[1].sizes, bytes(long_runs[1].messages)[8:]),
+    ]
+    encode_runs(0, 0, long_runs)
+    with pytest.raises(StorageError):
+        encode_runs(0, 0, shifted)  # long runs take the per-run check
     with pytest.raises(StorageError):
         encode_runs(0, 0, [])
     with pytest.raises(StorageError):
