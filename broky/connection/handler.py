@@ -23,6 +23,7 @@ from typing import Final
 import attrs
 import trio
 
+from broky.connection.consumers import ConsumerRequests
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.reasons import CloseReason
 from broky.durable.store import DurableStore
@@ -37,6 +38,7 @@ from broky.protocol.constants import (
 )
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
+    Consume,
     Error,
     Fetch,
     Flow,
@@ -47,6 +49,7 @@ from broky.protocol.frames import (
     Pong,
     Publish,
     Run,
+    Settle,
     Subscribe,
     Unsubscribe,
     Welcome,
@@ -176,6 +179,7 @@ class ServerConnection:
         self._unsent = b""
         self._outlet = router.attach(self._wake)
         self._durable = DurableRequests(router, self._outlet, store, self._subscribe_refusal)
+        self._consumers = ConsumerRequests(self._outlet)
         if self._socket_fd >= 0:
             self._outlet.writable = self._socket_has_room
         self._send_scope: trio.CancelScope | None = None
@@ -660,6 +664,8 @@ class ServerConnection:
                 durable.fetch(frame)
             elif type(frame) is ListPartitions:
                 durable.list_partitions(frame)
+            elif type(frame) is Consume or type(frame) is Settle:
+                self._consumers.handle(frame)
             elif type(frame) is Flow:
                 router.grant(outlet, frame.stream, frame.credit)
             elif type(frame) is Unsubscribe:

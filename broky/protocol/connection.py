@@ -27,6 +27,7 @@ from broky.protocol.codec import decode_frame
 from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
+    Consume,
     Deliver,
     Error,
     Fetch,
@@ -41,6 +42,9 @@ from broky.protocol.frames import (
     Pong,
     Publish,
     PublishAck,
+    Redelivered,
+    Settle,
+    Settled,
     Subscribe,
     Subscribed,
     Unsubscribe,
@@ -66,7 +70,19 @@ class State(enum.Enum):
 
 
 _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
-    Role.CLIENT: (Deliver, Subscribed, Notice, Ping, Pong, Error, PublishAck, Partitions, Fetched),
+    Role.CLIENT: (
+        Deliver,
+        Subscribed,
+        Notice,
+        Ping,
+        Pong,
+        Error,
+        PublishAck,
+        Partitions,
+        Fetched,
+        Redelivered,
+        Settled,
+    ),
     Role.SERVER: (
         Publish,
         Subscribe,
@@ -77,6 +93,8 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         Error,
         ListPartitions,
         Fetch,
+        Consume,
+        Settle,
     ),
 }
 _HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}

@@ -46,6 +46,10 @@ class BodyType(enum.IntEnum):
     PARTITIONS = 15
     FETCH = 16
     FETCHED = 17
+    CONSUME = 18
+    REDELIVERED = 19
+    SETTLE = 20
+    SETTLED = 21
 
 
 class ErrorCode(enum.IntEnum):
@@ -69,6 +73,7 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FAILURE = 15
     AUTHENTICATION_FAILED = 16
     PERMISSION_DENIED = 17
+    SUBSCRIPTION_REFUSED = 18
 
 
 class SlowConsumerPolicy(enum.IntEnum):
@@ -100,3 +105,21 @@ class StartKind(enum.IntEnum):
     OFFSET = 2
     TIME = 3
     LAST = 4
+
+
+class SubscriptionKind(enum.IntEnum):
+    """How a durable subscription's consumers share it (``Consume.kind``)."""
+
+    SHARED = 0
+    EXCLUSIVE = 1
+    FAILOVER = 2
+    KEY_SHARED = 3
+
+
+class SettleKind(enum.IntEnum):
+    """What a ``Settle`` frame does to its offsets."""
+
+    ACK = 0
+    NACK = 1
+    TERM = 2
+    IN_PROGRESS = 3
