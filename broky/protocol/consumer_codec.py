@@ -70,21 +70,27 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         builder.PrependUint8Slot(4, frame.start, 0)
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
     if isinstance(frame, Redelivered):
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
         counts = _vector(builder, frame.counts, "I")
         offsets = _vector(builder, frame.offsets, "q")
         partitions = _vector(builder, frame.partitions, "I")
-        builder.StartObject(4)
+        builder.StartObject(5)
+        if topic:
+            builder.PrependUOffsetTRelativeSlot(4, topic, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUOffsetTRelativeSlot(1, partitions, 0)
         builder.PrependUOffsetTRelativeSlot(2, offsets, 0)
         builder.PrependUOffsetTRelativeSlot(3, counts, 0)
         return finish_frame(builder, BodyType.REDELIVERED, builder.EndObject())
     if isinstance(frame, Settle):
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
         reason = builder.CreateString(frame.reason) if frame.reason else 0
         last = _vector(builder, frame.last_offsets, "q")
         first = _vector(builder, frame.first_offsets, "q")
         partitions = _vector(builder, frame.partitions, "I")
-        builder.StartObject(8)
+        builder.StartObject(9)
+        if topic:
+            builder.PrependUOffsetTRelativeSlot(8, topic, 0)
         builder.PrependUint64Slot(1, frame.sequence, 0)
         builder.PrependInt64Slot(6, frame.delay_ms, -1)
         builder.PrependUint32Slot(0, frame.stream, 0)
@@ -131,19 +137,20 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             priority=scalar(_I32, buf, fields[10]),
         )
     if body_type == BodyType.REDELIVERED:
-        stream, partitions, offsets, counts = table_fields(buf, table, 4)
+        stream, partitions, offsets, counts, topic = table_fields(buf, table, 5)
         redelivered = Redelivered(
             stream=scalar(_U32, buf, stream),
             partitions=numbers(buf, partitions, "I"),
             offsets=numbers(buf, offsets, "q"),
             counts=numbers(buf, counts, "I"),
+            topic=read_text(buf, topic),
         )
         check_parallel(
             "redelivered", redelivered.partitions, redelivered.offsets, redelivered.counts
         )
         return redelivered
     if body_type == BodyType.SETTLE:
-        fields = table_fields(buf, table, 8)
+        fields = table_fields(buf, table, 9)
         settle = Settle(
             stream=scalar(_U32, buf, fields[0]),
             sequence=scalar(_U64, buf, fields[1]),
@@ -153,6 +160,7 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             last_offsets=numbers(buf, fields[5], "q"),
             delay_ms=scalar(_I64, buf, fields[6], -1),
             reason=read_text(buf, fields[7]),
+            topic=read_text(buf, fields[8]),
         )
         check_parallel("settle", settle.partitions, settle.first_offsets, settle.last_offsets)
         if any(f > last for f, last in zip(settle.first_offsets, settle.last_offsets, strict=True)):

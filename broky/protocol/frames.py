@@ -256,6 +256,7 @@ class Redelivered:
     partitions: tuple[int, ...] = ()
     offsets: tuple[int, ...] = ()
     counts: tuple[int, ...] = ()
+    topic: str = ""
 
 
 @attrs.frozen(slots=True)
@@ -270,6 +271,7 @@ class Settle:
     last_offsets: tuple[int, ...] = ()
     delay_ms: int = -1
     reason: str = ""
+    topic: str = ""
 
 
 @attrs.frozen(slots=True)

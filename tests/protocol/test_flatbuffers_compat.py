@@ -136,7 +136,9 @@ CONTROL_FRAMES: list[Frame] = [
         backoff_ms=(100, 1_000, 0xFFFF_FFFF),
         priority=-3,
     ),
-    Redelivered(stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF)),
+    Redelivered(
+        stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF), topic="ordérs"
+    ),
     Settle(
         stream=11,
         sequence=2**64 - 1,
@@ -146,6 +148,7 @@ CONTROL_FRAMES: list[Frame] = [
         last_offsets=(4, 2**62),
         delay_ms=2**40,
         reason="bad input ✓",
+        topic="orders",
     ),
     Settle(stream=12, kind=SettleKind.IN_PROGRESS, delay_ms=0),
     Settled(stream=11, sequence=2**63, stale=3),
@@ -400,6 +403,7 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             partitions=_numbers(body, "Partitions"),
             offsets=_numbers(body, "Offsets"),
             counts=_numbers(body, "Counts"),
+            topic=(body.Topic() or b"").decode(),
         )
     if body_type == BodyType.SETTLE:
         _check_nul_terminated(body, 7)
@@ -412,6 +416,7 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             last_offsets=_numbers(body, "LastOffsets"),
             delay_ms=body.DelayMs(),
             reason=(body.Reason() or b"").decode(),
+            topic=(body.Topic() or b"").decode(),
         )
     return Settled(stream=body.Stream(), sequence=body.Sequence(), stale=body.Stale())
 
@@ -644,7 +649,10 @@ def _build_consumer_body(
         counts = _int_vector(builder, gen.Redelivered.StartCountsVector, frame.counts)
         offsets = _int_vector(builder, gen.Redelivered.StartOffsetsVector, frame.offsets)
         parts = _int_vector(builder, gen.Redelivered.StartPartitionsVector, frame.partitions)
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
         gen.Redelivered.Start(builder)
+        if topic:
+            gen.Redelivered.AddTopic(builder, topic)
         for add, value in (
             (gen.Redelivered.AddCounts, counts),
             (gen.Redelivered.AddOffsets, offsets),
@@ -659,7 +667,10 @@ def _build_consumer_body(
         last = _int_vector(builder, gen.Settle.StartLastOffsetsVector, frame.last_offsets)
         first = _int_vector(builder, gen.Settle.StartFirstOffsetsVector, frame.first_offsets)
         parts = _int_vector(builder, gen.Settle.StartPartitionsVector, frame.partitions)
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
         gen.Settle.Start(builder)
+        if topic:
+            gen.Settle.AddTopic(builder, topic)
         if reason:
             gen.Settle.AddReason(builder, reason)
         gen.Settle.AddDelayMs(builder, frame.delay_ms)
