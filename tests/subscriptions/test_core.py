@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,3 +153,18 @@ def test_key_shared_needs_an_ack_timeout() -> None:
     except ValueError:
         return
     raise AssertionError("accepted")
+
+
+@pytest.mark.parametrize("kind", [SubscriptionType.EXCLUSIVE, SubscriptionType.KEY_SHARED])
+def test_a_redelivery_rewinds_the_later_messages_of_its_slot(kind: SubscriptionType) -> None:
+    dispatcher = ready(kind, 4, backoff=())
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    feed(dispatcher, [7, 7, 9, 7])
+    assert [offset for _, offset, _ in deliveries(dispatcher)] == [0, 1, 2, 3]
+    dispatcher.nack(1, [1], 0.0, 0.0)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    again = [(offset, count) for _, offset, count in deliveries(dispatcher)]
+    if kind is SubscriptionType.KEY_SHARED:
+        assert again == [(1, 2), (3, 2)]  # slot 7 only; offset 2 (slot 9) stays out
+    else:
+        assert again == [(1, 2), (2, 2), (3, 2)]

@@ -57,7 +57,7 @@ class DispatcherMachine(RuleBasedStateMachine):
     def start(self, kind: SubscriptionType, max_deliveries: int, backoff: Backoff) -> None:
         self.options = Options(
             type=kind,
-            ack_timeout=3.0,
+            ack_timeout=5.0,
             backoff=backoff,
             max_deliveries=max_deliveries,
             max_parked=50,
@@ -76,6 +76,9 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.delivered_to: dict[int, list[int]] = {}
         self.dead: list[int] = []
         self.dead_done: set[int] = set()
+        for _ in range(1 if kind is SubscriptionType.EXCLUSIVE else 2):
+            self.attach(credit=8, max_in_flight=6, priority=0)
+        self.commit()  # the first lease: publishes are delivered at once
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -184,7 +187,12 @@ class DispatcherMachine(RuleBasedStateMachine):
         if not candidates:
             return None
         consumer = data.draw(st.sampled_from(candidates))
-        offsets = data.draw(st.lists(st.sampled_from(self.delivered_to[consumer]), max_size=4))
+        held = sorted(
+            o for o, p in self.dispatcher.tracker.pending.items() if p.consumer == consumer
+        )
+        # Mostly what the consumer holds now; sometimes anything it ever got (stale).
+        pool = held if held and data.draw(st.integers(0, 3)) else self.delivered_to[consumer]
+        offsets = data.draw(st.lists(st.sampled_from(pool), max_size=4))
         return consumer, offsets
 
     @rule(data=st.data())
@@ -204,6 +212,19 @@ class DispatcherMachine(RuleBasedStateMachine):
             return
         consumer, offsets = picked
         self.dispatcher.nack(consumer, offsets, self.now, delay, "nacked")
+        self.take_events()
+
+    @rule(data=st.data(), delay=st.sampled_from([None, 0.0]))
+    def nack_first_held(self, data: st.DataObject, delay: float | None) -> None:
+        """Nack the oldest message of a consumer that holds later ones too (a rewind)."""
+        held: dict[int, list[int]] = {}
+        for offset, pending in sorted(self.dispatcher.tracker.pending.items()):
+            held.setdefault(pending.consumer, []).append(offset)
+        candidates = sorted(c for c, offsets in held.items() if len(offsets) >= 2)
+        if not candidates:
+            return
+        consumer = data.draw(st.sampled_from(candidates))
+        self.dispatcher.nack(consumer, held[consumer][:1], self.now, delay, "rewind")
         self.take_events()
 
     @rule(data=st.data())
@@ -231,7 +252,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.acked_since_commit.update(todo)
         self.take_events()
 
-    @rule(seconds=st.sampled_from([0.1, 1.0, 3.5, 7.0]))
+    @rule(seconds=st.sampled_from([0.1, 1.0, 2.0, 5.5, 11.0]))
     def advance(self, seconds: float) -> None:
         self.now += seconds
         self.dispatcher.tick(self.now)
