@@ -191,7 +191,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             o for o, p in self.dispatcher.tracker.pending.items() if p.consumer == consumer
         )
         # Mostly what the consumer holds now; sometimes anything it ever got (stale).
-        pool = held if held and data.draw(st.integers(0, 3)) else self.delivered_to[consumer]
+        stale = data.draw(st.integers(0, 3)) == 0
+        pool = self.delivered_to[consumer] if stale or not held else held
         offsets = data.draw(st.lists(st.sampled_from(pool), max_size=4))
         return consumer, offsets
 
