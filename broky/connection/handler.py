@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from broky.connection.admission import Admission, Refusal
+from broky.connection.consumers import ConsumerRequests
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.liveness import TIMEOUT_JITTER, Liveness
 from broky.connection.reasons import CloseReason
@@ -39,6 +40,7 @@ from broky.protocol.constants import (
 )
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
+    Consume,
     EncodedRun,
     Error,
     Fetch,
@@ -51,6 +53,7 @@ from broky.protocol.frames import (
     Publish,
     Received,
     Run,
+    Settle,
     Subscribe,
     Unsubscribe,
     Welcome,
@@ -150,6 +153,7 @@ class ServerConnection:
         self._durable = DurableRequests(
             router, self._outlet, store, self._subscribe_refusal, forwarder
         )
+        self._consumers = ConsumerRequests(self._outlet)
         #: Liveness clocks and the keepalive task (broky.connection.liveness).
         self._liveness = Liveness(settings, self._machine)
         self._reason: CloseReason | None = None
@@ -534,6 +538,8 @@ class ServerConnection:
                 durable.fetch(frame)
             elif type(frame) is ListPartitions:
                 durable.list_partitions(frame)
+            elif type(frame) is Consume or type(frame) is Settle:
+                self._consumers.handle(frame)
             elif type(frame) is Flow:
                 router.grant(outlet, frame.stream, frame.credit)
             elif type(frame) is Unsubscribe:

@@ -42,7 +42,12 @@ from broky.protocol.constants import (
     SlowConsumerPolicy,
     StartKind,
 )
-from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
+from broky.protocol.consumer_codec import (
+    CONSUMER_BODIES,
+    decode_consumer_body,
+    encode_consumer_frame,
+)
+from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import (
     Buffer,
     Deliver,
@@ -64,6 +69,17 @@ from broky.protocol.frames import (
     Subscribed,
     Unsubscribe,
     Welcome,
+)
+from broky.protocol.tables import (
+    check_parallel,
+    finish_frame,
+    malformed,
+    numbers,
+    read_bytes,
+    read_text,
+    scalar,
+    table_fields,
+    vector,
 )
 
 __all__ = [
@@ -99,14 +115,6 @@ _VT_HEAD = struct.Struct("<HH")
 # --- control frames through flatbuffers.Builder ------------------------------
 
 
-def _finish(builder: flatbuffers.Builder, body_type: BodyType, body: int) -> bytes:
-    builder.StartObject(2)
-    builder.PrependUOffsetTRelativeSlot(1, body, 0)
-    builder.PrependUint8Slot(0, body_type, 0)
-    builder.FinishSizePrefixed(builder.EndObject())
-    return bytes(builder.Output())
-
-
 def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Hello):
@@ -124,7 +132,7 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         builder.PrependUOffsetTRelativeSlot(1, name, 0)
         builder.PrependUint16Slot(0, frame.protocol_version, 1)
         builder.PrependUint8Slot(3, frame.link, 0)
-        return _finish(builder, BodyType.HELLO, builder.EndObject())
+        return finish_frame(builder, BodyType.HELLO, builder.EndObject())
     if isinstance(frame, Welcome):
         name = builder.CreateString(frame.server_name)
         principal = builder.CreateString(frame.principal) if frame.principal else 0
@@ -137,7 +145,7 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         builder.PrependUint32Slot(2, frame.max_frame_bytes, 0)
         builder.PrependUOffsetTRelativeSlot(1, name, 0)
         builder.PrependUint16Slot(0, frame.protocol_version, 1)
-        return _finish(builder, BodyType.WELCOME, builder.EndObject())
+        return finish_frame(builder, BodyType.WELCOME, builder.EndObject())
     if isinstance(frame, Subscribe):
         pattern = builder.CreateString(frame.pattern)
         offsets = _vector(builder, frame.start_offsets, 8, True) if frame.start_offsets else 0
@@ -150,35 +158,35 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUint8Slot(2, frame.slow_consumer, 0)
         builder.PrependUint8Slot(4, frame.start, 0)
-        return _finish(builder, BodyType.SUBSCRIBE, builder.EndObject())
+        return finish_frame(builder, BodyType.SUBSCRIBE, builder.EndObject())
     if isinstance(frame, (Subscribed, Unsubscribe)):
         builder.StartObject(1)
         builder.PrependUint32Slot(0, frame.stream, 0)
         body_type = BodyType.SUBSCRIBED if isinstance(frame, Subscribed) else BodyType.UNSUBSCRIBE
-        return _finish(builder, body_type, builder.EndObject())
+        return finish_frame(builder, body_type, builder.EndObject())
     if isinstance(frame, Flow):
         builder.StartObject(2)
         builder.PrependUint32Slot(1, frame.credit, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
-        return _finish(builder, BodyType.FLOW, builder.EndObject())
+        return finish_frame(builder, BodyType.FLOW, builder.EndObject())
     if isinstance(frame, (Ping, Pong)):
         builder.StartObject(1)
         builder.PrependUint64Slot(0, frame.nonce, 0)
         body_type = BodyType.PING if isinstance(frame, Ping) else BodyType.PONG
-        return _finish(builder, body_type, builder.EndObject())
+        return finish_frame(builder, body_type, builder.EndObject())
     if isinstance(frame, Error):
         message = builder.CreateString(frame.message)
         builder.StartObject(3)
         builder.PrependUOffsetTRelativeSlot(1, message, 0)
         builder.PrependUint32Slot(2, frame.stream, 0)
         builder.PrependUint16Slot(0, frame.code, 0)
-        return _finish(builder, BodyType.ERROR, builder.EndObject())
+        return finish_frame(builder, BodyType.ERROR, builder.EndObject())
     if isinstance(frame, Notice):
         builder.StartObject(3)
         builder.PrependUint64Slot(2, frame.count, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUint8Slot(1, frame.kind, 0)
-        return _finish(builder, BodyType.NOTICE, builder.EndObject())
+        return finish_frame(builder, BodyType.NOTICE, builder.EndObject())
     return _encode_storage_control(builder, frame)
 
 
@@ -208,13 +216,13 @@ def _encode_storage_control(builder: flatbuffers.Builder, frame: Frame) -> bytes
         builder.PrependUOffsetTRelativeSlot(3, partitions, 0)
         builder.PrependUOffsetTRelativeSlot(4, first, 0)
         builder.PrependUOffsetTRelativeSlot(5, last, 0)
-        return _finish(builder, BodyType.PUBLISH_ACK, builder.EndObject())
+        return finish_frame(builder, BodyType.PUBLISH_ACK, builder.EndObject())
     if isinstance(frame, ListPartitions):
         topic = builder.CreateString(frame.topic)
         builder.StartObject(2)
         builder.PrependUOffsetTRelativeSlot(1, topic, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
-        return _finish(builder, BodyType.LIST_PARTITIONS, builder.EndObject())
+        return finish_frame(builder, BodyType.LIST_PARTITIONS, builder.EndObject())
     if isinstance(frame, Partitions):
         names = [builder.CreateString(name) for name in frame.topics]
         builder.StartVector(4, len(names), 4)
@@ -230,7 +238,7 @@ def _encode_storage_control(builder: flatbuffers.Builder, frame: Frame) -> bytes
         builder.PrependUOffsetTRelativeSlot(2, partitions, 0)
         builder.PrependUOffsetTRelativeSlot(3, starts, 0)
         builder.PrependUOffsetTRelativeSlot(4, ends, 0)
-        return _finish(builder, BodyType.PARTITIONS, builder.EndObject())
+        return finish_frame(builder, BodyType.PARTITIONS, builder.EndObject())
     if isinstance(frame, Fetch):
         topic = builder.CreateString(frame.topic)
         builder.StartObject(5)
@@ -239,7 +247,10 @@ def _encode_storage_control(builder: flatbuffers.Builder, frame: Frame) -> bytes
         builder.PrependUOffsetTRelativeSlot(1, topic, 0)
         builder.PrependUint32Slot(2, frame.partition, 0)
         builder.PrependUint32Slot(4, frame.max_bytes, 0)
-        return _finish(builder, BodyType.FETCH, builder.EndObject())
+        return finish_frame(builder, BodyType.FETCH, builder.EndObject())
+    encoded = encode_consumer_frame(frame)
+    if encoded is not None:
+        return encoded
     raise LocalProtocolError(f"cannot encode {type(frame).__name__} as a control frame")
 
 
@@ -262,91 +273,27 @@ def encode_frame(frame: Frame) -> bytes:
 # --- decoding ----------------------------------------------------------------
 
 
-def _malformed(what: str) -> RemoteProtocolError:
-    return RemoteProtocolError(f"malformed frame: {what}", ErrorCode.MALFORMED_FRAME)
-
-
-def table_fields(buf: Buffer, table: int, count: int) -> list[int]:
-    """Absolute positions of a table's first ``count`` fields (0 = absent).
-
-    Raises RemoteProtocolError when the table or its vtable lies outside
-    ``buf``; positions of present fields are inside the table.
-    """
-    size = len(buf)
-    if table < 0 or table + 4 > size:
-        raise _malformed("table offset out of bounds")
-    vtable = table - _I32.unpack_from(buf, table)[0]
-    if vtable < 0 or vtable + 4 > size:
-        raise _malformed("vtable offset out of bounds")
-    vtable_size, table_size = _VT_HEAD.unpack_from(buf, vtable)
-    if vtable_size < 4 or vtable_size & 1 or vtable + vtable_size > size:
-        raise _malformed("bad vtable size")
-    if table_size < 4 or table + table_size > size:
-        raise _malformed("bad table size")
-    present = min(count, (vtable_size - 4) >> 1)
-    offsets = struct.unpack_from(f"<{present}H", buf, vtable + 4)
-    fields = [0] * count
-    for index, offset in enumerate(offsets):
-        if offset:
-            if offset < 4 or offset >= table_size:
-                raise _malformed("field offset outside its table")
-            fields[index] = table + offset
-    return fields
-
-
-def vector(buf: Buffer, field: int, element_size: int) -> tuple[int, int]:
-    """Return ``(start, length)`` of the vector a uoffset field points to."""
-    target = field + _U32.unpack_from(buf, field)[0]
-    if target + 4 > len(buf):
-        raise _malformed("vector offset out of bounds")
-    length = _U32.unpack_from(buf, target)[0]
-    start = target + 4
-    if start + length * element_size > len(buf):
-        raise _malformed("vector runs past the end of the frame")
-    return start, length
-
-
-def read_bytes(buf: Buffer, field: int) -> bytes:
-    """A ``[ubyte]`` or ``string`` field as bytes (b"" when absent)."""
-    if not field:
-        return b""
-    start, length = vector(buf, field, 1)
-    return bytes(buf[start : start + length])
-
-
-def read_text(buf: Buffer, field: int) -> str:
-    """A ``string`` field decoded as UTF-8 (\"\" when absent)."""
-    try:
-        return read_bytes(buf, field).decode()
-    except UnicodeDecodeError as exc:
-        raise _malformed("string is not valid UTF-8") from exc
-
-
-def _scalar(unpacker: struct.Struct, buf: Buffer, field: int, default: int = 0) -> int:
-    return unpacker.unpack_from(buf, field)[0] if field else default
-
-
 def _decode_run(buf: Buffer, table: int) -> Run:
     key_field, ts_field, sizes_field, messages_field, partition_field, offset_field = table_fields(
         buf, table, 6
     )
     if not (key_field and sizes_field and messages_field):
-        raise _malformed("run lacks a required field (key, sizes, messages)")
+        raise malformed("run lacks a required field (key, sizes, messages)")
     key_start, key_len = vector(buf, key_field, 1)
     sizes_start, count = vector(buf, sizes_field, 4)
     messages_start, messages_len = vector(buf, messages_field, 1)
     view = memoryview(buf)
     sizes = view[sizes_start : sizes_start + 4 * count]
     if sum_u32(sizes) != messages_len:
-        raise _malformed("run sizes do not add up to the length of its messages")
+        raise malformed("run sizes do not add up to the length of its messages")
     return Run(
         key=bytes(view[key_start : key_start + key_len]),
-        ts_broker=_scalar(_I64, buf, ts_field),
+        ts_broker=scalar(_I64, buf, ts_field),
         count=count,
         sizes=sizes,
         messages=view[messages_start : messages_start + messages_len],
-        partition=_scalar(_U32, buf, partition_field),
-        base_offset=_scalar(_I64, buf, offset_field, -1),
+        partition=scalar(_U32, buf, partition_field),
+        base_offset=scalar(_I64, buf, offset_field, -1),
     )
 
 
@@ -376,98 +323,100 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
     if body_type == BodyType.PUBLISH:
         stream, stamp, runs, ack = table_fields(buf, table, 4)
         return Publish(
-            stream=_scalar(_U32, buf, stream),
+            stream=scalar(_U32, buf, stream),
             runs=_decode_runs(buf, runs),
-            stamp_ts_broker=bool(_scalar(_U8, buf, stamp)),
-            ack=bool(_scalar(_U8, buf, ack)),
+            stamp_ts_broker=bool(scalar(_U8, buf, stamp)),
+            ack=bool(scalar(_U8, buf, ack)),
         )
     if body_type in (BodyType.DELIVER, BodyType.FETCHED):
         stream, runs = table_fields(buf, table, 2)
         cls_runs = Deliver if body_type == BodyType.DELIVER else Fetched
-        return cls_runs(stream=_scalar(_U32, buf, stream), runs=_decode_runs(buf, runs))
+        return cls_runs(stream=scalar(_U32, buf, stream), runs=_decode_runs(buf, runs))
     if body_type == BodyType.SUBSCRIBE:
         stream, pattern, policy, credit, start, start_time, offsets = table_fields(buf, table, 7)
         if not pattern:
-            raise _malformed("subscribe lacks its pattern")
+            raise malformed("subscribe lacks its pattern")
         try:
-            slow_consumer = SlowConsumerPolicy(_scalar(_U8, buf, policy))
-            start_kind = StartKind(_scalar(_U8, buf, start))
+            slow_consumer = SlowConsumerPolicy(scalar(_U8, buf, policy))
+            start_kind = StartKind(scalar(_U8, buf, start))
         except ValueError as exc:
-            raise _malformed("unknown slow-consumer policy or start position") from exc
+            raise malformed("unknown slow-consumer policy or start position") from exc
         return Subscribe(
-            stream=_scalar(_U32, buf, stream),
+            stream=scalar(_U32, buf, stream),
             pattern=read_bytes(buf, pattern),
             slow_consumer=slow_consumer,
-            credit=_scalar(_U32, buf, credit),
+            credit=scalar(_U32, buf, credit),
             start=start_kind,
-            start_time=_scalar(_I64, buf, start_time),
-            start_offsets=_numbers(buf, offsets, "q"),
+            start_time=scalar(_I64, buf, start_time),
+            start_offsets=numbers(buf, offsets, "q"),
         )
+    if body_type in CONSUMER_BODIES:
+        return decode_consumer_body(buf, body_type, table)
     if body_type in _STORAGE_BODIES:
         return _decode_storage_body(buf, body_type, table)
     if body_type in (BodyType.SUBSCRIBED, BodyType.UNSUBSCRIBE):
         (stream,) = table_fields(buf, table, 1)
         cls = Subscribed if body_type == BodyType.SUBSCRIBED else Unsubscribe
-        return cls(stream=_scalar(_U32, buf, stream))
+        return cls(stream=scalar(_U32, buf, stream))
     if body_type == BodyType.FLOW:
         stream, credit = table_fields(buf, table, 2)
-        return Flow(stream=_scalar(_U32, buf, stream), credit=_scalar(_U32, buf, credit))
+        return Flow(stream=scalar(_U32, buf, stream), credit=scalar(_U32, buf, credit))
     if body_type in (BodyType.PING, BodyType.PONG):
         (nonce,) = table_fields(buf, table, 1)
         cls_ping = Ping if body_type == BodyType.PING else Pong
-        return cls_ping(nonce=_scalar(_U64, buf, nonce))
+        return cls_ping(nonce=scalar(_U64, buf, nonce))
     if body_type == BodyType.HELLO:
         version, name, max_frame, link, node, user, password, token, workers = table_fields(
             buf, table, 9
         )
         try:
-            link_kind = LinkKind(_scalar(_U8, buf, link))
+            link_kind = LinkKind(scalar(_U8, buf, link))
         except ValueError as exc:
-            raise _malformed("unknown link kind") from exc
+            raise malformed("unknown link kind") from exc
         return Hello(
-            protocol_version=_scalar(_U16, buf, version, 1),
+            protocol_version=scalar(_U16, buf, version, 1),
             client_name=read_text(buf, name),
-            max_frame_bytes=_scalar(_U32, buf, max_frame),
+            max_frame_bytes=scalar(_U32, buf, max_frame),
             link=link_kind,
             node=read_text(buf, node),
             user=read_text(buf, user),
             password=read_text(buf, password),
             token=read_text(buf, token),
-            workers=_scalar(_U16, buf, workers),
+            workers=scalar(_U16, buf, workers),
         )
     if body_type == BodyType.WELCOME:
         version, name, max_frame, heartbeat, idle, max_message, principal = table_fields(
             buf, table, 7
         )
         return Welcome(
-            protocol_version=_scalar(_U16, buf, version, 1),
+            protocol_version=scalar(_U16, buf, version, 1),
             server_name=read_text(buf, name),
-            max_frame_bytes=_scalar(_U32, buf, max_frame),
-            heartbeat_interval_ms=_scalar(_U32, buf, heartbeat),
-            idle_timeout_ms=_scalar(_U32, buf, idle),
-            max_message_bytes=_scalar(_U32, buf, max_message),
+            max_frame_bytes=scalar(_U32, buf, max_frame),
+            heartbeat_interval_ms=scalar(_U32, buf, heartbeat),
+            idle_timeout_ms=scalar(_U32, buf, idle),
+            max_message_bytes=scalar(_U32, buf, max_message),
             principal=read_text(buf, principal),
         )
     if body_type == BodyType.ERROR:
         code, message, stream = table_fields(buf, table, 3)
-        raw_code = _scalar(_U16, buf, code)
+        raw_code = scalar(_U16, buf, code)
         try:
             error_code = ErrorCode(raw_code)
         except ValueError:
             error_code = ErrorCode.INTERNAL  # a newer peer's code: keep the text
         return Error(
-            code=error_code, message=read_text(buf, message), stream=_scalar(_U32, buf, stream)
+            code=error_code, message=read_text(buf, message), stream=scalar(_U32, buf, stream)
         )
     if body_type == BodyType.NOTICE:
         stream, kind, count = table_fields(buf, table, 3)
         try:
-            notice_kind = NoticeKind(_scalar(_U8, buf, kind))
+            notice_kind = NoticeKind(scalar(_U8, buf, kind))
         except ValueError as exc:
-            raise _malformed("unknown notice kind") from exc
+            raise malformed("unknown notice kind") from exc
         return Notice(
-            stream=_scalar(_U32, buf, stream), kind=notice_kind, count=_scalar(_U64, buf, count)
+            stream=scalar(_U32, buf, stream), kind=notice_kind, count=scalar(_U64, buf, count)
         )
-    raise _malformed(f"unknown frame body type {body_type}")
+    raise malformed(f"unknown frame body type {body_type}")
 
 
 _STORAGE_BODIES: Final = frozenset(
@@ -475,39 +424,22 @@ _STORAGE_BODIES: Final = frozenset(
 )
 
 
-def _numbers(buf: Buffer, field: int, code: str) -> tuple[int, ...]:
-    """A ``[uint32]`` (code "I") or ``[int64]`` (code "q") field as a tuple."""
-    if not field:
-        return ()
-    size = struct.calcsize(code)
-    start, length = vector(buf, field, size)
-    return struct.unpack_from(f"<{length}{code}", buf, start)
-
-
-def _check_parallel(what: str, *vectors: Sequence[object]) -> None:
-    """Parallel vectors (entry i of each describes one thing) must agree in length."""
-    if len({len(items) for items in vectors}) > 1:
-        raise _malformed(f"{what} vectors differ in length")
-
-
 def _decode_storage_body(buf: Buffer, body_type: int, table: int) -> Frame:
     if body_type == BodyType.PUBLISH_ACK:
         stream, sequence, runs, partitions, first, last = table_fields(buf, table, 6)
         ack = PublishAck(
-            stream=_scalar(_U32, buf, stream),
-            sequence=_scalar(_U64, buf, sequence),
-            runs=_numbers(buf, runs, "I"),
-            partitions=_numbers(buf, partitions, "I"),
-            first_offsets=_numbers(buf, first, "q"),
-            last_offsets=_numbers(buf, last, "q"),
+            stream=scalar(_U32, buf, stream),
+            sequence=scalar(_U64, buf, sequence),
+            runs=numbers(buf, runs, "I"),
+            partitions=numbers(buf, partitions, "I"),
+            first_offsets=numbers(buf, first, "q"),
+            last_offsets=numbers(buf, last, "q"),
         )
-        _check_parallel(
-            "publish ack", ack.runs, ack.partitions, ack.first_offsets, ack.last_offsets
-        )
+        check_parallel("publish ack", ack.runs, ack.partitions, ack.first_offsets, ack.last_offsets)
         return ack
     if body_type == BodyType.LIST_PARTITIONS:
         stream, topic = table_fields(buf, table, 2)
-        return ListPartitions(stream=_scalar(_U32, buf, stream), topic=read_text(buf, topic))
+        return ListPartitions(stream=scalar(_U32, buf, stream), topic=read_text(buf, topic))
     if body_type == BodyType.PARTITIONS:
         stream, topics_field, partitions, starts, ends = table_fields(buf, table, 5)
         names: list[str] = []
@@ -517,13 +449,13 @@ def _decode_storage_body(buf: Buffer, body_type: int, table: int) -> Frame:
                 position = slot + _U32.unpack_from(buf, slot)[0]
                 names.append(_string_at(buf, position))
         answer = Partitions(
-            stream=_scalar(_U32, buf, stream),
+            stream=scalar(_U32, buf, stream),
             topics=tuple(names),
-            partitions=_numbers(buf, partitions, "I"),
-            start_offsets=_numbers(buf, starts, "q"),
-            end_offsets=_numbers(buf, ends, "q"),
+            partitions=numbers(buf, partitions, "I"),
+            start_offsets=numbers(buf, starts, "q"),
+            end_offsets=numbers(buf, ends, "q"),
         )
-        _check_parallel(
+        check_parallel(
             "partitions",
             answer.topics,
             answer.partitions,
@@ -533,25 +465,25 @@ def _decode_storage_body(buf: Buffer, body_type: int, table: int) -> Frame:
         return answer
     stream, topic, partition, offset, max_bytes = table_fields(buf, table, 5)
     return Fetch(
-        stream=_scalar(_U32, buf, stream),
+        stream=scalar(_U32, buf, stream),
         topic=read_text(buf, topic),
-        partition=_scalar(_U32, buf, partition),
-        offset=_scalar(_I64, buf, offset),
-        max_bytes=_scalar(_U32, buf, max_bytes),
+        partition=scalar(_U32, buf, partition),
+        offset=scalar(_I64, buf, offset),
+        max_bytes=scalar(_U32, buf, max_bytes),
     )
 
 
 def _string_at(buf: Buffer, position: int) -> str:
     """The string whose length prefix is at ``position`` (a vector element)."""
     if position + 4 > len(buf):
-        raise _malformed("string offset out of bounds")
+        raise malformed("string offset out of bounds")
     length = _U32.unpack_from(buf, position)[0]
     if position + 4 + length > len(buf):
-        raise _malformed("string runs past the end of the frame")
+        raise malformed("string runs past the end of the frame")
     try:
         return bytes(buf[position + 4 : position + 4 + length]).decode()
     except UnicodeDecodeError as exc:
-        raise _malformed("string is not valid UTF-8") from exc
+        raise malformed("string is not valid UTF-8") from exc
 
 
 def decode_frame(buf: Buffer) -> Frame:
@@ -569,16 +501,16 @@ def decode_frame(buf: Buffer) -> Frame:
                 return Publish(stream, runs, stamp, ack)
             return (Deliver if body_type == BodyType.DELIVER else Fetched)(stream, runs)
         if len(buf) < 8:
-            raise _malformed("frame shorter than a FlatBuffer root")
+            raise malformed("frame shorter than a FlatBuffer root")
         root = _U32.unpack_from(buf, 0)[0]
         body_type_field, body_field = table_fields(buf, root, 2)
         if not (body_type_field and body_field):
-            raise _malformed("frame has no body")
+            raise malformed("frame has no body")
         body_type = _U8.unpack_from(buf, body_type_field)[0]
         body = body_field + _U32.unpack_from(buf, body_field)[0]
         return _decode_body(buf, body_type, body)
     except struct.error as exc:
-        raise _malformed(str(exc)) from exc
+        raise malformed(str(exc)) from exc
 
 
 #: Upper bound of what a run chunk adds to its messages, its key and 4 bytes

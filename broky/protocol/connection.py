@@ -28,6 +28,7 @@ from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.forward import receive_forwarding
 from broky.protocol.frames import (
+    Consume,
     Deliver,
     Error,
     Fetch,
@@ -44,6 +45,9 @@ from broky.protocol.frames import (
     Publish,
     PublishAck,
     Received,
+    Redelivered,
+    Settle,
+    Settled,
     Subscribe,
     Subscribed,
     Unsubscribe,
@@ -80,6 +84,8 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         Partitions,
         Fetched,
         ForwardPublish,
+        Redelivered,
+        Settled,
     ),
     Role.SERVER: (
         Publish,
@@ -92,6 +98,8 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         ListPartitions,
         Fetch,
         ForwardPublish,
+        Consume,
+        Settle,
     ),
 }
 _HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}

@@ -46,6 +46,10 @@ class BodyType(enum.IntEnum):
     PARTITIONS = 15
     FETCH = 16
     FETCHED = 17
+    CONSUME = 18
+    REDELIVERED = 19
+    SETTLE = 20
+    SETTLED = 21
 
 
 class ErrorCode(enum.IntEnum):
@@ -70,6 +74,7 @@ class ErrorCode(enum.IntEnum):
     AUTHENTICATION_FAILED = 16
     PERMISSION_DENIED = 17
     OWNER_UNAVAILABLE = 18
+    SUBSCRIPTION_REFUSED = 19
 
 
 class SlowConsumerPolicy(enum.IntEnum):
@@ -102,3 +107,21 @@ class StartKind(enum.IntEnum):
     OFFSET = 2
     TIME = 3
     LAST = 4
+
+
+class SubscriptionKind(enum.IntEnum):
+    """How a durable subscription's consumers share it (``Consume.kind``)."""
+
+    SHARED = 0
+    EXCLUSIVE = 1
+    FAILOVER = 2
+    KEY_SHARED = 3
+
+
+class SettleKind(enum.IntEnum):
+    """What a ``Settle`` frame does to its offsets."""
+
+    ACK = 0
+    NACK = 1
+    TERM = 2
+    IN_PROGRESS = 3

@@ -19,8 +19,10 @@ from broky.protocol.constants import (
     ErrorCode,
     LinkKind,
     NoticeKind,
+    SettleKind,
     SlowConsumerPolicy,
     StartKind,
+    SubscriptionKind,
 )
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -256,6 +258,58 @@ class Fetched:
     runs: tuple[Run, ...]
 
 
+@attrs.frozen(slots=True)
+class Consume:
+    """Attach a consumer to a durable subscription (see ``Consume`` in the schema)."""
+
+    stream: int
+    subscription: str
+    pattern: bytes
+    kind: SubscriptionKind = SubscriptionKind.SHARED
+    start: StartKind = StartKind.LATEST
+    credit: int = 1000
+    max_in_flight: int = 1000
+    ack_timeout_ms: int = 30_000
+    max_deliveries: int = 10
+    backoff_ms: tuple[int, ...] = ()
+    priority: int = 0
+
+
+@attrs.frozen(slots=True)
+class Redelivered:
+    """Delivery counts (> 1) of the messages in the next Deliver of ``stream``."""
+
+    stream: int
+    partitions: tuple[int, ...] = ()
+    offsets: tuple[int, ...] = ()
+    counts: tuple[int, ...] = ()
+    topic: str = ""
+
+
+@attrs.frozen(slots=True)
+class Settle:
+    """Ack, nack, term or in-progress for ranges of offsets, as parallel tuples."""
+
+    stream: int
+    sequence: int = 0
+    kind: SettleKind = SettleKind.ACK
+    partitions: tuple[int, ...] = ()
+    first_offsets: tuple[int, ...] = ()
+    last_offsets: tuple[int, ...] = ()
+    delay_ms: int = -1
+    reason: str = ""
+    topic: str = ""
+
+
+@attrs.frozen(slots=True)
+class Settled:
+    """Receipt of a Settle: its changes are committed."""
+
+    stream: int
+    sequence: int
+    stale: int = 0
+
+
 Frame: TypeAlias = (
     Hello
     | Welcome
@@ -274,6 +328,10 @@ Frame: TypeAlias = (
     | Partitions
     | Fetch
     | Fetched
+    | Consume
+    | Redelivered
+    | Settle
+    | Settled
 )
 #: What a ProtocolMachine hands over: wire frames, and on a server that asks
 #: for it, Publish frames to forward as they came (ForwardPublish).

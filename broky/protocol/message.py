@@ -12,10 +12,11 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
-from broky.protocol.codec import PADDING, sum_u32, table_fields, u32_array, vector
+from broky.protocol.codec import PADDING, sum_u32, u32_array
 from broky.protocol.constants import UID_BYTES
 from broky.protocol.errors import LocalProtocolError, RemoteProtocolError
 from broky.protocol.frames import Buffer, Run
+from broky.protocol.tables import table_fields, vector
 
 Tags = tuple[tuple[str, str], ...]
 

@@ -42,6 +42,13 @@ CREATE TABLE IF NOT EXISTS acked (
     last_offset INTEGER NOT NULL,
     PRIMARY KEY (subscription, topic, partition, first_offset)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subscription_images (
+    subscription TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    image BLOB NOT NULL,
+    PRIMARY KEY (subscription, topic, partition)
+) WITHOUT ROWID;
 """
 #: How long a writer waits for another connection's lock before failing.
 #: Only one broker process opens a state file, so a wait means something is
@@ -83,9 +90,17 @@ class StateTransaction:
             [(*key, first, last) for first, last in state.acked],
         )
 
+    def save_image(self, subscription: str, topic: str, partition: int, image: bytes) -> None:
+        """Replace one durable subscription's image of one partition (one row,
+        see ``broky.subscriptions.image``)."""
+        self._connection.execute(
+            "INSERT OR REPLACE INTO subscription_images VALUES (?, ?, ?, ?)",
+            (subscription, topic, partition, image),
+        )
+
     def delete(self, subscription: str) -> None:
         """Forget a subscription entirely."""
-        for table in ("cursors", "acked"):
+        for table in ("cursors", "acked", "subscription_images"):
             self._connection.execute(f"DELETE FROM {table} WHERE subscription = ?", (subscription,))
 
 
@@ -99,7 +114,15 @@ class StateStore:
     def open(cls, path: str) -> StateStore:
         """Open or create the state database at ``path`` (WAL mode, full sync)."""
         try:
-            connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            # One owner at a time, but it may call from any worker thread
+            # (trio.to_thread): the owner serialises, so sqlite's own
+            # same-thread check is off.
+            connection = sqlite3.connect(
+                path,
+                isolation_level=None,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                check_same_thread=False,
+            )
             mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode != "wal":
                 raise StorageError(f"{path}: sqlite refused WAL mode (got {mode})")
@@ -151,6 +174,15 @@ class StateStore:
             PartitionCursor(topic, partition, cursor, tuple(ranges.get((topic, partition), ())))
             for topic, partition, cursor in cursors
         ]
+
+    def load_images(self) -> list[tuple[str, str, int, bytes]]:
+        """Every saved image as ``(subscription, topic, partition, image)``."""
+        return list(
+            self._connection.execute(
+                "SELECT subscription, topic, partition, image FROM subscription_images"
+                " ORDER BY subscription, topic, partition"
+            )
+        )
 
     def subscriptions(self) -> list[str]:
         """Every subscription with saved state."""

@@ -34,10 +34,13 @@ from broky.protocol.constants import (
     ErrorCode,
     LinkKind,
     NoticeKind,
+    SettleKind,
     SlowConsumerPolicy,
     StartKind,
+    SubscriptionKind,
 )
 from broky.protocol.frames import (
+    Consume,
     Deliver,
     Error,
     Fetch,
@@ -52,7 +55,10 @@ from broky.protocol.frames import (
     Pong,
     Publish,
     PublishAck,
+    Redelivered,
     Run,
+    Settle,
+    Settled,
     Subscribe,
     Subscribed,
     Unsubscribe,
@@ -117,6 +123,35 @@ CONTROL_FRAMES: list[Frame] = [
         end_offsets=(100, 2**62),
     ),
     Fetch(stream=10, topic="orders", partition=3, offset=2**40, max_bytes=65_536),
+    Consume(
+        stream=11,
+        subscription="billing ✓",
+        pattern=b"orders.>",
+        kind=SubscriptionKind.KEY_SHARED,
+        start=StartKind.EARLIEST,
+        credit=5,
+        max_in_flight=7,
+        ack_timeout_ms=2_000,
+        max_deliveries=0,
+        backoff_ms=(100, 1_000, 0xFFFF_FFFF),
+        priority=-3,
+    ),
+    Redelivered(
+        stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF), topic="ordérs"
+    ),
+    Settle(
+        stream=11,
+        sequence=2**64 - 1,
+        kind=SettleKind.NACK,
+        partitions=(1, 1),
+        first_offsets=(0, 9),
+        last_offsets=(4, 2**62),
+        delay_ms=2**40,
+        reason="bad input ✓",
+        topic="orders",
+    ),
+    Settle(stream=12, kind=SettleKind.IN_PROGRESS, delay_ms=0),
+    Settled(stream=11, sequence=2**63, stale=3),
 ]
 
 #: Control frames whose fields all hold their schema defaults (omitted on the wire).
@@ -135,6 +170,10 @@ DEFAULT_CONTROL_FRAMES: list[Frame] = [
     ListPartitions(stream=0),
     Partitions(stream=0),
     Fetch(stream=0, topic="", partition=0, offset=0),
+    Consume(stream=0, subscription="s", pattern=b">"),
+    Redelivered(stream=0),
+    Settle(stream=0),
+    Settled(stream=0, sequence=0),
 ]
 
 MESSAGES: list[Message] = [
@@ -306,6 +345,8 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             offset=body.Offset(),
             max_bytes=body.MaxBytes(),
         )
+    if body_type in (BodyType.CONSUME, BodyType.REDELIVERED, BodyType.SETTLE, BodyType.SETTLED):
+        return _read_consumer_frame(body_type, body)
     if body_type == BodyType.SUBSCRIBED:
         return Subscribed(stream=body.Stream())
     if body_type == BodyType.UNSUBSCRIBE:
@@ -333,6 +374,51 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
         return Fetched(stream=body.Stream(), runs=runs)
     assert body_type == BodyType.DELIVER
     return Deliver(stream=body.Stream(), runs=runs)
+
+
+def _numbers(body: Any, name: str) -> tuple[int, ...]:
+    return tuple(getattr(body, name)(i) for i in range(getattr(body, name + "Length")()))
+
+
+def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
+    if body_type == BodyType.CONSUME:
+        _check_nul_terminated(body, 1)
+        _check_nul_terminated(body, 2)
+        return Consume(
+            stream=body.Stream(),
+            subscription=body.Subscription().decode(),
+            pattern=body.Pattern(),
+            kind=SubscriptionKind(body.Kind()),
+            start=StartKind(body.Start()),
+            credit=body.Credit(),
+            max_in_flight=body.MaxInFlight(),
+            ack_timeout_ms=body.AckTimeoutMs(),
+            max_deliveries=body.MaxDeliveries(),
+            backoff_ms=_numbers(body, "BackoffMs"),
+            priority=body.Priority(),
+        )
+    if body_type == BodyType.REDELIVERED:
+        return Redelivered(
+            stream=body.Stream(),
+            partitions=_numbers(body, "Partitions"),
+            offsets=_numbers(body, "Offsets"),
+            counts=_numbers(body, "Counts"),
+            topic=(body.Topic() or b"").decode(),
+        )
+    if body_type == BodyType.SETTLE:
+        _check_nul_terminated(body, 7)
+        return Settle(
+            stream=body.Stream(),
+            sequence=body.Sequence(),
+            kind=SettleKind(body.Kind()),
+            partitions=_numbers(body, "Partitions"),
+            first_offsets=_numbers(body, "FirstOffsets"),
+            last_offsets=_numbers(body, "LastOffsets"),
+            delay_ms=body.DelayMs(),
+            reason=(body.Reason() or b"").decode(),
+            topic=(body.Topic() or b"").decode(),
+        )
+    return Settled(stream=body.Stream(), sequence=body.Sequence(), stale=body.Stale())
 
 
 def read_message_with_generated(gen: SimpleNamespace, data: bytes, key: str) -> Message:
@@ -506,6 +592,8 @@ def _build_body(  # noqa: PLR0911
         return int(gen.Notice.End(builder))
     if isinstance(frame, (PublishAck, ListPartitions, Partitions, Fetch)):
         return _build_storage_body(gen, builder, frame)
+    if isinstance(frame, (Consume, Redelivered, Settle, Settled)):
+        return _build_consumer_body(gen, builder, frame)
     run_tables = [_build_run(gen, builder, run, omit_ts_broker) for run in frame.runs]
     module = getattr(gen, type(frame).__name__)
     module.StartRunsVector(builder, len(run_tables))
@@ -531,6 +619,77 @@ def _int_vector(builder: flatbuffers.Builder, start: Any, values: tuple[int, ...
         else:
             builder.PrependUint32(value)
     return int(builder.EndVector())
+
+
+def _build_consumer_body(
+    gen: SimpleNamespace,
+    builder: flatbuffers.Builder,
+    frame: Consume | Redelivered | Settle | Settled,
+) -> int:
+    """flatc's builders, fields added in reverse order, empty vectors omitted."""
+    if isinstance(frame, Consume):
+        backoff = _int_vector(builder, gen.Consume.StartBackoffMsVector, frame.backoff_ms)
+        pattern = builder.CreateString(frame.pattern)
+        name = builder.CreateString(frame.subscription)
+        gen.Consume.Start(builder)
+        gen.Consume.AddPriority(builder, frame.priority)
+        if backoff:
+            gen.Consume.AddBackoffMs(builder, backoff)
+        gen.Consume.AddMaxDeliveries(builder, frame.max_deliveries)
+        gen.Consume.AddAckTimeoutMs(builder, frame.ack_timeout_ms)
+        gen.Consume.AddMaxInFlight(builder, frame.max_in_flight)
+        gen.Consume.AddCredit(builder, frame.credit)
+        gen.Consume.AddStart(builder, frame.start)
+        gen.Consume.AddKind(builder, frame.kind)
+        gen.Consume.AddPattern(builder, pattern)
+        gen.Consume.AddSubscription(builder, name)
+        gen.Consume.AddStream(builder, frame.stream)
+        return int(gen.Consume.End(builder))
+    if isinstance(frame, Redelivered):
+        counts = _int_vector(builder, gen.Redelivered.StartCountsVector, frame.counts)
+        offsets = _int_vector(builder, gen.Redelivered.StartOffsetsVector, frame.offsets)
+        parts = _int_vector(builder, gen.Redelivered.StartPartitionsVector, frame.partitions)
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
+        gen.Redelivered.Start(builder)
+        if topic:
+            gen.Redelivered.AddTopic(builder, topic)
+        for add, value in (
+            (gen.Redelivered.AddCounts, counts),
+            (gen.Redelivered.AddOffsets, offsets),
+            (gen.Redelivered.AddPartitions, parts),
+        ):
+            if value:
+                add(builder, value)
+        gen.Redelivered.AddStream(builder, frame.stream)
+        return int(gen.Redelivered.End(builder))
+    if isinstance(frame, Settle):
+        reason = builder.CreateString(frame.reason) if frame.reason else 0
+        last = _int_vector(builder, gen.Settle.StartLastOffsetsVector, frame.last_offsets)
+        first = _int_vector(builder, gen.Settle.StartFirstOffsetsVector, frame.first_offsets)
+        parts = _int_vector(builder, gen.Settle.StartPartitionsVector, frame.partitions)
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
+        gen.Settle.Start(builder)
+        if topic:
+            gen.Settle.AddTopic(builder, topic)
+        if reason:
+            gen.Settle.AddReason(builder, reason)
+        gen.Settle.AddDelayMs(builder, frame.delay_ms)
+        for add, value in (
+            (gen.Settle.AddLastOffsets, last),
+            (gen.Settle.AddFirstOffsets, first),
+            (gen.Settle.AddPartitions, parts),
+        ):
+            if value:
+                add(builder, value)
+        gen.Settle.AddKind(builder, frame.kind)
+        gen.Settle.AddSequence(builder, frame.sequence)
+        gen.Settle.AddStream(builder, frame.stream)
+        return int(gen.Settle.End(builder))
+    gen.Settled.Start(builder)
+    gen.Settled.AddStale(builder, frame.stale)
+    gen.Settled.AddSequence(builder, frame.sequence)
+    gen.Settled.AddStream(builder, frame.stream)
+    return int(gen.Settled.End(builder))
 
 
 def _build_storage_body(
@@ -625,6 +784,8 @@ def build_with_generated(
         (ErrorCode, "ErrorCode"),
         (SlowConsumerPolicy, "SlowConsumerPolicy"),
         (NoticeKind, "NoticeKind"),
+        (SubscriptionKind, "SubscriptionKind"),
+        (SettleKind, "SettleKind"),
     ],
 )
 def test_enums_match_schema(

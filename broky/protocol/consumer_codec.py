@@ -1,0 +1,174 @@
+"""Encoding and decoding of the durable-subscription control frames
+(``Consume``, ``Redelivered``, ``Settle``, ``Settled``; schema tables at the
+end of ``schemas/broky.fbs``).
+
+Kept beside ``codec.py`` rather than in it: these frames are small control
+frames written with ``flatbuffers.Builder`` and read with the codec's
+bounds-checked table helpers; only the two dispatch points in ``codec.py``
+know about them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+import flatbuffers
+
+from broky.protocol.constants import BodyType, SettleKind, StartKind, SubscriptionKind
+from broky.protocol.frames import Buffer, Consume, Frame, Redelivered, Settle, Settled
+from broky.protocol.tables import (
+    check_parallel,
+    finish_frame,
+    malformed,
+    numbers,
+    read_bytes,
+    read_text,
+    scalar,
+    table_fields,
+)
+
+CONSUMER_BODIES: Final = frozenset(
+    (BodyType.CONSUME, BodyType.REDELIVERED, BodyType.SETTLE, BodyType.SETTLED)
+)
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+
+def _vector(builder: flatbuffers.Builder, values: Sequence[int], code: str) -> int:
+    size = struct.calcsize(code)
+    builder.StartVector(size, len(values), size)
+    prepend = {"I": builder.PrependUint32, "q": builder.PrependInt64}[code]
+    for value in reversed(values):
+        prepend(value)
+    return int(builder.EndVector())
+
+
+def encode_consumer_frame(frame: Frame) -> bytes | None:
+    """The frame's bytes, or None if it is not one of this module's frames."""
+    builder = flatbuffers.Builder(128)
+    if isinstance(frame, Consume):
+        backoff = _vector(builder, frame.backoff_ms, "I")
+        pattern = builder.CreateString(frame.pattern)
+        subscription = builder.CreateString(frame.subscription)
+        builder.StartObject(11)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
+        builder.PrependUOffsetTRelativeSlot(2, pattern, 0)
+        builder.PrependUint32Slot(5, frame.credit, 1000)
+        builder.PrependUint32Slot(6, frame.max_in_flight, 1000)
+        builder.PrependUint32Slot(7, frame.ack_timeout_ms, 30000)
+        builder.PrependUint32Slot(8, frame.max_deliveries, 10)
+        builder.PrependUOffsetTRelativeSlot(9, backoff, 0)
+        builder.PrependInt32Slot(10, frame.priority, 0)
+        builder.PrependUint8Slot(3, frame.kind, 0)
+        builder.PrependUint8Slot(4, frame.start, 0)
+        return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
+    if isinstance(frame, Redelivered):
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
+        counts = _vector(builder, frame.counts, "I")
+        offsets = _vector(builder, frame.offsets, "q")
+        partitions = _vector(builder, frame.partitions, "I")
+        builder.StartObject(5)
+        if topic:
+            builder.PrependUOffsetTRelativeSlot(4, topic, 0)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(1, partitions, 0)
+        builder.PrependUOffsetTRelativeSlot(2, offsets, 0)
+        builder.PrependUOffsetTRelativeSlot(3, counts, 0)
+        return finish_frame(builder, BodyType.REDELIVERED, builder.EndObject())
+    if isinstance(frame, Settle):
+        topic = builder.CreateString(frame.topic) if frame.topic else 0
+        reason = builder.CreateString(frame.reason) if frame.reason else 0
+        last = _vector(builder, frame.last_offsets, "q")
+        first = _vector(builder, frame.first_offsets, "q")
+        partitions = _vector(builder, frame.partitions, "I")
+        builder.StartObject(9)
+        if topic:
+            builder.PrependUOffsetTRelativeSlot(8, topic, 0)
+        builder.PrependUint64Slot(1, frame.sequence, 0)
+        builder.PrependInt64Slot(6, frame.delay_ms, -1)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(3, partitions, 0)
+        builder.PrependUOffsetTRelativeSlot(4, first, 0)
+        builder.PrependUOffsetTRelativeSlot(5, last, 0)
+        if reason:
+            builder.PrependUOffsetTRelativeSlot(7, reason, 0)
+        builder.PrependUint8Slot(2, frame.kind, 0)
+        return finish_frame(builder, BodyType.SETTLE, builder.EndObject())
+    if isinstance(frame, Settled):
+        builder.StartObject(3)
+        builder.PrependUint64Slot(1, frame.sequence, 0)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUint32Slot(2, frame.stale, 0)
+        return finish_frame(builder, BodyType.SETTLED, builder.EndObject())
+    return None
+
+
+def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, what: str) -> int:
+    try:
+        return int(kind(value))
+    except ValueError:
+        raise malformed(f"unknown {what} {value}") from None
+
+
+def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
+    """Decode one of ``CONSUMER_BODIES``; RemoteProtocolError if malformed."""
+    if body_type == BodyType.CONSUME:
+        fields = table_fields(buf, table, 11)
+        if not (fields[1] and fields[2]):
+            raise malformed("Consume needs subscription and pattern")
+        return Consume(
+            stream=scalar(_U32, buf, fields[0]),
+            subscription=read_text(buf, fields[1]),
+            pattern=read_bytes(buf, fields[2]),
+            kind=SubscriptionKind(_enum(SubscriptionKind, scalar(_U8, buf, fields[3]), "kind")),
+            start=StartKind(_enum(StartKind, scalar(_U8, buf, fields[4]), "start")),
+            credit=scalar(_U32, buf, fields[5], 1000),
+            max_in_flight=scalar(_U32, buf, fields[6], 1000),
+            ack_timeout_ms=scalar(_U32, buf, fields[7], 30000),
+            max_deliveries=scalar(_U32, buf, fields[8], 10),
+            backoff_ms=numbers(buf, fields[9], "I"),
+            priority=scalar(_I32, buf, fields[10]),
+        )
+    if body_type == BodyType.REDELIVERED:
+        stream, partitions, offsets, counts, topic = table_fields(buf, table, 5)
+        redelivered = Redelivered(
+            stream=scalar(_U32, buf, stream),
+            partitions=numbers(buf, partitions, "I"),
+            offsets=numbers(buf, offsets, "q"),
+            counts=numbers(buf, counts, "I"),
+            topic=read_text(buf, topic),
+        )
+        check_parallel(
+            "redelivered", redelivered.partitions, redelivered.offsets, redelivered.counts
+        )
+        return redelivered
+    if body_type == BodyType.SETTLE:
+        fields = table_fields(buf, table, 9)
+        settle = Settle(
+            stream=scalar(_U32, buf, fields[0]),
+            sequence=scalar(_U64, buf, fields[1]),
+            kind=SettleKind(_enum(SettleKind, scalar(_U8, buf, fields[2]), "settle kind")),
+            partitions=numbers(buf, fields[3], "I"),
+            first_offsets=numbers(buf, fields[4], "q"),
+            last_offsets=numbers(buf, fields[5], "q"),
+            delay_ms=scalar(_I64, buf, fields[6], -1),
+            reason=read_text(buf, fields[7]),
+            topic=read_text(buf, fields[8]),
+        )
+        check_parallel("settle", settle.partitions, settle.first_offsets, settle.last_offsets)
+        if any(f > last for f, last in zip(settle.first_offsets, settle.last_offsets, strict=True)):
+            raise malformed("a settle range ends before it starts")
+        return settle
+    stream, sequence, stale = table_fields(buf, table, 3)
+    return Settled(
+        stream=scalar(_U32, buf, stream),
+        sequence=scalar(_U64, buf, sequence),
+        stale=scalar(_U32, buf, stale),
+    )

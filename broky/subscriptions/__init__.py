@@ -1,0 +1,1 @@
+"""Durable subscriptions: who consumed what, redelivery, dead letters (sans-IO core)."""

@@ -1,0 +1,129 @@
+"""Group commits of subscription state: many acks, one sqlite transaction.
+
+The dispatchers change in memory on every ack; the committer writes the
+images of the ones that changed since the last round, one row each, in one
+transaction (one WAL append and one fsync), at most every ``interval``
+seconds (5 ms) or as soon as ``max_acks`` (4,096) acks wait. Callbacks
+registered with ``after_commit`` run once a round that began after they were
+registered has committed: that is when an ack receipt may leave, and when
+the dispatchers' crash gates open (``Dispatcher.committed``).
+
+Ownership: the committer owns the state store; the sqlite calls run in a
+worker thread (sqlite blocks for the fsync), one round at a time, and the
+dispatchers are only touched on the trio thread, before and after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from broky.storage.errors import StorageError
+from broky.storage.state import StateStore
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.image import decode_image, encode_image
+from broky.subscriptions.tracker import SubscriptionImage
+
+log = logging.getLogger("broky.subscriptions")
+
+#: Seconds between group commits while acks flow: the window in which an
+#: acked-but-unreceipted ack can be lost by a crash.
+COMMIT_INTERVAL: Final = 0.005
+#: Acks that start a commit at once, without waiting for the interval.
+MAX_ACKS_PER_COMMIT: Final = 4096
+
+#: (subscription, topic, partition)
+ImageKey = tuple[str, str, int]
+
+
+class GroupCommitter:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        interval: float = COMMIT_INTERVAL,
+        max_acks: int = MAX_ACKS_PER_COMMIT,
+    ) -> None:
+        self._store = store
+        self.interval = interval
+        self.max_acks = max_acks
+        self._dirty: dict[ImageKey, Dispatcher] = {}
+        self._callbacks: list[Callable[[], None]] = []
+        self._acks = 0
+        self._wake = trio.Event()
+        self._full = trio.Event()
+        self.commits = 0
+        self.failures = 0
+
+    def load(self) -> dict[ImageKey, SubscriptionImage]:
+        """Every committed image (blocking: call before serving, or in a thread)."""
+        return {
+            (subscription, topic, partition): decode_image(blob)
+            for subscription, topic, partition, blob in self._store.load_images()
+        }
+
+    def changed(self, key: ImageKey, dispatcher: Dispatcher, acks: int = 0) -> None:
+        """``dispatcher`` changed (``acks`` acks among the changes): commit it soon."""
+        self._dirty[key] = dispatcher
+        self._acks += acks
+        self._wake.set()
+        if self._acks >= self.max_acks:
+            self._full.set()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything changed so far is durable."""
+        self._callbacks.append(callback)
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Commit rounds until cancelled; a pending round is committed first."""
+        try:
+            while True:
+                await self._wake.wait()
+                with trio.move_on_after(self.interval):
+                    await self._full.wait()
+                await self.commit_now()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self._dirty or self._callbacks:
+                    await self.commit_now()
+
+    async def commit_now(self) -> None:
+        """One round: take the images, write them in a thread, open the gates."""
+        self._wake = trio.Event()
+        self._full = trio.Event()
+        self._acks = 0
+        dirty, self._dirty = self._dirty, {}
+        callbacks, self._callbacks = self._callbacks, []
+        images = {key: dispatcher.tracker.image() for key, dispatcher in dirty.items()}
+        rows = [(key, encode_image(image)) for key, image in images.items()]
+        try:
+            await trio.to_thread.run_sync(self._write, rows)
+        except StorageError as exc:
+            # Nothing was promised yet: keep everything for the next round.
+            log.error("subscription state commit failed: %s", exc)
+            self.failures += 1
+            for key, dispatcher in dirty.items():
+                self._dirty.setdefault(key, dispatcher)
+            self._callbacks[:0] = callbacks
+            self._wake.set()
+            await trio.sleep(self.interval)
+            return
+        self.commits += 1
+        now = trio.current_time()
+        for key, image in images.items():
+            dirty[key].committed(image, now)
+        for callback in callbacks:
+            callback()
+
+    def _write(self, rows: list[tuple[ImageKey, bytes]]) -> None:
+        if not rows:
+            return
+        with self._store.transaction() as transaction:
+            for (subscription, topic, partition), blob in rows:
+                transaction.save_image(subscription, topic, partition, blob)

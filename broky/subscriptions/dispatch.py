@@ -1,0 +1,491 @@
+"""The dispatcher of one (subscription, partition): who gets which message (sans-IO).
+
+One dispatcher per (subscription, partition), owned by whoever owns the
+partition, driven synchronously: every call decides and records at once
+("choose consumer, record pending, emit delivery" is one step with no await
+inside, the property whose absence broke Pulsar's key-shared ordering,
+#20179/#21953/#23307). Decisions come out as events (:class:`Deliver`,
+:class:`DeadLetter`, :class:`Evict`) in ``events``, for the driver to carry
+out; ``now`` is passed in (seconds).
+
+Types:
+
+- ``shared``: each message to the consumer with room next in round-robin
+  order; no order between messages.
+- ``exclusive`` / ``failover`` / ``key-shared`` are *ordered*: every message
+  belongs to a slot (key-shared: the key's slot; the others: one slot), a slot
+  has one owner, and the invariant of PIP-379 holds: **all unacked messages of
+  a slot are at one consumer at a time**. A slot whose owner changed while the
+  old owner still holds some of its messages is *draining*: its messages wait
+  (parked, by offset) until the old holder acked them, released them, timed out
+  or left; other slots keep flowing. When a message is redelivered (nack,
+  timeout), the later messages of its slot that the same consumer holds are
+  taken back too and redelivered after it, in offset order: a consumer sees
+  ``n, n+1, ⟲ n, n+1``, never ``n+1, n``.
+- ``failover``: the owner of the one slot is the consumer with the highest
+  priority (earliest attach among equals); a switch waits for the old one to
+  drain, never a blind delay (Pulsar #749/#6535).
+
+Flow control: a consumer receives while it has credit (granted by the
+client, one message each) and fewer than ``max_in_flight`` unacked messages.
+A consumer without room is skipped; in ordered types only its slots wait.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import deque
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from typing import Final
+
+import attrs
+
+from broky.subscriptions.slots import NOBODY, SlotTable
+from broky.subscriptions.tracker import (
+    DEFAULT_LEASE,
+    AckTracker,
+    Pending,
+    SubscriptionImage,
+    backoff_delay,
+)
+
+#: Parked offsets (messages read but held for a busy or draining slot) per
+#: dispatcher before it stops reading new ones: offsets only, ~100 bytes each.
+DEFAULT_MAX_PARKED: Final = 10_000
+
+
+class SubscriptionType(Enum):
+    EXCLUSIVE = "exclusive"
+    FAILOVER = "failover"
+    SHARED = "shared"
+    KEY_SHARED = "key-shared"
+
+
+class SubscriptionBusy(Exception):
+    """A second consumer attached to an exclusive subscription."""
+
+
+@attrs.frozen(slots=True)
+class Options:
+    """A subscription's settings (fixed at creation)."""
+
+    type: SubscriptionType = SubscriptionType.SHARED
+    ack_timeout: float = 30.0
+    backoff: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0)
+    #: Deliveries before a message is dead-lettered; 0 = never.
+    max_deliveries: int = 10
+    max_parked: int = DEFAULT_MAX_PARKED
+    max_ack_ranges: int = 65536
+    max_unacked: int = 100_000
+    lease: int = DEFAULT_LEASE
+
+
+@attrs.frozen(slots=True)
+class Deliver:
+    consumer: int
+    offset: int
+    count: int
+
+
+@attrs.frozen(slots=True)
+class DeadLetter:
+    """Send ``offset`` to the dead-letter topic, then ``ack`` it here."""
+
+    offset: int
+    count: int
+    error: str
+
+
+@attrs.frozen(slots=True)
+class Evict:
+    """Close ``consumer``: it held messages and made no progress for twice the ack timeout."""
+
+    consumer: int
+
+
+Event = Deliver | DeadLetter | Evict
+
+
+@attrs.define(slots=True, eq=False)
+class Consumer:
+    id: int
+    priority: int
+    credit: int
+    max_in_flight: int
+    in_flight: int = 0
+    last_progress: float = 0.0
+
+    @property
+    def room(self) -> int:
+        return min(self.credit, self.max_in_flight - self.in_flight)
+
+
+class Dispatcher:
+    """See the module docstring."""
+
+    def __init__(self, options: Options, image: SubscriptionImage, end_offset: int = 0) -> None:
+        if options.type is SubscriptionType.KEY_SHARED and options.ack_timeout <= 0:
+            raise ValueError("a key-shared subscription needs an ack timeout > 0")
+        self.options = options
+        self.tracker = AckTracker(
+            image,
+            ack_timeout=options.ack_timeout,
+            backoff=options.backoff,
+            lease=options.lease,
+            end_offset=end_offset,
+        )
+        self.ordered = options.type is not SubscriptionType.SHARED
+        self.end_offset = max(end_offset, image.cursor)
+        self.consumers: dict[int, Consumer] = {}
+        self.events: list[Event] = []
+        self.table = SlotTable()
+        #: Failover/exclusive: the owner of the one slot.
+        self.active = NOBODY
+        # Ordered types: per slot, the holder of its pending messages and how many.
+        self._holder: dict[int, int] = {}
+        self._held: dict[int, dict[int, None]] = {}
+        #: Ordered types: offsets waiting per slot (parked or due again), sorted.
+        self._waiting: dict[int, list[int]] = {}
+        self.parked = 0
+        # Shared: offsets due again, by due time, and those due with no room yet.
+        self._retry: list[tuple[float, int]] = []
+        self._ready: deque[int] = deque()
+        self._turn = 0
+        self.redelivered = 0
+        self.dead_letters = 0
+        self.stale_acks = 0
+
+    # --- consumers ------------------------------------------------------------------------
+
+    def attach(
+        self, consumer: int, now: float, *, credit: int, max_in_flight: int, priority: int = 0
+    ) -> None:
+        kind = self.options.type
+        if kind is SubscriptionType.EXCLUSIVE and self.consumers:
+            raise SubscriptionBusy("the exclusive subscription already has a consumer")
+        self.consumers[consumer] = Consumer(consumer, priority, credit, max_in_flight, 0, now)
+        if kind is SubscriptionType.KEY_SHARED:
+            self.table.join(consumer)
+        self._elect()
+        self.pump(now)
+
+    def detach(self, consumer: int, now: float) -> None:
+        """The consumer closed, disconnected or was evicted: what it holds is due now."""
+        gone = self.consumers.pop(consumer, None)
+        if gone is None:
+            return
+        if self.options.type is SubscriptionType.KEY_SHARED:
+            self.table.leave(consumer)
+        held = sorted(o for o, p in self.tracker.pending.items() if p.consumer == consumer)
+        for offset in held:
+            self._release(offset, now)
+        self._elect()
+        self.pump(now)
+
+    def grant(self, consumer: int, credit: int, now: float) -> None:
+        state = self.consumers.get(consumer)
+        if state is not None:
+            state.credit += credit
+            self.pump(now)
+
+    def _elect(self) -> None:
+        if self.options.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            ranked = sorted(self.consumers.values(), key=lambda c: (-c.priority, c.id))
+            self.active = ranked[0].id if ranked else NOBODY
+
+    def owner_of(self, slot: int) -> int:
+        if self.options.type is SubscriptionType.KEY_SHARED:
+            return self.table.owner(slot)
+        return self.active
+
+    # --- reading new offsets ----------------------------------------------------------
+
+    def wants(self) -> int:
+        """How many new offsets (from ``tracker.read_position``) to read and ``feed``."""
+        tracker = self.tracker
+        tracker.want_lease()
+        options = self.options
+        if len(tracker.acked) >= options.max_ack_ranges:
+            return 0
+        if tracker.read_position - tracker.cursor >= options.max_unacked:
+            return 0
+        available = min(self.end_offset, tracker.durable_limit) - tracker.read_position
+        if available <= 0:
+            return 0
+        room = sum(max(0, c.room) for c in self.consumers.values())
+        if self.ordered:
+            # Messages for busy or draining slots park (offsets only); the
+            # bound stops the read, never another slot's delivery.
+            if self.parked >= options.max_parked:
+                return 0
+        else:
+            room -= len(self._ready)
+        return max(0, min(available, room))
+
+    def feed(self, offset: int, slot: int, now: float) -> None:
+        """A message read from ``tracker.read_position``, in offset order."""
+        tracker = self.tracker
+        if offset < tracker.read_position:
+            return  # read twice (a read raced a rewind); the first one counts
+        if offset in tracker.acked or offset in tracker.pending:
+            tracker.skip_read(offset)
+            return
+        tracker.skip_read(offset)
+        if not self.ordered:
+            self._ready.append(offset)
+            self._pump_shared(now)
+            return
+        slot = slot if self.options.type is SubscriptionType.KEY_SHARED else 0
+        waiting = self._waiting.get(slot)
+        if waiting:
+            insort(waiting, offset)
+            self.parked += 1
+            return
+        if not self._try_deliver(slot, offset, now):
+            self._waiting[slot] = [offset]
+            self.parked += 1
+
+    # --- acknowledgements ---------------------------------------------------------------
+
+    def ack(self, consumer: int, offsets: Iterable[int], now: float) -> int:
+        """Ack ``offsets``; returns how many were stale (held by another consumer
+        or already taken back: accepted anyway, the work was done)."""
+        tracker = self.tracker
+        stale = 0
+        state = self.consumers.get(consumer)
+        if state is not None:
+            state.last_progress = now
+        for offset in offsets:
+            if not tracker.count(offset):
+                continue  # never delivered (or acked already): nothing to ack
+            waiting_slot = self._slot_waiting(offset)
+            pending = tracker.ack(offset)
+            if pending is None:
+                if waiting_slot is not None:
+                    self._unwait(waiting_slot, offset)
+                    stale += 1
+                continue
+            if pending.consumer != consumer:
+                stale += 1
+            self._forget(pending)
+        self.stale_acks += stale
+        self.pump(now)
+        return stale
+
+    def nack(
+        self,
+        consumer: int,
+        offsets: Iterable[int],
+        now: float,
+        delay: float | None,
+        error: str = "",
+    ) -> None:
+        """Redeliver after ``delay`` (None: the backoff schedule); stale nacks are ignored."""
+        tracker = self.tracker
+        state = self.consumers.get(consumer)
+        if state is not None:
+            state.last_progress = now
+        for offset in offsets:
+            pending = tracker.pending.get(offset)
+            if pending is None or pending.consumer != consumer:
+                continue
+            wait = backoff_delay(tracker.backoff, pending.count) if delay is None else delay
+            self._release(offset, now + wait, error)
+        self.pump(now)
+
+    def term(self, consumer: int, offsets: Iterable[int], now: float, reason: str) -> None:
+        """Dead-letter at once."""
+        tracker = self.tracker
+        for offset in offsets:
+            pending = tracker.pending.get(offset)
+            if pending is None or pending.consumer != consumer:
+                continue
+            tracker.errors[offset] = reason
+            tracker.release(offset, now, reason)
+            self._forget(pending)
+            self._dead_letter(offset, pending.count)
+        self.pump(now)
+
+    def dead_lettered(self, offsets: Iterable[int], now: float) -> None:
+        """The dead-letter topic durably holds ``offsets``: ack them here."""
+        self.ack(NOBODY, offsets, now)
+
+    def in_progress(self, consumer: int, offsets: Iterable[int], now: float) -> None:
+        state = self.consumers.get(consumer)
+        if state is not None:
+            state.last_progress = now
+        for offset in offsets:
+            self.tracker.extend(offset, consumer, now)
+
+    # --- time ----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Time passed: expire ack deadlines, evict stuck consumers, deliver what is due."""
+        tracker = self.tracker
+        for pending in list(tracker.expired(now)):
+            wait = backoff_delay(tracker.backoff, pending.count)
+            self._release(pending.offset, now + wait, "ack timeout")
+        evict_after = 2 * self.options.ack_timeout
+        if self.ordered and evict_after > 0:
+            for state in list(self.consumers.values()):
+                if state.in_flight and now - state.last_progress >= evict_after:
+                    self.events.append(Evict(state.id))
+                    self.detach(state.id, now)
+        self.pump(now)
+
+    def next_wake(self) -> float | None:
+        """When ``tick`` has something to do (None: only on other events)."""
+        times = [t for t in (self.tracker.next_deadline(),) if t is not None]
+        if self._retry:
+            times.append(self._retry[0][0])
+        due = self.tracker.due
+        times.extend(due[w[0]] for w in self._waiting.values() if w and w[0] in due)
+        return min(times) if times else None
+
+    def committed(self, image: SubscriptionImage, now: float) -> None:
+        """``image`` (from ``tracker.image()``) is durable: deliveries it gates may go."""
+        self.tracker.committed(image)
+        self.pump(now)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _slot_waiting(self, offset: int) -> int | None:
+        if offset in self.tracker.due and self.tracker.pending.get(offset) is None:
+            for slot, waiting in self._waiting.items():
+                if offset in waiting:
+                    return slot
+        return None
+
+    def _unwait(self, slot: int, offset: int) -> None:
+        waiting = self._waiting[slot]
+        waiting.remove(offset)
+        self.parked -= 1
+        if not waiting:
+            del self._waiting[slot]
+
+    def _forget(self, pending: Pending) -> None:
+        """A pending delivery ended (acked, released): free its consumer and slot."""
+        state = self.consumers.get(pending.consumer)
+        if state is not None:
+            state.in_flight -= 1
+        if self.ordered:
+            held = self._held.get(pending.slot)
+            if held is not None:
+                held.pop(pending.offset, None)
+                if not held:
+                    del self._held[pending.slot]
+                    del self._holder[pending.slot]
+
+    def _release(self, offset: int, due: float, error: str = "") -> None:
+        """Take ``offset`` back for redelivery at ``due``; in ordered types the
+        holder's later messages of the slot come back too (rewind)."""
+        tracker = self.tracker
+        pending = tracker.release(offset, due, error)
+        if pending is None:
+            return
+        self._forget(pending)
+        self.redelivered += 1
+        self._requeue(offset, pending.slot, due)
+        if self.ordered:
+            later = sorted(o for o in self._held.get(pending.slot, {}) if o > offset)
+            for other in later:
+                taken = tracker.release(other, due)
+                if taken is not None:
+                    self._forget(taken)
+                    self._requeue(other, taken.slot, due)
+
+    def _requeue(self, offset: int, slot: int, due: float) -> None:
+        tracker = self.tracker
+        tracker.park(offset, due)
+        if self.ordered:
+            slot = slot if self.options.type is SubscriptionType.KEY_SHARED else 0
+            insort(self._waiting.setdefault(slot, []), offset)
+            self.parked += 1
+        else:
+            heapq.heappush(self._retry, (due, offset))
+
+    def _dead_letter(self, offset: int, count: int) -> None:
+        self.tracker.due.pop(offset, None)
+        self.dead_letters += 1
+        self.events.append(DeadLetter(offset, count, self.tracker.errors.get(offset, "")))
+
+    def _try_deliver(self, slot: int, offset: int, now: float) -> bool:
+        """Deliver ``offset`` of ``slot`` now if its slot, consumer and gates allow."""
+        tracker = self.tracker
+        if tracker.due.get(offset, 0.0) > now or not tracker.may_deliver(offset):
+            return False
+        owner = self.owner_of(slot)
+        state = self.consumers.get(owner)
+        if state is None or state.room <= 0:
+            return False
+        holder = self._holder.get(slot)
+        if holder is not None and holder != owner:
+            return False  # draining: the old owner still holds messages of this slot
+        return self._hand(state, offset, slot, now)
+
+    def _hand(self, state: Consumer, offset: int, slot: int, now: float) -> bool:
+        """Deliver, or dead-letter once ``max_deliveries`` is spent; True either way."""
+        tracker = self.tracker
+        count = tracker.count(offset)
+        limit = self.options.max_deliveries
+        if limit and count >= limit:
+            self._dead_letter(offset, count)
+            return True
+        pending = tracker.deliver(offset, state.id, now, slot)
+        if not state.in_flight:
+            state.last_progress = now
+        state.in_flight += 1
+        state.credit -= 1
+        if self.ordered:
+            self._holder[slot] = state.id
+            self._held.setdefault(slot, {})[offset] = None
+        self.events.append(Deliver(state.id, offset, pending.count))
+        return True
+
+    def pump(self, now: float) -> None:
+        """Deliver every waiting message that may go now."""
+        if not self.ordered:
+            self._pump_shared(now)
+            return
+        for slot in list(self._waiting):
+            waiting = self._waiting[slot]
+            while waiting and self._try_deliver(slot, waiting[0], now):
+                del waiting[0]
+                self.parked -= 1
+            if not waiting:
+                del self._waiting[slot]
+
+    def _pump_shared(self, now: float) -> None:
+        tracker = self.tracker
+        retry = self._retry
+        ready = self._ready
+        while retry and retry[0][0] <= now:
+            _, offset = heapq.heappop(retry)
+            if tracker.due.get(offset) is not None and offset not in tracker.pending:
+                ready.append(offset)
+        blocked: list[int] = []
+        while ready:
+            offset = ready[0]
+            if offset in tracker.acked or offset in tracker.pending:
+                ready.popleft()
+                continue
+            if not tracker.may_deliver(offset):
+                blocked.append(ready.popleft())
+                continue
+            state = self._next_with_room()
+            if state is None:
+                break
+            ready.popleft()
+            self._hand(state, offset, 0, now)
+        ready.extendleft(reversed(blocked))
+
+    def _next_with_room(self) -> Consumer | None:
+        consumers: Sequence[Consumer] = list(self.consumers.values())
+        for step in range(len(consumers)):
+            state = consumers[(self._turn + step) % len(consumers)]
+            if state.room > 0:
+                self._turn = (self._turn + step + 1) % len(consumers)
+                return state
+        return None

@@ -1,0 +1,303 @@
+"""What a subscription knows about each offset of one partition (sans-IO).
+
+The tracker owns the per-offset facts of one (subscription, partition): which
+offsets are acked (a *cursor* below which everything is acked, plus disjoint
+ranges above it), how often each unacked offset was delivered, which
+consumer holds it now and until when (pending, with an ack deadline), and
+when a released offset is due again. It decides nothing about *who* gets a
+message; that is the dispatcher's job (``dispatch.py``). No I/O, no clock: the
+caller passes ``now`` (seconds, any monotonic origin).
+
+Crash rule. The durable image (:class:`SubscriptionImage`) holds the cursor,
+the acked ranges, a *limit* and the delivery counts of offsets that may have
+been delivered more than once. After a restart every unacked offset below the
+limit is taken as delivered once more than recorded (``count = recorded +
+1``). So that this never *under*-counts (a poison message must not loop
+forever across crashes), two gates hold before any delivery:
+
+- a new offset is delivered only below the committed limit (the limit is
+  leased ahead of the read position, ``lease`` offsets at a time);
+- an offset delivered ``c`` times is delivered again only once a committed
+  image records at least ``c`` for it.
+
+A redelivery therefore waits for the next group commit (a few ms); in return
+``delivery_count`` is never below the number of deliveries, and exceeds it by
+at most one per broker crash.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from typing import Final
+
+import attrs
+
+#: Offsets leased ahead of the read position in each image: one commit per
+#: this many new deliveries at most, and the most offsets whose count a crash
+#: can raise without a delivery (they come back with count 2 instead of 1).
+DEFAULT_LEASE: Final = 8192
+
+
+@attrs.frozen(slots=True)
+class SubscriptionImage:
+    """The durable state of one (subscription, partition); see the module docstring."""
+
+    cursor: int
+    acked: tuple[tuple[int, int], ...] = ()
+    limit: int = 0
+    counts: tuple[tuple[int, int], ...] = ()
+
+
+@attrs.define(slots=True)
+class Pending:
+    """One delivered, unacked offset: who holds it, which delivery, until when."""
+
+    offset: int
+    consumer: int
+    count: int
+    deadline: float
+    slot: int
+
+
+def backoff_delay(backoff: Sequence[float], count: int) -> float:
+    """The delay before redelivering a message delivered ``count`` times
+    (nack without delay, ack timeout): the schedule's last entry repeats."""
+    if not backoff or count < 1:
+        return 0.0
+    return backoff[min(count - 1, len(backoff) - 1)]
+
+
+class AckedRanges:
+    """A cursor and the sorted, disjoint, inclusive ranges acked above it."""
+
+    def __init__(self, cursor: int, ranges: Sequence[tuple[int, int]] = ()) -> None:
+        self.cursor = cursor
+        self._firsts: list[int] = []
+        self._lasts: list[int] = []
+        for given_first, last in sorted(ranges):
+            if last < self.cursor:
+                continue
+            first = max(given_first, self.cursor)
+            if first == self.cursor:
+                self.cursor = last + 1
+            elif self._lasts and first <= self._lasts[-1] + 1:
+                self._lasts[-1] = max(self._lasts[-1], last)
+            else:
+                self._firsts.append(first)
+                self._lasts.append(last)
+
+    def __contains__(self, offset: int) -> bool:
+        if offset < self.cursor:
+            return True
+        index = bisect_right(self._firsts, offset) - 1
+        return index >= 0 and self._lasts[index] >= offset
+
+    def __len__(self) -> int:
+        """The number of ranges above the cursor (what ``max_ack_ranges`` caps)."""
+        return len(self._firsts)
+
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple(zip(self._firsts, self._lasts, strict=True))
+
+    def add(self, offset: int) -> bool:
+        """Mark ``offset`` acked; False if it already was."""
+        if offset in self:
+            return False
+        firsts, lasts = self._firsts, self._lasts
+        if offset == self.cursor:
+            self.cursor += 1
+            if firsts and firsts[0] == self.cursor:
+                self.cursor = lasts[0] + 1
+                del firsts[0], lasts[0]
+            return True
+        index = bisect_right(firsts, offset) - 1
+        joins_left = index >= 0 and lasts[index] == offset - 1
+        joins_right = index + 1 < len(firsts) and firsts[index + 1] == offset + 1
+        if joins_left and joins_right:
+            lasts[index] = lasts[index + 1]
+            del firsts[index + 1], lasts[index + 1]
+        elif joins_left:
+            lasts[index] = offset
+        elif joins_right:
+            firsts[index + 1] = offset
+        else:
+            firsts.insert(index + 1, offset)
+            lasts.insert(index + 1, offset)
+        return True
+
+
+class AckTracker:
+    """Per-offset state of one (subscription, partition); see the module docstring."""
+
+    def __init__(
+        self,
+        image: SubscriptionImage,
+        *,
+        ack_timeout: float,
+        backoff: Sequence[float] = (),
+        lease: int = DEFAULT_LEASE,
+        end_offset: int | None = None,
+    ) -> None:
+        """``end_offset``: the log's end at restore; offsets at or above it
+        cannot have been delivered, whatever the limit says."""
+        self.ack_timeout = ack_timeout
+        self.backoff = tuple(backoff)
+        self.lease = lease
+        self.acked = AckedRanges(image.cursor, image.acked)
+        #: Next offset to read from the log. A restore rewinds it to the cursor:
+        #: offsets that may have been delivered are read (and delivered) again.
+        self.read_position = image.cursor
+        #: Delivery counts of unacked offsets delivered (or taken as delivered) before.
+        self.counts: dict[int, int] = {}
+        self.pending: dict[int, Pending] = {}
+        #: Offsets released for redelivery and when they are due.
+        self.due: dict[int, float] = {}
+        #: Why an offset was last nacked or termed (travels to the dead-letter topic).
+        self.errors: dict[int, str] = {}
+        self._deadlines: list[tuple[float, int, int]] = []
+        #: The counts an image must carry (see ``image``), kept incrementally.
+        self._persist: dict[int, int] = {}
+        stored = dict(image.counts)
+        self.durable_counts: dict[int, int] = dict(stored)
+        self.durable_limit = image.limit
+        self.limit = image.limit
+        restored_end = image.limit if end_offset is None else min(image.limit, end_offset)
+        for offset in range(image.cursor, restored_end):
+            if offset not in self.acked:
+                count = stored.get(offset, 0) + 1
+                self.counts[offset] = count
+                self._persist[offset] = count
+        self.dirty = bool(self._persist)
+
+    # --- questions -----------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        return self.acked.cursor
+
+    def count(self, offset: int) -> int:
+        """How many times ``offset`` was delivered (or is taken to have been)."""
+        return self.counts.get(offset, 0)
+
+    def may_deliver(self, offset: int) -> bool:
+        """The crash gates of the module docstring."""
+        if offset >= self.durable_limit:
+            return False
+        count = self.counts.get(offset, 0)
+        return count == 0 or self.durable_counts.get(offset, 0) >= count
+
+    def unacked_below(self, end: int) -> int:
+        """Offsets in [cursor, end) not acked (the backlog up to ``end``)."""
+        count = max(0, end - self.cursor)
+        for first, last in self.acked.ranges():
+            if first >= end:
+                break
+            count -= min(last, end - 1) - first + 1
+        return count
+
+    # --- changes -----------------------------------------------------------------
+
+    def want_lease(self) -> None:
+        """Raise the limit when fewer than half a lease of new offsets remain."""
+        if self.limit - self.read_position < self.lease // 2:
+            self.limit = self.read_position + self.lease
+            self.dirty = True
+
+    def deliver(self, offset: int, consumer: int, now: float, slot: int = 0) -> Pending:
+        """Hand ``offset`` to ``consumer``; the caller checked ``may_deliver``."""
+        count = self.counts.get(offset, 0) + 1
+        self.counts[offset] = count
+        if count >= 2:
+            self._persist[offset] = count
+            self.dirty = True
+        self.due.pop(offset, None)
+        deadline = now + self.ack_timeout
+        pending = Pending(offset, consumer, count, deadline, slot)
+        self.pending[offset] = pending
+        heapq.heappush(self._deadlines, (deadline, offset, count))
+        if offset >= self.read_position:
+            self.read_position = offset + 1
+        return pending
+
+    def skip_read(self, offset: int) -> None:
+        """The read position passes ``offset`` without a delivery (acked, or
+        parked by the dispatcher for later)."""
+        if offset >= self.read_position:
+            self.read_position = offset + 1
+
+    def ack(self, offset: int) -> Pending | None:
+        """Mark ``offset`` acked; returns its pending delivery, if any. Acks of
+        offsets never read are the caller's to refuse (``offset < read_position``)."""
+        if not self.acked.add(offset):
+            return None
+        self.dirty = True
+        self.counts.pop(offset, None)
+        self.due.pop(offset, None)
+        self.errors.pop(offset, None)
+        self._persist.pop(offset, None)
+        return self.pending.pop(offset, None)
+
+    def release(self, offset: int, due: float, error: str = "") -> Pending | None:
+        """Take ``offset`` back from its consumer, due again at ``due``."""
+        pending = self.pending.pop(offset, None)
+        if pending is None:
+            return None
+        self.due[offset] = due
+        if error:
+            self.errors[offset] = error
+        self._persist[offset] = pending.count
+        self.dirty = True
+        return pending
+
+    def park(self, offset: int, due: float) -> None:
+        """An offset that is neither pending nor acked waits until ``due``."""
+        self.due[offset] = due
+
+    def extend(self, offset: int, consumer: int, now: float) -> bool:
+        """``in_progress``: push the deadline of the consumer's delivery."""
+        pending = self.pending.get(offset)
+        if pending is None or pending.consumer != consumer:
+            return False
+        pending.deadline = now + self.ack_timeout
+        heapq.heappush(self._deadlines, (pending.deadline, offset, pending.count))
+        return True
+
+    def expired(self, now: float) -> Iterator[Pending]:
+        """Pending deliveries whose deadline passed (still pending: the caller
+        releases them)."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            deadline, offset, count = heapq.heappop(deadlines)
+            pending = self.pending.get(offset)
+            if pending is not None and pending.count == count and pending.deadline == deadline:
+                yield pending
+
+    def next_deadline(self) -> float | None:
+        deadlines = self._deadlines
+        while deadlines:
+            deadline, offset, count = deadlines[0]
+            pending = self.pending.get(offset)
+            if pending is not None and pending.count == count and pending.deadline == deadline:
+                return deadline
+            heapq.heappop(deadlines)
+        return None
+
+    # --- durability -----------------------------------------------------------------
+
+    def image(self) -> SubscriptionImage:
+        """The state to commit now; pass it to ``committed`` once it is durable."""
+        self.want_lease()
+        self.dirty = False
+        return SubscriptionImage(
+            self.acked.cursor,
+            self.acked.ranges(),
+            self.limit,
+            tuple(sorted(self._persist.items())),
+        )
+
+    def committed(self, image: SubscriptionImage) -> None:
+        """``image`` is durable: open the gates it covers."""
+        self.durable_limit = max(self.durable_limit, image.limit)
+        self.durable_counts = dict(image.counts)

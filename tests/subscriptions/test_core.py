@@ -1,0 +1,170 @@
+"""Unit and property tests of the ack ranges, the slot table and the dispatcher's rules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broky.subscriptions.dispatch import (
+    DeadLetter,
+    Deliver,
+    Dispatcher,
+    Options,
+    SubscriptionBusy,
+    SubscriptionType,
+)
+from broky.subscriptions.slots import NOBODY, SLOTS, SlotTable, slot_of
+from broky.subscriptions.tracker import AckedRanges, SubscriptionImage, backoff_delay
+
+
+@given(st.lists(st.integers(0, 200), max_size=120), st.integers(0, 20))
+def test_acked_ranges_match_a_set(offsets: list[int], cursor: int) -> None:
+    ranges = AckedRanges(cursor)
+    model = set(range(cursor))
+    for offset in offsets:
+        assert ranges.add(offset) == (offset not in model)
+        model.add(offset)
+    assert all((offset in ranges) == (offset in model) for offset in range(260))
+    assert ranges.cursor == min(set(range(300)) - model)
+    restored = AckedRanges(ranges.cursor, ranges.ranges())
+    assert restored.cursor == ranges.cursor
+    assert restored.ranges() == ranges.ranges()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=14))
+def test_slot_table_stays_exactly_balanced_with_few_moves(steps: list[tuple[bool, int]]) -> None:
+    table = SlotTable()
+    for join, consumer in steps:
+        before = len(table.counts)
+        moves = table.join(consumer) if join else table.leave(consumer)
+        low, high = table.spread()
+        assert high - low <= 1
+        assert sum(table.counts.values()) == (SLOTS if table.counts else 0)
+        if join and before and len(table.counts) > before:
+            assert len(moves) == SLOTS // len(table.counts)  # only the newcomer's share moves
+        for slot, _, new in moves:
+            assert table.owner(slot) == new
+    if not table.counts:
+        assert table.owner(0) == NOBODY
+
+
+def test_slot_of_uses_16_bits() -> None:
+    assert all(0 <= slot_of(f"key-{i}".encode()) < SLOTS for i in range(100))
+
+
+def test_backoff_repeats_its_last_step() -> None:
+    assert [backoff_delay((1.0, 5.0), n) for n in (1, 2, 3, 9)] == [1.0, 5.0, 5.0, 5.0]
+    assert backoff_delay((), 3) == 0.0
+
+
+def ready(kind: SubscriptionType, end: int, **options: object) -> Dispatcher:
+    dispatcher = Dispatcher(Options(type=kind, **options), SubscriptionImage(0), end)  # type: ignore[arg-type]
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    return dispatcher
+
+
+def feed(dispatcher: Dispatcher, slots: list[int], now: float = 0.0) -> None:
+    start = dispatcher.tracker.read_position
+    for offset in range(start, start + dispatcher.wants()):
+        dispatcher.feed(offset, slots[offset], now)
+
+
+def deliveries(dispatcher: Dispatcher) -> list[tuple[int, int, int]]:
+    events, dispatcher.events = dispatcher.events, []
+    return [(e.consumer, e.offset, e.count) for e in events if isinstance(e, Deliver)]
+
+
+def test_exclusive_refuses_a_second_consumer() -> None:
+    dispatcher = ready(SubscriptionType.EXCLUSIVE, 0)
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    try:
+        dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)
+    except SubscriptionBusy:
+        return
+    raise AssertionError("second consumer accepted")
+
+
+def test_shared_round_robin_and_redelivery_on_detach() -> None:
+    dispatcher = ready(SubscriptionType.SHARED, 4)
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)
+    feed(dispatcher, [0] * 4)
+    assert deliveries(dispatcher) == [(1, 0, 1), (2, 1, 1), (1, 2, 1), (2, 3, 1)]
+    dispatcher.detach(1, 1.0)
+    dispatcher.committed(dispatcher.tracker.image(), 1.0)  # a redelivery waits for its count
+    assert deliveries(dispatcher) == [(2, 0, 2), (2, 2, 2)]
+
+
+def test_nack_backoff_then_dead_letter_after_max_deliveries() -> None:
+    dispatcher = ready(SubscriptionType.SHARED, 1, backoff=(1.0,), max_deliveries=2)
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    feed(dispatcher, [0])
+    assert deliveries(dispatcher) == [(1, 0, 1)]
+    dispatcher.nack(1, [0], 0.0, None, "boom")
+    dispatcher.committed(dispatcher.tracker.image(), 0.5)
+    assert deliveries(dispatcher) == []  # backoff: not before 1 s
+    dispatcher.tick(1.0)
+    assert deliveries(dispatcher) == [(1, 0, 2)]
+    dispatcher.nack(1, [0], 1.0, 0.0, "boom again")
+    dispatcher.committed(dispatcher.tracker.image(), 1.0)
+    assert dispatcher.events == [DeadLetter(0, 2, "boom again")]
+    dispatcher.events.clear()
+    dispatcher.dead_lettered([0], 1.0)
+    assert dispatcher.tracker.cursor == 1
+
+
+def test_ack_timeout_redelivers_and_stale_ack_is_accepted() -> None:
+    dispatcher = ready(SubscriptionType.SHARED, 1, ack_timeout=2.0, backoff=())
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    feed(dispatcher, [0])
+    deliveries(dispatcher)
+    dispatcher.detach(1, 0.1)
+    dispatcher.attach(2, 0.1, credit=10, max_in_flight=10)
+    dispatcher.committed(dispatcher.tracker.image(), 0.1)
+    assert deliveries(dispatcher) == [(2, 0, 2)]
+    assert dispatcher.ack(1, [0], 0.2) == 1  # the old holder's ack: stale, accepted
+    assert dispatcher.tracker.cursor == 1
+    assert dispatcher.consumers[2].in_flight == 0
+
+
+def test_key_shared_moved_slot_waits_only_for_its_own_messages() -> None:
+    slots = [10, 40000, 10, 40000]
+    dispatcher = ready(SubscriptionType.KEY_SHARED, 4)
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    feed(dispatcher, slots)
+    assert deliveries(dispatcher) == [(1, 0, 1), (1, 1, 1), (1, 2, 1), (1, 3, 1)]
+    dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)  # takes the low slots: slot 10
+    assert dispatcher.owner_of(10) == 2
+    dispatcher.ack(1, [0], 0.0)
+    assert deliveries(dispatcher) == []
+    dispatcher.end_offset = 6
+    dispatcher.feed(4, 10, 0.0)  # slot 10 still has offset 2 at consumer 1: parked
+    dispatcher.feed(5, 40000, 0.0)  # slot 40000 stays with 1 and flows
+    assert deliveries(dispatcher) == [(1, 5, 1)]
+    dispatcher.ack(1, [2], 0.0)  # the drain ends: 4 goes to the new owner
+    assert deliveries(dispatcher) == [(2, 4, 1)]
+
+
+def test_key_shared_needs_an_ack_timeout() -> None:
+    try:
+        Dispatcher(Options(type=SubscriptionType.KEY_SHARED, ack_timeout=0), SubscriptionImage(0))
+    except ValueError:
+        return
+    raise AssertionError("accepted")
+
+
+@pytest.mark.parametrize("kind", [SubscriptionType.EXCLUSIVE, SubscriptionType.KEY_SHARED])
+def test_a_redelivery_rewinds_the_later_messages_of_its_slot(kind: SubscriptionType) -> None:
+    dispatcher = ready(kind, 4, backoff=())
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+    feed(dispatcher, [7, 7, 9, 7])
+    assert [offset for _, offset, _ in deliveries(dispatcher)] == [0, 1, 2, 3]
+    dispatcher.nack(1, [1], 0.0, 0.0)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    again = [(offset, count) for _, offset, count in deliveries(dispatcher)]
+    if kind is SubscriptionType.KEY_SHARED:
+        assert again == [(1, 2), (3, 2)]  # slot 7 only; offset 2 (slot 9) stays out
+    else:
+        assert again == [(1, 2), (2, 2), (3, 2)]
