@@ -10,11 +10,14 @@ and what a reload changes, and acts on the answers (Error frames, closes).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import trio
 
+from broky.protocol.chunks import u32_array
 from broky.protocol.constants import ErrorCode, LinkKind
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Hello
+from broky.protocol.frames import EncodedRun, Hello, Run
 from broky.router.matcher import validate_pattern
 from broky.security.acl import PublishGate
 from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
@@ -22,6 +25,9 @@ from broky.security.quotas import QuotaLedger, TokenBucket
 
 #: Why a request is refused: the error code and the message the peer reads.
 Refusal = tuple[ErrorCode, str]
+#: What a publish check that refused something returns: the runs allowed,
+#: why the first refused one was refused, and how many messages were refused.
+Checked = tuple[list[Run], Refusal, int]
 
 
 class Admission:
@@ -192,3 +198,60 @@ class Admission:
         except RemoteProtocolError:
             return None
         return permissions.subscribe_refusal(pattern)
+
+    def _publish_denied(self, key: bytes) -> Refusal | None:
+        gate = self.gate
+        if gate is None or gate.allows(key):
+            return None
+        name = self.principal.name if self.principal is not None else ""
+        return (
+            ErrorCode.PERMISSION_DENIED,
+            f"publishing to {key.decode(errors='replace')!r} is not allowed for principal {name!r}",
+        )
+
+    def check_runs(self, runs: Sequence[Run], limit: int) -> Checked | None:
+        """The runs of a Publish this connection may publish: each key allowed
+        by the principal's permissions, each message within ``limit`` bytes
+        (max_message_bytes; 0: none). None when all are (the common case,
+        decided without a per-run step when there is neither gate nor bound)."""
+        if self.gate is None and (not limit or not any(len(run.messages) > limit for run in runs)):
+            return None
+        kept: list[Run] = []
+        refused: Refusal | None = None
+        rejected = 0
+        for run in runs:
+            problem = self._publish_denied(run.key)
+            if problem is None and limit and len(run.messages) > limit:
+                largest = max(u32_array(memoryview(run.sizes)))
+                if largest > limit:
+                    problem = (
+                        ErrorCode.LIMIT_EXCEEDED,
+                        f"a message of {largest} bytes on {run.key.decode(errors='replace')!r} "
+                        f"exceeds max_message_bytes ({limit})",
+                    )
+            if problem is None:
+                kept.append(run)
+            else:
+                refused = refused or problem
+                rejected += run.count
+        return None if refused is None else (kept, refused, rejected)
+
+    def check_forwarded(
+        self, runs: list[EncodedRun]
+    ) -> tuple[list[EncodedRun], Refusal, int] | None:
+        """``check_runs`` for runs read for forwarding (the protocol machine
+        already kept runs over max_message_bytes out of them): None when
+        every key is allowed."""
+        if self.gate is None:
+            return None
+        kept: list[EncodedRun] = []
+        refused: Refusal | None = None
+        rejected = 0
+        for run in runs:
+            problem = self._publish_denied(run.key)
+            if problem is None:
+                kept.append(run)
+            else:
+                refused = refused or problem
+                rejected += run.count
+        return None if refused is None else (kept, refused, rejected)

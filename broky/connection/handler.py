@@ -29,7 +29,7 @@ from broky.connection.reasons import CloseReason
 from broky.connection.writer import CLOSE_TIMEOUT, ConnectionWriter
 from broky.durable.forwarding import Forwarder
 from broky.durable.store import DurableStore
-from broky.protocol.codec import encode_frame, u32_array
+from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role, State
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -430,74 +430,39 @@ class ServerConnection:
                 ErrorCode.MALFORMED_FRAME,
             )
 
-    def _admissible(self, frame: Publish) -> tuple[Run, ...] | None:
-        """The runs of ``frame`` this connection may publish: each message
-        within max_message_bytes, each key allowed by the principal's
-        permissions. Rejected runs get one stream Error per frame, or, for
-        an acked frame, the whole frame is refused in its ack's place (an
-        ack must never cover a message that was not stored): None then."""
-        runs = frame.runs
-        gate = self._admission.gate
-        limit = self._settings.max_message_bytes
-        if gate is None and (not limit or not any(len(run.messages) > limit for run in runs)):
-            return runs
-        kept: list[Run] = []
-        refused: tuple[ErrorCode, str] | None = None
-        rejected = 0
-        for run in runs:
-            problem: tuple[ErrorCode, str] | None = None
-            if gate is not None and not gate.allows(run.key):
-                problem = (
-                    ErrorCode.PERMISSION_DENIED,
-                    f"publishing to {run.key.decode(errors='replace')!r} is not allowed for "
-                    f"principal {self.principal.name if self.principal else ''!r}",
-                )
-            elif limit and len(run.messages) > limit:
-                largest = max(u32_array(memoryview(run.sizes)))
-                if largest > limit:
-                    problem = (
-                        ErrorCode.LIMIT_EXCEEDED,
-                        f"a message of {largest} bytes on {run.key.decode(errors='replace')!r} "
-                        f"exceeds max_message_bytes ({limit})",
-                    )
-            if problem is None:
-                kept.append(run)
-            else:
-                refused = refused or problem
-                rejected += run.count
-        if refused is None:
-            return runs
-        code, message = refused
+    def _admissible(self, frame: Publish) -> Sequence[Run] | None:
+        """The runs of ``frame`` this connection may publish (Admission.check_runs).
+        Rejected runs get one stream Error per frame, or, for an acked frame,
+        the whole frame is refused in its ack's place (an ack must never
+        cover a message that was not stored): None then."""
+        checked = self._admission.check_runs(frame.runs, self._settings.max_message_bytes)
+        if checked is None:
+            return frame.runs
+        kept, refusal, rejected = checked
+        code, message = refusal
         if frame.ack:
             self._durable.refuse_acked(
                 frame.stream, code, f"{message}; nothing of this frame was stored"
             )
             return None
-        self._stream_error(
-            code, f"{message} ({rejected} message(s) of this frame not published)", frame.stream
-        )
-        return tuple(kept)
+        self._refused_runs(refusal, rejected, frame.stream)
+        return kept
 
     def _forwardable(self, frame: ForwardPublish) -> list[EncodedRun]:
-        """The runs of ``frame`` this principal may publish (the machine
-        already kept frames with oversize messages out of ForwardPublish);
-        refused ones get one stream Error, as ``_admissible`` words it."""
-        gate = self._admission.gate
-        runs = frame.runs
-        if gate is None:
-            return runs
-        kept = [run for run in runs if gate.allows(run.key)]
-        if len(kept) != len(runs):
-            refused = next(run for run in runs if not gate.allows(run.key))
-            rejected = sum(run.count for run in runs) - sum(run.count for run in kept)
-            self._stream_error(
-                ErrorCode.PERMISSION_DENIED,
-                f"publishing to {refused.key.decode(errors='replace')!r} is not allowed for "
-                f"principal {self.principal.name if self.principal else ''!r} "
-                f"({rejected} message(s) of this frame not published)",
-                frame.stream,
-            )
+        """The runs of ``frame`` this principal may publish; refused ones get
+        one stream Error, as for ``_admissible``."""
+        checked = self._admission.check_forwarded(frame.runs)
+        if checked is None:
+            return frame.runs
+        kept, refusal, rejected = checked
+        self._refused_runs(refusal, rejected, frame.stream)
         return kept
+
+    def _refused_runs(self, refusal: Refusal, rejected: int, stream: int) -> None:
+        code, message = refusal
+        self._stream_error(
+            code, f"{message} ({rejected} message(s) of this frame not published)", stream
+        )
 
     def _handle_frames(self, frames: Sequence[Received]) -> None:
         router = self._router
