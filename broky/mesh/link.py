@@ -322,12 +322,12 @@ class Link:
                 if type(frame) is ForwardPublish:
                     # Another router's Deliver frames, read as forwardable chunks.
                     counters.received_runs += len(frame.runs)
-                    counters.received_messages += sum(run.count for run in frame.runs)
-                    router.publish(frame.runs, source=source)
+                    counters.received_messages += router.publish(frame.runs, source=source)
                 elif type(frame) is Deliver:
                     counters.received_runs += len(frame.runs)
-                    counters.received_messages += sum(run.count for run in frame.runs)
-                    router.publish(router.encode(frame.runs, False), source=source)
+                    counters.received_messages += router.publish(
+                        router.encode(frame.runs, False), source=source
+                    )
                 elif type(frame) is Subscribed:
                     pattern = self._patterns.get(frame.stream)
                     if pattern is not None:

@@ -375,8 +375,9 @@ class Router:
         origin: Outlet | None = None,
         stream: int = 0,
         source: LinkKind = LinkKind.CLIENT,
-    ) -> None:
-        """Fan runs out to every matching subscription, in order, never waiting.
+    ) -> int:
+        """Fan runs out to every matching subscription, in order, never
+        waiting; returns the messages published (the runs with valid keys).
 
         ``source`` says where the runs came from: a client, or a peer router's
         link (whose runs reach only the subscriptions one hop allows).
@@ -440,6 +441,7 @@ class Router:
         counters.dropped_no_subscriber += unrouted
         if from_peer:
             counters.from_links += published_messages
+        return published_messages
 
     def run_direct_writes(self) -> None:
         """Make the direct writes queued since the last call (see ``direct_writes``)."""
