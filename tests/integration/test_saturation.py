@@ -9,7 +9,7 @@ socket delivers. Counts are bounded; nothing here asserts a rate.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -26,6 +26,54 @@ from tests.mesh.test_nodes import nodes
 #: Spawned, not forked: this process runs trio and pytest-timeout's thread.
 CONTEXT = multiprocessing.get_context("spawn")
 PUBLISHERS = 4
+
+
+async def _fan_in(
+    address: tuple[str, int],
+    load: Load,
+    per_publisher: int,
+    all_sent: Callable[[int], Awaitable[object]] | None = None,
+) -> tuple[int, int, int]:
+    """Four raw publisher processes flat out (``per_publisher`` messages
+    each) and one raw subscriber process reading everything; returns the
+    messages sent, received and announced as dropped (Notice). ``all_sent``
+    is awaited with the total before the subscriber is given time to settle."""
+    received = CONTEXT.Value("q", 0, lock=False)
+    noticed = CONTEXT.Value("q", 0, lock=False)
+    ready, stop = CONTEXT.Event(), CONTEXT.Event()
+    subscriber = CONTEXT.Process(
+        target=loadgen.raw_subscribers,
+        args=(address, [load.pattern], received, noticed, ready, stop),
+    )
+    sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(PUBLISHERS)]
+    publishers = [
+        CONTEXT.Process(
+            target=loadgen.raw_publisher,
+            args=(address, load, 0, counter, stop, per_publisher),
+        )
+        for counter in sent
+    ]
+    try:
+        subscriber.start()
+        assert await trio.to_thread.run_sync(ready.wait, 30)
+        for publisher in publishers:
+            publisher.start()
+        for publisher in publishers:
+            await trio.to_thread.run_sync(publisher.join, 60)
+            assert publisher.exitcode == 0
+        total = sum(counter.value for counter in sent)
+        assert total >= PUBLISHERS * per_publisher
+        if all_sent is not None:
+            await all_sent(total)
+        await _until_settled(lambda: received.value, total)
+    finally:
+        stop.set()
+        for process in (*publishers, subscriber):
+            if process.pid is not None:
+                await trio.to_thread.run_sync(process.join, 10)
+                if process.is_alive():
+                    process.kill()
+    return total, received.value, noticed.value
 
 
 @pytest.mark.slow
@@ -45,54 +93,25 @@ async def test_flat_out_fan_in_loses_nothing_for_a_subscriber_that_keeps_up(
 ) -> None:
     broker = await start_broker(Config(port=0))
     assert broker.address is not None
-    received = CONTEXT.Value("q", 0, lock=False)
-    noticed = CONTEXT.Value("q", 0, lock=False)
-    ready, stop = CONTEXT.Event(), CONTEXT.Event()
-    subscriber = CONTEXT.Process(
-        target=loadgen.raw_subscribers,
-        args=(broker.address, [load.pattern], received, noticed, ready, stop),
-    )
-    sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(PUBLISHERS)]
-    publishers = [
-        CONTEXT.Process(
-            target=loadgen.raw_publisher,
-            args=(broker.address, load, 0, counter, stop, per_publisher),
-        )
-        for counter in sent
-    ]
-    try:
-        with trio.fail_after(120):
-            async with AsyncExitStack() as stack:
-                stalled: RawConnection | None = None
-                if with_stalled:
-                    stalled = await stack.enter_async_context(
-                        raw_connection(broker, receive_buffer=4096)
-                    )
-                    await stalled.handshake("stalled")
-                    await stalled.send_frame(
-                        Subscribe(1, load.pattern.encode(), SlowConsumerPolicy.DROP, 0)
-                    )
-                    assert await stalled.receive_frame() == Subscribed(1)
-                subscriber.start()
-                assert await trio.to_thread.run_sync(ready.wait, 30)
-                for publisher in publishers:
-                    publisher.start()
-                for publisher in publishers:
-                    await trio.to_thread.run_sync(publisher.join, 60)
-                    assert publisher.exitcode == 0
-                total = sum(counter.value for counter in sent)
-                assert total >= PUBLISHERS * per_publisher
-                await eventually(lambda: broker.statistics().router.published_messages == total)
-                await _until_settled(lambda: received.value, total)
-                stats = broker.statistics().router
-    finally:
-        stop.set()
-        for process in (*publishers, subscriber):
-            if process.pid is not None:
-                await trio.to_thread.run_sync(process.join, 10)
-                if process.is_alive():
-                    process.kill()
-    assert received.value == total
+
+    async def all_published(total: int) -> None:
+        await eventually(lambda: broker.statistics().router.published_messages == total)
+
+    with trio.fail_after(120):
+        async with AsyncExitStack() as stack:
+            stalled: RawConnection | None = None
+            if with_stalled:
+                stalled = await stack.enter_async_context(
+                    raw_connection(broker, receive_buffer=4096)
+                )
+                await stalled.handshake("stalled")
+                await stalled.send_frame(
+                    Subscribe(1, load.pattern.encode(), SlowConsumerPolicy.DROP, 0)
+                )
+                assert await stalled.receive_frame() == Subscribed(1)
+            total, received, _ = await _fan_in(broker.address, load, per_publisher, all_published)
+            stats = broker.statistics().router
+    assert received == total
     if with_stalled:
         # The stalled subscriber alone lost messages: everything it missed
         # is counted against it, nothing against the one that kept up.
@@ -128,44 +147,9 @@ async def test_flat_out_fan_in_through_two_workers_loses_nothing(tmp_path: Path)
         'log_level = "error"\nsystem_events = false\nsystem_metrics_interval = 0\n'
         "link_outbox_bytes = 4194304\n"
     )
-    load = Load(keys=1000, run=1)
-    per_publisher = 100_000
-    received = CONTEXT.Value("q", 0, lock=False)
-    noticed = CONTEXT.Value("q", 0, lock=False)
-    ready, stop = CONTEXT.Event(), CONTEXT.Event()
-    sent = [CONTEXT.Value("q", 0, lock=False) for _ in range(PUBLISHERS)]
     with nodes() as start, trio.fail_after(120):
         node = start(["--config", str(config)])
         host, port = node.address.rsplit(":", 1)
-        address = (host, int(port))
-        subscriber = CONTEXT.Process(
-            target=loadgen.raw_subscribers,
-            args=(address, [load.pattern], received, noticed, ready, stop),
-        )
-        publishers = [
-            CONTEXT.Process(
-                target=loadgen.raw_publisher,
-                args=(address, load, 0, counter, stop, per_publisher),
-            )
-            for counter in sent
-        ]
-        try:
-            subscriber.start()
-            assert await trio.to_thread.run_sync(ready.wait, 30)
-            for publisher in publishers:
-                publisher.start()
-            for publisher in publishers:
-                await trio.to_thread.run_sync(publisher.join, 60)
-                assert publisher.exitcode == 0
-            total = sum(counter.value for counter in sent)
-            assert total >= PUBLISHERS * per_publisher
-            await _until_settled(lambda: received.value, total)
-        finally:
-            stop.set()
-            for process in (*publishers, subscriber):
-                if process.pid is not None:
-                    await trio.to_thread.run_sync(process.join, 10)
-                    if process.is_alive():
-                        process.kill()
-    assert received.value == total
-    assert noticed.value == 0  # no drop Notice either
+        total, received, noticed = await _fan_in((host, int(port)), Load(keys=1000, run=1), 100_000)
+    assert received == total
+    assert noticed == 0  # no drop Notice either
