@@ -13,7 +13,7 @@ import sys
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -252,7 +252,11 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
     cdef bint whole
     cdef Chunk chunk
     cdef _Group group = _Group()
-    cdef Chunk* staged
+    # The runs of the frame being read, staged (one buffer per walk, grown
+    # to the largest frame's run count, not one allocation per frame).
+    cdef Chunk* staged = NULL
+    cdef Chunk* grown
+    cdef int64_t capacity = 0
     PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
     try:
         buf = <const uint8_t*>view_buffer.buf
@@ -266,27 +270,26 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
             if whole:
                 # Read every run first: a frame is forwarded whole or decoded whole.
                 count = _u32(frame + 52)
-                staged = <Chunk*>PyMem_Malloc((count if count else 1) * sizeof(Chunk))
-                if staged is NULL:
-                    raise MemoryError()
-                try:
+                if count > capacity:
+                    grown = <Chunk*>PyMem_Realloc(staged, count * sizeof(Chunk))
+                    if grown is NULL:
+                        raise MemoryError()
+                    staged, capacity = grown, count
+                for index in range(count):
+                    start = 56 + 4 * index + <int64_t>_u32(frame + 56 + 4 * index) - 12
+                    if not _read_chunk(frame, length, start, limit, &staged[index]):
+                        whole = False
+                        break
+                if whole:
+                    stream = _u32(frame + 40)
+                    if merged is None or merged.stream != stream:
+                        if merged is not None:
+                            group.flush(runs)
+                        runs = []
+                        merged = ForwardPublish(stream, runs)
+                        frames.append(merged)
                     for index in range(count):
-                        start = 56 + 4 * index + <int64_t>_u32(frame + 56 + 4 * index) - 12
-                        if not _read_chunk(frame, length, start, limit, &staged[index]):
-                            whole = False
-                            break
-                    if whole:
-                        stream = _u32(frame + 40)
-                        if merged is None or merged.stream != stream:
-                            if merged is not None:
-                                group.flush(runs)
-                            runs = []
-                            merged = ForwardPublish(stream, runs)
-                            frames.append(merged)
-                        for index in range(count):
-                            group.add(&staged[index], runs)
-                finally:
-                    PyMem_Free(staged)
+                        group.add(&staged[index], runs)
             if not whole:
                 if merged is not None:
                     group.flush(runs)
@@ -296,5 +299,6 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
         if merged is not None:
             group.flush(runs)
     finally:
+        PyMem_Free(staged)
         PyBuffer_Release(&view_buffer)
     return frames, position
