@@ -13,7 +13,7 @@ import logging
 import socket
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Final
@@ -110,6 +110,9 @@ class Broker:
             store.forward = self.forwarder.append
             self.router.durable_keys = lambda key: store.match(key) is not None
         self._channels: list[OwnerChannel] = []
+        #: Services started once the durable topics are open and stopped
+        #: before they close (a cluster member's replication: broky.replication).
+        self.beside_store: list[Callable[..., Awaitable[None]]] = []
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
         #: TLS contexts whose certificate a reload loads again, each with the
@@ -156,6 +159,8 @@ class Broker:
                 # Opened (and recovered) before the first connection; closed
                 # after the last one, when this nursery is cancelled below.
                 await storage.start(self.store.run)
+                for service in self.beside_store:
+                    await storage.start(service)
             try:
                 await self._serve(listeners, task_status)
             finally:

@@ -207,10 +207,12 @@ class DurableRequests:
                 )
             return
 
+        readable = owner.readable_end  # the high watermark of a replicated partition
+
         def read(partition_log: PartitionLog) -> list[bytes]:
             return [
                 located_chunk(batch.run, partition, batch.base_offset)
-                for batch in partition_log.read(frame.offset, budget)
+                for batch in partition_log.read(frame.offset, budget, stop_offset=readable)
             ]
 
         def done(result: list[bytes] | BaseException) -> None:
