@@ -249,7 +249,7 @@ class DurableRequests:
             return
         order = {topic.name: position for position, topic in enumerate(policies)}
         local = [
-            (owner.topic.name, owner.partition, owner.start_offset, owner.end_offset)
+            (owner.topic.name, owner.partition, owner.start_offset, owner.readable_end)
             for owner in store.topics(frame.topic)
         ]
 

@@ -40,7 +40,9 @@ from broky.replication.wire import (
     Fetched,
     Refused,
     ReplicatedRun,
+    ReplicationProtocolError,
 )
+from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
 log = logging.getLogger("broky.replication")
@@ -81,10 +83,18 @@ class Follower:
                 try:
                     await self._truncate(link)
                     await self._fetch(link)
-                except (trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+                except (
+                    trio.TooSlowError,
+                    OSError,
+                    trio.BrokenResourceError,
+                    ReplicationProtocolError,
+                ) as exc:
                     log.info("%s: link to %s lost: %r", self.replica.name, self.leader_address, exc)
                 except _Retry as exc:
                     log.debug("%s: %s", self.replica.name, exc)
+                except StorageError as exc:
+                    log.error("%s: replica log failed: %s", self.replica.name, exc)
+                    await trio.sleep(RETRY_DELAY * 20)
             await trio.sleep(RETRY_DELAY)
 
     async def _truncate(self, link: ReplicationLink) -> None:

@@ -35,7 +35,7 @@ from broky.cluster.isr import IsrRuleError, IsrSettings, LeaderIsr
 from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
 from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
-from broky.cluster.state import StateError, VbucketState
+from broky.cluster.state import IsrEntry, StateError, VbucketState
 from broky.durable.store import DurableStore, PartitionOwner
 from broky.replication import epochfile
 from broky.replication.follower import Follower
@@ -217,7 +217,7 @@ class ReplicationService:
             try:
                 while True:
                     await trio.sleep(ISR_CHECK)
-                    proposal = isr.propose(time.monotonic())
+                    proposal = self._proposal(isr)
                     replica.settle()
                     if proposal is None:
                         continue
@@ -236,6 +236,21 @@ class ReplicationService:
                     replica.settle()
             finally:
                 replica.step_down(hint)
+
+    def _proposal(self, isr: LeaderIsr) -> tuple[IsrEntry, ...] | None:
+        """``isr.propose`` without lives etcd no longer lists: a follower
+        that died after its last ack looks caught up to the ISR rules, and
+        re-adding it would hold the high watermark back until it lagged out."""
+        proposal = isr.propose(time.monotonic())
+        if proposal is None:
+            return None
+        members = self.node.membership.members()
+        live = {(node, member.epoch) for node, member in members.items()}
+        kept = tuple(entry for entry in proposal if entry == isr.leader or entry in live)
+        if set(kept) == set(isr.committed_isr):
+            isr.isr_failed()
+            return None
+        return kept
 
     # --- serving followers ------------------------------------------------------
 
