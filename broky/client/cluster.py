@@ -34,9 +34,11 @@ from broky.protocol.constants import ErrorCode
 RETRIABLE: Final = frozenset(
     {ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.OWNER_UNAVAILABLE}
 )
-#: First pause between attempts; doubles up to MAX_BACKOFF.
+#: First pause between attempts; doubles up to MAX_BACKOFF, which stays
+#: short because failover takes about a lease TTL (1 s) and each attempt
+#: costs one connect or one refused frame.
 FIRST_BACKOFF: Final = 0.02
-MAX_BACKOFF: Final = 0.5
+MAX_BACKOFF: Final = 0.2
 #: Seconds an attempt (connect, publish, ack) may take before the node is
 #: taken for dead or paused and the next one is tried.
 ATTEMPT_TIMEOUT: Final = 3.0
@@ -103,16 +105,14 @@ class ClusterPublisher:
                     return acked
             except (BrokyError, trio.TooSlowError, OSError) as exc:
                 error = exc
-                code = exc.code if isinstance(exc, BrokyError) else None
-                if (
-                    code is not None
-                    and code not in RETRIABLE
-                    and not isinstance(exc, ConnectionClosed)
-                ):
+                refusal = exc if isinstance(exc, BrokyError) else None
+                if isinstance(exc, ConnectionClosed) or refusal is None:
+                    self._drop(address)  # a refusal leaves the connection usable
+                    address = self._seed()
+                elif refusal.code not in RETRIABLE:
                     raise
-                self._drop(address)
-                redirect = leader_address(str(exc)) if code is ErrorCode.NOT_LEADER else None
-                address = redirect or (address if code is not None else self._seed())
+                elif refusal.code is ErrorCode.NOT_LEADER:
+                    address = leader_address(str(refusal)) or self._seed()
             self.retries += 1
             if trio.current_time() + backoff > deadline:
                 if isinstance(error, BrokyError):

@@ -109,6 +109,7 @@ class PartitionReplica:
         leading.isr.appended(end, len(leading.tokens), Acks.ALL)
         leading.isr.synced(end)
         self.settle()
+        self._wake()  # followers waiting in a long poll fetch it now
 
     # --- leadership ------------------------------------------------------------
 
