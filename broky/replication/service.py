@@ -49,6 +49,7 @@ from broky.replication.wire import (
     Refused,
     ReplicationProtocolError,
 )
+from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
 log = logging.getLogger("broky.replication")
@@ -266,6 +267,10 @@ class ReplicationService:
             except ReplicationProtocolError as exc:
                 log.warning("replication link from %s closed: %s", _peer(stream), exc)
                 await link.send(Refused(RefusalReason.NOT_LEADER, 0, f"protocol error: {exc}"))
+            except StorageError as exc:
+                # Our log failed a read (retention passed the follower, damage):
+                # the follower reconnects and the ISR rules judge its lag.
+                log.error("replication link from %s closed: %s", _peer(stream), exc)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
 

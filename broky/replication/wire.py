@@ -27,6 +27,9 @@ from typing import Any, Final
 
 import attrs
 
+from broky.protocol.errors import LocalProtocolError
+from broky.protocol.message import check_sizes
+
 #: Largest frame accepted: a fetch answer is bounded by FETCH_MAX_BYTES plus
 #: its headers, so 16 MiB leaves room and refuses garbage lengths early.
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
@@ -155,44 +158,85 @@ def encode(message: Message) -> bytes:
     return _LENGTHS.pack(4 + len(encoded) + len(payload), len(encoded)) + encoded + payload
 
 
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise ReplicationProtocolError(f"expected an integer, got {value!r:.40}")
+    return value
+
+
+def _str(value: object) -> str:
+    if type(value) is not str:
+        raise ReplicationProtocolError(f"expected a string, got {value!r:.40}")
+    return value
+
+
 def _decode(header: dict[str, Any], payload: memoryview) -> Message:
     kind = header.pop("t")
     if kind == "fetch":
-        return Fetch(**header)
+        return Fetch(
+            _str(header["topic"]),
+            _int(header["partition"]),
+            _int(header["epoch"]),
+            _str(header["node"]),
+            _int(header["node_epoch"]),
+            _int(header["offset"]),
+            _int(header["durable"]),
+        )
     if kind == "epochend":
-        return EpochEnd(**header)
+        return EpochEnd(
+            _str(header["topic"]),
+            _int(header["partition"]),
+            _int(header["epoch"]),
+            _int(header["last_epoch"]),
+        )
     if kind == "epoch_ended":
         found = header["found"]
         return EpochEnded(
-            int(header["epoch"]), None if found is None else (int(found[0]), int(found[1]))
+            _int(header["epoch"]), None if found is None else (_int(found[0]), _int(found[1]))
         )
     if kind == "refused":
         return Refused(
-            RefusalReason(header["reason"]), int(header["epoch"]), str(header["message"])
+            RefusalReason(header["reason"]), _int(header["epoch"]), _str(header["message"])
         )
     if kind == "fetched":
         runs = []
         position = 0
-        for epoch, base, count, key, ts_broker, sizes_length, messages_length in header["runs"]:
-            sizes_end = position + int(sizes_length)
-            messages_end = sizes_end + int(messages_length)
-            if messages_end > len(payload) or int(sizes_length) != 4 * int(count):
-                raise ReplicationProtocolError("a run's bytes do not match its header")
-            runs.append(
-                ReplicatedRun(
-                    int(epoch),
-                    int(base),
-                    int(count),
-                    bytes.fromhex(key),
-                    int(ts_broker),
-                    bytes(payload[position:sizes_end]),
-                    bytes(payload[sizes_end:messages_end]),
-                )
+        for entry in header["runs"]:
+            if not isinstance(entry, list) or len(entry) != 7:
+                raise ReplicationProtocolError(f"not a run entry: {entry!r:.60}")
+            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry
+            count, sizes_length, messages_length = (
+                _int(count),
+                _int(sizes_length),
+                _int(messages_length),
             )
+            sizes_end = position + sizes_length
+            messages_end = sizes_end + messages_length
+            if (
+                count < 1
+                or messages_length < 0
+                or sizes_length != 4 * count
+                or messages_end > len(payload)
+            ):
+                raise ReplicationProtocolError("a run's bytes do not match its header")
+            run = ReplicatedRun(
+                _int(epoch),
+                _int(base),
+                count,
+                bytes.fromhex(_str(key)),
+                _int(ts_broker),
+                bytes(payload[position:sizes_end]),
+                bytes(payload[sizes_end:messages_end]),
+            )
+            try:
+                check_sizes(run.sizes, run.messages)
+            except LocalProtocolError as exc:
+                raise ReplicationProtocolError(f"a run's sizes do not add up: {exc}") from exc
+            runs.append(run)
             position = messages_end
         if position != len(payload):
             raise ReplicationProtocolError("bytes left over after the runs")
-        return Fetched(int(header["epoch"]), int(header["hw"]), tuple(runs))
+        return Fetched(_int(header["epoch"]), _int(header["hw"]), tuple(runs))
     raise ReplicationProtocolError(f"unknown message type {kind!r}")
 
 
