@@ -52,7 +52,11 @@ class LocalNode:
         directory: Path,
         topic: TopicSpec,
         replica_lag_max: float = 1.0,
+        *,
+        standalone: bool = False,
     ) -> None:
+        """``standalone``: a plain single broker with the same topic (no
+        cluster, no replication), the baseline benchmarks compare with."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
@@ -85,6 +89,8 @@ class LocalNode:
             "1",
             "--log-level",
             "info",
+        ]
+        cluster_flags = [
             "--cluster",
             etcd_url,
             "--node-id",
@@ -96,6 +102,8 @@ class LocalNode:
             "--replication-listen",
             f"127.0.0.1:{self.replication_port}",
         ]
+        if not standalone:
+            self.command += cluster_flags
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
