@@ -155,16 +155,20 @@ class Follower:
         record new epochs, fsync (before the next fetch reports them)."""
         history = self.replica.history
         saved = False
+        contiguous: list[Run] = []
+        end = partition_log.end_offset
         for run in runs:
-            if run.base_offset != partition_log.end_offset:
+            if run.base_offset != end:
                 break  # not contiguous: the next fetch asks from our end again
             latest = history.latest_epoch
             if latest is None or run.epoch > latest:
                 history.assign(run.epoch, run.base_offset)
                 saved = True
-            partition_log.append(
-                [Run(run.key, run.ts_broker, run.count, run.sizes, run.messages)], [run.ts_broker]
-            )
+            contiguous.append(Run(run.key, run.ts_broker, run.count, run.sizes, run.messages))
+            end += run.count
+        if contiguous:
+            # One write for the whole answer, as the leader's group commit.
+            partition_log.append(contiguous, [run.ts_broker for run in contiguous])
         partition_log.sync()
         if saved:
             epochfile.save(partition_log.directory, history, self.replica.fence)
