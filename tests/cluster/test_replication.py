@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from broky.cli import main
 from broky.client.cluster import ClusterPublisher
 from broky.client.tcp import connect
 from broky.cluster.etcd import EtcdClient
@@ -94,3 +95,20 @@ async def test_jepsen_style_faults_lose_no_acked_publish(
     assert report.verdict.ok, report.verdict
     assert report.cycles == 20
     assert len(report.acked) > 200
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--workers", "2", "--cluster", "etcd://127.0.0.1:1", "--node-id", "n1"],
+        ["--workers", "1"],
+    ],
+)
+def test_serve_refuses_replication_without_one_worker_in_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    path = tmp_path / "broky.toml"
+    path.write_text(f'data_dir = "{tmp_path}"\n[[durable]]\npattern = "orders.>"\n')
+    arguments = ["serve", "--config", str(path), "--replication-listen", "127.0.0.1:1", *flags]
+    assert main(arguments) == 2
+    assert "replication_listen needs cluster_etcd and --workers 1" in capsys.readouterr().err
