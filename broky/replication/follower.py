@@ -31,6 +31,7 @@ import trio
 from broky.cluster.epochs import EpochHistory, truncation_step
 from broky.protocol.frames import Run
 from broky.replication import epochfile
+from broky.replication.faults import LinkSwitch
 from broky.replication.gate import PartitionReplica
 from broky.replication.link import ReplicationLink
 from broky.replication.wire import (
@@ -59,8 +60,14 @@ class Follower:
     """Follows ``leader_address`` for ``replica`` at leader epoch ``epoch``."""
 
     def __init__(
-        self, replica: PartitionReplica, leader_address: str, epoch: int, node_epoch: int
+        self,
+        replica: PartitionReplica,
+        leader_address: str,
+        epoch: int,
+        node_epoch: int,
+        switch: LinkSwitch,
     ) -> None:
+        self.switch = switch
         self.replica = replica
         self.leader_address = leader_address
         self.epoch = epoch
@@ -70,6 +77,7 @@ class Follower:
         """Follow until cancelled (a new etcd state starts a new Follower)."""
         host, _, port = self.leader_address.rpartition(":")
         while True:
+            await self.switch.wait_healed()
             try:
                 stream = await trio.open_tcp_stream(host, int(port))
             except OSError as exc:
@@ -81,8 +89,9 @@ class Follower:
             async with stream:
                 link = ReplicationLink(stream)
                 try:
-                    await self._truncate(link)
-                    await self._fetch(link)
+                    with self.switch.link():
+                        await self._truncate(link)
+                        await self._fetch(link)
                 except (
                     trio.TooSlowError,
                     OSError,

@@ -3,7 +3,9 @@
 Each node is ``broky serve --workers 1 --cluster etcd://... --node-id N
 --replication-listen 127.0.0.1:R`` with its own data dir and ports kept
 across restarts, so a nemesis can SIGKILL, SIGSTOP/SIGCONT and restart it
-as the same node (a new life: a new node epoch). Stopped by PID. One
+as the same node (a new life: a new node epoch), and cut its replication
+links with SIGUSR1 / heal them with SIGUSR2 (broky.replication.faults).
+Stopped by PID. One
 durable topic; ``replica_lag_max`` and the lease TTL are set for quick
 failovers (1 s each).
 """
@@ -21,6 +23,7 @@ import attrs
 
 from broky.cluster.placement import vbucket_of
 from broky.cluster.status import ClusterStatus
+from broky.replication.faults import ENVIRONMENT
 from broky.storage.reader import iter_records
 
 #: Vbuckets of a test cluster: few, so placement is quick to read.
@@ -109,7 +112,12 @@ class LocalNode:
     def start(self) -> None:
         self.starts += 1
         with (self.directory / f"node.{self.starts}.log").open("wb") as output:
-            self.process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, ENVIRONMENT: "1"},
+            )
         self.paused = False
 
     @property

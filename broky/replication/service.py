@@ -38,6 +38,7 @@ from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
 from broky.durable.store import DurableStore, PartitionOwner
 from broky.replication import epochfile
+from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
 from broky.replication.link import ReplicationLink
@@ -89,6 +90,8 @@ class ReplicationService:
         self.settings = settings
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self._roles: dict[tuple[str, int], tuple[_Role, trio.CancelScope]] = {}
+        #: Cuts this node's replication links for fault tests (off by default).
+        self.switch = LinkSwitch()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; started once every partition has its replica."""
@@ -102,6 +105,8 @@ class ReplicationService:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
+            if LinkSwitch.enabled():
+                nursery.start_soon(self.switch.follow_signals)
             task_status.started()
 
     # --- roles ------------------------------------------------------------------
@@ -169,7 +174,9 @@ class ReplicationService:
             if role.term is not None and state is not None:
                 nursery.start_soon(self._lead, replica, role.term, state, hint, scope)
             elif role.kind == "follow":
-                follower = Follower(replica, role.leader_address, role.epoch, role.node_epoch)
+                follower = Follower(
+                    replica, role.leader_address, role.epoch, role.node_epoch, self.switch
+                )
                 nursery.start_soon(_scoped, follower.run, scope)
 
     def _sync_isr(self, replica: PartitionReplica, state: VbucketState) -> None:
@@ -258,12 +265,15 @@ class ReplicationService:
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         link = ReplicationLink(stream)
         async with stream:
+            if self.switch.cut:
+                return
             try:
-                while True:
-                    request = await link.receive()
-                    if request is None:
-                        return
-                    await link.send(await self._answer(request))
+                with self.switch.link():
+                    while True:
+                        request = await link.receive()
+                        if request is None:
+                            return
+                        await link.send(await self._answer(request))
             except ReplicationProtocolError as exc:
                 log.warning("replication link from %s closed: %s", _peer(stream), exc)
                 await link.send(Refused(RefusalReason.NOT_LEADER, 0, f"protocol error: {exc}"))

@@ -9,10 +9,15 @@ Shared by the CI test (20 cycles) and ``scripts/jepsen_replication.py``
 - ``pause_leader``: SIGSTOP a leader for 1.5 lease TTLs, then SIGCONT: a
   zombie leader that missed its own deposition (wave2 §3.4);
 - ``kill_follower`` / ``pause_follower`` (0.5 s, under the TTL: it lags
-  and may leave the ISR, but keeps its lease).
+  and may leave the ISR, but keeps its lease);
+- ``isolate_leader`` / ``isolate_follower``: cut the node's replication
+  links for 2 s while it keeps its etcd lease (SIGUSR1/SIGUSR2,
+  broky.replication.faults), a simulated link partition: a cut leader's
+  ISR shrinks to itself, so it refuses publishes (NotEnoughReplicas)
+  until its followers are back; a cut follower leaves the ISR.
 
-Link partitions are not simulated here (no network namespaces in this
-harness); a pause is the nearest fault it has. After each fault the run
+Link partitions are simulated by cutting Broky's replication links, not
+with network namespaces: etcd stays reachable from every node. After each fault the run
 waits until every partition has its three replicas in sync again, so that
 faults do not pile up beyond what RF 3 / min_insync 2 promises to survive.
 
@@ -44,7 +49,17 @@ HEAL_BOUND = 20.0
 #: Messages per acked batch, and pause between a client's batches.
 BATCH = 2
 PUBLISH_PAUSE = 0.01
-FAULTS = ("kill_leader", "pause_leader", "kill_follower", "pause_follower")
+FAULTS = (
+    "kill_leader",
+    "pause_leader",
+    "kill_follower",
+    "pause_follower",
+    "isolate_leader",
+    "isolate_follower",
+)
+#: Seconds a node's replication links stay cut: past replica_lag_max (1 s),
+#: so its partners' ISRs shrink, and it must catch up to come back.
+ISOLATION = 2.0
 
 
 @attrs.define
@@ -177,6 +192,10 @@ async def _fault(
         victim.stop(signal.SIGKILL)
         await trio.sleep(0.2)
         victim.start()
+    elif kind.startswith("isolate"):
+        victim.send(signal.SIGUSR1)
+        await trio.sleep(ISOLATION)
+        victim.send(signal.SIGUSR2)
     else:
         victim.send(signal.SIGSTOP)
         await trio.sleep(1.5 if kind == "pause_leader" else 0.5)
@@ -184,7 +203,7 @@ async def _fault(
     # A kill, or a pause past the lease, ends the victim's life: wait for
     # its next one to be back in every ISR (before that etcd may still
     # show the old life in sync).
-    new_life = kind != "pause_follower"
+    new_life = kind.startswith("kill") or kind == "pause_leader"
 
     def healed(status: ClusterStatus) -> bool:
         member = status.members.get(victim.node_id)
