@@ -118,14 +118,17 @@ class Follower:
                 answer = await link.request(query)
             if not isinstance(answer, EpochEnded):
                 raise _Retry(f"epoch query refused: {answer}")
-            end, agreed = truncation_step(replica.history, owner.end_offset, answer.found)
+            before = owner.end_offset
+            end, agreed = truncation_step(replica.history, before, answer.found)
             fence = self.epoch if agreed else replica.fence
             await owner.call(partial(_cut, replica.history, end, fence))
             replica.high_watermark = min(replica.high_watermark, end)
             replica.fence = fence
-            log.info(
-                "%s: truncated to %d for epoch %d (agreed: %s)",
+            log.log(
+                logging.WARNING if end < before else logging.INFO,
+                "%s: log end %d, truncated to %d for epoch %d (agreed: %s)",
                 replica.name,
+                before,
                 end,
                 self.epoch,
                 agreed,
