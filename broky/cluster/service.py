@@ -2,9 +2,9 @@
 
 The broker serves as it would alone; beside it, broky.cluster.node keeps
 the node registered, follows membership and vbucket states, and takes its
-turn as controller. Leader -> follower log shipping, the high watermark and
-``acks = all`` are the next step (issue 15): today a member's partitions
-have leaders, epochs and ISRs in etcd, but data is not yet replicated.
+turn as controller. With ``--replication-listen`` and one worker, the
+broker also replicates its durable partitions by those leaders, epochs and
+ISRs (broky.replication, started by ``broky.cli.serve``).
 """
 
 from __future__ import annotations
