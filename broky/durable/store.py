@@ -98,10 +98,16 @@ class ReplicaGate(Protocol):
         """Why this node may not store a publish now (None: it may)."""
 
     def hold(
-        self, end: int, deliver: Callable[[], None], fail: Callable[[ErrorCode, str], None]
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        deliver: Callable[[], None],
+        fail: Callable[[ErrorCode, str], None],
     ) -> None:
-        """Stored and fsynced up to ``end``: call ``deliver`` once the high
-        watermark passes it, or ``fail`` if that cannot be promised."""
+        """``runs`` (stamped ``stamps``) were stored from ``offset`` and
+        fsynced: call ``deliver`` once the high watermark passes them, or
+        ``fail`` if that cannot be promised."""
 
 
 #: Who waits for a queued run's durability: the acked frame's ticket, its
@@ -275,12 +281,13 @@ class PartitionOwner:
             return
         replica = self.replica
         if replica is not None and isinstance(outcome, int):
-            end = outcome + sum(run.count for run in runs)
 
             def fail(code: ErrorCode, reason: str) -> None:
                 self._settle(runs, stamps, acks, (code, reason))
 
-            replica.hold(end, partial(self._settle, runs, stamps, acks, outcome), fail)
+            replica.hold(
+                outcome, runs, stamps, partial(self._settle, runs, stamps, acks, outcome), fail
+            )
             return
         self._settle(runs, stamps, acks, outcome)
 

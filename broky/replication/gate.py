@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -27,6 +27,7 @@ from broky.cluster.isr import Acks, LeaderIsr, Outcome
 from broky.cluster.leadership import Term
 from broky.durable.store import PartitionOwner
 from broky.protocol.constants import ErrorCode
+from broky.protocol.frames import Run
 from broky.replication.epochfile import epoch_at
 from broky.replication.wire import (
     FETCH_MAX_BYTES,
@@ -46,6 +47,11 @@ from broky.storage.log import PartitionLog
 #: trips a second per follower.
 FETCH_WAIT = 0.2
 
+#: Bytes of the latest rounds a leader keeps per partition to answer fetches
+#: without a read (a follower in step asks for what was just stored): a few
+#: rounds of a busy partition; the memory cost is this per led partition.
+RECENT_BYTES = 4 * 1024 * 1024
+
 _Token = tuple[Callable[[], None], Callable[[ErrorCode, str], None]]
 
 
@@ -57,6 +63,45 @@ class _Leading:
         self.isr = isr
         #: The held rounds, in log order (LeaderIsr answers in that order).
         self.tokens: deque[_Token] = deque()
+        #: The latest runs stored in this term, as fetches answer them.
+        self.recent: deque[ReplicatedRun] = deque()
+        self.recent_bytes = 0
+
+    def remember(self, offset: int, runs: Sequence[Run], stamps: Sequence[int]) -> None:
+        for run, stamp in zip(runs, stamps, strict=True):
+            copy = ReplicatedRun(
+                self.term.epoch,
+                offset,
+                run.count,
+                run.key,
+                stamp,
+                bytes(run.sizes),
+                bytes(run.messages),
+            )
+            self.recent.append(copy)
+            self.recent_bytes += len(copy.messages)
+            offset += run.count
+        while self.recent_bytes > RECENT_BYTES and len(self.recent) > 1:
+            self.recent_bytes -= len(self.recent.popleft().messages)
+
+    def recent_from(self, offset: int) -> list[ReplicatedRun] | None:
+        """The remembered runs from ``offset`` (up to FETCH_MAX_BYTES), or
+        None if ``offset`` is not where a remembered run starts."""
+        recent = self.recent
+        if not recent or not recent[0].base_offset <= offset <= recent[-1].base_offset:
+            return None
+        for index in range(len(recent) - 1, -1, -1):
+            if recent[index].base_offset == offset:
+                found: list[ReplicatedRun] = []
+                size = 0
+                for position in range(index, len(recent)):
+                    run = recent[position]
+                    if found and size + len(run.messages) > FETCH_MAX_BYTES:
+                        break
+                    found.append(run)
+                    size += len(run.messages)
+                return found
+        return None
 
 
 class PartitionReplica:
@@ -96,8 +141,14 @@ class PartitionReplica:
         return None
 
     def hold(
-        self, end: int, deliver: Callable[[], None], fail: Callable[[ErrorCode, str], None]
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        deliver: Callable[[], None],
+        fail: Callable[[ErrorCode, str], None],
     ) -> None:
+        end = offset + sum(run.count for run in runs)
         leading = self.leading
         if leading is None:
             fail(
@@ -106,6 +157,7 @@ class PartitionReplica:
             )
             return
         leading.tokens.append((deliver, fail))
+        leading.remember(offset, runs, stamps)
         leading.isr.appended(end, len(leading.tokens), Acks.ALL)
         leading.isr.synced(end)
         self.settle()
@@ -213,5 +265,7 @@ class PartitionReplica:
                 for batch in partition_log.read(request.offset, FETCH_MAX_BYTES)
             ]
 
-        runs = await self.owner.call(read) if request.offset < self.owner.end_offset else []
+        runs: list[ReplicatedRun] = []
+        if request.offset < self.owner.end_offset:
+            runs = leading.recent_from(request.offset) or await self.owner.call(read)
         return Fetched(leading.term.epoch, self.high_watermark, tuple(runs))

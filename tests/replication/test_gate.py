@@ -12,8 +12,10 @@ from broky.cluster.epochs import EpochHistory
 from broky.cluster.isr import IsrSettings, LeaderIsr
 from broky.cluster.leadership import Term
 from broky.protocol.constants import ErrorCode
+from broky.protocol.frames import Run
 from broky.replication.gate import PartitionReplica
 from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused
+from tests.storage.runs import make_run
 
 
 @attrs.define
@@ -61,6 +63,10 @@ def _leading(
     return replica, owner
 
 
+def _run(count: int) -> Run:
+    return make_run(b"orders.k", [b"m%d" % i for i in range(count)])
+
+
 def _fetch(durable: int, epoch: int = 3) -> Fetch:
     return Fetch("orders", 0, epoch, "n2", 2, durable, durable)
 
@@ -85,7 +91,7 @@ async def test_a_round_is_acked_once_the_follower_fetched_past_it() -> None:
     replica, owner = _leading()
     outcomes = _Outcomes()
     owner.end_offset = 5
-    replica.hold(5, outcomes.deliver, outcomes.fail)
+    replica.hold(0, [_run(5)], [7], outcomes.deliver, outcomes.fail)
     assert outcomes.delivered == 0
     assert replica.high_watermark == 0
     answer = await replica.fetch(_fetch(durable=3))
@@ -103,7 +109,7 @@ async def test_a_follower_of_a_newer_epoch_deposes_the_leader_and_fails_held_rou
     replica, owner = _leading()
     outcomes = _Outcomes()
     owner.end_offset = 2
-    replica.hold(2, outcomes.deliver, outcomes.fail)
+    replica.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
     answer = await replica.fetch(_fetch(durable=2, epoch=4))
     assert isinstance(answer, Refused)
     assert answer.reason is RefusalReason.FENCED
@@ -118,9 +124,31 @@ async def test_an_older_epoch_is_told_to_catch_up_and_cannot_ack() -> None:
     replica, owner = _leading()
     outcomes = _Outcomes()
     owner.end_offset = 2
-    replica.hold(2, outcomes.deliver, outcomes.fail)
+    replica.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
     answer = await replica.fetch(_fetch(durable=2, epoch=2))
     assert isinstance(answer, Refused)
     assert answer.reason is RefusalReason.STALE_EPOCH
     assert outcomes.delivered == 0
     assert replica.high_watermark == 0
+
+
+async def test_a_follower_in_step_is_answered_from_the_rounds_just_stored() -> None:
+    """The stand-in log reads nothing: only the remembered rounds can answer."""
+    replica, owner = _leading()
+    outcomes = _Outcomes()
+    first, second = _run(2), _run(3)
+    owner.end_offset = 2
+    replica.hold(0, [first], [7], outcomes.deliver, outcomes.fail)
+    owner.end_offset = 5
+    replica.hold(2, [second], [8], outcomes.deliver, outcomes.fail)
+    answer = await replica.fetch(_fetch(durable=0))
+    assert isinstance(answer, Fetched)
+    assert [(r.epoch, r.base_offset, r.count, r.key, r.ts_broker) for r in answer.runs] == [
+        (3, 0, 2, b"orders.k", 7),
+        (3, 2, 3, b"orders.k", 8),
+    ]
+    assert answer.runs[1].messages == bytes(second.messages)
+    assert answer.runs[1].sizes == bytes(second.sizes)
+    answer = await replica.fetch(_fetch(durable=1))  # mid-run: read from the log
+    assert isinstance(answer, Fetched)
+    assert answer.runs == ()

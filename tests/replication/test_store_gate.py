@@ -4,7 +4,7 @@ the client with their code."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import trio
 
 from broky import Broker, BrokyError, ErrorCode
 from broky.protocol.constants import ErrorCode as WireCode
+from broky.protocol.frames import Run
 from tests.durable.test_durable_broker import durable_config
 
 
@@ -27,9 +28,14 @@ class _Gate:
         return self.refuse
 
     def hold(
-        self, end: int, deliver: Callable[[], None], fail: Callable[[WireCode, str], None]
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        deliver: Callable[[], None],
+        fail: Callable[[WireCode, str], None],
     ) -> None:
-        self.held.append((end, deliver, fail))
+        self.held.append((offset + sum(run.count for run in runs), deliver, fail))
 
     def release(self) -> None:
         for end, deliver, _ in self.held:
