@@ -135,6 +135,8 @@ CONTROL_FRAMES: list[Frame] = [
         max_deliveries=0,
         backoff_ms=(100, 1_000, 0xFFFF_FFFF),
         priority=-3,
+        start_time=-7,
+        start_offsets=(0, 2**62, -1),
     ),
     Redelivered(
         stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF), topic="ordérs"
@@ -396,6 +398,8 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             max_deliveries=body.MaxDeliveries(),
             backoff_ms=_numbers(body, "BackoffMs"),
             priority=body.Priority(),
+            start_time=body.StartTime(),
+            start_offsets=_numbers(body, "StartOffsets"),
         )
     if body_type == BodyType.REDELIVERED:
         return Redelivered(
