@@ -1,0 +1,295 @@
+"""A durable-subscription consumer against a scripted broker over memory streams.
+
+The broker here is a stand-in built on the server-side ProtocolMachine: it
+answers Hello, Consume, Settle and Ping as docs/protocol.md says a broker
+does, records every frame the client sends, and lets the test deliver runs.
+It checks the client's half of the contract (metadata, batched range acks,
+receipts, credit, refusals); tests/integration covers a real broker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+import pytest
+import trio
+import trio.testing
+
+from broky.client.client import Client
+from broky.client.consumer import Consumer
+from broky.client.errors import ConsumerRefused, SubscriptionError
+from broky.protocol.codec import encode_frame
+from broky.protocol.connection import ProtocolMachine, Role
+from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, ErrorCode, SettleKind
+from broky.protocol.frames import (
+    Consume,
+    Deliver,
+    Error,
+    Flow,
+    Frame,
+    Hello,
+    Ping,
+    Pong,
+    Redelivered,
+    Run,
+    Settle,
+    Settled,
+    Subscribed,
+    Unsubscribe,
+    Welcome,
+)
+from broky.protocol.message import encode_message, pack_sizes
+
+F = TypeVar("F")
+
+
+class ScriptedBroker:
+    """The broker's side of one connection, as far as consumers need it."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.machine = ProtocolMachine(Role.SERVER, DEFAULT_MAX_FRAME_BYTES)
+        self.received: list[Frame] = []
+        self.refuse: str = ""
+        self.receipts = True
+        self._changed = trio.Event()
+
+    async def serve(self) -> None:
+        await self.stream.send_all(self.machine.initiate())
+        while data := await self.stream.receive_some(65536):
+            for frame in self.machine.receive_data(data):
+                await self._handle(frame)
+
+    async def _handle(self, frame: Frame) -> None:
+        if isinstance(frame, Hello):
+            await self.send(Welcome())
+            return
+        if isinstance(frame, Ping):
+            await self.send(Pong(frame.nonce))
+            return
+        self.received.append(frame)
+        self._changed.set()
+        if isinstance(frame, Consume):
+            if self.refuse:
+                await self.send(Error(ErrorCode.SUBSCRIPTION_REFUSED, self.refuse, frame.stream))
+            else:
+                await self.send(Subscribed(frame.stream))
+        elif isinstance(frame, Settle) and self.receipts:
+            await self.send(Settled(frame.stream, frame.sequence, stale=1))
+
+    async def send(self, frame: Frame) -> None:
+        await self.stream.send_all(encode_frame(frame))
+
+    def of(self, kind: type[F]) -> list[F]:
+        return [frame for frame in self.received if isinstance(frame, kind)]
+
+    async def wait_for(self, kind: type[F], count: int = 1) -> list[F]:
+        while len(self.of(kind)) < count:
+            self._changed = trio.Event()
+            await self._changed.wait()
+        return self.of(kind)
+
+
+@pytest.fixture
+async def wired(nursery: trio.Nursery) -> AsyncIterator[tuple[ScriptedBroker, Client]]:
+    client_end, broker_end = trio.testing.memory_stream_pair()
+    broker = ScriptedBroker(broker_end)
+    nursery.start_soon(broker.serve)
+    async with Client.over(client_end, "test") as client:
+        yield broker, client
+
+
+def _run(partition: int, base_offset: int, count: int, key: bytes = b"orders.eu") -> Run:
+    blobs = [encode_message(f"m{base_offset + i}".encode()) for i in range(count)]
+    stamp = time.time_ns() - 2_000_000_000
+    return Run(
+        key,
+        stamp,
+        count,
+        pack_sizes([len(b) for b in blobs]),
+        b"".join(blobs),
+        partition,
+        base_offset,
+    )
+
+
+def _ranges(settle: Settle) -> list[tuple[int, int, int]]:
+    return list(zip(settle.partitions, settle.first_offsets, settle.last_offsets, strict=True))
+
+
+async def test_deliveries_carry_metadata_and_acks_travel_as_one_range(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    with trio.fail_after(10):
+        async with client.consumer(
+            "orders.>", subscription="billing", type="key-shared", ack_interval=60, backoff=(0.1, 1)
+        ) as consumer:
+            [consume] = broker.of(Consume)
+            assert (consume.subscription, consume.pattern, consume.backoff_ms) == (
+                "billing",
+                b"orders.>",
+                (100, 1000),
+            )
+            await broker.send(Redelivered(consumer.stream, (2,), (103,), (3,), topic="orders"))
+            await broker.send(Deliver(consumer.stream, (_run(2, 100, 10),)))
+            seen = []
+            async for delivery in consumer:
+                seen.append(delivery)
+                await delivery.ack()
+                if len(seen) == 10:
+                    break
+            assert [d.offset for d in seen] == list(range(100, 110))
+            assert {(d.topic, d.partition, d.key) for d in seen} == {("orders", 2, "orders.eu")}
+            assert [d.delivery_count for d in seen if d.delivery_count != 1] == [3]
+            assert seen[3].retry_count == 2
+            assert seen[0].payload == b"m100"
+            assert 1.5 < seen[0].age < 60
+            assert broker.of(Settle) == []  # batched: nothing sent before the timer or a flush
+            await consumer.flush()
+            [settle] = broker.of(Settle)
+            assert (settle.kind, settle.topic, _ranges(settle)) == (
+                SettleKind.ACK,
+                "orders",
+                [(2, 100, 109)],
+            )
+            stats = consumer.statistics()
+            assert (stats.acked, stats.stale_acks, stats.unreceipted_frames) == (10, 1, 0)
+        await broker.wait_for(Unsubscribe)
+
+
+async def test_nack_term_and_in_progress_keep_their_delay_and_reason(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    with trio.fail_after(10):
+        async with client.consumer("orders.>", subscription="s", ack_interval=60) as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 0, 4),)))
+            batch = await anext(consumer.batches())
+            await batch[0].in_progress()
+            await batch[0].ack()
+            await batch[1].nack()
+            await batch[2].nack(delay=2.5)
+            await batch[3].term("poison")
+            await consumer.flush()
+    settles = [(s.kind, s.delay_ms, s.reason, _ranges(s)) for s in broker.of(Settle)]
+    assert settles == [
+        (SettleKind.IN_PROGRESS, -1, "", [(0, 0, 0)]),
+        (SettleKind.ACK, -1, "", [(0, 0, 0)]),
+        (SettleKind.NACK, -1, "", [(0, 1, 1)]),
+        (SettleKind.NACK, 2500, "", [(0, 2, 2)]),
+        (SettleKind.TERM, -1, "poison", [(0, 3, 3)]),
+    ]
+
+
+async def test_acks_go_out_on_the_timer_and_when_the_batch_is_full(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    with trio.fail_after(10):
+        async with client.consumer(
+            "orders.>", subscription="s", ack_interval=0.01, ack_batch=4
+        ) as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(1, 0, 6),)))
+            batch = await anext(consumer.batches())
+            await consumer.settle_all(batch[:4])  # a full batch: sent at once
+            assert [_ranges(s) for s in broker.of(Settle)] == []
+            [full] = await broker.wait_for(Settle)
+            assert _ranges(full) == [(1, 0, 3)]
+            await batch[5].ack()  # one ack: sent by the timer, without a flush
+            settles = await broker.wait_for(Settle, 2)
+            assert _ranges(settles[1]) == [(1, 5, 5)]
+
+
+async def test_leaving_the_block_sends_pending_acks_and_waits_for_their_receipt(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    with trio.fail_after(10):
+        async with client.consumer("orders.>", subscription="s", ack_interval=60) as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 7, 1),)))
+            await (await anext(consumer)).ack()
+        assert consumer.statistics().unreceipted_frames == 0
+        [settle] = broker.of(Settle)
+        assert _ranges(settle) == [(0, 7, 7)]
+        [unsubscribe] = await broker.wait_for(Unsubscribe)
+        assert broker.received.index(settle) < broker.received.index(unsubscribe)
+
+
+async def test_credit_is_granted_back_as_messages_are_taken_and_held_while_paused(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    with trio.fail_after(10):
+        async with client.consumer("orders.>", subscription="s", credit=10) as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 0, 5),)))
+            await anext(consumer.batches())
+            [flow] = await broker.wait_for(Flow)
+            assert flow == Flow(consumer.stream, 5)
+            consumer.pause()
+            await broker.send(Deliver(consumer.stream, (_run(0, 5, 5),)))
+            await anext(consumer.batches())
+            await client.ping()  # every frame the client sent before is at the broker
+            assert len(broker.of(Flow)) == 1
+            consumer.resume()
+            flows = await broker.wait_for(Flow, 2)
+            assert flows[1] == Flow(consumer.stream, 5)
+
+
+async def test_a_refusal_raises_consumer_refused_with_the_brokers_reason(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    broker.refuse = "subscription 'billing' is exclusive and has a consumer"
+    with trio.fail_after(10), pytest.raises(ConsumerRefused) as refused:
+        async with client.consumer("orders.>", subscription="billing", type="exclusive"):
+            pytest.fail("a refused consumer must not enter its block")
+    assert refused.value.code is ErrorCode.SUBSCRIPTION_REFUSED
+    assert refused.value.reason == broker.refuse
+    await client.ping()  # the connection is still usable
+
+
+async def test_flush_raises_when_the_broker_ends_the_consumer(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    broker.receipts = False
+    with trio.fail_after(10):
+        async with client.consumer("orders.>", subscription="s") as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 0, 1),)))
+            delivery = await anext(consumer)
+            await delivery.ack()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_end_consumer_once_settled, broker, consumer)
+                with pytest.raises(SubscriptionError, match="gone"):
+                    await consumer.flush()
+            with pytest.raises(SubscriptionError):
+                await delivery.ack()
+
+
+async def _end_consumer_once_settled(broker: ScriptedBroker, consumer: Consumer) -> None:
+    await broker.wait_for(Settle)
+    await broker.send(Error(ErrorCode.UNKNOWN_STREAM, "consumer gone", consumer.stream))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"type": "round-robin"}, "type must be one of"),
+        ({"subscription": ""}, "subscription must be"),
+        ({"ack_timeout": 0}, "ack_timeout must be at least"),
+        ({"credit": 0}, "credit must be between"),
+        ({"backoff": (-1,)}, "backoff must be between"),
+    ],
+)
+async def test_wrong_options_raise_value_error_before_anything_is_sent(
+    wired: tuple[ScriptedBroker, Client], options: dict[str, object], message: str
+) -> None:
+    broker, client = wired
+    arguments: dict[str, object] = {"subscription": "s", **options}
+    with pytest.raises(ValueError, match=message):
+        client.consumer("orders.>", **arguments)  # type: ignore[arg-type]
+    await client.ping()
+    assert broker.received == []
