@@ -19,6 +19,7 @@ from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
 from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.consume_cli import add_consumer_flags, consume
 from broky.gcpolicy import tune_for_broker
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub_cmd.add_argument("pattern", type=_key_text(ErrorCode.INVALID_PATTERN))
     sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    add_consumer_flags(sub_cmd)
     add_client_tls_flags(sub_cmd)
     add_client_auth_flags(sub_cmd)
     top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
@@ -287,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(publish, args, client_tls_context(args), client_credentials(args))
         else:
             _configure_logging("warning")
-            trio.run(subscribe, args, client_tls_context(args), client_credentials(args))
+            command = consume if args.subscription else subscribe
+            trio.run(command, args, client_tls_context(args), client_credentials(args))
     except ConfigError as exc:
         print(f"broky: configuration error: {exc}", file=sys.stderr)
         return 2

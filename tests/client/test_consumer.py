@@ -4,14 +4,14 @@ The broker here is a stand-in built on the server-side ProtocolMachine: it
 answers Hello, Consume, Settle and Ping as docs/protocol.md says a broker
 does, records every frame the client sends, and lets the test deliver runs.
 It checks the client's half of the contract (metadata, batched range acks,
-receipts, credit, refusals); tests/integration covers a real broker.
+receipts, credit, refusals); tests/integration/test_consume_cli.py runs
+``broky sub --subscription`` against it over TCP.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import TypeVar
 
 import pytest
 import trio
@@ -20,76 +20,19 @@ import trio.testing
 from broky.client.client import Client
 from broky.client.consumer import Consumer
 from broky.client.errors import ConsumerRefused, SubscriptionError
-from broky.protocol.codec import encode_frame
-from broky.protocol.connection import ProtocolMachine, Role
-from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, ErrorCode, SettleKind
+from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.frames import (
     Consume,
     Deliver,
     Error,
     Flow,
-    Frame,
-    Hello,
-    Ping,
-    Pong,
     Redelivered,
     Run,
     Settle,
-    Settled,
-    Subscribed,
     Unsubscribe,
-    Welcome,
 )
 from broky.protocol.message import encode_message, pack_sizes
-
-F = TypeVar("F")
-
-
-class ScriptedBroker:
-    """The broker's side of one connection, as far as consumers need it."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.machine = ProtocolMachine(Role.SERVER, DEFAULT_MAX_FRAME_BYTES)
-        self.received: list[Frame] = []
-        self.refuse: str = ""
-        self.receipts = True
-        self._changed = trio.Event()
-
-    async def serve(self) -> None:
-        await self.stream.send_all(self.machine.initiate())
-        while data := await self.stream.receive_some(65536):
-            for frame in self.machine.receive_data(data):
-                await self._handle(frame)
-
-    async def _handle(self, frame: Frame) -> None:
-        if isinstance(frame, Hello):
-            await self.send(Welcome())
-            return
-        if isinstance(frame, Ping):
-            await self.send(Pong(frame.nonce))
-            return
-        self.received.append(frame)
-        self._changed.set()
-        if isinstance(frame, Consume):
-            if self.refuse:
-                await self.send(Error(ErrorCode.SUBSCRIPTION_REFUSED, self.refuse, frame.stream))
-            else:
-                await self.send(Subscribed(frame.stream))
-        elif isinstance(frame, Settle) and self.receipts:
-            await self.send(Settled(frame.stream, frame.sequence, stale=1))
-
-    async def send(self, frame: Frame) -> None:
-        await self.stream.send_all(encode_frame(frame))
-
-    def of(self, kind: type[F]) -> list[F]:
-        return [frame for frame in self.received if isinstance(frame, kind)]
-
-    async def wait_for(self, kind: type[F], count: int = 1) -> list[F]:
-        while len(self.of(kind)) < count:
-            self._changed = trio.Event()
-            await self._changed.wait()
-        return self.of(kind)
+from tests.client.scripted_broker import ScriptedBroker
 
 
 @pytest.fixture
