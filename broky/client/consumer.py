@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Final, Protocol
 
@@ -125,22 +125,22 @@ class Delivery:
 
     async def ack(self) -> None:
         """Done with the message: it is never delivered again once the ack is committed."""
-        self._consumer._settle(SettleKind.ACK, self)
+        self._consumer._settle(SettleKind.ACK, (self,))
 
     async def nack(self, delay: float | None = None) -> None:
         """Redeliver the message after ``delay`` seconds (None: the
         subscription's backoff schedule; 0: now), to this or another consumer."""
         delay_ms = -1 if delay is None else max(0, round(delay * 1000))
-        self._consumer._settle(SettleKind.NACK, self, delay_ms)
+        self._consumer._settle(SettleKind.NACK, (self,), delay_ms)
 
     async def term(self, reason: str = "") -> None:
         """Never redeliver: the message goes to the dead-letter topic with
         ``reason`` and is acked here."""
-        self._consumer._settle(SettleKind.TERM, self, reason=reason)
+        self._consumer._settle(SettleKind.TERM, (self,), reason=reason)
 
     async def in_progress(self) -> None:
         """Still working on it: the broker restarts its ack timeout."""
-        self._consumer._settle(SettleKind.IN_PROGRESS, self)
+        self._consumer._settle(SettleKind.IN_PROGRESS, (self,))
 
     def __repr__(self) -> str:
         return (
@@ -340,29 +340,34 @@ class Consumer:
     # settling -------------------------------------------------------------------
 
     def _settle(
-        self, kind: SettleKind, delivery: Delivery, delay_ms: int = -1, reason: str = ""
+        self,
+        kind: SettleKind,
+        deliveries: Sequence[Delivery],
+        delay_ms: int = -1,
+        reason: str = "",
     ) -> None:
+        """Record one outcome for each of ``deliveries``; send the batch
+        when it is full, else make sure the timer will."""
         if self._error is not None:
             raise self._error
         if self._closed:
             raise SubscriptionError(
                 ErrorCode.UNKNOWN_STREAM, "the consumer is closed: settle before leaving its block"
             )
-        message = delivery.message
-        self._outcomes[kind] += 1
-        if self._batcher.add(
-            kind, delivery.topic, message.partition, message.offset, delay_ms, reason
-        ):
-            self._send_settles()
-        elif self._batcher.pending == 1:
+        add = self._batcher.add
+        for delivery in deliveries:
+            message = delivery.message
+            if add(kind, delivery.topic, message.partition, message.offset, delay_ms, reason):
+                self._send_settles()
+        self._outcomes[kind] += len(deliveries)
+        if self._batcher.pending:
             self._flush_wanted.set()
 
     async def settle_all(
-        self, deliveries: list[Delivery], kind: SettleKind = SettleKind.ACK
+        self, deliveries: Sequence[Delivery], kind: SettleKind = SettleKind.ACK
     ) -> None:
         """Settle every delivery of a batch the same way (default: ack them)."""
-        for delivery in deliveries:
-            self._settle(kind, delivery)
+        self._settle(kind, deliveries)
         await trio.lowlevel.checkpoint()
 
     def _send_settles(self) -> None:

@@ -22,8 +22,6 @@ import itertools
 from collections.abc import Iterator
 from typing import Final
 
-import attrs
-
 from broky.protocol.constants import SettleKind
 from broky.protocol.frames import Settle
 
@@ -87,14 +85,9 @@ class RangeSet:
         return len(self._firsts)
 
 
-@attrs.frozen
-class _Group:
-    """What one Settle frame has in common: its kind, topic, delay and reason."""
-
-    kind: SettleKind
-    topic: str
-    delay_ms: int
-    reason: str
+#: What one Settle frame has in common: kind, topic, delay and reason (a
+#: plain tuple: it is built and hashed once per settled message).
+_Group = tuple[SettleKind, str, int, str]
 
 
 class SettleBatcher:
@@ -114,6 +107,10 @@ class SettleBatcher:
         self.stream = stream
         self.max_offsets = max_offsets
         self._groups: dict[_Group, dict[int, RangeSet]] = {}
+        #: The (group, partition) of the last ``add`` and its ranges: a
+        #: consumer acks runs of one partition, so most adds hit it.
+        self._last: tuple[_Group, int] | None = None
+        self._last_ranges = RangeSet()
         self._pending = 0
         self._sequences = itertools.count(1)
 
@@ -132,13 +129,18 @@ class SettleBatcher:
         reason: str = "",
     ) -> bool:
         """Record one message's outcome; True once the batch should be sent now."""
-        group = _Group(kind, topic, delay_ms, reason)
-        partitions = self._groups.get(group)
-        if partitions is None:
-            partitions = self._groups[group] = {}
-        ranges = partitions.get(partition)
-        if ranges is None:
-            ranges = partitions[partition] = RangeSet()
+        group = (kind, topic, delay_ms, reason)
+        if (group, partition) == self._last:
+            ranges = self._last_ranges
+        else:
+            partitions = self._groups.get(group)
+            if partitions is None:
+                partitions = self._groups[group] = {}
+            found = partitions.get(partition)
+            if found is None:
+                found = partitions[partition] = RangeSet()
+            ranges = found
+            self._last, self._last_ranges = (group, partition), ranges
         ranges.add(offset)
         self._pending += 1
         return self._pending >= self.max_offsets
@@ -152,10 +154,12 @@ class SettleBatcher:
             for frame in self._frames(group, partitions)
         ]
         self._groups = {}
+        self._last = None
         self._pending = 0
         return frames
 
     def _frames(self, group: _Group, partitions: dict[int, RangeSet]) -> Iterator[Settle]:
+        kind, topic, delay_ms, reason = group
         entries = [
             (partition, first, last)
             for partition in sorted(partitions)
@@ -166,11 +170,11 @@ class SettleBatcher:
             yield Settle(
                 stream=self.stream,
                 sequence=next(self._sequences),
-                kind=group.kind,
+                kind=kind,
                 partitions=tuple(entry[0] for entry in chunk),
                 first_offsets=tuple(entry[1] for entry in chunk),
                 last_offsets=tuple(entry[2] for entry in chunk),
-                delay_ms=group.delay_ms,
-                reason=group.reason,
-                topic=group.topic,
+                delay_ms=delay_ms,
+                reason=reason,
+                topic=topic,
             )
