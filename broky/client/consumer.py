@@ -289,6 +289,8 @@ class Consumer:
                     # Not acked, so the broker redelivers it after the ack timeout
                     # and dead-letters it after max_deliveries.
                     log.warning("consumer %d: skipped an undecodable run: %s", self.stream, exc)
+                    for offset in range(run.base_offset, run.base_offset + run.count):
+                        counts.pop((topic, run.partition, offset), None)
                     continue
                 if counts:
                     deliveries += [

@@ -236,3 +236,22 @@ async def test_wrong_options_raise_value_error_before_anything_is_sent(
         client.consumer("orders.>", **arguments)  # type: ignore[arg-type]
     await client.ping()
     assert broker.received == []
+
+
+async def test_the_callers_exception_leaves_the_block_unchanged_after_the_acks(
+    wired: tuple[ScriptedBroker, Client],
+) -> None:
+    broker, client = wired
+    mistake = LookupError("the application's own")
+
+    async def ack_one_then_fail() -> None:
+        async with client.consumer("orders.>", subscription="s", ack_interval=60) as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 0, 2),)))
+            await (await anext(consumer)).ack()
+            raise mistake
+
+    with trio.fail_after(10), pytest.raises(LookupError) as raised:
+        await ack_one_then_fail()
+    assert raised.value is mistake
+    [settle] = await broker.wait_for(Settle)
+    assert _ranges(settle) == [(0, 0, 0)]
