@@ -29,6 +29,7 @@ from typing import Final, Protocol
 import attrs
 import trio
 
+from broky.client.buffered import BufferedRuns, CreditOwner
 from broky.client.consumer_options import ConsumerOptions
 from broky.client.decoding import decode_delivered_run
 from broky.client.errors import (
@@ -39,10 +40,9 @@ from broky.client.errors import (
     unwrapped,
 )
 from broky.client.settling import SettleBatcher
-from broky.client.subscription import BATCH_MESSAGES, ITERATION_MESSAGES
 from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Flow, Frame, Redelivered, Run, Settled, Unsubscribe
+from broky.protocol.frames import Redelivered, Run, Settled, Unsubscribe
 from broky.protocol.message import Message, Tags
 
 log = logging.getLogger("broky.client")
@@ -53,13 +53,8 @@ log = logging.getLogger("broky.client")
 CLOSE_RECEIPT_TIMEOUT: Final = 5.0
 
 
-class ConsumerOwner(Protocol):
+class ConsumerOwner(CreditOwner, Protocol):
     """What a consumer needs of its client (``Client``)."""
-
-    @property
-    def closed(self) -> bool: ...
-
-    def _send_control(self, frame: Frame) -> None: ...
 
     def _next_stream(self) -> int: ...
 
@@ -166,8 +161,10 @@ class ConsumerStatistics:
     paused: bool
 
 
-class Consumer:
-    """One consumer of a durable subscription; iterate it with ``async for``.
+class Consumer(BufferedRuns[Delivery]):
+    """One consumer of a durable subscription; iterate it with ``async for``
+    (or ``batches``), as a ``Subscription``; ``pause``/``resume`` hold back
+    and grant again the credit.
 
     Which topic a delivered run belongs to: a ``Redelivered`` frame names
     its topic, and the runs delivered after it on this stream are counted as
@@ -178,38 +175,31 @@ class Consumer:
     """
 
     def __init__(self, client: ConsumerOwner, stream: int, options: ConsumerOptions) -> None:
-        self._client = client
-        self.stream = stream
+        super().__init__(client, stream, options.credit)
+        self._owner = client
         self.options = options
-        self._runs: deque[tuple[str, Run]] = deque()
         self._topic = ""
+        #: The topic of the buffered runs, oldest first: [topic, runs] spans
+        #: (``_convert`` takes runs in the order ``_deliver`` got them).
+        self._topics: deque[tuple[str, int]] = deque()
         #: Delivery counts (> 1) of messages not yet handed to the application.
         self._counts: dict[tuple[str, int, int], int] = {}
-        self._batch: list[Delivery] = []
-        self._position = 0
-        self._buffered = 0
-        self._ready = trio.Event()
-        self._confirmed = trio.Event()
-        self._error: BaseException | None = None
-        self._closed = False
-        self._paused = False
-        self._ungranted = 0
         self._batcher = SettleBatcher(stream, options.ack_batch)
         self._flush_wanted = trio.Event()
         self._unreceipted: set[int] = set()
         self._receipt = trio.Event()
-        self.received = 0
-        self.dropped_by_broker = 0
         self._outcomes = dict.fromkeys(SettleKind, 0)
         self._stale = 0
 
     # called by the client's reader task --------------------------------------
 
     def _deliver(self, runs: tuple[Run, ...]) -> None:
-        topic = self._topic
-        self._runs.extend((topic, run) for run in runs)
-        self._buffered += sum(run.count for run in runs)
-        self._ready.set()
+        topics = self._topics
+        if topics and topics[-1][0] == self._topic:
+            topics[-1] = (self._topic, topics[-1][1] + len(runs))
+        else:
+            topics.append((self._topic, len(runs)))
+        super()._deliver(runs)
 
     def _receive(self, frame: Redelivered | Settled) -> None:
         if isinstance(frame, Settled):
@@ -225,119 +215,35 @@ class Consumer:
             counts[topic, partition, offset] = count
 
     def _fail(self, error: BaseException) -> None:
-        if self._error is None:
-            self._error = error
-        self._confirmed.set()
-        self._ready.set()
+        super()._fail(error)
         self._receipt.set()
         self._flush_wanted.set()
 
     # iteration ----------------------------------------------------------------
 
-    def __aiter__(self) -> Consumer:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        position = self._position
-        batch = self._batch
-        if position < len(batch):
-            self._position = position + 1
-            return batch[position]
-        self._batch = batch = await self._decoded(ITERATION_MESSAGES)
-        self._position = 1
-        return batch[0]
-
-    def batches(self, max_messages: int = BATCH_MESSAGES) -> DeliveryBatches:
-        """Iterate in lists of at least one and at most ``max_messages``
-        deliveries (one trio checkpoint per list), sharing one position with
-        per-message iteration; settle them with ``settle_all`` or one by one."""
-        if max_messages < 1:
-            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
-        return DeliveryBatches(self, max_messages)
-
-    async def _next_batch(self, max_messages: int) -> list[Delivery]:
-        position, batch = self._position, self._batch
-        if position >= len(batch):
-            batch, position = await self._decoded(max_messages), 0
-        if not position and len(batch) <= max_messages:
-            # Hand the list itself over: the consumer keeps no reference to it.
-            self._batch, self._position = [], 0
-            return batch
-        end = min(position + max_messages, len(batch))
-        self._batch, self._position = batch, end
-        return batch[position:end]
-
-    async def _decoded(self, limit: int) -> list[Delivery]:
-        """Wrap whole buffered runs, up to ``limit`` messages (or one run,
-        however big), waiting for runs when none are buffered; one
-        checkpoint per call, as ``Subscription._decoded``."""
-        runs = self._runs
-        while True:
-            if runs:
-                await trio.lowlevel.checkpoint()
-            else:
-                await self._wait_for_runs()
-            deliveries: list[Delivery] = []
-            taken = 0
-            counts = self._counts
-            while runs and (not taken or taken + runs[0][1].count <= limit):
-                topic, run = runs.popleft()
-                taken += run.count
-                try:
-                    messages = decode_delivered_run(run)
-                except RemoteProtocolError as exc:
-                    # Not acked, so the broker redelivers it after the ack timeout
-                    # and dead-letters it after max_deliveries.
-                    log.warning("consumer %d: skipped an undecodable run: %s", self.stream, exc)
-                    for offset in range(run.base_offset, run.base_offset + run.count):
-                        counts.pop((topic, run.partition, offset), None)
-                    continue
-                if counts:
-                    deliveries += [
-                        Delivery(
-                            self,
-                            message,
-                            topic,
-                            counts.pop((topic, run.partition, message.offset), 1),
-                        )
-                        for message in messages
-                    ]
-                else:
-                    deliveries += [Delivery(self, message, topic, 1) for message in messages]
-            self._consumed(taken)
-            if deliveries:
-                return deliveries
-
-    async def _wait_for_runs(self) -> None:
-        while not self._runs:
-            if self._error is not None:
-                raise self._error
-            if self._closed:
-                raise StopAsyncIteration
-            self._ready = trio.Event()
-            await self._ready.wait()
-
-    def _consumed(self, count: int) -> None:
-        self._buffered -= count
-        self.received += count
-        self._ungranted += count
-        if not self._paused and self._ungranted * 2 >= self.options.credit:
-            self._grant()
-
-    def _grant(self) -> None:
-        if self._ungranted and self._error is None and not self._client.closed:
-            self._client._send_control(Flow(self.stream, self._ungranted))
-            self._ungranted = 0
-
-    def pause(self) -> None:
-        """Stop granting credit: the broker stops once what it may send has
-        arrived (at most ``credit`` messages). Unacked messages still time out."""
-        self._paused = True
-
-    def resume(self) -> None:
-        """Grant the credit held back since ``pause``."""
-        self._paused = False
-        self._grant()
+    def _convert(self, run: Run) -> list[Delivery]:
+        topic, left = self._topics[0]
+        if left == 1:
+            self._topics.popleft()
+        else:
+            self._topics[0] = (topic, left - 1)
+        counts = self._counts
+        try:
+            messages = decode_delivered_run(run)
+        except RemoteProtocolError:
+            # Not acked, so the broker redelivers it after the ack timeout
+            # and dead-letters it after max_deliveries.
+            for offset in range(run.base_offset, run.base_offset + run.count):
+                counts.pop((topic, run.partition, offset), None)
+            raise
+        if counts:
+            return [
+                Delivery(
+                    self, message, topic, counts.pop((topic, run.partition, message.offset), 1)
+                )
+                for message in messages
+            ]
+        return [Delivery(self, message, topic, 1) for message in messages]
 
     # settling -------------------------------------------------------------------
 
@@ -373,11 +279,11 @@ class Consumer:
         await trio.lowlevel.checkpoint()
 
     def _send_settles(self) -> None:
-        if self._client.closed:
+        if self._owner.closed:
             return
         for frame in self._batcher.take():
             self._unreceipted.add(frame.sequence)
-            self._client._send_control(frame)
+            self._owner._send_control(frame)
 
     async def flush(self) -> None:
         """Send every recorded outcome now and wait until the broker has
@@ -392,7 +298,7 @@ class Consumer:
         while waiting & self._unreceipted:
             if self._error is not None:
                 raise self._error
-            if self._client.closed:
+            if self._owner.closed:
                 raise ConnectionClosed("the client closed before the broker confirmed the acks")
             self._receipt = trio.Event()
             await self._receipt.wait()
@@ -413,7 +319,7 @@ class Consumer:
         """Send what was recorded, wait (bounded) for its receipts, then leave."""
         if self._closed:
             return
-        if self._error is None and not self._client.closed:
+        if self._error is None and not self._owner.closed:
             with trio.move_on_after(CLOSE_RECEIPT_TIMEOUT) as waited:
                 try:
                     await self.flush()
@@ -427,9 +333,9 @@ class Consumer:
                 )
         self._closed = True
         self._ready.set()
-        self._client._forget(self)
-        if not self._client.closed:
-            self._client._send_control(Unsubscribe(self.stream))
+        self._owner._forget(self)
+        if not self._owner.closed:
+            self._owner._send_control(Unsubscribe(self.stream))
 
     def statistics(self) -> ConsumerStatistics:
         """What this consumer received and settled, and what it holds."""
@@ -441,23 +347,9 @@ class Consumer:
             stale_acks=self._stale,
             pending_settles=self._batcher.pending,
             unreceipted_frames=len(self._unreceipted),
-            buffered_messages=self._buffered + len(self._batch) - self._position,
+            buffered_messages=self.buffered_messages,
             paused=self._paused,
         )
-
-
-class DeliveryBatches:
-    """What ``Consumer.batches`` returns: an async iterator of delivery lists."""
-
-    def __init__(self, consumer: Consumer, max_messages: int) -> None:
-        self._consumer = consumer
-        self._max_messages = max_messages
-
-    def __aiter__(self) -> DeliveryBatches:
-        return self
-
-    async def __anext__(self) -> list[Delivery]:
-        return await self._consumer._next_batch(self._max_messages)
 
 
 @asynccontextmanager
