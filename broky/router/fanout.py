@@ -24,9 +24,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from broky.protocol.frames import EncodedRun
-from broky.router.outbox import Subscription
+from broky.router.queues import Receiver
 
-Routes = Mapping[bytes, tuple[Subscription, ...]]
+Routes = Mapping[bytes, tuple[Receiver, ...]]
 Topics = dict[bytes, list[int]]
 FanOut = Callable[[Sequence[EncodedRun], int, Routes, "Topics | None"], tuple[int, int, int, int]]
 
@@ -37,7 +37,7 @@ def fan_out_pure(
     """The pure-Python implementation (see the module docstring)."""
     published_runs = published_messages = unrouted = 0
     batch: list[EncodedRun] = []
-    batch_route: tuple[Subscription, ...] = ()
+    batch_route: tuple[Receiver, ...] = ()
     batch_messages = batch_bytes = 0
     stop = len(runs)
     for position in range(start, stop):

@@ -91,6 +91,8 @@ class Subscription:
     max_messages: int
     max_bytes: int
     credit: int | None = None  # None: no flow control
+    #: The queue group joined (b"": none; see broky.router.queues).
+    queue: bytes = b""
     runs: deque[EncodedRun] = attrs.field(factory=deque)
     pending_messages: int = 0
     pending_bytes: int = 0

@@ -37,6 +37,14 @@ from broky.router.outbox import (
     Subscription,
 )
 from broky.router.pressure import Pressure
+from broky.router.queues import (
+    Groups,
+    QueueGroup,
+    Receiver,
+    interest_key,
+    split_interest,
+    validate_queue,
+)
 
 #: Most subscriptions one connection may hold; bounds per-connection state.
 DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 10_000
@@ -140,14 +148,16 @@ class Router:
         self.interest = Interest()
         #: This broker node's id; links refuse a Hello carrying it (a self-link).
         self.node_id = ""
-        self._routes: dict[LinkKind, dict[bytes, tuple[Subscription, ...]]] = {
+        self._routes: dict[LinkKind, dict[bytes, tuple[Receiver, ...]]] = {
             kind: {} for kind in LinkKind
         }
         self._routes_generation = -1
         #: One tuple object per distinct route: keys with the same
         #: subscribers share it, so ``publish`` tells by identity that
         #: consecutive runs go to the same place and queues them together.
-        self._route_tuples: dict[tuple[Subscription, ...], tuple[Subscription, ...]] = {}
+        self._route_tuples: dict[tuple[Receiver, ...], tuple[Receiver, ...]] = {}
+        #: Queue groups by pattern and name; routes hold them like subscriptions.
+        self._groups = Groups()
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
         self.pressure = Pressure()
         #: Writes that connections woken while idle ask the routing task to
@@ -197,12 +207,16 @@ class Router:
         policy: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         credit: int = 0,
         awaiting_owners: int = 0,
+        queue: bytes = b"",
     ) -> Subscription | None:
         """Open a subscription and queue its ``Subscribed`` confirmation
         (after the links', and ``awaiting_owners`` calls of ``confirm``).
 
-        Stream-level problems (bad pattern, duplicate stream, too many
-        subscriptions) are answered with a stream Error; returns None then.
+        A non-empty ``queue`` joins that queue group on the pattern
+        (broky.router.queues): each matching message to one member.
+        Stream-level problems (bad pattern or queue name, duplicate stream,
+        too many subscriptions) are answered with a stream Error; returns
+        None then.
         """
         try:
             if stream == 0:
@@ -212,6 +226,8 @@ class Router:
                     ErrorCode.MALFORMED_FRAME,
                 )
             validate_pattern(pattern)
+            if queue:
+                validate_queue(queue)
             if stream in outlet.subscriptions:
                 raise RemoteProtocolError(
                     f"stream {stream} is already subscribed", ErrorCode.DUPLICATE_STREAM
@@ -244,14 +260,18 @@ class Router:
             max_messages=max_messages,
             max_bytes=max_bytes,
             credit=credit or None,
+            queue=queue,
         )
         outlet.subscriptions[stream] = subscription
         self._index.add(pattern, subscription)
+        if queue:
+            self._groups.join(subscription)
         interest = self.interest
-        confirming = interest.added(pattern, outlet.kind)
-        pending = interest.pending.get(pattern)
+        key = interest_key(pattern, queue)
+        confirming = interest.added(key, outlet.kind)
+        pending = interest.pending.get(key)
         if pending is None and confirming:
-            pending = interest.pending[pattern] = PendingConfirmation(confirming)
+            pending = interest.pending[key] = PendingConfirmation(confirming)
         subscription.awaiting_owners = awaiting_owners
         if pending is not None and outlet.kind is LinkKind.CLIENT:
             pending.waiters.append(subscription)  # Subscribed once the local links confirm
@@ -293,7 +313,11 @@ class Router:
         subscription.close()
         del subscription.outlet.subscriptions[subscription.stream]
         self._index.remove(subscription.pattern, subscription)
-        self.interest.removed(subscription.pattern, subscription.outlet.kind)
+        if subscription.queue:
+            self._groups.leave(subscription)
+        self.interest.removed(
+            interest_key(subscription.pattern, subscription.queue), subscription.outlet.kind
+        )
         # The route caches may hold the subscription: clear them now, not at
         # the next publish (which may be long in coming on a quiet broker).
         self._clear_routes()
@@ -341,18 +365,31 @@ class Router:
         ts_broker = self._clock() if stamp_ts_broker else 0
         return [EncodedRun(run.key, run.count, forward_chunk(run, ts_broker)) for run in runs]
 
-    def _route(self, key: bytes, source: LinkKind) -> tuple[Subscription, ...]:
-        """Subscriptions a run from ``source`` reaches: the eligible matches,
-        with at most one subscription per link (a peer gets a run once)."""
+    def _route(self, key: bytes, source: LinkKind) -> tuple[Receiver, ...]:
+        """Subscriptions a run from ``source`` reaches: the eligible plain
+        matches, with at most one subscription per link (a peer gets a run
+        once for all its plain interest), then, for a run from a client,
+        each matching queue group once (its member may be a link too, on
+        the group's own stream: see broky.router.queues)."""
         eligible = _ELIGIBLE[source]
         route: list[Subscription] = []
         links: set[Outlet] = set()
         durable_keys = self.durable_keys
         durable = durable_keys is not None and durable_keys(key)
+        groups: list[QueueGroup] = []
         for subscription in self._index.match(key):
             outlet = subscription.outlet
             kind = outlet.kind
             if kind not in eligible:
+                continue
+            if subscription.queue:
+                # A run from a peer crossed for plain interest: its router
+                # chose for the groups already (publish_to_group brings the
+                # runs it chose us for).
+                if source is LinkKind.CLIENT:
+                    group = self._groups.view(subscription.pattern, subscription.queue, source)
+                    if group is not None and group not in groups:
+                        groups.append(group)
                 continue
             if durable_keys is not None and (
                 (kind is LinkKind.LOCAL and durable) or (kind is LinkKind.DURABLE and not durable)
@@ -366,7 +403,7 @@ class Router:
                     continue
                 links.add(outlet)
             route.append(subscription)
-        found = tuple(route)
+        found: tuple[Receiver, ...] = (*route, *groups)
         return self._route_tuples.setdefault(found, found)
 
     def publish(
@@ -442,6 +479,29 @@ class Router:
         if from_peer:
             counters.from_links += published_messages
         return published_messages
+
+    def publish_to_group(self, runs: list[EncodedRun], interest: bytes, source: LinkKind) -> int:
+        """Hand runs a peer router chose this router for, on the queue group
+        ``interest`` names (``interest_key``), to one local member; returns
+        the messages published. Nothing else receives them: the peer routed
+        the plain interest separately. With no member left (it left while
+        the runs crossed) they count as dropped for want of a subscriber."""
+        messages = size = 0
+        for run in runs:
+            messages += run.count
+            size += len(run.chunk)
+        counters = self.counters
+        counters.published_runs += len(runs)
+        counters.published_messages += messages
+        counters.from_links += messages
+        pattern, queue = split_interest(interest)
+        group = self._groups.view(pattern, queue, source)
+        member = None if group is None else group.choose()
+        if member is None:
+            counters.dropped_no_subscriber += messages
+        else:
+            member.push_many(runs, messages, size)
+        return messages
 
     def run_direct_writes(self) -> None:
         """Make the direct writes queued since the last call (see ``direct_writes``)."""
