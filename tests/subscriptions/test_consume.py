@@ -1,0 +1,107 @@
+"""Durable subscriptions end to end over real sockets: each type, acks,
+redelivery, dead letters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from broky import Client
+from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
+from broky.protocol.frames import Error, Subscribed
+from tests.conftest import StartBroker
+from tests.subscriptions.wire import Consumer, Delivery, connect, subscriptions_config
+
+TIMEOUT = 20
+
+
+async def publish(client: Client, count: int, start: int = 0, keys: int = 8) -> None:
+    for index in range(start, start + count):
+        await client.publish(f"orders.k{index % keys}", str(index).encode(), ack=True)
+    await client.flush_acks()
+
+
+def numbers(deliveries: list[Delivery]) -> list[int]:
+    return [int(d.payload) for d in deliveries]
+
+
+async def test_shared_spreads_and_acked_messages_stay_acked(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with (
+            broker.connect() as client,
+            connect(broker.address) as a,
+            connect(broker.address) as b,
+        ):
+            first, second = Consumer(a), Consumer(b)
+            assert isinstance(
+                await first.consume("work", start=StartKind.EARLIEST, credit=30), Subscribed
+            )
+            assert isinstance(
+                await second.consume("work", start=StartKind.EARLIEST, credit=30), Subscribed
+            )
+            await publish(client, 40)
+            got_first = await first.take(20)
+            got_second = await second.take(20)
+            assert sorted(numbers(got_first + got_second)) == list(range(40))
+            assert all(d.count == 1 for d in got_first + got_second)
+            sequence = await first.settle(got_first, receipt=True)
+            assert (await first.receipt(sequence)).stale == 0
+            sequence = await second.settle(got_second, receipt=True)
+            await second.receipt(sequence)
+        status = broker.statistics().subscriptions
+        assert [(s.name, s.backlog, s.in_flight, s.acked) for s in status] == [("work", 0, 0, 40)]
+
+
+async def test_exclusive_refuses_a_second_consumer(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with connect(broker.address) as a, connect(broker.address) as b:
+            kind = SubscriptionKind.EXCLUSIVE
+            assert isinstance(await Consumer(a).consume("solo", kind=kind), Subscribed)
+            refused = await Consumer(b).consume("solo", kind=kind)
+            assert isinstance(refused, Error)
+            assert refused.code == ErrorCode.SUBSCRIPTION_REFUSED
+            assert "exclusive" in refused.message
+            other = await Consumer(b, stream=2).consume("solo", kind=SubscriptionKind.SHARED)
+            assert isinstance(other, Error)
+            assert "fixed at creation" in other.message
+
+
+async def test_nack_redelivers_with_count_then_dead_letters(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            dead = await client.subscribe("_dlq.>")
+            consumer = Consumer(a)
+            subscribed = await consumer.consume(
+                "poison", start=StartKind.EARLIEST, max_deliveries=3, backoff_ms=(0,)
+            )
+            assert isinstance(subscribed, Subscribed)
+            await publish(client, 1)
+            counts = []
+            for _ in range(3):
+                [delivery] = await consumer.take(1)
+                counts.append(delivery.count)
+                await consumer.settle([delivery], SettleKind.NACK, reason="cannot parse")
+            assert counts == [1, 2, 3]
+            async for message in dead:
+                tags = dict(message.tags)
+                assert message.payload == b"0"
+                assert tags["dlq.subscription"] == "poison"
+                assert tags["dlq.error"] == "cannot parse"
+                assert tags["dlq.deliveries"] == "3"
+                assert tags["dlq.topic"] == "orders"
+                break
+        status = broker.statistics().subscriptions[0]
+        assert (status.dead_lettered, status.backlog) == (1, 0)
