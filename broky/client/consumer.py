@@ -79,8 +79,8 @@ class Delivery:
         self._consumer = consumer
         #: The decoded message (key, payload, tags, partition, offset, stamps).
         self.message = message
-        #: The durable topic (the ``[[durable]]`` name) holding the message;
-        #: "" while the broker has not named it (see ``Consumer``).
+        #: The durable topic (the ``[[durable]]`` name) holding the message,
+        #: as the broker named it: "" on a first delivery (see ``Consumer``).
         self.topic = topic
         #: How many times the broker has delivered this message, this time included.
         self.delivery_count = count
@@ -166,19 +166,20 @@ class Consumer(BufferedRuns[Delivery]):
     (or ``batches``), as a ``Subscription``; ``pause``/``resume`` hold back
     and grant again the credit.
 
-    Which topic a delivered run belongs to: a ``Redelivered`` frame names
-    its topic, and the runs delivered after it on this stream are counted as
-    that topic's until another one names a different topic (a broker sends
-    one, possibly empty, before the runs of each topic when a pattern spans
-    several). Until then the topic is "", which a broker resolves when the
-    pattern matches one durable topic.
+    Which topic a delivered run belongs to: a ``Deliver`` frame does not
+    say, but the ``Redelivered`` frame a broker sends just before a Deliver
+    that carries redelivered messages names the topic of that Deliver (one
+    frame per topic, docs/protocol.md). So runs of a Deliver right after a
+    Redelivered get its topic, and the others "" (not named), which a
+    broker resolves in ``Settle`` when the consumer reads a single topic.
     """
 
     def __init__(self, client: ConsumerOwner, stream: int, options: ConsumerOptions) -> None:
         super().__init__(client, stream, options.credit)
         self._owner = client
         self.options = options
-        self._topic = ""
+        #: The topic the last Redelivered named for the next Deliver ("": none).
+        self._next_topic = ""
         #: The topic of the buffered runs, oldest first: [topic, runs] spans
         #: (``_convert`` takes runs in the order ``_deliver`` got them).
         self._topics: deque[tuple[str, int]] = deque()
@@ -194,11 +195,12 @@ class Consumer(BufferedRuns[Delivery]):
     # called by the client's reader task --------------------------------------
 
     def _deliver(self, runs: tuple[Run, ...]) -> None:
+        topic, self._next_topic = self._next_topic, ""
         topics = self._topics
-        if topics and topics[-1][0] == self._topic:
-            topics[-1] = (self._topic, topics[-1][1] + len(runs))
+        if topics and topics[-1][0] == topic:
+            topics[-1] = (topic, topics[-1][1] + len(runs))
         else:
-            topics.append((self._topic, len(runs)))
+            topics.append((topic, len(runs)))
         super()._deliver(runs)
 
     def _receive(self, frame: Redelivered | Settled) -> None:
@@ -207,7 +209,7 @@ class Consumer(BufferedRuns[Delivery]):
             self._stale += frame.stale
             self._receipt.set()
             return
-        self._topic = topic = frame.topic
+        self._next_topic = topic = frame.topic
         counts = self._counts
         for partition, offset, count in zip(
             frame.partitions, frame.offsets, frame.counts, strict=True

@@ -1,0 +1,143 @@
+"""``client.consumer`` against a real broker over real sockets: shared work
+split and acked once, nack redelivery with its count, key-shared order, the
+CLI, refusals.
+
+Each test bounds itself with ``trio.fail_after``; the broker keeps durable
+topic ``orders`` (``orders.>``, 2 partitions) in the test's temp directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import broky
+from broky import Client, Delivery, ErrorCode, Start
+from broky.cli import build_parser
+from broky.client.consumer_options import SubscriptionType
+from broky.consume_cli import consume
+from tests.conftest import StartBroker, address_of
+from tests.subscriptions.wire import subscriptions_config
+
+TIMEOUT = 20
+
+
+async def _publish(client: Client, count: int, keys: int = 8) -> None:
+    for number in range(count):
+        await client.publish(f"orders.k{number % keys}", b"%d" % number, ack=True)
+    await client.flush_acks()
+
+
+async def _take_and_ack(
+    address: str,
+    subscription: str,
+    kind: SubscriptionType,
+    until: trio.Event,
+    seen: list[Delivery],
+) -> None:
+    async with (
+        broky.connect(address) as client,
+        client.consumer(
+            "orders.>", subscription=subscription, type=kind, start=Start.earliest(), credit=16
+        ) as consumer,
+    ):
+        batches = consumer.batches(8)
+        while not until.is_set():
+            with trio.move_on_after(0.05):
+                batch = await anext(batches)
+                seen.extend(batch)
+                await consumer.settle_all(batch)
+        await consumer.flush()
+
+
+@pytest.mark.parametrize("kind", ["shared", "key-shared"])
+async def test_consumers_split_the_work_and_each_message_is_acked_once(
+    tmp_path: Path, start_broker: StartBroker, kind: SubscriptionType
+) -> None:
+    broker = await start_broker(subscriptions_config(tmp_path))
+    address = address_of(broker)
+    seen: list[Delivery] = []
+    done = trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with broky.connect(address) as client:
+            await _publish(client, 400)
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(_take_and_ack, address, "work", kind, done, seen)
+            while len(seen) < 400:  # noqa: ASYNC110 - the consumers append as they take
+                await trio.sleep(0.01)
+            done.set()
+    assert sorted(int(d.payload) for d in seen) == list(range(400))  # none lost, none twice
+    # First deliveries: the broker does not name their topic (see Consumer).
+    assert {d.topic for d in seen} == {""}
+    assert all(d.delivery_count == 1 for d in seen)
+    if kind == "key-shared":
+        by_key: dict[str, list[int]] = {}
+        for delivery in seen:
+            by_key.setdefault(delivery.key, []).append(int(delivery.payload))
+        assert all(numbers == sorted(numbers) for numbers in by_key.values())
+    [status] = broker.statistics().subscriptions
+    assert (status.name, status.backlog, status.in_flight, status.acked) == ("work", 0, 0, 400)
+
+
+async def test_a_nacked_message_comes_back_with_its_delivery_count(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    broker = await start_broker(subscriptions_config(tmp_path))
+    with trio.fail_after(TIMEOUT):
+        async with (
+            broker.connect() as client,
+            client.consumer("orders.>", subscription="retry", start=Start.earliest()) as consumer,
+        ):
+            await _publish(client, 1)
+            first = await anext(consumer)
+            await first.nack(delay=0)
+            again = await anext(consumer)
+            assert (again.partition, again.offset, again.payload) == (
+                first.partition,
+                first.offset,
+                b"0",
+            )
+            assert (first.delivery_count, again.delivery_count, again.retry_count) == (1, 2, 1)
+            assert (first.topic, again.topic) == ("", "orders")
+            await again.ack()
+            await consumer.flush()
+            assert consumer.statistics().unreceipted_frames == 0
+    [status] = broker.statistics().subscriptions
+    assert (status.acked, status.redelivered, status.in_flight) == (1, 1, 0)
+
+
+async def test_an_exclusive_subscription_refuses_a_second_consumer(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    broker = await start_broker(subscriptions_config(tmp_path))
+    with trio.fail_after(TIMEOUT):
+        async with (
+            broker.connect() as client,
+            client.consumer("orders.>", subscription="solo", type="exclusive"),
+        ):
+            with pytest.raises(broky.ConsumerRefused) as refused:
+                async with client.consumer("orders.>", subscription="solo", type="exclusive"):
+                    pytest.fail("a second exclusive consumer must be refused")
+            assert refused.value.code is ErrorCode.SUBSCRIPTION_REFUSED
+            assert "exclusive" in refused.value.reason
+
+
+async def test_broky_sub_prints_and_acks_against_a_real_broker(
+    tmp_path: Path, start_broker: StartBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broker = await start_broker(subscriptions_config(tmp_path))
+    address = address_of(broker)
+    args = build_parser().parse_args(
+        ["sub", "orders.>", "--subscription", "cli", "--start", "earliest", "--count", "5",
+         "--address", address]
+    )  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with broker.connect() as client:
+            await _publish(client, 5, keys=1)
+        await consume(args)
+    assert capsys.readouterr().out.splitlines() == [f"[orders.k0] {n}" for n in range(5)]
+    [status] = broker.statistics().subscriptions
+    assert (status.acked, status.backlog, status.consumers) == (5, 0, 0)
