@@ -70,3 +70,27 @@ def fan_out(runs, Py_ssize_t start, routes, topics):
     if batch is not None:
         _flush(batch_route, batch, batch_messages, batch_bytes)
     return stop, published_runs, published_messages, unrouted
+
+
+def sweep(runs, Py_ssize_t budget, Py_ssize_t frame_room):
+    """See ``broky.router.sweep.sweep_pure``."""
+    cdef list chunks = []
+    cdef Py_ssize_t taken_bytes = 0, taken_messages = 0, count, index
+    cdef bytes chunk
+    for run in runs:
+        chunk = run.chunk
+        taken_bytes += len(chunk)
+        taken_messages += <Py_ssize_t>run.count
+        chunks.append(chunk)
+        if taken_bytes >= budget:
+            break
+    count = len(chunks)
+    if taken_bytes + 4 * count > frame_room:
+        return None
+    if count == len(runs):
+        runs.clear()
+    else:
+        popleft = runs.popleft
+        for index in range(count):
+            popleft()
+    return chunks, taken_bytes, taken_messages

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.protocol.frames import EncodedRun
-from broky.router import fanout
+from broky.router import fanout, sweep
 
 
 class Recorder:
@@ -74,3 +75,34 @@ def test_consecutive_runs_of_one_route_go_as_one_batch_and_a_miss_stops() -> Non
     assert log == [("a", [b"k1", b"k2", b"k3"], 3, 6)]
     assert topics[b"k1"] == [1, 2]
     assert topics[b"new"] == [0, 0]  # not walked: its route is not cached
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), max_size=20),
+    budget=st.integers(0, 300),
+    frame_room=st.integers(0, 400),
+)
+def test_compiled_and_pure_sweep_agree(
+    sizes: list[tuple[int, int]], budget: int, frame_room: int
+) -> None:
+    compiled = sweep.sweep_compiled
+    if compiled is None:
+        assert os.environ.get("BROKY_PURE") == "1", "broky.router._fanout was not built"
+        pytest.skip("the compiled sweep is not in use (BROKY_PURE=1)")
+    runs = [EncodedRun(b"k%d" % n, count, bytes(size)) for n, (count, size) in enumerate(sizes)]
+    left_compiled, left_pure = deque(runs), deque(runs)
+    assert compiled(left_compiled, budget, frame_room) == sweep.sweep_pure(
+        left_pure, budget, frame_room
+    )
+    assert left_compiled == left_pure
+
+
+def test_sweep_takes_the_front_that_fits_the_budget_or_nothing() -> None:
+    runs = deque(EncodedRun(b"k", 2, bytes(10)) for _ in range(5))
+    assert sweep.sweep(runs, 25, 1_000) == ([bytes(10)] * 3, 30, 6)  # the last overshoots
+    assert len(runs) == 2
+    assert sweep.sweep(runs, 25, 20) is None  # 2 runs, 20 bytes + 8 of offsets: no frame
+    assert len(runs) == 2
+    assert sweep.sweep(runs, 1_000, 1_000) == ([bytes(10)] * 2, 20, 4)
+    assert not runs
