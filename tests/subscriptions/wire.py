@@ -8,7 +8,7 @@ test sees exactly what the broker sends.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,8 @@ class Consumer:
         self._counts: dict[tuple[int, int], int] = {}
         self.errors: list[Error] = []
         self.receipts: list[Settled] = []
+        #: Called with each Settled as it arrives (else they pile up in ``receipts``).
+        self.on_settled: Callable[[Settled], None] | None = None
         self._sequence = 0
 
     async def consume(self, subscription: str, **fields: Any) -> Frame:
@@ -112,7 +114,10 @@ class Consumer:
             elif isinstance(frame, Error):
                 self.errors.append(frame)
             elif isinstance(frame, Settled):
-                self.receipts.append(frame)
+                if self.on_settled is not None:
+                    self.on_settled(frame)
+                else:
+                    self.receipts.append(frame)
 
     async def take(self, count: int) -> list[Delivery]:
         found: list[Delivery] = []
