@@ -19,8 +19,9 @@ import trio.testing
 
 from broky.client.client import Client
 from broky.client.consumer import Consumer
+from broky.client.durable import Start
 from broky.client.errors import ConsumerRefused, SubscriptionError
-from broky.protocol.constants import ErrorCode, SettleKind
+from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import (
     Consume,
     Deliver,
@@ -278,3 +279,41 @@ async def test_a_redelivered_frame_names_the_topic_of_the_next_deliver_only(
         ("", (0, 6, 6)),
         ("orders", (0, 5, 5), (1, 9, 9)),
     ]
+
+
+@pytest.mark.parametrize(
+    ("start", "fields"),
+    [
+        (None, (StartKind.LATEST, 0, ())),
+        (Start.earliest(), (StartKind.EARLIEST, 0, ())),
+        (Start.offset({1: 42}), (StartKind.OFFSET, 0, (0, 42))),
+        (Start.time(1_700_000_000_000_000_000), (StartKind.TIME, 1_700_000_000_000_000_000, ())),
+    ],
+)
+async def test_the_start_position_travels_in_the_consume_frame(
+    wired: tuple[ScriptedBroker, Client],
+    start: Start | None,
+    fields: tuple[StartKind, int, tuple[int, ...]],
+) -> None:
+    broker, client = wired
+    with trio.fail_after(10):
+        async with client.consumer(
+            "orders.>",
+            subscription="s",
+            start=start,
+            credit=7,
+            max_in_flight=9,
+            ack_timeout=1.5,
+            max_deliveries=3,
+            priority=-2,
+        ):
+            [consume] = broker.of(Consume)
+    assert (consume.start, consume.start_time, consume.start_offsets) == fields
+    assert (
+        consume.credit,
+        consume.max_in_flight,
+        consume.ack_timeout_ms,
+        consume.max_deliveries,
+        consume.priority,
+        consume.kind,
+    ) == (7, 9, 1500, 3, -2, SubscriptionKind.SHARED)
