@@ -141,3 +141,29 @@ async def test_broky_sub_prints_and_acks_against_a_real_broker(
     assert capsys.readouterr().out.splitlines() == [f"[orders.k0] {n}" for n in range(5)]
     [status] = broker.statistics().subscriptions
     assert (status.acked, status.backlog, status.consumers) == (5, 0, 0)
+
+
+async def test_term_sends_the_message_to_the_dead_letter_topic_with_its_reason(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    broker = await start_broker(subscriptions_config(tmp_path))
+    with trio.fail_after(TIMEOUT):
+        async with (
+            broker.connect() as client,
+            client.consumer("orders.>", subscription="billing", start=Start.earliest()) as consumer,
+        ):
+            await _publish(client, 1)
+            poison = await anext(consumer)
+            await poison.term("cannot parse")
+            await consumer.flush()
+            async with client.subscribe("_dlq.billing.>", start=Start.earliest()) as letters:
+                letter = await anext(letters)
+    assert (letter.key, letter.payload) == ("_dlq.billing.orders", b"0")
+    tags = dict(letter.tags)
+    assert (tags["dlq.topic"], tags["dlq.error"]) == ("orders", "cannot parse")
+    assert (int(tags["dlq.partition"]), int(tags["dlq.offset"])) == (
+        poison.partition,
+        poison.offset,
+    )
+    [status] = broker.statistics().subscriptions
+    assert (status.dead_lettered, status.backlog, status.in_flight) == (1, 0, 0)
