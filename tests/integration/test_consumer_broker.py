@@ -167,3 +167,37 @@ async def test_term_sends_the_message_to_the_dead_letter_topic_with_its_reason(
     )
     [status] = broker.statistics().subscriptions
     assert (status.dead_lettered, status.backlog, status.in_flight) == (1, 0, 0)
+
+
+async def test_failover_serves_the_higher_priority_then_the_standby_from_the_first_unacked(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    broker = await start_broker(subscriptions_config(tmp_path))
+    address = address_of(broker)
+    earliest = Start.earliest()
+    with trio.fail_after(TIMEOUT):
+        async with (
+            broky.connect(address) as standby_client,
+            standby_client.consumer(
+                "orders.>", subscription="fo", type="failover", start=earliest, priority=0
+            ) as standby,
+        ):
+            async with (
+                broky.connect(address) as active_client,
+                active_client.consumer(
+                    "orders.>", subscription="fo", type="failover", start=earliest, priority=5
+                ) as active,
+            ):
+                await _publish(active_client, 20, keys=1)  # one key: one partition, in order
+                taken = [await anext(active) for _ in range(20)]
+                await active.settle_all(taken[:12])
+                await active.flush()
+                assert standby.statistics().buffered_messages == 0
+            # The active consumer left holding 8 unacked: the standby takes over there.
+            rest = [await anext(standby) for _ in range(8)]
+            await standby.settle_all(rest)
+            await standby.flush()
+    assert [int(d.payload) for d in taken] == list(range(20))
+    assert [int(d.payload) for d in rest] == list(range(12, 20))
+    [status] = broker.statistics().subscriptions
+    assert (status.acked, status.backlog, status.in_flight) == (20, 0, 0)
