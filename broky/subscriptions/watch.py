@@ -2,9 +2,10 @@
 
 A stall is never silent (JetStream stops at MaxAckPending with no word,
 nats-server #4112): four times a second the watch looks at every
-subscription of the worker, and one that has messages waiting but cannot
-deliver them for a second raises ``$SYS.events.subscription.stalled`` with
-its reason, and ``subscription.resumed`` when it delivers again. Reasons:
+subscription of the worker, and one that has messages waiting but delivered
+nothing for a second, for one of the reasons below, raises
+``$SYS.events.subscription.stalled``, and ``subscription.resumed`` once it
+delivers again. Reasons:
 
 - ``max_in_flight``: every consumer holds its ``max_in_flight`` unacked;
 - ``no_credit``: every consumer used up the credit it granted;
@@ -89,6 +90,8 @@ class _Episode:
     since: float = 0.0
     advised: bool = False
     storming: bool = False
+    #: The subscription's deliveries at the last look: any since is progress.
+    delivered: int = 0
     samples: deque[tuple[float, int, int]] = attrs.field(factory=deque)
 
 
@@ -177,7 +180,9 @@ class Watch:
             del self._episodes[name]
         for name, partitions in by_name.items():
             episode = self._episodes.setdefault(name, _Episode())
-            reason = self._stall_reason(name, partitions)
+            delivered = self._service.counters(name).delivered
+            progressed, episode.delivered = delivered != episode.delivered, delivered
+            reason = "" if progressed else self._stall_reason(name, partitions)
             if reason != episode.reason:
                 if episode.advised:
                     self.advise(RESUMED, {"subscription": name, "reason": episode.reason})
