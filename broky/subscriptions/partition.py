@@ -44,7 +44,7 @@ from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
 from broky.storage.topics import key_partition
 from broky.subscriptions.commits import GroupCommitter
-from broky.subscriptions.definition import Definition
+from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import (
     DeadLetter,
@@ -99,7 +99,12 @@ class PartitionSubscriptions:
         partition = cls(service, owner, store)
         images = partition.committer.load()
         for name, text in partition.committer.load_definitions().items():
-            definition = Definition.from_json(text)
+            try:
+                definition = Definition.from_json(text)
+            except DefinitionError as exc:
+                raise StorageError(
+                    f"{directory}/{STATE_FILE}: subscription {name!r}: {exc}"
+                ) from exc
             image = images.get((name, partition.topic, partition.partition))
             if image is None:
                 continue  # written together; a definition alone was never committed
@@ -172,7 +177,7 @@ class PartitionSubscriptions:
                 await self._wait()
                 try:
                     await self._round()
-                except StorageError as exc:
+                except (StorageError, OSError) as exc:
                     # The log could not be read: deliveries wait for the
                     # next round (nothing was handed out without its bytes).
                     log.error("subscriptions of %s/%d: %s", self.topic, self.partition, exc)

@@ -134,3 +134,26 @@ async def test_backlog_in_flight_and_consumers_are_listed_and_exported(
             assert sample_value(text, "broky_subscription_backlog_messages", labels) == 10
             assert sample_value(text, "broky_subscription_in_flight_messages", labels) == 3
             assert sample_value(text, "broky_subscription_delivered_messages_total", labels) == 3
+
+
+async def test_bad_consumes_get_stream_errors_and_the_connection_stays(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with connect(broker.address) as a:
+            consumer = Consumer(a)
+            bad = await consumer.consume("x", pattern=b"orders..>")
+            assert isinstance(bad, Error)
+            assert bad.code == ErrorCode.INVALID_PATTERN
+            nowhere = await consumer.consume("x", pattern=b"prices.>")
+            assert isinstance(nowhere, Error)
+            assert "matches no durable topic" in nowhere.message
+            last = await consumer.consume("x", start=StartKind.LAST)
+            assert isinstance(last, Error)
+            assert last.code == ErrorCode.SUBSCRIPTION_REFUSED
+            assert isinstance(await consumer.consume("x"), Subscribed)
+            duplicate = await consumer.consume("y")
+            assert isinstance(duplicate, Error)
+            assert duplicate.code == ErrorCode.DUPLICATE_STREAM
