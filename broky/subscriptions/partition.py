@@ -44,7 +44,7 @@ from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
 from broky.storage.topics import key_partition
 from broky.subscriptions.commits import GroupCommitter
-from broky.subscriptions.definition import Definition
+from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import (
     DeadLetter,
@@ -99,7 +99,12 @@ class PartitionSubscriptions:
         partition = cls(service, owner, store)
         images = partition.committer.load()
         for name, text in partition.committer.load_definitions().items():
-            definition = Definition.from_json(text)
+            try:
+                definition = Definition.from_json(text)
+            except DefinitionError as exc:
+                raise StorageError(
+                    f"{directory}/{STATE_FILE}: subscription {name!r}: {exc}"
+                ) from exc
             image = images.get((name, partition.topic, partition.partition))
             if image is None:
                 continue  # written together; a definition alone was never committed
@@ -165,18 +170,22 @@ class PartitionSubscriptions:
     # --- the task ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Drive the dispatchers until cancelled (then commit what is pending)."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.committer.run)
-            while True:
-                await self._wait()
-                try:
-                    await self._round()
-                except StorageError as exc:
-                    # The log could not be read: deliveries wait for the
-                    # next round (nothing was handed out without its bytes).
-                    log.error("subscriptions of %s/%d: %s", self.topic, self.partition, exc)
-                    await trio.sleep(0.5)
+        """Drive the dispatchers until cancelled (then commit what is pending
+        and close the state store)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.committer.run)
+                while True:
+                    await self._wait()
+                    try:
+                        await self._round()
+                    except (StorageError, OSError) as exc:
+                        # The log could not be read: deliveries and dead
+                        # letters decided wait for the next round.
+                        log.error("subscriptions of %s/%d: %s", self.topic, self.partition, exc)
+                        await trio.sleep(0.5)
+        finally:
+            self.committer.close()
 
     async def _wait(self) -> None:
         wakes = [w for d in self.dispatchers.values() if (w := d.next_wake()) is not None]
@@ -221,7 +230,14 @@ class PartitionSubscriptions:
         needed.extend(event.offset for _, event in retry)
         missing = cache.missing(needed)
         if missing:
-            cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
+            try:
+                cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
+            except (StorageError, OSError):
+                # Nothing was carried out: the events wait for the next round.
+                for name, taken in events.items():
+                    self.dispatchers[name].events[:0] = taken
+                self.dead_letter_retry[:0] = retry
+                raise
         for name, batch in events.items():
             self._carry_out(name, batch, cache)
         for name, event in retry:

@@ -30,6 +30,7 @@ from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.frames import Consume, Settle, Settled, Subscribed
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
+from broky.storage.errors import StorageError
 from broky.subscriptions.consumers import ConsumerLink, SubscriptionCounters
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
@@ -113,7 +114,15 @@ class SubscriptionService:
     async def _attach(self, frame: Consume, link: ConsumerLink) -> None:
         try:
             async with self._attaching:
-                await self._attach_now(frame, link)
+                try:
+                    await self._attach_now(frame, link)
+                except (StorageError, OSError) as exc:
+                    log.error("subscription %r: attach failed: %s", frame.subscription, exc)
+                    raise Refused(
+                        ErrorCode.STORAGE_FAILURE,
+                        f"subscription {frame.subscription!r}: the broker could not read or "
+                        f"write its state ({exc}); retry later",
+                    ) from exc
         except Refused as refused:
             link.closed = True
             link.error(refused.code, str(refused))
