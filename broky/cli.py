@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from broky import subs_cli
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
@@ -169,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
         prog="broky",
-        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub and "
-        "top talk to one; bench load-tests one; passwd makes credentials for its config; "
+        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub, "
+        "subs and top talk to one; bench load-tests one; passwd makes credentials for its config; "
         "cluster runs a local etcd or shows a replicated cluster.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(commands)
     passwd.add_parser(commands)
     cluster_status.add_parser(commands)
+    subs_cli.add_parser(commands)
     return parser
 
 
@@ -279,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trio.run(serve_member, server, config, load, workers)
             else:
                 trio.run(server, config, load)
-        elif args.command in ("bench", "passwd", "cluster"):
+        elif args.command in ("bench", "passwd", "cluster", "subs"):
             return int(args.handler(args))
         elif args.command == "top":
             trio.run(
