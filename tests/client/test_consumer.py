@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from broky.client.client import Client
-from broky.client.consumer import Consumer
+from broky.client.consumer import CLOSE_RECEIPT_TIMEOUT, Consumer
 from broky.client.durable import Start
 from broky.client.errors import ConsumerRefused, SubscriptionError
 from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
@@ -211,6 +211,26 @@ async def test_flush_raises_when_the_broker_ends_the_consumer(
                     await consumer.flush()
             with pytest.raises(SubscriptionError):
                 await delivery.ack()
+            with pytest.raises(SubscriptionError, match="gone"):
+                await anext(consumer)
+        # Leaving the block still tells the broker the stream is done.
+        await broker.wait_for(Unsubscribe)
+
+
+async def test_leaving_waits_for_receipts_at_most_close_receipt_timeout(
+    wired: tuple[ScriptedBroker, Client], autojump_clock: trio.testing.MockClock
+) -> None:
+    broker, client = wired
+    broker.receipts = False  # a broker that never confirms
+    with trio.fail_after(CLOSE_RECEIPT_TIMEOUT + 5):
+        async with client.consumer("orders.>", subscription="s") as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 0, 1),)))
+            await (await anext(consumer)).ack()
+            left_at = trio.current_time()
+        waited = trio.current_time() - left_at
+    assert CLOSE_RECEIPT_TIMEOUT <= waited < CLOSE_RECEIPT_TIMEOUT + 1
+    assert consumer.statistics().unreceipted_frames == 1
+    await broker.wait_for(Unsubscribe)
 
 
 async def _end_consumer_once_settled(broker: ScriptedBroker, consumer: Consumer) -> None:
