@@ -325,3 +325,35 @@ async def test_a_nack_without_delay_waits_for_the_backoff(
             advisory = await next_event(events)
             assert (advisory["subscription"], advisory["deliveries"]) == ("backoff", 3)
             assert advisory["error"] == "still bad"
+
+
+async def test_a_redelivery_waiting_for_credit_does_not_spin_the_driver(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=1))
+        assert broker.address is not None
+        assert broker.subscriptions is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            consumer = Consumer(a)
+            kind = SubscriptionKind.EXCLUSIVE
+            assert isinstance(await consumer.consume("tight", kind=kind, credit=2), Subscribed)
+            await publish(client, 3)
+            held = await consumer.take(2)
+            partition = broker.subscriptions.partitions[("orders", 0)]
+            rounds = 0
+            real_round = partition._round
+
+            async def counted() -> None:
+                nonlocal rounds
+                rounds += 1
+                await real_round()
+
+            partition._round = counted  # type: ignore[method-assign]
+            # Due at once, but the consumer has no credit left: it waits.
+            await consumer.settle(held[1:], SettleKind.NACK, delay_ms=0)
+            await trio.sleep(0.5)
+            assert rounds < 20
+            await consumer.flow(1)
+            [again] = await consumer.take(1)
+            assert (again.offset, again.count) == (held[1].offset, 2)
