@@ -87,6 +87,8 @@ class PartitionSubscriptions:
         self.definitions: dict[str, Definition] = {}
         self._filters: dict[str, SubscriptionIndex[int]] = {}
         self._wake = trio.Event()
+        #: The time the last round ticked the dispatchers at.
+        self._ticked_at = float("-inf")
         #: Offsets whose dead-letter append failed, retried next round.
         self.dead_letter_retry: list[tuple[str, DeadLetter]] = []
 
@@ -153,10 +155,16 @@ class PartitionSubscriptions:
 
     def changed(self, name: str, acks: int = 0) -> None:
         """``name``'s dispatcher changed: commit it and let the task look."""
+        self._commit_soon(name, acks)
+        self.wake()
+
+    def _commit_soon(self, name: str, acks: int = 0) -> None:
+        """Hand ``name``'s dispatcher to the committer without waking the
+        task: the task's own rounds use this, else a dispatcher that stays
+        dirty while its commit is in flight would wake it again at once."""
         dispatcher = self.dispatchers.get(name)
         if dispatcher is not None:
             self.committer.changed((name, self.topic, self.partition), dispatcher, acks)
-        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -188,7 +196,16 @@ class PartitionSubscriptions:
             self.committer.close()
 
     async def _wait(self) -> None:
-        wakes = [w for d in self.dispatchers.values() if (w := d.next_wake()) is not None]
+        """Until woken, or the earliest timer the last round did not see
+        due. A timer due by then was handled by it; if it is still pending (a
+        redelivery for a consumer without room), only an event can change
+        that, so it must not make this loop spin."""
+        ticked = self._ticked_at
+        wakes = [
+            wake
+            for dispatcher in self.dispatchers.values()
+            if (wake := dispatcher.next_wake()) is not None and wake > ticked
+        ]
         if self.dead_letter_retry:
             wakes.append(trio.current_time() + 1.0)
         deadline = min(wakes) if wakes else float("inf")
@@ -197,11 +214,11 @@ class PartitionSubscriptions:
         self._wake = trio.Event()
 
     async def _round(self) -> None:
-        now = trio.current_time()
+        now = self._ticked_at = trio.current_time()
         for name, dispatcher in self.dispatchers.items():
             dispatcher.tick(now)
             if dispatcher.tracker.dirty:
-                self.changed(name)
+                self._commit_soon(name)
         cache = BatchCache()
         wanted = {
             name: (dispatcher.tracker.read_position, count)
@@ -244,7 +261,7 @@ class PartitionSubscriptions:
             self.service.dead_letters.send(self, name, event, cache)
         for name, dispatcher in self.dispatchers.items():
             if dispatcher.tracker.dirty:
-                self.changed(name)
+                self._commit_soon(name)
         if progressed:
             self.wake()  # a read stops at READ_BYTES: there may be more to read
 

@@ -127,7 +127,8 @@ class SubscriptionService:
             link.closed = True
             link.error(refused.code, str(refused))
             return
-        link.outlet.send_control(encode_frame(Subscribed(frame.stream)))
+        if not link.closed:  # else closed (Unsubscribe, disconnect) while attaching
+            link.outlet.send_control(encode_frame(Subscribed(frame.stream)))
 
     def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:
         return [

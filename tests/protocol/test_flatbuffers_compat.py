@@ -637,10 +637,14 @@ def _build_consumer_body(
 ) -> int:
     """flatc's builders, fields added in reverse order, empty vectors omitted."""
     if isinstance(frame, Consume):
+        starts = _int_vector(builder, gen.Consume.StartStartOffsetsVector, frame.start_offsets)
         backoff = _int_vector(builder, gen.Consume.StartBackoffMsVector, frame.backoff_ms)
         pattern = builder.CreateString(frame.pattern)
         name = builder.CreateString(frame.subscription)
         gen.Consume.Start(builder)
+        if starts:
+            gen.Consume.AddStartOffsets(builder, starts)
+        gen.Consume.AddStartTime(builder, frame.start_time)
         gen.Consume.AddPriority(builder, frame.priority)
         if backoff:
             gen.Consume.AddBackoffMs(builder, backoff)
