@@ -53,10 +53,12 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
     """The frame's bytes, or None if it is not one of this module's frames."""
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Consume):
+        starts = _vector(builder, frame.start_offsets, "q") if frame.start_offsets else 0
         backoff = _vector(builder, frame.backoff_ms, "I")
         pattern = builder.CreateString(frame.pattern)
         subscription = builder.CreateString(frame.subscription)
-        builder.StartObject(11)
+        builder.StartObject(13)
+        builder.PrependInt64Slot(11, frame.start_time, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
         builder.PrependUOffsetTRelativeSlot(2, pattern, 0)
@@ -66,6 +68,8 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         builder.PrependUint32Slot(8, frame.max_deliveries, 10)
         builder.PrependUOffsetTRelativeSlot(9, backoff, 0)
         builder.PrependInt32Slot(10, frame.priority, 0)
+        if starts:
+            builder.PrependUOffsetTRelativeSlot(12, starts, 0)
         builder.PrependUint8Slot(3, frame.kind, 0)
         builder.PrependUint8Slot(4, frame.start, 0)
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
@@ -120,7 +124,7 @@ def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, wha
 def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
     """Decode one of ``CONSUMER_BODIES``; RemoteProtocolError if malformed."""
     if body_type == BodyType.CONSUME:
-        fields = table_fields(buf, table, 11)
+        fields = table_fields(buf, table, 13)
         if not (fields[1] and fields[2]):
             raise malformed("Consume needs subscription and pattern")
         return Consume(
@@ -135,6 +139,8 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             max_deliveries=scalar(_U32, buf, fields[8], 10),
             backoff_ms=numbers(buf, fields[9], "I"),
             priority=scalar(_I32, buf, fields[10]),
+            start_time=scalar(_I64, buf, fields[11]),
+            start_offsets=numbers(buf, fields[12], "q"),
         )
     if body_type == BodyType.REDELIVERED:
         stream, partitions, offsets, counts, topic = table_fields(buf, table, 5)
