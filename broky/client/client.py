@@ -511,6 +511,12 @@ def _nonblocking_writer(stream: trio.abc.Stream) -> Callable[[bytes], int] | Non
 
 #: Publish-stream errors about messages this client may not send.
 _REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
-#: Errors in an acked frame's place that say its messages were not stored:
-#: ``OwnerUnavailable`` is retriable (the partition's worker is restarting).
-_ACK_FAILURES: Final = (ErrorCode.STORAGE_FAILURE, ErrorCode.OWNER_UNAVAILABLE)
+#: Errors in an acked frame's place that say its messages were not stored
+#: (or, for NotLeader after a failover, not acknowledged): ``OwnerUnavailable``,
+#: ``NotLeader`` and ``NotEnoughReplicas`` are retriable (broky.client.cluster).
+_ACK_FAILURES: Final = (
+    ErrorCode.STORAGE_FAILURE,
+    ErrorCode.OWNER_UNAVAILABLE,
+    ErrorCode.NOT_LEADER,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+)
