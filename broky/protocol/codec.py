@@ -70,6 +70,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.protocol.producer_frames import producer_frame_parts
 from broky.protocol.tables import (
     check_parallel,
     finish_frame,
@@ -258,7 +259,17 @@ def encode_frame(frame: Frame) -> bytes:
     """Encode any frame as size-prefixed bytes, ready to write."""
     if isinstance(frame, (Publish, Deliver, Fetched)):
         chunks = [encode_chunk(run) for run in frame.runs]
-        if isinstance(frame, Publish):
+        if isinstance(frame, Publish) and (frame.producer_id or frame.run_producers):
+            parts = producer_frame_parts(
+                frame.stream,
+                chunks,
+                stamp_ts_broker=frame.stamp_ts_broker,
+                producer_id=frame.producer_id,
+                first_sequence=frame.first_sequence,
+                run_producers=frame.run_producers,
+                run_sequences=frame.run_sequences,
+            )
+        elif isinstance(frame, Publish):
             parts = runs_frame_parts(
                 BodyType.PUBLISH, frame.stream, chunks, frame.stamp_ts_broker, frame.ack
             )
@@ -321,13 +332,24 @@ def _runs_at(buf: Buffer, start: int, count: int) -> tuple[Run, ...]:
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
     if body_type == BodyType.PUBLISH:
-        stream, stamp, runs, ack = table_fields(buf, table, 4)
-        return Publish(
+        stream, stamp, runs, ack, producer, first, producers, sequences = table_fields(
+            buf, table, 8
+        )
+        publish = Publish(
             stream=scalar(_U32, buf, stream),
             runs=_decode_runs(buf, runs),
             stamp_ts_broker=bool(scalar(_U8, buf, stamp)),
             ack=bool(scalar(_U8, buf, ack)),
+            producer_id=scalar(_U64, buf, producer),
+            first_sequence=scalar(_U64, buf, first),
+            run_producers=numbers(buf, producers, "Q"),
+            run_sequences=numbers(buf, sequences, "Q"),
         )
+        if (publish.run_producers or publish.run_sequences) and not (
+            len(publish.run_producers) == len(publish.run_sequences) == len(publish.runs)
+        ):
+            raise malformed("run_producers and run_sequences need one entry per run")
+        return publish
     if body_type in (BodyType.DELIVER, BodyType.FETCHED):
         stream, runs = table_fields(buf, table, 2)
         cls_runs = Deliver if body_type == BodyType.DELIVER else Fetched

@@ -75,6 +75,7 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 17
     OWNER_UNAVAILABLE = 18
     SUBSCRIPTION_REFUSED = 19
+    OUT_OF_ORDER_SEQUENCE = 20
 
 
 class SlowConsumerPolicy(enum.IntEnum):
