@@ -83,9 +83,7 @@ class _Runs:
 class ProducerWindow:
     """The idempotent producers of one partition (module docstring)."""
 
-    def __init__(
-        self, window: int = WINDOW_SEQUENCES, max_producers: int = MAX_PRODUCERS
-    ) -> None:
+    def __init__(self, window: int = WINDOW_SEQUENCES, max_producers: int = MAX_PRODUCERS) -> None:
         self.window = window
         self.max_producers = max_producers
         self._producers: OrderedDict[int, _Runs] = OrderedDict()

@@ -77,7 +77,8 @@ class WindowMachine(RuleBasedStateMachine):
         assert verdict is not None, "an old sequence must never be stored again"
         if isinstance(verdict, Duplicate):
             matches = [r for r in self.appended[producer] if r[0] == sequence and r[1] == count]
-            assert matches and verdict.first_offset == matches[0][2]
+            assert matches
+            assert verdict.first_offset == matches[0][2]
 
     @rule(producer=st.integers(1, PRODUCERS + 1))
     def forget(self, producer: int) -> None:

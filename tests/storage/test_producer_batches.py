@@ -57,7 +57,8 @@ def test_version_3_reads_back_like_version_2(
     producers = [(producer, sequence) for _, _, producer, sequence in specs]
     v3 = decode_batch(encode_runs(base, 5, runs, producers=producers), 0)
     v2 = decode_batch(encode_runs(base, 5, runs), 0)
-    assert v3.version == 3 and v2.version == 2
+    assert v3.version == 3
+    assert v2.version == 2
     assert [(r.base_offset, r.key, bytes(r.messages)) for r in v3.runs()] == [
         (r.base_offset, r.key, bytes(r.messages)) for r in v2.runs()
     ]
