@@ -33,6 +33,7 @@ import trio
 
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.ownership import PartitionLock, partition_owner
+from broky.durable.producers import RECOVERY_TAIL_BYTES, Duplicate, OutOfOrder, ProducerWindow
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
@@ -63,9 +64,13 @@ TICK_SECONDS: Final = 0.2
 
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
+#: An idempotent producer's run: ``(producer id, sequence of its first message)``.
+Identity = tuple[int, int]
 #: Takes a run part bound for a partition another worker owns:
-#: ``(topic, partition, run, ticket, acks, run_index)`` (broky.durable.forwarding).
-RemoteAppend = Callable[[TopicPolicy, int, Run, "AckTicket | None", "AckQueue | None", int], None]
+#: ``(topic, partition, run, ticket, acks, run_index, identity)`` (broky.durable.forwarding).
+RemoteAppend = Callable[
+    [TopicPolicy, int, Run, "AckTicket | None", "AckQueue | None", int, "Identity | None"], None
+]
 
 
 @attrs.frozen
@@ -88,6 +93,9 @@ class DurableStatistics:
 #: Who waits for a queued run's durability: the acked frame's ticket, its
 #: connection's ack queue and the run's index in the frame.
 _AckSlot = tuple[AckTicket, AckQueue, int]
+#: A run answered without being appended: who waits, its bytes (queued for
+#: the log), its message count and the window's verdict.
+_Answered = tuple["_AckSlot | None", int, int, "Duplicate | OutOfOrder"]
 
 
 def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
@@ -116,6 +124,12 @@ class PartitionOwner:
         self._runs: list[Run] = []
         self._stamps: list[int] = []
         self._acks: list[_AckSlot | None] = []
+        #: Each queued run's producer identity (None: not idempotent).
+        self._identities: list[Identity | None] = []
+        #: Queued runs with an identity (0: the round skips deduplication).
+        self._idempotent = 0
+        #: The idempotent producers' runs appended here (broky.durable.producers).
+        self.producers = ProducerWindow()
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
@@ -127,18 +141,30 @@ class PartitionOwner:
         acks: AckQueue | None,
         run_index: int,
         ts_broker: int | None = None,
+        identity: Identity | None = None,
     ) -> None:
         """Queue a run for the next round (never waits), to be stored with
-        ``ts_broker`` (default: the run's own)."""
+        ``ts_broker`` (default: the run's own); ``identity`` makes it
+        idempotent (stored once whatever the number of retries)."""
         self._runs.append(run)
         self._stamps.append(run.ts_broker if ts_broker is None else ts_broker)
         self._acks.append(None if ticket is None or acks is None else (ticket, acks, run_index))
+        self._identities.append(identity)
+        if identity is not None:
+            self._idempotent += 1
         store = self.store
         store.pending_bytes += len(run.messages)
         store.pending_runs += 1
         wake = self._wake
         if not wake.is_set():
             wake.set()
+
+    def recover_producers(self, partition_log: PartitionLog) -> None:
+        """Rebuild the producers' window from the log tail (blocking: at open)."""
+        window = self.producers
+        for producer, sequence, count, offset in partition_log.producer_runs(RECOVERY_TAIL_BYTES):
+            if window.check(producer, sequence, count) is None:
+                window.record(producer, sequence, count, offset)
 
     def submit(self, request: LogRequest, done: Callable[[Any], None]) -> None:
         """Run ``request(log)`` in the next round; ``done`` gets its result or
@@ -171,23 +197,117 @@ class PartitionOwner:
             self._wake = trio.Event()
             runs, stamps, acks = self._runs, self._stamps, self._acks
             self._runs, self._stamps, self._acks = [], [], []
+            identities, self._identities = self._identities, []
             requests, self._requests = self._requests, []
             tick = time.monotonic() >= next_tick
             if not (tick or runs or requests):
                 continue
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
+            answered: list[_Answered] = []
+            producers: list[Identity] | None = None
+            planned = self.end_offset
+            if self._idempotent:
+                self._idempotent = 0
+                runs, stamps, acks, producers, answered = self._deduplicate(
+                    runs, stamps, acks, identities
+                )
             outcome, results = await trio.to_thread.run_sync(
-                self._round, runs, stamps, requests, tick
+                self._round, runs, stamps, producers, requests, tick
             )
+            if answered or producers:
+                self._settle(answered, producers, planned, outcome)
             self._finish(runs, stamps, acks, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
+
+    def _deduplicate(
+        self,
+        runs: list[Run],
+        stamps: list[int],
+        acks: list[_AckSlot | None],
+        identities: list[Identity | None],
+    ) -> tuple[list[Run], list[int], list[_AckSlot | None], list[Identity], list[_Answered]]:
+        """Sort a round's runs into those to append and those answered
+        without appending (retries of stored runs, runs out of order).
+
+        The window is told about the new runs now, at the offsets the append
+        will give them (the owner is the only writer, so they follow
+        ``end_offset``): a second copy of a run in the same round is then a
+        duplicate too. ``_settle`` takes it back if the append fails.
+        """
+        window = self.producers
+        offset = self.end_offset
+        kept_runs: list[Run] = []
+        kept_stamps: list[int] = []
+        kept_acks: list[_AckSlot | None] = []
+        kept_identities: list[Identity] = []
+        answered: list[_Answered] = []
+        for run, stamp, slot, identity in zip(runs, stamps, acks, identities, strict=True):
+            if identity is not None:
+                producer, sequence = identity
+                verdict = window.check(producer, sequence, run.count)
+                if verdict is not None:
+                    answered.append((slot, len(run.messages), run.count, verdict))
+                    continue
+                window.record(producer, sequence, run.count, offset)
+            kept_runs.append(run)
+            kept_stamps.append(stamp)
+            kept_acks.append(slot)
+            kept_identities.append(identity or (0, 0))
+            offset += run.count
+        return kept_runs, kept_stamps, kept_acks, kept_identities, answered
+
+    def _settle(
+        self,
+        answered: list[_Answered],
+        producers: list[Identity] | None,
+        planned: int,
+        outcome: int | Exception | None,
+    ) -> None:
+        """Answer the runs ``_deduplicate`` kept out of the append.
+
+        If the round's append did not store its runs at ``planned`` (a
+        failed write), what the window was told in advance is untrue: its
+        producers are forgotten (their next runs count as new), and
+        duplicates of this round's runs fail like the runs themselves.
+        """
+        stored = not producers or outcome == planned
+        if not stored:
+            assert producers is not None
+            self.producers.forget({producer for producer, _ in producers if producer})
+        store = self.store
+        store.pending_bytes -= sum(nbytes for _, nbytes, _, _ in answered)
+        store.pending_runs -= len(answered)
+        store.room_changed()
+        queues: set[AckQueue] = set()
+        partition = self.partition
+        for slot, _, count, verdict in answered:
+            if slot is None:
+                continue
+            ticket, queue, run_index = slot
+            queues.add(queue)
+            if isinstance(verdict, OutOfOrder):
+                ticket.failed(
+                    f"{self.topic.name}/{partition}: {verdict.reason}",
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                )
+            elif stored:
+                first = verdict.first_offset
+                ticket.done(run_index, partition, first, first + count - 1)
+            else:
+                ticket.failed(
+                    f"could not store {self.topic.name}/{partition}: {outcome}",
+                    ErrorCode.STORAGE_FAILURE,
+                )
+        for queue in queues:
+            queue.release()
 
     def _round(
         self,
         runs: list[Run],
         stamps: list[int],
+        producers: list[Identity] | None,
         requests: list[tuple[LogRequest, Callable[[Any], None]]],
         tick: bool,
     ) -> tuple[int | StorageError | OSError | None, list[Any]]:
@@ -200,7 +320,7 @@ class PartitionOwner:
         outcome: int | StorageError | OSError | None = None
         if runs:
             try:
-                outcome = partition_log.append(runs, stamps).first_offset
+                outcome = partition_log.append(runs, stamps, producers).first_offset
                 if self._fsync_always:
                     partition_log.sync()
             except (StorageError, OSError) as exc:
@@ -323,6 +443,7 @@ class DurableStore:
                 self._locks.append(PartitionLock(directory))
                 partition_log = PartitionLog.open(directory, topic.log, self._clock)
                 owner = PartitionOwner(self, topic, partition, partition_log)
+                owner.recover_producers(partition_log)
                 self.owners[(topic.name, partition)] = owner
                 self._partition_owners.setdefault(topic.name, [None] * topic.partitions)[
                     partition
@@ -394,8 +515,11 @@ class DurableStore:
         ticket: AckTicket | None,
         acks: AckQueue | None,
         run_index: int,
+        identity: Identity | None = None,
     ) -> None:
-        """Queue a published run for its partitions, stamped with ``stamp``."""
+        """Queue a published run for its partitions, stamped with ``stamp``;
+        ``identity`` (an idempotent producer's run) goes with each part, with
+        the sequence of the part's first message."""
         if not run.count:
             return  # nothing to store (and a batch holds at least one message)
         owners = self._partition_owners.get(topic.name)
@@ -405,15 +529,17 @@ class DurableStore:
                 ticket.remaining += 1
             owner = owners[partition] if owners is not None else None
             if owner is not None:
-                owner.append(part, ticket, acks, run_index, stamp)
+                owner.append(part, ticket, acks, run_index, stamp, identity)
             elif self.forward is not None:
                 # The owner stamps ts_broker: a whole run goes as it arrived.
-                self.forward(topic, partition, part, ticket, acks, run_index)
+                self.forward(topic, partition, part, ticket, acks, run_index, identity)
             elif ticket is not None and acks is not None:
                 ticket.failed(
                     f"worker {self.worker} does not own {topic.name}/{partition}",
                     ErrorCode.OWNER_UNAVAILABLE,
                 )
+            if identity is not None:
+                identity = (identity[0], identity[1] + part.count)
 
     def now(self) -> int:
         """The broker time stamped on durable runs (``ts_broker``)."""
