@@ -159,7 +159,9 @@ class Client(Publisher):
         if self._error is not None:
             raise self._error
 
-    async def _reconnect(self, connect: Callable[[], Awaitable[trio.abc.Stream]], peer: str) -> None:
+    async def _reconnect(
+        self, connect: Callable[[], Awaitable[trio.abc.Stream]], peer: str
+    ) -> None:
         """Replace a lost connection with a new one (acked publishing only:
         subscriptions, pings and requests of the old one have failed).
 

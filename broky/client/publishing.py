@@ -31,8 +31,8 @@ from broky.protocol.constants import (
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import Frame, PublishAck
 from broky.protocol.keys import encode_key
-from broky.protocol.producer_frames import producer_frame_parts
 from broky.protocol.message import encode_message, pack_sizes
+from broky.protocol.producer_frames import producer_frame_parts
 
 #: Bytes a client buffers for sending before ``publish`` waits: enough for
 #: the writer to send large batches while the publisher keeps encoding.
