@@ -59,6 +59,11 @@ class AckTicket:
         self.failure = reason
 
 
+#: Who waits for a queued run's durability: the acked frame's ticket, its
+#: connection's ack queue and the run's index in the frame.
+AckSlot = tuple[AckTicket, "AckQueue", int]
+
+
 class AckQueue:
     """The acked Publish frames of one connection that await their acks."""
 

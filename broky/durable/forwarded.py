@@ -31,6 +31,7 @@ from typing import Final
 import attrs
 
 from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.producers import Identity
 from broky.protocol.chunks import encode_run_chunk, forward_chunk, runs_frame_parts
 from broky.protocol.codec import RUN_CHUNK_OVERHEAD
 from broky.protocol.constants import BodyType, ErrorCode
@@ -40,8 +41,6 @@ from broky.protocol.producer_frames import producer_frame_parts
 
 #: The channel stream that carries forwarded publishes (others: requests).
 PUBLISH_STREAM: Final = 1
-#: An idempotent producer's run: ``(producer id, sequence of its first message)``.
-Identity = tuple[int, int]
 
 
 @attrs.define(slots=True, eq=False)

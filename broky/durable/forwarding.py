@@ -50,7 +50,8 @@ import attrs
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
-from broky.durable.forwarded import PUBLISH_STREAM, ForwardedPublishes, Identity
+from broky.durable.forwarded import PUBLISH_STREAM, ForwardedPublishes
+from broky.durable.producers import Identity
 from broky.durable.relays import RELAY_START_CREDIT, PartitionListing, Relay
 from broky.mesh.link import Connector
 from broky.protocol.chunks import encode_chunk, runs_frame_parts

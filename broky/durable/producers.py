@@ -35,6 +35,8 @@ from typing import Final
 
 import attrs
 
+#: An idempotent producer's run: ``(producer id, sequence of its first message)``.
+Identity = tuple[int, int]
 #: Sequences of each producer a partition remembers (and that a client may
 #: keep unacknowledged): at 100-byte messages, 6.5 MB of publishes in flight,
 #: several group commits. Memory: at most one entry (~100 bytes) per run

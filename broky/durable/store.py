@@ -13,6 +13,12 @@ one ``append`` (one write) and, with ``fsync = "always"``, one ``sync()``.
 While that fsync runs, new publishes queue up and become the next round's
 batch, so the fsync rate adapts to the load instead of following frames.
 
+Idempotent producers: a round holding runs of idempotent producers is first
+sorted against the partition's ``ProducerWindow`` (broky.durable.rounds):
+retries of stored runs are answered with their original offsets and never
+appended again; the window is rebuilt from the log tail when the partition
+is opened.
+
 Ordering: runs of one partition are appended and fanned out in arrival
 order. A durable run reaches live subscribers after its durability point
 (after the fsync with ``always``), so a subscriber never sees a message that
@@ -31,9 +37,10 @@ from typing import Any, Final
 import attrs
 import trio
 
-from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.acks import AckQueue, AckSlot, AckTicket
 from broky.durable.ownership import PartitionLock, partition_owner
-from broky.durable.producers import RECOVERY_TAIL_BYTES, Duplicate, OutOfOrder, ProducerWindow
+from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
+from broky.durable.rounds import RoundPlan
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
@@ -64,8 +71,6 @@ TICK_SECONDS: Final = 0.2
 
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
-#: An idempotent producer's run: ``(producer id, sequence of its first message)``.
-Identity = tuple[int, int]
 #: Takes a run part bound for a partition another worker owns:
 #: ``(topic, partition, run, ticket, acks, run_index, identity)`` (broky.durable.forwarding).
 RemoteAppend = Callable[
@@ -88,14 +93,6 @@ class DurableStatistics:
     recovery_corrupt_segments: int
     #: Acked messages this worker forwarded to other workers' partitions.
     forwarded_messages: int = 0
-
-
-#: Who waits for a queued run's durability: the acked frame's ticket, its
-#: connection's ack queue and the run's index in the frame.
-_AckSlot = tuple[AckTicket, AckQueue, int]
-#: A run answered without being appended: who waits, its bytes (queued for
-#: the log), its message count and the window's verdict.
-_Answered = tuple["_AckSlot | None", int, int, "Duplicate | OutOfOrder"]
 
 
 def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
@@ -123,7 +120,7 @@ class PartitionOwner:
         # costs a few list appends here, not an object.
         self._runs: list[Run] = []
         self._stamps: list[int] = []
-        self._acks: list[_AckSlot | None] = []
+        self._acks: list[AckSlot | None] = []
         #: Each queued run's producer identity (None: not idempotent).
         self._identities: list[Identity | None] = []
         #: Queued runs with an identity (0: the round skips deduplication).
@@ -204,103 +201,29 @@ class PartitionOwner:
                 continue
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
-            answered: list[_Answered] = []
+            plan: RoundPlan | None = None
             producers: list[Identity] | None = None
-            planned = self.end_offset
             if self._idempotent:
                 self._idempotent = 0
-                runs, stamps, acks, producers, answered = self._deduplicate(
-                    runs, stamps, acks, identities
-                )
+                plan = RoundPlan(self.producers, self.end_offset, runs, stamps, acks, identities)
+                runs, stamps, acks, producers = plan.runs, plan.stamps, plan.acks, plan.identities
             outcome, results = await trio.to_thread.run_sync(
                 self._round, runs, stamps, producers, requests, tick
             )
-            if answered or producers:
-                self._settle(answered, producers, planned, outcome)
+            if plan is not None:
+                self._settle(plan, outcome)
             self._finish(runs, stamps, acks, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
 
-    def _deduplicate(
-        self,
-        runs: list[Run],
-        stamps: list[int],
-        acks: list[_AckSlot | None],
-        identities: list[Identity | None],
-    ) -> tuple[list[Run], list[int], list[_AckSlot | None], list[Identity], list[_Answered]]:
-        """Sort a round's runs into those to append and those answered
-        without appending (retries of stored runs, runs out of order).
-
-        The window is told about the new runs now, at the offsets the append
-        will give them (the owner is the only writer, so they follow
-        ``end_offset``): a second copy of a run in the same round is then a
-        duplicate too. ``_settle`` takes it back if the append fails.
-        """
-        window = self.producers
-        offset = self.end_offset
-        kept_runs: list[Run] = []
-        kept_stamps: list[int] = []
-        kept_acks: list[_AckSlot | None] = []
-        kept_identities: list[Identity] = []
-        answered: list[_Answered] = []
-        for run, stamp, slot, identity in zip(runs, stamps, acks, identities, strict=True):
-            if identity is not None:
-                producer, sequence = identity
-                verdict = window.check(producer, sequence, run.count)
-                if verdict is not None:
-                    answered.append((slot, len(run.messages), run.count, verdict))
-                    continue
-                window.record(producer, sequence, run.count, offset)
-            kept_runs.append(run)
-            kept_stamps.append(stamp)
-            kept_acks.append(slot)
-            kept_identities.append(identity or (0, 0))
-            offset += run.count
-        return kept_runs, kept_stamps, kept_acks, kept_identities, answered
-
-    def _settle(
-        self,
-        answered: list[_Answered],
-        producers: list[Identity] | None,
-        planned: int,
-        outcome: int | Exception | None,
-    ) -> None:
-        """Answer the runs ``_deduplicate`` kept out of the append.
-
-        If the round's append did not store its runs at ``planned`` (a
-        failed write), what the window was told in advance is untrue: its
-        producers are forgotten (their next runs count as new), and
-        duplicates of this round's runs fail like the runs themselves.
-        """
-        stored = not producers or outcome == planned
-        if not stored:
-            assert producers is not None
-            self.producers.forget({producer for producer, _ in producers if producer})
+    def _settle(self, plan: RoundPlan, outcome: int | Exception | None) -> None:
+        """Answer the runs the round's plan kept out of the append."""
         store = self.store
-        store.pending_bytes -= sum(nbytes for _, nbytes, _, _ in answered)
-        store.pending_runs -= len(answered)
+        store.pending_bytes -= plan.answered_bytes
+        store.pending_runs -= len(plan.answered)
         store.room_changed()
-        queues: set[AckQueue] = set()
-        partition = self.partition
-        for slot, _, count, verdict in answered:
-            if slot is None:
-                continue
-            ticket, queue, run_index = slot
-            queues.add(queue)
-            if isinstance(verdict, OutOfOrder):
-                ticket.failed(
-                    f"{self.topic.name}/{partition}: {verdict.reason}",
-                    ErrorCode.OUT_OF_ORDER_SEQUENCE,
-                )
-            elif stored:
-                first = verdict.first_offset
-                ticket.done(run_index, partition, first, first + count - 1)
-            else:
-                ticket.failed(
-                    f"could not store {self.topic.name}/{partition}: {outcome}",
-                    ErrorCode.STORAGE_FAILURE,
-                )
-        for queue in queues:
+        where = f"{self.topic.name}/{self.partition}"
+        for queue in plan.settle(outcome, self.partition, where):
             queue.release()
 
     def _round(
@@ -346,7 +269,7 @@ class PartitionOwner:
         self,
         runs: list[Run],
         stamps: list[int],
-        acks: list[_AckSlot | None],
+        acks: list[AckSlot | None],
         outcome: int | Exception | None,
     ) -> None:
         """Back on the trio thread: fan the appended runs out, release acks.
