@@ -14,8 +14,9 @@ module re-exports what the rest of Broky uses.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import flatbuffers
@@ -28,7 +29,7 @@ from broky.protocol.chunks import (
     encode_chunk,
     encode_durable_run_chunk,
     encode_run_chunk,
-    read_chunk_run,
+    read_chunk_runs_pure,
     read_runs_frame,
     runs_frame_parts,
     sum_u32,
@@ -317,17 +318,36 @@ def _decode_runs(buf: Buffer, field: int) -> tuple[Run, ...]:
 
 def _runs_at(buf: Buffer, start: int, count: int) -> tuple[Run, ...]:
     """The runs whose ``count`` uoffsets start at ``start`` (known to be in
-    ``buf``): each read as a chunk when it is laid out as one, else through
-    its vtable."""
-    runs = []
+    ``buf``): each read as a chunk when it is laid out as one (all at once,
+    ``read_chunk_runs``), else through its vtable."""
+    runs = read_chunk_runs(memoryview(buf), start, count)
+    if None not in runs:
+        return tuple(runs)  # type: ignore[arg-type]  # no None left
     slot = start
-    view = memoryview(buf)
-    for offset in struct.unpack_from(f"<{count}I", buf, start):
-        table = slot + offset
-        run = read_chunk_run(view, table)
-        runs.append(_decode_run(buf, table) if run is None else run)
+    decoded = []
+    for run, offset in zip(runs, struct.unpack_from(f"<{count}I", buf, start), strict=True):
+        decoded.append(_decode_run(buf, slot + offset) if run is None else run)
         slot += 4
-    return tuple(runs)
+    return tuple(decoded)
+
+
+def _compiled_chunk_runs() -> Callable[[memoryview, int, int], list[Run | None]] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    # Through ``forward``, which imports the extension (itself importing
+    # ``forward``) in the order that works.
+    from broky.protocol import forward  # noqa: PLC0415
+
+    if forward.walk_compiled is None:
+        return None
+    from broky.protocol._forward import read_chunk_runs as compiled  # noqa: PLC0415
+
+    return compiled
+
+
+#: The compiled chunk reader (``broky.protocol._forward``) when it is built.
+read_chunk_runs_compiled = _compiled_chunk_runs()
+read_chunk_runs = read_chunk_runs_compiled or read_chunk_runs_pure
 
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
