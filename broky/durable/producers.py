@@ -89,6 +89,8 @@ class ProducerWindow:
         self.window = window
         self.max_producers = max_producers
         self._producers: OrderedDict[int, _Runs] = OrderedDict()
+        #: The producer recorded last (already the most recently used).
+        self._last = 0
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -126,8 +128,9 @@ class ProducerWindow:
             runs = producers[producer] = _Runs()
             if len(producers) > self.max_producers:
                 producers.popitem(last=False)
-        else:
+        elif producer != self._last:
             producers.move_to_end(producer)
+        self._last = producer
         runs.sequences.append(sequence)
         runs.counts.append(count)
         runs.offsets.append(first_offset)
@@ -147,3 +150,4 @@ class ProducerWindow:
         so what was recorded for it in advance may not be in the log)."""
         for producer in producers:
             self._producers.pop(producer, None)
+        self._last = 0

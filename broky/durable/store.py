@@ -125,6 +125,8 @@ class PartitionOwner:
         self._identities: list[Identity | None] = []
         #: Queued runs with an identity (0: the round skips deduplication).
         self._idempotent = 0
+        #: Message bytes of the queued runs (what they add to ``pending_bytes``).
+        self._queued_bytes = 0
         #: The idempotent producers' runs appended here (broky.durable.producers).
         self.producers = ProducerWindow()
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
@@ -149,8 +151,10 @@ class PartitionOwner:
         self._identities.append(identity)
         if identity is not None:
             self._idempotent += 1
+        nbytes = len(run.messages)
+        self._queued_bytes += nbytes
         store = self.store
-        store.pending_bytes += len(run.messages)
+        store.pending_bytes += nbytes
         store.pending_runs += 1
         wake = self._wake
         if not wake.is_set():
@@ -195,6 +199,7 @@ class PartitionOwner:
             runs, stamps, acks = self._runs, self._stamps, self._acks
             self._runs, self._stamps, self._acks = [], [], []
             identities, self._identities = self._identities, []
+            nbytes, self._queued_bytes = self._queued_bytes, 0
             requests, self._requests = self._requests, []
             tick = time.monotonic() >= next_tick
             if not (tick or runs or requests):
@@ -212,7 +217,8 @@ class PartitionOwner:
             )
             if plan is not None:
                 self._settle(plan, outcome)
-            self._finish(runs, stamps, acks, outcome)
+                nbytes -= plan.answered_bytes
+            self._finish(runs, stamps, acks, outcome, nbytes)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
 
@@ -271,8 +277,10 @@ class PartitionOwner:
         stamps: list[int],
         acks: list[AckSlot | None],
         outcome: int | Exception | None,
+        nbytes: int,
     ) -> None:
-        """Back on the trio thread: fan the appended runs out, release acks.
+        """Back on the trio thread: fan the appended runs out, release acks
+        (``nbytes``: the runs' message bytes, counted in ``pending_bytes``).
 
         Once per run of the round, so kept to a chunk, a router entry and a
         ticket update each: ack queues are collected as they change (one
@@ -281,7 +289,7 @@ class PartitionOwner:
         if not runs:
             return
         store = self.store
-        store.pending_bytes -= sum(len(run.messages) for run in runs)
+        store.pending_bytes -= nbytes
         store.pending_runs -= len(runs)
         store.room_changed()
         queues: set[AckQueue] = set()
