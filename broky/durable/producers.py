@@ -120,6 +120,15 @@ class ProducerWindow:
             f"(up to {runs.next_sequence - 1}) were; storing it now would reorder them"
         )
 
+    def admit(self, producer: int, sequence: int, count: int, first_offset: int) -> Verdict:
+        """``check``, and ``record`` the run at ``first_offset`` when it is
+        new: the owner's per-run call, one lookup in the common case."""
+        runs = self._producers.get(producer)
+        if runs is not None and sequence < runs.next_sequence:
+            return self.check(producer, sequence, count)
+        self.record(producer, sequence, count, first_offset)
+        return None
+
     def record(self, producer: int, sequence: int, count: int, first_offset: int) -> None:
         """Remember an appended run (a new one: past every remembered sequence)."""
         producers = self._producers

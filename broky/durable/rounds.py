@@ -52,25 +52,29 @@ class RoundPlan:
         self._window = window
         #: Where the append must put the first kept run.
         self.first_offset = end_offset
-        self.runs: list[Run] = []
-        self.stamps: list[int] = []
-        self.acks: list[AckSlot | None] = []
-        self.identities: list[Identity] = []
         self.answered: list[Answered] = []
+        answered_at: set[int] = set()
         offset = end_offset
-        for run, stamp, slot, identity in zip(runs, stamps, acks, identities, strict=True):
+        admit = window.admit
+        for index, (run, identity) in enumerate(zip(runs, identities, strict=True)):
             if identity is not None:
-                producer, sequence = identity
-                verdict = window.check(producer, sequence, run.count)
+                verdict = admit(identity[0], identity[1], run.count, offset)
                 if verdict is not None:
-                    self.answered.append(Answered(slot, len(run.messages), run.count, verdict))
+                    answered_at.add(index)
+                    self.answered.append(
+                        Answered(acks[index], len(run.messages), run.count, verdict)
+                    )
                     continue
-                window.record(producer, sequence, run.count, offset)
-            self.runs.append(run)
-            self.stamps.append(stamp)
-            self.acks.append(slot)
-            self.identities.append(identity or (0, 0))
             offset += run.count
+        # The usual round has every run new: its lists are taken as they are.
+        kept = [i for i in range(len(runs)) if i not in answered_at] if answered_at else None
+        self.runs = list(runs) if kept is None else [runs[i] for i in kept]
+        self.stamps = list(stamps) if kept is None else [stamps[i] for i in kept]
+        self.acks = list(acks) if kept is None else [acks[i] for i in kept]
+        chosen = identities if kept is None else [identities[i] for i in kept]
+        self.identities: list[Identity] = [
+            (0, 0) if identity is None else identity for identity in chosen
+        ]
 
     @property
     def answered_bytes(self) -> int:

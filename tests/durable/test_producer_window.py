@@ -9,7 +9,7 @@ message that is not where the ack says)."""
 
 from __future__ import annotations
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -107,3 +107,21 @@ def test_pruned_runs_are_compacted_and_still_answer() -> None:
     assert isinstance(window.check(7, 4980, 1), OutOfOrder)
     assert window.check(7, 5000, 1) is None
     assert isinstance(window.check(7, 4999, 2), OutOfOrder)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 60), st.integers(1, 5)), max_size=40)
+)
+def test_admit_is_check_then_record(runs: list[tuple[int, int, int]]) -> None:
+    """The owner's one-call ``admit`` answers as ``check`` and records exactly
+    what ``check`` calls new, at the offset given."""
+    fused = ProducerWindow(window=20)
+    split = ProducerWindow(window=20)
+    for offset, (producer, sequence, count) in enumerate(runs):
+        expected = split.check(producer, sequence, count)
+        if expected is None:
+            split.record(producer, sequence, count, offset)
+        assert fused.admit(producer, sequence, count, offset) == expected
+    for producer, sequence, count in runs:
+        assert fused.check(producer, sequence, count) == split.check(producer, sequence, count)
