@@ -14,11 +14,13 @@ from pathlib import Path
 import attrs
 import trio
 
+from broky import subs_cli
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
 from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.consume_cli import add_consumer_flags, consume
 from broky.gcpolicy import tune_for_broker
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
@@ -168,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
         prog="broky",
-        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub and "
-        "top talk to one; bench load-tests one; passwd makes credentials for its config; "
+        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub, "
+        "subs and top talk to one; bench load-tests one; passwd makes credentials for its config; "
         "cluster runs a local etcd or shows a replicated cluster.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -239,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this queue group: each message goes to one of its members",
     )
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    add_consumer_flags(sub_cmd)
     add_client_tls_flags(sub_cmd)
     add_client_auth_flags(sub_cmd)
     top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
@@ -251,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(commands)
     passwd.add_parser(commands)
     cluster_status.add_parser(commands)
+    subs_cli.add_parser(commands)
     return parser
 
 
@@ -277,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trio.run(serve_member, server, config, load, workers)
             else:
                 trio.run(server, config, load)
-        elif args.command in ("bench", "passwd", "cluster"):
+        elif args.command in ("bench", "passwd", "cluster", "subs"):
             return int(args.handler(args))
         elif args.command == "top":
             trio.run(
@@ -294,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(publish, args, client_tls_context(args), client_credentials(args))
         else:
             _configure_logging("warning")
-            trio.run(subscribe, args, client_tls_context(args), client_credentials(args))
+            command = consume if args.subscription else subscribe
+            trio.run(command, args, client_tls_context(args), client_credentials(args))
     except ConfigError as exc:
         print(f"broky: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import trio
@@ -33,11 +33,14 @@ from broky.durable.forwarding import Forwarder, OwnerChannel
 from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability
+from broky.observability.system import Advisory
 from broky.protocol.constants import ErrorCode, LinkKind
 from broky.reload import applicable
 from broky.router.router import Router, RouterStatistics
 from broky.security.auth import Authenticator
 from broky.security.quotas import QuotaLedger
+from broky.subscriptions.service import SubscriptionService
+from broky.subscriptions.watch import SubscriptionStatus
 
 log = logging.getLogger("broky.server")
 
@@ -58,6 +61,8 @@ class BrokerStatistics:
     links: tuple[LinkStatus, ...] = ()
     #: Durable topics' totals (None: no durable topics configured).
     durable: DurableStatistics | None = None
+    #: Durable subscriptions served by this worker.
+    subscriptions: tuple[SubscriptionStatus, ...] = ()
 
 
 class Broker:
@@ -109,6 +114,10 @@ class Broker:
             )
             store.forward = self.forwarder.append
             self.router.durable_keys = lambda key: store.match(key) is not None
+        #: The durable subscriptions of the partitions this worker owns.
+        self.subscriptions = (
+            SubscriptionService(self.store, self._advise) if self.store is not None else None
+        )
         self._channels: list[OwnerChannel] = []
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
@@ -156,6 +165,9 @@ class Broker:
                 # Opened (and recovered) before the first connection; closed
                 # after the last one, when this nursery is cancelled below.
                 await storage.start(self.store.run)
+            if self.subscriptions is not None:
+                # After the logs (it reads them), before the first connection.
+                await storage.start(self.subscriptions.run)
             try:
                 await self._serve(listeners, task_status)
             finally:
@@ -256,6 +268,7 @@ class Broker:
                 node_names=node_names,
                 quotas=self.quotas,
                 forwarder=self.forwarder,
+                subscriptions=self.subscriptions,
             )
             limit = self.config.max_connections
             if not trusted and len(self._connections) >= limit:
@@ -421,6 +434,9 @@ class Broker:
                 renewed.append(prefix)
         return renewed
 
+    def _advise(self, kind: str, payload: dict[str, Any]) -> None:
+        self.observability.system.advise(Advisory(kind), payload)
+
     def statistics(self) -> BrokerStatistics:
         """Router and connection figures, for metrics and tests."""
         counters = self.counters
@@ -433,6 +449,9 @@ class Broker:
             bytes_sent=counters.bytes_sent,
             links=tuple(link.status() for link in self._links),
             durable=self._durable_statistics(),
+            subscriptions=tuple(self.subscriptions.statistics())
+            if self.subscriptions is not None
+            else (),
         )
 
     def _durable_statistics(self) -> DurableStatistics | None:

@@ -1,35 +1,104 @@
-"""A connection's durable-subscription requests: ``Consume`` and ``Settle``.
+"""A connection's durable-subscription requests: ``Consume``, ``Settle``,
+and ``Flow`` on a consumer stream.
 
 Beside ``durable_requests.py`` for the same reason: the handler owns the
-socket and admission, this module talks to the subscriptions. The wire
-frames and the broker-side state machine (``broky.subscriptions``) exist;
-until the partition owners drive dispatchers, a ``Consume`` is refused with
-``SubscriptionRefused`` and a ``Settle`` with ``UnknownStream``, each as a
-stream error, so a client learns at once instead of waiting for messages.
+socket and admission, this module talks to the worker's subscription
+service (``broky.subscriptions.service``). It keeps the connection's
+consumers by stream id, so the handler can route ``Flow`` to them, and
+detaches them all when the connection ends (their unacked messages are
+redelivered at once, not after the ack timeout).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode
+from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Consume, Error, Settle
+from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet
+from broky.subscriptions.consumers import ConsumerLink
+from broky.subscriptions.service import SubscriptionService
+
+#: Why the connection's principal may not read a pattern (None: it may).
+Refusal = Callable[[bytes], "str | None"]
 
 
 class ConsumerRequests:
     """Serve one connection's Consume and Settle frames (never waits)."""
 
-    def __init__(self, outlet: Outlet) -> None:
+    def __init__(
+        self, outlet: Outlet, service: SubscriptionService | None, refusal: Refusal
+    ) -> None:
         self._outlet = outlet
+        self._service = service
+        self._refusal = refusal
+        self._links: dict[int, ConsumerLink] = {}
+
+    def _error(self, code: ErrorCode, message: str, stream: int) -> None:
+        self._outlet.send_control(encode_frame(Error(code, message, stream)))
 
     def handle(self, frame: Consume | Settle) -> None:
         if isinstance(frame, Consume):
-            code = ErrorCode.SUBSCRIPTION_REFUSED
-            message = (
-                f"subscription {frame.subscription!r}: this broker does not serve "
-                "durable subscriptions yet"
+            self._consume(frame)
+            return
+        link = self._links.get(frame.stream)
+        if link is None or link.closed:
+            self._error(
+                ErrorCode.UNKNOWN_STREAM,
+                f"settle on stream {frame.stream}: no consumer is attached on it",
+                frame.stream,
             )
-        else:
-            code = ErrorCode.UNKNOWN_STREAM
-            message = f"settle on stream {frame.stream}: no consumer is attached on it"
-        self._outlet.send_control(encode_frame(Error(code, message, frame.stream)))
+            return
+        assert self._service is not None  # a link exists only with a service
+        self._service.settle(link, frame)
+
+    def _consume(self, frame: Consume) -> None:
+        service = self._service
+        stream = frame.stream
+        if service is None:
+            self._error(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {frame.subscription!r}: this broker has no durable topics",
+                stream,
+            )
+            return
+        existing = self._links.get(stream)
+        if (existing is not None and not existing.closed) or stream in self._outlet.subscriptions:
+            self._error(ErrorCode.DUPLICATE_STREAM, f"stream {stream} is already open", stream)
+            return
+        try:
+            validate_pattern(frame.pattern)
+        except RemoteProtocolError as exc:
+            self._error(exc.code, f"subscription {frame.subscription!r}: {exc}", stream)
+            return
+        refusal = self._refusal(frame.pattern)
+        if refusal is not None:
+            self._error(ErrorCode.PERMISSION_DENIED, refusal, stream)
+            return
+        self._links[stream] = service.consume(frame, self._outlet)
+
+    def owns(self, stream: int) -> bool:
+        """Whether ``stream`` is one of this connection's consumers (Flow goes there)."""
+        link = self._links.get(stream)
+        return link is not None and not link.closed
+
+    def grant(self, stream: int, credit: int) -> None:
+        link = self._links.get(stream)
+        if link is not None and self._service is not None:
+            self._service.grant(link, credit)
+
+    def close(self, stream: int) -> bool:
+        """Detach the consumer on ``stream`` (Unsubscribe); False if there is none."""
+        link = self._links.pop(stream, None)
+        if link is None or self._service is None:
+            return False
+        self._service.detach(link)
+        return True
+
+    def close_all(self) -> None:
+        """The connection ended: detach every consumer."""
+        for stream in list(self._links):
+            self.close(stream)

@@ -67,6 +67,7 @@ from broky.security.auth import Authenticator, Principal
 from broky.security.identity import certificate_identities
 from broky.security.quotas import QuotaLedger
 from broky.security.tls import send_pending_alert
+from broky.subscriptions.service import SubscriptionService
 
 log = logging.getLogger("broky.connection")
 
@@ -129,6 +130,7 @@ class ServerConnection:
         quotas: QuotaLedger | None = None,
         node_names: frozenset[str] | None = None,
         forwarder: Forwarder | None = None,
+        subscriptions: SubscriptionService | None = None,
     ) -> None:
         self._stream = stream
         #: Identity, permissions and quota share (broky.connection.admission);
@@ -153,7 +155,7 @@ class ServerConnection:
         self._durable = DurableRequests(
             router, self._outlet, store, self._subscribe_refusal, forwarder
         )
-        self._consumers = ConsumerRequests(self._outlet)
+        self._consumers = ConsumerRequests(self._outlet, subscriptions, self._subscribe_refusal)
         #: Liveness clocks and the keepalive task (broky.connection.liveness).
         self._liveness = Liveness(settings, self._machine)
         self._reason: CloseReason | None = None
@@ -186,6 +188,7 @@ class ServerConnection:
             # connection object may live on (a log record, an observer's
             # list), but none of its buffers may (docs/architecture.md, Memory).
             self._machine.close()
+            self._consumers.close_all()
             self._router.detach(self._outlet)
             self._admission.release()
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
@@ -512,9 +515,13 @@ class ServerConnection:
             elif type(frame) is Consume or type(frame) is Settle:
                 self._consumers.handle(frame)
             elif type(frame) is Flow:
-                router.grant(outlet, frame.stream, frame.credit)
+                if self._consumers.owns(frame.stream):
+                    self._consumers.grant(frame.stream, frame.credit)
+                else:
+                    router.grant(outlet, frame.stream, frame.credit)
             elif type(frame) is Unsubscribe:
-                router.unsubscribe(outlet, frame.stream)
+                if not self._consumers.close(frame.stream):
+                    router.unsubscribe(outlet, frame.stream)
             elif type(frame) is Ping:
                 outlet.send_control(encode_frame(Pong(frame.nonce)))
             elif type(frame) is Hello:

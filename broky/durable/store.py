@@ -69,6 +69,11 @@ TOPIC_CACHE_KEYS: Final = 65_536
 #: time rolls, retention): a fraction of the default 1 s fsync interval.
 TICK_SECONDS: Final = 0.2
 
+#: The built-in topic of dead letters, and a key it must hold (its pattern
+#: is ``_dlq.>``: ``_dlq.<subscription>.<topic>``).
+DEAD_LETTER_TOPIC: Final = "_dlq"
+DEAD_LETTER_PROBE: Final = b"_dlq.subscription.topic"
+
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
 #: Takes a run part bound for a partition another worker owns:
@@ -132,6 +137,9 @@ class PartitionOwner:
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
+        #: Told the new end offset after each round that appended (the
+        #: partition's durable subscriptions, broky.subscriptions.partition).
+        self.on_append: Callable[[int], None] | None = None
 
     def append(
         self,
@@ -316,12 +324,24 @@ class PartitionOwner:
                         last_queue = queue
                 offset += count
             store.router.publish(encoded)
+            if self.on_append is not None:
+                self.on_append(offset)
         for queue in queues:
             queue.release()
 
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""
         self._log.close()
+
+
+def with_dead_letters(policies: Sequence[TopicPolicy]) -> list[TopicPolicy]:
+    """``policies`` plus the built-in dead-letter topic ``_dlq`` (keys
+    ``_dlq.>``, one partition) unless a configured topic already holds
+    dead-letter keys (broky.subscriptions.deadletters)."""
+    found = TopicPolicies(policies)
+    if found.match(DEAD_LETTER_PROBE) is not None or found.named(DEAD_LETTER_TOPIC) is not None:
+        return list(policies)
+    return [*policies, TopicPolicy(name=DEAD_LETTER_TOPIC, pattern=b"_dlq.>")]
 
 
 class DurableStore:
@@ -347,7 +367,7 @@ class DurableStore:
         #: no forwarding: such runs fail with OwnerUnavailable).
         self.forward: RemoteAppend | None = None
         self._locks: list[PartitionLock] = []
-        self.policies = TopicPolicies(policies)
+        self.policies = TopicPolicies(with_dead_letters(policies))
         self.router = router
         self._clock = clock
         self.pending_limit = pending_limit

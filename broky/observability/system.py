@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
 import trio
 
 from broky.connection.reasons import CloseReason
@@ -64,6 +65,17 @@ class Advisory(enum.Enum):
     """A connection ended, with its enumerated reason."""
     CONFIG_RELOADED = "config.reloaded"
     """A reload (SIGHUP) applied new users, permissions or certificates."""
+    SUBSCRIPTION_STALLED = "subscription.stalled"
+    """A durable subscription has messages waiting and cannot deliver them
+    (broky.subscriptions.watch says why)."""
+    SUBSCRIPTION_RESUMED = "subscription.resumed"
+    """A stalled durable subscription delivers again."""
+    SUBSCRIPTION_REDELIVERY_STORM = "subscription.redelivery_storm"
+    """Redeliveries exceed a fifth of a subscription's deliveries over 10 s."""
+    SUBSCRIPTION_DEAD_LETTERED = "subscription.dead_lettered"
+    """A message went to its subscription's dead-letter topic."""
+    SUBSCRIPTION_CONSUMER_EVICTED = "subscription.consumer_evicted"
+    """A consumer held messages without progress for twice the ack timeout."""
 
 
 def _rate(now: int, before: int | None, seconds: float) -> float:
@@ -146,6 +158,7 @@ def metrics_snapshot(
             "recent_max_seconds": round(loop_lag_max_seconds, 6),
             "mean_seconds": round(lag.total_seconds / lag.samples, 6) if lag.samples else 0.0,
         },
+        "durable_subscriptions": [attrs.asdict(status) for status in stats.subscriptions],
         "top_topics": [
             {
                 "topic": topic.key,

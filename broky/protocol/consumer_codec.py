@@ -11,7 +11,6 @@ know about them.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from typing import Final
 
 import flatbuffers
@@ -23,6 +22,7 @@ from broky.protocol.tables import (
     finish_frame,
     malformed,
     numbers,
+    packed_vector,
     read_bytes,
     read_text,
     scalar,
@@ -40,23 +40,16 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 
 
-def _vector(builder: flatbuffers.Builder, values: Sequence[int], code: str) -> int:
-    size = struct.calcsize(code)
-    builder.StartVector(size, len(values), size)
-    prepend = {"I": builder.PrependUint32, "q": builder.PrependInt64}[code]
-    for value in reversed(values):
-        prepend(value)
-    return int(builder.EndVector())
-
-
 def encode_consumer_frame(frame: Frame) -> bytes | None:
     """The frame's bytes, or None if it is not one of this module's frames."""
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Consume):
-        backoff = _vector(builder, frame.backoff_ms, "I")
+        starts = packed_vector(builder, frame.start_offsets, "q") if frame.start_offsets else 0
+        backoff = packed_vector(builder, frame.backoff_ms, "I")
         pattern = builder.CreateString(frame.pattern)
         subscription = builder.CreateString(frame.subscription)
-        builder.StartObject(11)
+        builder.StartObject(13)
+        builder.PrependInt64Slot(11, frame.start_time, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
         builder.PrependUOffsetTRelativeSlot(2, pattern, 0)
@@ -66,14 +59,16 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         builder.PrependUint32Slot(8, frame.max_deliveries, 10)
         builder.PrependUOffsetTRelativeSlot(9, backoff, 0)
         builder.PrependInt32Slot(10, frame.priority, 0)
+        if starts:
+            builder.PrependUOffsetTRelativeSlot(12, starts, 0)
         builder.PrependUint8Slot(3, frame.kind, 0)
         builder.PrependUint8Slot(4, frame.start, 0)
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
     if isinstance(frame, Redelivered):
         topic = builder.CreateString(frame.topic) if frame.topic else 0
-        counts = _vector(builder, frame.counts, "I")
-        offsets = _vector(builder, frame.offsets, "q")
-        partitions = _vector(builder, frame.partitions, "I")
+        counts = packed_vector(builder, frame.counts, "I")
+        offsets = packed_vector(builder, frame.offsets, "q")
+        partitions = packed_vector(builder, frame.partitions, "I")
         builder.StartObject(5)
         if topic:
             builder.PrependUOffsetTRelativeSlot(4, topic, 0)
@@ -85,9 +80,9 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
     if isinstance(frame, Settle):
         topic = builder.CreateString(frame.topic) if frame.topic else 0
         reason = builder.CreateString(frame.reason) if frame.reason else 0
-        last = _vector(builder, frame.last_offsets, "q")
-        first = _vector(builder, frame.first_offsets, "q")
-        partitions = _vector(builder, frame.partitions, "I")
+        last = packed_vector(builder, frame.last_offsets, "q")
+        first = packed_vector(builder, frame.first_offsets, "q")
+        partitions = packed_vector(builder, frame.partitions, "I")
         builder.StartObject(9)
         if topic:
             builder.PrependUOffsetTRelativeSlot(8, topic, 0)
@@ -120,7 +115,7 @@ def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, wha
 def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
     """Decode one of ``CONSUMER_BODIES``; RemoteProtocolError if malformed."""
     if body_type == BodyType.CONSUME:
-        fields = table_fields(buf, table, 11)
+        fields = table_fields(buf, table, 13)
         if not (fields[1] and fields[2]):
             raise malformed("Consume needs subscription and pattern")
         return Consume(
@@ -135,6 +130,8 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             max_deliveries=scalar(_U32, buf, fields[8], 10),
             backoff_ms=numbers(buf, fields[9], "I"),
             priority=scalar(_I32, buf, fields[10]),
+            start_time=scalar(_I64, buf, fields[11]),
+            start_offsets=numbers(buf, fields[12], "q"),
         )
     if body_type == BodyType.REDELIVERED:
         stream, partitions, offsets, counts, topic = table_fields(buf, table, 5)

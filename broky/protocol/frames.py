@@ -297,6 +297,8 @@ class Consume:
     max_deliveries: int = 10
     backoff_ms: tuple[int, ...] = ()
     priority: int = 0
+    start_time: int = 0
+    start_offsets: tuple[int, ...] = ()
 
 
 @attrs.frozen(slots=True)

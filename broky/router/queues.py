@@ -145,14 +145,6 @@ class QueueGroup:
         """The next batch starts after ``last``, the last member dealt to."""
         self._turn = self.members.index(last) + 1
 
-    def choose(self) -> Subscription | None:
-        """The member to receive a whole batch (None: the group is empty)."""
-        ready = self.ready()
-        if not ready:
-            return None
-        self._served(ready[0])
-        return ready[0]
-
 
 #: A run of no messages: what is left of a run once dealt out.
 _EMPTY: Final = EncodedRun(b"", 0, b"")

@@ -509,11 +509,10 @@ class Router:
         counters.from_links += messages
         pattern, queue = split_interest(interest)
         group = self._groups.view(pattern, queue, source)
-        member = None if group is None else group.choose()
-        if member is None:
+        if group is None or not group.members:
             counters.dropped_no_subscriber += messages
         else:
-            member.push_many(runs, messages, size)
+            group.push_many(runs, messages, size)  # dealt out as a local batch is
         return messages
 
     def run_direct_writes(self) -> None:

@@ -42,6 +42,10 @@ CREATE TABLE IF NOT EXISTS acked (
     last_offset INTEGER NOT NULL,
     PRIMARY KEY (subscription, topic, partition, first_offset)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subscription_definitions (
+    subscription TEXT NOT NULL PRIMARY KEY,
+    definition TEXT NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS subscription_images (
     subscription TEXT NOT NULL,
     topic TEXT NOT NULL,
@@ -98,9 +102,17 @@ class StateTransaction:
             (subscription, topic, partition, image),
         )
 
+    def save_definition(self, subscription: str, definition: str) -> None:
+        """Record a durable subscription's settings (JSON, see
+        ``broky.subscriptions.definition``): it exists until deleted."""
+        self._connection.execute(
+            "INSERT OR REPLACE INTO subscription_definitions VALUES (?, ?)",
+            (subscription, definition),
+        )
+
     def delete(self, subscription: str) -> None:
         """Forget a subscription entirely."""
-        for table in ("cursors", "acked", "subscription_images"):
+        for table in ("cursors", "acked", "subscription_images", "subscription_definitions"):
             self._connection.execute(f"DELETE FROM {table} WHERE subscription = ?", (subscription,))
 
 
@@ -181,6 +193,15 @@ class StateStore:
             self._connection.execute(
                 "SELECT subscription, topic, partition, image FROM subscription_images"
                 " ORDER BY subscription, topic, partition"
+            )
+        )
+
+    def load_definitions(self) -> list[tuple[str, str]]:
+        """Every saved subscription definition as ``(subscription, definition)``."""
+        return list(
+            self._connection.execute(
+                "SELECT subscription, definition FROM subscription_definitions"
+                " ORDER BY subscription"
             )
         )
 

@@ -53,7 +53,12 @@ class GroupCommitter:
         self.interval = interval
         self.max_acks = max_acks
         self._dirty: dict[ImageKey, Dispatcher] = {}
+        #: Subscription definitions to write with the next round.
+        self._definitions: dict[str, str] = {}
         self._callbacks: list[Callable[[], None]] = []
+        #: Called after every committed round, once the dispatchers' gates
+        #: opened (their ``events`` may hold new deliveries then).
+        self.on_commit: Callable[[], None] | None = None
         self._acks = 0
         self._wake = trio.Event()
         self._full = trio.Event()
@@ -75,6 +80,15 @@ class GroupCommitter:
         if self._acks >= self.max_acks:
             self._full.set()
 
+    def define(self, subscription: str, definition: str) -> None:
+        """Write ``subscription``'s definition with the next round."""
+        self._definitions[subscription] = definition
+        self._wake.set()
+
+    def load_definitions(self) -> dict[str, str]:
+        """Every saved definition by subscription (blocking, like ``load``)."""
+        return dict(self._store.load_definitions())
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once everything changed so far is durable."""
         self._callbacks.append(callback)
@@ -90,7 +104,7 @@ class GroupCommitter:
                 await self.commit_now()
         finally:
             with trio.CancelScope(shield=True):
-                if self._dirty or self._callbacks:
+                if self._dirty or self._callbacks or self._definitions:
                     await self.commit_now()
 
     async def commit_now(self) -> None:
@@ -100,16 +114,18 @@ class GroupCommitter:
         self._acks = 0
         dirty, self._dirty = self._dirty, {}
         callbacks, self._callbacks = self._callbacks, []
+        definitions, self._definitions = self._definitions, {}
         images = {key: dispatcher.tracker.image() for key, dispatcher in dirty.items()}
         rows = [(key, encode_image(image)) for key, image in images.items()]
         try:
-            await trio.to_thread.run_sync(self._write, rows)
+            await trio.to_thread.run_sync(self._write, rows, definitions)
         except StorageError as exc:
             # Nothing was promised yet: keep everything for the next round.
             log.error("subscription state commit failed: %s", exc)
             self.failures += 1
             for key, dispatcher in dirty.items():
                 self._dirty.setdefault(key, dispatcher)
+            self._definitions = {**definitions, **self._definitions}
             self._callbacks[:0] = callbacks
             self._wake.set()
             await trio.sleep(self.interval)
@@ -120,10 +136,18 @@ class GroupCommitter:
             dirty[key].committed(image, now)
         for callback in callbacks:
             callback()
+        if self.on_commit is not None:
+            self.on_commit()
 
-    def _write(self, rows: list[tuple[ImageKey, bytes]]) -> None:
-        if not rows:
+    def close(self) -> None:
+        """Close the state store (after ``run`` ended: nothing is pending)."""
+        self._store.close()
+
+    def _write(self, rows: list[tuple[ImageKey, bytes]], definitions: dict[str, str]) -> None:
+        if not (rows or definitions):
             return
         with self._store.transaction() as transaction:
+            for subscription, definition in definitions.items():
+                transaction.save_definition(subscription, definition)
             for (subscription, topic, partition), blob in rows:
                 transaction.save_image(subscription, topic, partition, blob)

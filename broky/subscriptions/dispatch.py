@@ -160,12 +160,26 @@ class Dispatcher:
     # --- consumers ------------------------------------------------------------------------
 
     def attach(
-        self, consumer: int, now: float, *, credit: int, max_in_flight: int, priority: int = 0
+        self,
+        consumer: int,
+        now: float,
+        *,
+        credit: int,
+        max_in_flight: int,
+        priority: int = 0,
+        state: Consumer | None = None,
     ) -> None:
+        """Add a consumer. ``state``: a :class:`Consumer` shared with the
+        dispatchers of the subscription's other partitions, so that its
+        credit and ``max_in_flight`` bound the consumer as a whole, not each
+        partition (then ``credit``, ``max_in_flight`` and ``priority`` are
+        the state's)."""
         kind = self.options.type
         if kind is SubscriptionType.EXCLUSIVE and self.consumers:
             raise SubscriptionBusy("the exclusive subscription already has a consumer")
-        self.consumers[consumer] = Consumer(consumer, priority, credit, max_in_flight, 0, now)
+        if state is None:
+            state = Consumer(consumer, priority, credit, max_in_flight, 0, now)
+        self.consumers[consumer] = state
         if kind is SubscriptionType.KEY_SHARED:
             self.table.join(consumer)
         self._elect()
@@ -246,6 +260,17 @@ class Dispatcher:
         if not self._try_deliver(slot, offset, now):
             self._waiting[slot] = [offset]
             self.parked += 1
+
+    def skip(self, offset: int) -> None:
+        """An offset read from ``tracker.read_position`` that this subscription
+        does not take (its key is outside the subscription's pattern): acked
+        without a delivery, so the cursor moves over it."""
+        tracker = self.tracker
+        if offset < tracker.read_position:
+            return
+        tracker.skip_read(offset)
+        if tracker.acked.add(offset):
+            tracker.dirty = True
 
     # --- acknowledgements ---------------------------------------------------------------
 

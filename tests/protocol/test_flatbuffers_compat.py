@@ -136,6 +136,8 @@ CONTROL_FRAMES: list[Frame] = [
         max_deliveries=0,
         backoff_ms=(100, 1_000, 0xFFFF_FFFF),
         priority=-3,
+        start_time=-7,
+        start_offsets=(0, 2**62, -1),
     ),
     Redelivered(
         stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF), topic="ordérs"
@@ -405,6 +407,8 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             max_deliveries=body.MaxDeliveries(),
             backoff_ms=_numbers(body, "BackoffMs"),
             priority=body.Priority(),
+            start_time=body.StartTime(),
+            start_offsets=_numbers(body, "StartOffsets"),
         )
     if body_type == BodyType.REDELIVERED:
         return Redelivered(
@@ -651,10 +655,14 @@ def _build_consumer_body(
 ) -> int:
     """flatc's builders, fields added in reverse order, empty vectors omitted."""
     if isinstance(frame, Consume):
+        starts = _int_vector(builder, gen.Consume.StartStartOffsetsVector, frame.start_offsets)
         backoff = _int_vector(builder, gen.Consume.StartBackoffMsVector, frame.backoff_ms)
         pattern = builder.CreateString(frame.pattern)
         name = builder.CreateString(frame.subscription)
         gen.Consume.Start(builder)
+        if starts:
+            gen.Consume.AddStartOffsets(builder, starts)
+        gen.Consume.AddStartTime(builder, frame.start_time)
         gen.Consume.AddPriority(builder, frame.priority)
         if backoff:
             gen.Consume.AddBackoffMs(builder, backoff)

@@ -1,0 +1,63 @@
+"""One attached consumer as the subscription service sees it, and the
+per-subscription counters.
+
+A :class:`ConsumerLink` is what a ``Consume`` frame creates: the stream it
+arrived on, the connection's outlet (where deliveries are queued), and one
+:class:`~broky.subscriptions.dispatch.Consumer` state shared by the
+dispatchers of every partition it reads, so that its credit and
+``max_in_flight`` bound the consumer as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from broky.protocol.codec import encode_frame
+from broky.protocol.constants import ErrorCode
+from broky.protocol.frames import Error
+from broky.router.outbox import Outlet
+from broky.subscriptions.dispatch import Consumer
+
+
+@attrs.define(slots=True, eq=False)
+class ConsumerLink:
+    """See the module docstring."""
+
+    id: int
+    stream: int
+    subscription: str
+    outlet: Outlet
+    state: Consumer
+    #: The (topic, partition) pairs it is attached to.
+    partitions: list[tuple[str, int]] = attrs.field(factory=list)
+    #: Detached (closed, evicted or its connection ended): sends nothing more.
+    closed: bool = False
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.outlet.max_frame_bytes
+
+    def send(self, frames: Sequence[bytes]) -> None:
+        """Queue delivery frames, in order, unless the consumer is gone."""
+        if frames and not self.closed:
+            self.outlet.send_control(b"".join(frames))
+
+    def error(self, code: ErrorCode, message: str) -> None:
+        """A stream error on the consumer's stream (the connection stays)."""
+        self.outlet.send_control(encode_frame(Error(code, message, self.stream)))
+
+
+@attrs.define(slots=True)
+class SubscriptionCounters:
+    """Totals of one subscription on this worker since it started."""
+
+    delivered: int = 0
+    redelivered: int = 0
+    acked: int = 0
+    stale_acks: int = 0
+    dead_lettered: int = 0
+    evicted: int = 0
+    #: Unacked messages that retention removed from the log.
+    lost_to_retention: int = 0

@@ -1,0 +1,155 @@
+"""Deliveries as bytes: the Redelivered and Deliver frames of one consumer,
+and the dead-letter copy of a message (sans-IO).
+
+The dispatcher decides offsets; the driver reads their batches from the log
+(``BatchCache``) and this module lays them out: consecutive offsets of one
+stored batch travel as one run (a slice of it, no copy of the messages until
+the frame is joined), each run carrying its partition and base offset, so a
+consumer knows every message's (partition, offset). Messages delivered more
+than once are listed, with their counts, in a ``Redelivered`` frame just
+before the ``Deliver`` frame that carries them (first deliveries cost
+nothing extra).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from broky.durable.store import located_chunk
+from broky.protocol.codec import encode_frame, runs_frame_parts
+from broky.protocol.constants import BodyType
+from broky.protocol.frames import Redelivered, Run
+from broky.protocol.message import decode_message, encode_message, pack_sizes
+from broky.storage.batch import StoredBatch
+
+#: Frame bytes a delivery frame may take, as a share of the consumer's frame
+#: limit: the rest is room for the frame's header and run tables.
+FRAME_SHARE: Final = 2
+
+
+class BatchCache:
+    """Stored batches of one partition by offset: what a driver round read.
+
+    Batches are added in any order but never overlap (they come from reads
+    of one log); ``find`` answers which batch holds an offset.
+    """
+
+    def __init__(self) -> None:
+        self._bases: list[int] = []
+        self._batches: list[StoredBatch] = []
+
+    def add(self, batches: Iterable[StoredBatch]) -> None:
+        for batch in batches:
+            index = bisect_right(self._bases, batch.base_offset)
+            if index and self._batches[index - 1].next_offset > batch.base_offset:
+                continue  # held already
+            self._bases.insert(index, batch.base_offset)
+            self._batches.insert(index, batch)
+
+    def find(self, offset: int) -> StoredBatch | None:
+        index = bisect_right(self._bases, offset) - 1
+        if index < 0:
+            return None
+        batch = self._batches[index]
+        return batch if offset < batch.next_offset else None
+
+    def missing(self, offsets: Iterable[int]) -> list[tuple[int, int]]:
+        """The ranges ``[first, stop)`` of ``offsets`` not held, merged."""
+        ranges: list[tuple[int, int]] = []
+        for offset in sorted(set(offsets)):
+            if self.find(offset) is not None:
+                continue
+            if ranges and ranges[-1][1] == offset:
+                ranges[-1] = (ranges[-1][0], offset + 1)
+            else:
+                ranges.append((offset, offset + 1))
+        return ranges
+
+
+def delivery_frames(
+    stream: int,
+    topic: str,
+    partition: int,
+    deliveries: Sequence[tuple[int, int]],
+    cache: BatchCache,
+    max_frame_bytes: int,
+) -> tuple[list[bytes], list[int]]:
+    """The frames carrying ``deliveries`` (``(offset, delivery count)`` in
+    delivery order) to ``stream``, and the offsets the cache did not hold
+    (trimmed from the log by retention: the caller acks them away)."""
+    frames: list[bytes] = []
+    lost: list[int] = []
+    budget = max_frame_bytes // FRAME_SHARE
+    chunks: list[bytes] = []
+    counts: list[tuple[int, int]] = []
+    used = 0
+    run_batch: StoredBatch | None = None
+    run_start = run_stop = 0
+
+    def close_run() -> None:
+        nonlocal run_batch, used
+        if run_batch is not None:
+            part = run_batch.slice(run_start, run_stop)
+            chunk = located_chunk(part.run, partition, part.base_offset)
+            chunks.append(chunk)
+            used += len(chunk)
+            run_batch = None
+
+    def close_frame() -> None:
+        nonlocal used
+        close_run()
+        if not chunks:
+            return
+        if counts:
+            frames.append(
+                encode_frame(
+                    Redelivered(
+                        stream,
+                        partitions=(partition,) * len(counts),
+                        offsets=tuple(offset for offset, _ in counts),
+                        counts=tuple(count for _, count in counts),
+                        topic=topic,
+                    )
+                )
+            )
+        frames.append(b"".join(runs_frame_parts(BodyType.DELIVER, stream, chunks)))
+        chunks.clear()
+        counts.clear()
+        used = 0
+
+    for offset, count in deliveries:
+        batch = cache.find(offset)
+        if batch is None:
+            lost.append(offset)
+            continue
+        if run_batch is batch and offset == run_stop:
+            run_stop += 1
+        else:
+            close_run()
+            if used >= budget:
+                close_frame()
+            run_batch, run_start, run_stop = batch, offset, offset + 1
+        if count > 1:
+            counts.append((offset, count))
+    close_frame()
+    return frames, lost
+
+
+def dead_letter_run(
+    batch: StoredBatch, offset: int, key: bytes, tags: Sequence[tuple[str, str]]
+) -> Run:
+    """The message at ``offset`` of ``batch`` as a one-message run on ``key``
+    (the dead-letter topic), its tags extended with ``tags``; payload,
+    ``key_partition``, uid and producer time are kept."""
+    part = batch.slice(offset, offset + 1)
+    message = decode_message(part.messages, batch.key.decode(errors="replace"), batch.ts_broker)
+    encoded = encode_message(
+        message.payload,
+        key_partition=message.key_partition,
+        ts_producer=message.ts_producer,
+        uid=message.uid,
+        tags=(*message.tags, *tags),
+    )
+    return Run(key, 0, 1, pack_sizes([len(encoded)]), encoded)

@@ -1,0 +1,377 @@
+"""The durable subscriptions of one partition, driven by one task.
+
+Ownership: the worker that owns a partition log owns its subscriptions'
+dispatchers (one per subscription), their state store (a sqlite file in the
+partition's directory, under the partition's lock, so the state moves with
+the log when ``--workers`` changes) and the task that drives them. Every
+change to a dispatcher happens on the trio thread without an await inside
+(attach, settle, credit: called by connection tasks; feeding and timers: by
+this task), so "choose a consumer, record it pending" stays one step.
+
+One round of the task:
+
+1. ``tick`` every dispatcher (ack deadlines, evictions, due redeliveries);
+2. read what the dispatchers ``want`` from the log, in one request to the
+   partition's owner (one thread hop), and ``feed`` it; offsets whose key is
+   outside a subscription's pattern are ``skip``ped (acked without delivery);
+3. take the dispatchers' events: deliveries are read from the batches in
+   hand (or, for redeliveries, from the log in a second request) and queued
+   to each consumer's connection in decision order; dead letters are
+   appended to the dead-letter topic; evictions close the consumer;
+4. hand changed dispatchers to the group committer.
+
+The task wakes on an append to the partition (``appended``), a change from
+a connection (``wake``), a commit (whose gates may release deliveries) or
+the earliest dispatcher timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+import trio
+
+from broky.durable.store import PartitionOwner
+from broky.protocol.constants import StartKind
+from broky.protocol.message import message_views
+from broky.router.matcher import SubscriptionIndex
+from broky.storage.batch import StoredBatch
+from broky.storage.errors import OffsetOutOfRangeError, StorageError
+from broky.storage.log import PartitionLog
+from broky.storage.state import StateStore
+from broky.storage.topics import key_partition
+from broky.subscriptions.commits import GroupCommitter
+from broky.subscriptions.definition import Definition, DefinitionError
+from broky.subscriptions.delivery import BatchCache, delivery_frames
+from broky.subscriptions.dispatch import (
+    DeadLetter,
+    Deliver,
+    Dispatcher,
+    Evict,
+    SubscriptionType,
+)
+from broky.subscriptions.slots import NOBODY, slot_of
+from broky.subscriptions.tracker import SubscriptionImage
+
+if TYPE_CHECKING:
+    from broky.subscriptions.service import SubscriptionService
+
+log = logging.getLogger("broky.subscriptions")
+
+#: The state store's file name inside the partition's directory.
+STATE_FILE: Final = "subscriptions.sqlite"
+#: Bytes of stored batches one round reads per dispatcher: bounds a round's
+#: memory (and its thread hop) whatever the credit granted.
+READ_BYTES: Final = 1024 * 1024
+
+
+class PartitionSubscriptions:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        service: SubscriptionService,
+        owner: PartitionOwner,
+        store: StateStore,
+    ) -> None:
+        self.service = service
+        self.owner = owner
+        self.topic = owner.topic.name
+        self.partition = owner.partition
+        self.committer = GroupCommitter(store)
+        self.committer.on_commit = self.wake
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self.definitions: dict[str, Definition] = {}
+        self._filters: dict[str, SubscriptionIndex[int]] = {}
+        self._wake = trio.Event()
+        #: The time the last round ticked the dispatchers at.
+        self._ticked_at = float("-inf")
+        #: Offsets whose dead-letter append failed, retried next round.
+        self.dead_letter_retry: list[tuple[str, DeadLetter]] = []
+
+    @classmethod
+    def open(cls, service: SubscriptionService, owner: PartitionOwner) -> PartitionSubscriptions:
+        """Open the partition's state store and load its subscriptions
+        (blocking: call in a thread, before serving)."""
+        directory = os.path.join(service.store.data_dir, owner.topic.name, str(owner.partition))
+        store = StateStore.open(os.path.join(directory, STATE_FILE))
+        partition = cls(service, owner, store)
+        images = partition.committer.load()
+        for name, text in partition.committer.load_definitions().items():
+            try:
+                definition = Definition.from_json(text)
+            except DefinitionError as exc:
+                raise StorageError(
+                    f"{directory}/{STATE_FILE}: subscription {name!r}: {exc}"
+                ) from exc
+            image = images.get((name, partition.topic, partition.partition))
+            if image is None:
+                continue  # written together; a definition alone was never committed
+            partition.add(definition, image)
+        return partition
+
+    # --- subscriptions ----------------------------------------------------------
+
+    def add(self, definition: Definition, image: SubscriptionImage) -> Dispatcher:
+        """Serve ``definition`` here from ``image`` (a loaded or a new one)."""
+        owner = self.owner
+        dispatcher = Dispatcher(definition.options, image, owner.end_offset)
+        name = definition.name
+        self.dispatchers[name] = dispatcher
+        self.definitions[name] = definition
+        matcher: SubscriptionIndex[int] = SubscriptionIndex()
+        matcher.add(definition.pattern, 0)
+        self._filters[name] = matcher
+        return dispatcher
+
+    def create(self, definition: Definition, cursor: int) -> Dispatcher:
+        """A new subscription starting at ``cursor``: its definition and
+        first image are written by the next group commit."""
+        dispatcher = self.add(definition, SubscriptionImage(cursor, limit=cursor))
+        self.committer.define(definition.name, definition.to_json())
+        self.changed(definition.name)
+        return dispatcher
+
+    def start_position(self, definition: Definition) -> Callable[[PartitionLog], int]:
+        """Where ``definition`` starts in this partition (run by the owner)."""
+
+        def position(partition_log: PartitionLog) -> int:
+            start, end = partition_log.start_offset, partition_log.end_offset
+            kind = definition.start
+            if kind is StartKind.EARLIEST:
+                return start
+            if kind is StartKind.TIME:
+                return partition_log.offset_for_time(definition.start_time)
+            if kind is StartKind.OFFSET:
+                offsets = definition.start_offsets
+                wanted = offsets[self.partition] if self.partition < len(offsets) else start
+                return min(max(wanted, start), end)
+            return end
+
+        return position
+
+    def changed(self, name: str, acks: int = 0) -> None:
+        """``name``'s dispatcher changed: commit it and let the task look."""
+        self._commit_soon(name, acks)
+        self.wake()
+
+    def _commit_soon(self, name: str, acks: int = 0) -> None:
+        """Hand ``name``'s dispatcher to the committer without waking the
+        task: the task's own rounds use this, else a dispatcher that stays
+        dirty while its commit is in flight would wake it again at once."""
+        dispatcher = self.dispatchers.get(name)
+        if dispatcher is not None:
+            self.committer.changed((name, self.topic, self.partition), dispatcher, acks)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def appended(self, end_offset: int) -> None:
+        """The partition's log grew to ``end_offset`` (its durability point)."""
+        for dispatcher in self.dispatchers.values():
+            dispatcher.end_offset = max(dispatcher.end_offset, end_offset)
+        self._wake.set()
+
+    # --- the task ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Drive the dispatchers until cancelled (then commit what is pending
+        and close the state store)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.committer.run)
+                while True:
+                    await self._wait()
+                    try:
+                        await self._round()
+                    except (StorageError, OSError) as exc:
+                        # The log could not be read: deliveries and dead
+                        # letters decided wait for the next round.
+                        log.error("subscriptions of %s/%d: %s", self.topic, self.partition, exc)
+                        await trio.sleep(0.5)
+        finally:
+            self.committer.close()
+
+    async def _wait(self) -> None:
+        """Until woken, or the earliest timer the last round did not see
+        due. A timer due by then was handled by it; if it is still pending (a
+        redelivery for a consumer without room), only an event can change
+        that, so it must not make this loop spin."""
+        ticked = self._ticked_at
+        wakes = [
+            wake
+            for dispatcher in self.dispatchers.values()
+            if (wake := dispatcher.next_wake()) is not None and wake > ticked
+        ]
+        if self.dead_letter_retry:
+            wakes.append(trio.current_time() + 1.0)
+        deadline = min(wakes) if wakes else float("inf")
+        with trio.move_on_at(deadline):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    async def _round(self) -> None:
+        now = self._ticked_at = trio.current_time()
+        for name, dispatcher in self.dispatchers.items():
+            dispatcher.tick(now)
+            if dispatcher.tracker.dirty:
+                self._commit_soon(name)
+        cache = BatchCache()
+        wanted = {
+            name: (dispatcher.tracker.read_position, count)
+            for name, dispatcher in self.dispatchers.items()
+            if (count := dispatcher.wants()) > 0
+        }
+        progressed = False
+        if wanted:
+            reads = await self.owner.call(lambda log: _read_new(log, wanted))
+            now = trio.current_time()
+            for name, (log_start, batches) in reads.items():
+                cache.add(batches)
+                before = self.dispatchers[name].tracker.read_position
+                self._feed(name, log_start, wanted[name][1], batches, now)
+                progressed |= self.dispatchers[name].tracker.read_position > before
+        events = {name: d.events for name, d in self.dispatchers.items() if d.events}
+        for dispatcher in self.dispatchers.values():
+            dispatcher.events = []
+        retry, self.dead_letter_retry = self.dead_letter_retry, []
+        needed = [
+            event.offset
+            for batch in events.values()
+            for event in batch
+            if isinstance(event, Deliver | DeadLetter)
+        ]
+        needed.extend(event.offset for _, event in retry)
+        missing = cache.missing(needed)
+        if missing:
+            try:
+                cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
+            except (StorageError, OSError):
+                # Nothing was carried out: the events wait for the next round.
+                for name, taken in events.items():
+                    self.dispatchers[name].events[:0] = taken
+                self.dead_letter_retry[:0] = retry
+                raise
+        for name, batch in events.items():
+            self._carry_out(name, batch, cache)
+        for name, event in retry:
+            self.service.dead_letters.send(self, name, event, cache)
+        for name, dispatcher in self.dispatchers.items():
+            if dispatcher.tracker.dirty:
+                self._commit_soon(name)
+        if progressed:
+            self.wake()  # a read stops at READ_BYTES: there may be more to read
+
+    def _feed(
+        self, name: str, log_start: int, count: int, batches: list[StoredBatch], now: float
+    ) -> None:
+        dispatcher = self.dispatchers[name]
+        matcher = self._filters[name]
+        position = dispatcher.tracker.read_position
+        gap = range(position, min(log_start, position + count))
+        if gap:
+            # Removed by retention before this subscription read them.
+            for skipped in gap:
+                dispatcher.skip(skipped)
+            self.service.counters(name).lost_to_retention += len(gap)
+        key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
+        for batch in batches:
+            offset = batch.base_offset
+            if not matcher.match(batch.key):
+                for skipped in range(offset, batch.next_offset):
+                    dispatcher.skip(skipped)
+                continue
+            if not key_shared:
+                for fed in range(offset, batch.next_offset):
+                    dispatcher.feed(fed, 0, now)
+                continue
+            for index, view in enumerate(message_views(batch.run)):
+                sticky = key_partition(view) or batch.key
+                dispatcher.feed(offset + index, slot_of(sticky), now)
+
+    def _carry_out(
+        self, name: str, events: list[Deliver | DeadLetter | Evict], cache: BatchCache
+    ) -> None:
+        """Send deliveries (per consumer, in decision order), dead letters, evictions."""
+        service = self.service
+        per_consumer: dict[int, list[tuple[int, int]]] = {}
+        for event in events:
+            if isinstance(event, Deliver):
+                per_consumer.setdefault(event.consumer, []).append((event.offset, event.count))
+            elif isinstance(event, DeadLetter):
+                service.dead_letters.send(self, name, event, cache)
+            else:
+                service.evict(event.consumer, self.dispatchers[name].options.ack_timeout)
+        counters = service.counters(name)
+        for consumer, deliveries in per_consumer.items():
+            link = service.consumers.get(consumer)
+            counters.delivered += len(deliveries)
+            counters.redelivered += sum(1 for _, count in deliveries if count > 1)
+            if link is None:
+                continue  # gone meanwhile: its detach released these
+            frames, lost = delivery_frames(
+                link.stream, self.topic, self.partition, deliveries, cache, link.max_frame_bytes
+            )
+            link.send(frames)
+            if lost:
+                self.trimmed(name, lost)
+
+    def trimmed(self, name: str, offsets: list[int]) -> None:
+        """``offsets`` are gone from the log (retention) before they were
+        acked: there is nothing left to deliver, so they count as acked."""
+        log.warning(
+            "subscription %r: %d message(s) of %s/%d were removed by retention before "
+            "they were acked",
+            name,
+            len(offsets),
+            self.topic,
+            self.partition,
+        )
+        dispatcher = self.dispatchers[name]
+        dispatcher.ack(NOBODY, offsets, trio.current_time())
+        self.service.counters(name).lost_to_retention += len(offsets)
+        self.changed(name, len(offsets))
+
+    def backlog(self, name: str) -> int:
+        """Messages of ``name`` not acked yet, up to the log's end."""
+        dispatcher = self.dispatchers[name]
+        return dispatcher.tracker.unacked_below(max(dispatcher.end_offset, self.owner.end_offset))
+
+
+def _read_new(
+    partition_log: PartitionLog, wanted: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, list[StoredBatch]]]:
+    """In the owner's thread: each dispatcher's next ``count`` offsets from
+    its read position, with the log's start (retention may have moved it
+    past the position: then the read begins there)."""
+    reads: dict[str, tuple[int, list[StoredBatch]]] = {}
+    log_start = partition_log.start_offset
+    for name, (position, count) in wanted.items():
+        start = max(position, log_start)
+        stop = position + count
+        reads[name] = (
+            log_start,
+            partition_log.read(start, READ_BYTES, stop) if start < stop else [],
+        )
+    return reads
+
+
+def _read_ranges(partition_log: PartitionLog, ranges: list[tuple[int, int]]) -> list[StoredBatch]:
+    """In the owner's thread: the batches holding ``[first, stop)`` ranges
+    (what retention removed is left out)."""
+    batches: list[StoredBatch] = []
+    for first, stop in ranges:
+        position = max(first, partition_log.start_offset)
+        while position < stop:
+            try:
+                found = partition_log.read(position, READ_BYTES, stop)
+            except OffsetOutOfRangeError:
+                break
+            if not found:
+                break
+            batches.extend(found)
+            position = found[-1].next_offset
+    return batches

@@ -1,0 +1,364 @@
+"""The durable subscriptions of one worker: attach, settle, credit, state.
+
+One ``SubscriptionService`` per worker, beside its ``DurableStore``. It
+holds a :class:`PartitionSubscriptions` (dispatchers, state store, driver
+task) for every partition the worker owns, and the consumers attached
+through this worker's connections. Connection tasks call it without
+awaiting (``settle``, ``grant``, ``detach``); an attach runs as a task of
+the service, because creating a subscription waits for its first commit
+(the start position must be durable before ``Subscribed`` promises it).
+
+What this worker serves: the partitions it owns. A ``Consume`` whose
+pattern reaches partitions another worker owns is refused with
+``SubscriptionRefused`` naming those workers (a client reaches every
+partition with ``--workers 1``, or by connecting to the owner's port);
+carrying consumers over the durable forwarding links is not built yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from broky.durable.acks import AckTicket
+from broky.durable.store import DurableStore
+from broky.protocol.codec import encode_frame
+from broky.protocol.constants import ErrorCode, SettleKind
+from broky.protocol.frames import Consume, Settle, Settled, Subscribed
+from broky.router.matcher import patterns_overlap
+from broky.router.outbox import Outlet
+from broky.storage.errors import StorageError
+from broky.subscriptions.consumers import ConsumerLink, SubscriptionCounters
+from broky.subscriptions.deadletters import DeadLetters
+from broky.subscriptions.definition import Definition, DefinitionError
+from broky.subscriptions.dispatch import Consumer, DeadLetter, Dispatcher, SubscriptionBusy
+from broky.subscriptions.partition import PartitionSubscriptions
+from broky.subscriptions.watch import SubscriptionStatus, Watch
+
+log = logging.getLogger("broky.subscriptions")
+
+#: ``advise(kind, payload)``: publish a ``$SYS.events.<kind>`` advisory.
+Advise = Callable[[str, dict[str, Any]], None]
+
+
+class Refused(Exception):
+    """A Consume is refused: ``code`` and a message saying whose fault it is."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SubscriptionService:
+    """See the module docstring."""
+
+    def __init__(self, store: DurableStore, advise: Advise | None = None) -> None:
+        self.store = store
+        self.partitions: dict[tuple[str, int], PartitionSubscriptions] = {}
+        self.consumers: dict[int, ConsumerLink] = {}
+        self.dead_letters = DeadLetters(store, self)
+        self.watch = Watch(self, advise)
+        self._counters: dict[str, SubscriptionCounters] = {}
+        self._next_consumer = 1
+        self._attaching = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+
+    # --- running ---------------------------------------------------------------------
+
+    def _open(self) -> None:
+        for owner in self.store.owners.values():
+            partition = PartitionSubscriptions.open(self, owner)
+            self.partitions[(owner.topic.name, owner.partition)] = partition
+            owner.on_append = partition.appended
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load every owned partition's subscriptions, drive them until cancelled."""
+        await trio.to_thread.run_sync(self._open)
+        loaded = sorted({name for p in self.partitions.values() for name in p.dispatchers})
+        if loaded:
+            log.info("durable subscriptions loaded: %s", ", ".join(loaded))
+        async with trio.open_nursery() as nursery:
+            for partition in self.partitions.values():
+                nursery.start_soon(partition.run)
+            nursery.start_soon(self.watch.run)
+            self._nursery = nursery
+            task_status.started()
+
+    def counters(self, name: str) -> SubscriptionCounters:
+        counters = self._counters.get(name)
+        if counters is None:
+            counters = self._counters[name] = SubscriptionCounters()
+        return counters
+
+    # --- consumers (called by connections, never waiting) ----------------------------
+
+    def consume(self, frame: Consume, outlet: Outlet) -> ConsumerLink:
+        """Start attaching a consumer for ``frame``; its ``Subscribed`` or
+        stream error follows on ``outlet``."""
+        consumer_id = self._next_consumer
+        self._next_consumer += 1
+        state = Consumer(
+            consumer_id, frame.priority, frame.credit, frame.max_in_flight, 0, trio.current_time()
+        )
+        link = ConsumerLink(consumer_id, frame.stream, frame.subscription, outlet, state)
+        if self._nursery is None:
+            link.closed = True
+            link.error(ErrorCode.SERVER_SHUTDOWN, "the broker is not serving subscriptions")
+            return link
+        self._nursery.start_soon(self._attach, frame, link)
+        return link
+
+    async def _attach(self, frame: Consume, link: ConsumerLink) -> None:
+        try:
+            async with self._attaching:
+                try:
+                    await self._attach_now(frame, link)
+                except (StorageError, OSError) as exc:
+                    log.error("subscription %r: attach failed: %s", frame.subscription, exc)
+                    raise Refused(
+                        ErrorCode.STORAGE_FAILURE,
+                        f"subscription {frame.subscription!r}: the broker could not read or "
+                        f"write its state ({exc}); retry later",
+                    ) from exc
+        except Refused as refused:
+            link.closed = True
+            link.error(refused.code, str(refused))
+            return
+        if not link.closed:  # else closed (Unsubscribe, disconnect) while attaching
+            link.outlet.send_control(encode_frame(Subscribed(frame.stream)))
+
+    def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:
+        return [
+            (topic.name, partition)
+            for topic in self.store.policies.policies
+            if patterns_overlap(topic.pattern, pattern)
+            for partition in range(topic.partitions)
+        ]
+
+    async def _attach_now(self, frame: Consume, link: ConsumerLink) -> None:
+        name = frame.subscription
+        try:
+            definition = Definition.from_consume(frame)
+        except DefinitionError as exc:
+            raise Refused(ErrorCode.SUBSCRIPTION_REFUSED, f"subscription {name!r}: {exc}") from exc
+        wanted = self._partitions_for(frame.pattern)
+        if not wanted:
+            raise Refused(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {name!r}: pattern {frame.pattern.decode(errors='replace')!r} "
+                "matches no durable topic",
+            )
+        remote = sorted(
+            {self.store.owner_index(topic, p) for topic, p in wanted} - {self.store.worker}
+        )
+        if remote:
+            raise Refused(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {name!r}: its partitions are owned by workers "
+                f"{', '.join(map(str, [self.store.worker, *remote]))} and this connection "
+                f"reached worker {self.store.worker}; a consumer must reach every owner "
+                "(run with --workers 1, or connect to each owner's port)",
+            )
+        partitions = [self.partitions[key] for key in wanted]
+        for partition in partitions:
+            existing = partition.definitions.get(name)
+            mismatch = existing.mismatch(frame) if existing is not None else None
+            if mismatch is not None:
+                raise Refused(ErrorCode.SUBSCRIPTION_REFUSED, mismatch)
+        await self._create_missing(definition, partitions)
+        if link.closed:
+            return  # the connection went away meanwhile
+        now = trio.current_time()
+        state = link.state
+        state.last_progress = now
+        attached: list[PartitionSubscriptions] = []
+        try:
+            for partition in partitions:
+                partition.dispatchers[name].attach(
+                    link.id,
+                    now,
+                    credit=state.credit,
+                    max_in_flight=state.max_in_flight,
+                    state=state,
+                )
+                attached.append(partition)
+        except SubscriptionBusy as exc:
+            for partition in attached:
+                partition.dispatchers[name].detach(link.id, now)
+            raise Refused(ErrorCode.SUBSCRIPTION_REFUSED, f"subscription {name!r}: {exc}") from exc
+        link.partitions = [(p.topic, p.partition) for p in partitions]
+        self.consumers[link.id] = link
+        for partition in partitions:
+            partition.changed(name)
+
+    async def _create_missing(
+        self, definition: Definition, partitions: list[PartitionSubscriptions]
+    ) -> None:
+        """Create the subscription where it does not exist yet, and wait
+        until its definition and start position are committed."""
+        new = [p for p in partitions if definition.name not in p.dispatchers]
+        if not new:
+            return
+        for partition in new:
+            cursor = await partition.owner.call(partition.start_position(definition))
+            partition.create(definition, cursor)
+        committed = trio.Event()
+        waiting = len(new)
+
+        def one_committed() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if not waiting:
+                committed.set()
+
+        for partition in new:
+            partition.committer.after_commit(one_committed)
+        await committed.wait()
+        log.info(
+            "subscription %r created on %d partition(s) (%s, start %s)",
+            definition.name,
+            len(new),
+            definition.options.type.value,
+            definition.start.name.lower(),
+        )
+
+    def _dispatchers(self, link: ConsumerLink) -> list[tuple[PartitionSubscriptions, Dispatcher]]:
+        found = []
+        for key in link.partitions:
+            partition = self.partitions.get(key)
+            if partition is not None and link.subscription in partition.dispatchers:
+                found.append((partition, partition.dispatchers[link.subscription]))
+        return found
+
+    def detach(self, link: ConsumerLink) -> None:
+        """The consumer closed or its connection ended: what it holds is due now."""
+        link.closed = True
+        if self.consumers.pop(link.id, None) is None:
+            return
+        now = trio.current_time()
+        for partition, dispatcher in self._dispatchers(link):
+            dispatcher.detach(link.id, now)
+            partition.changed(link.subscription)
+
+    def evict(self, consumer: int, ack_timeout: float) -> None:
+        """A dispatcher evicted ``consumer`` (no progress for twice the ack timeout)."""
+        link = self.consumers.get(consumer)
+        if link is None:
+            return
+        self.detach(link)
+        self.counters(link.subscription).evicted += 1
+        message = (
+            f"consumer of {link.subscription!r} evicted: it held messages and made no "
+            f"progress for {2 * ack_timeout:g} s (twice the ack timeout)"
+        )
+        link.error(ErrorCode.SLOW_CONSUMER, message)
+        self.watch.evicted(link, message)
+
+    def grant(self, link: ConsumerLink, credit: int) -> None:
+        """``Flow`` on the consumer's stream: more credit, for every partition."""
+        link.state.credit += credit
+        self._pump(link)
+
+    def _pump(self, link: ConsumerLink) -> None:
+        now = trio.current_time()
+        for partition, dispatcher in self._dispatchers(link):
+            dispatcher.pump(now)
+            partition.wake()
+
+    def settle(self, link: ConsumerLink, frame: Settle) -> None:
+        """Apply a Settle; a ``Settled`` follows once it is committed if asked."""
+        topics = {topic for topic, _ in link.partitions}
+        topic = frame.topic or (next(iter(topics)) if len(topics) == 1 else "")
+        if topic not in topics:
+            link.error(
+                ErrorCode.UNKNOWN_TOPIC,
+                f"settle names topic {frame.topic!r}, which consumer stream {link.stream} "
+                f"does not read (it reads {', '.join(sorted(topics))}); nothing settled",
+            )
+            return
+        now = trio.current_time()
+        stale = 0
+        touched: dict[int, PartitionSubscriptions] = {}
+        name = link.subscription
+        for number, first, last in zip(
+            frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
+        ):
+            partition = self.partitions.get((topic, number))
+            dispatcher = partition.dispatchers.get(name) if partition is not None else None
+            if partition is None or dispatcher is None or (topic, number) not in link.partitions:
+                continue  # not this consumer's partition: nothing it could settle
+            tracker = dispatcher.tracker
+            offsets = range(max(first, tracker.cursor), min(last + 1, tracker.read_position))
+            stale += self._apply(dispatcher, link, frame, offsets, now)
+            touched[number] = partition
+            partition.changed(name, len(offsets) if frame.kind is SettleKind.ACK else 0)
+        self._pump(link)
+        if frame.sequence:
+            self._receipt(link, frame.sequence, stale, list(touched.values()))
+
+    def _apply(
+        self,
+        dispatcher: Dispatcher,
+        link: ConsumerLink,
+        frame: Settle,
+        offsets: range,
+        now: float,
+    ) -> int:
+        kind = frame.kind
+        if kind is SettleKind.ACK:
+            stale = dispatcher.ack(link.id, offsets, now)
+            counters = self.counters(link.subscription)
+            counters.acked += len(offsets)
+            counters.stale_acks += stale
+            return stale
+        if kind is SettleKind.NACK:
+            delay = None if frame.delay_ms < 0 else frame.delay_ms / 1000
+            dispatcher.nack(link.id, offsets, now, delay, frame.reason)
+        elif kind is SettleKind.TERM:
+            dispatcher.term(link.id, offsets, now, frame.reason or "terminated by the consumer")
+        else:
+            dispatcher.in_progress(link.id, offsets, now)
+        return 0
+
+    def _receipt(
+        self,
+        link: ConsumerLink,
+        sequence: int,
+        stale: int,
+        partitions: list[PartitionSubscriptions],
+    ) -> None:
+        """Send ``Settled`` once every touched partition committed."""
+        receipt = encode_frame(Settled(link.stream, sequence, stale))
+        waiting = len(partitions)
+        if not waiting:
+            link.outlet.send_control(receipt)
+            return
+
+        def one_committed() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if not waiting:
+                link.outlet.send_control(receipt)
+
+        for partition in partitions:
+            partition.committer.after_commit(one_committed)
+
+    # --- dead letters and figures --------------------------------------------------------
+
+    def dead_lettered(
+        self,
+        partition: PartitionSubscriptions,
+        name: str,
+        event: DeadLetter,
+        ticket: AckTicket,
+    ) -> None:
+        """``event``'s message is durably in the dead-letter topic."""
+        self.counters(name).dead_lettered += 1
+        self.watch.dead_lettered(partition, name, event, ticket)
+
+    def statistics(self) -> list[SubscriptionStatus]:
+        """One status per subscription this worker serves (for listings and metrics)."""
+        return self.watch.statuses()
