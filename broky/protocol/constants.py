@@ -75,7 +75,8 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 17
     OWNER_UNAVAILABLE = 18
     SUBSCRIPTION_REFUSED = 19
-    OUT_OF_ORDER_SEQUENCE = 20
+    #: 20 and 21 are NotLeader and NotEnoughReplicas on main (replication).
+    OUT_OF_ORDER_SEQUENCE = 22
 
 
 class SlowConsumerPolicy(enum.IntEnum):
