@@ -125,7 +125,7 @@ def test_the_window_holds_and_nobody_starves(parts: int, steps: list[tuple[str, 
         assert gate.sent <= gate.granted
         assert gate.waiting_messages <= parts
         assert owner_credit == [gate.held[part] for part in range(parts)]
-    for part, offsets in enumerate(received_per_part):
+    for offsets in received_per_part:
         assert offsets == list(range(len(offsets)))  # each owner's order
     # The client returns everything: every part can send at least one more.
     gate.grant(unconsumed)

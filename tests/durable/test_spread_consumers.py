@@ -1,0 +1,207 @@
+"""Durable subscriptions consumed from any worker: ``broky serve --workers N``.
+
+The topic's 8 partitions are spread over every worker, and connections are
+handed to the workers round-robin (``accept = "handoff"``), so consumers
+connected one after another sit on different workers and each reads
+partitions of every worker through the owner channels. Every process is
+started here, on 127.0.0.1, and killed by PID when the test ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from broky import connect
+from broky.durable.ownership import partition_owner
+from broky.protocol.constants import ErrorCode, StartKind, SubscriptionKind
+from broky.protocol.frames import Error, Settled, Subscribed
+from tests.conftest import RawConnection
+from tests.durable.test_workers import KEYS, write_config
+from tests.mesh.test_nodes import nodes
+from tests.subscriptions.wire import Consumer, Delivery
+from tests.subscriptions.wire import connect as connect_raw
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 40
+
+
+def where(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+async def publish(address: str, count: int, keys: list[str]) -> None:
+    async with connect(address, name="publisher") as client:
+        for number in range(count):
+            await client.publish(keys[number % len(keys)], b"%d" % number, ack=True)
+        await client.flush_acks()
+
+
+@asynccontextmanager
+async def consumers(address: str, count: int) -> AsyncIterator[list[Consumer]]:
+    """``count`` raw consumers, connected one after another (one per worker)."""
+    async with AsyncExitStack() as stack:
+        found = []
+        for index in range(count):
+            raw: RawConnection = await stack.enter_async_context(
+                connect_raw(where(address), f"consumer-{index}")
+            )
+            found.append(Consumer(raw))
+        yield found
+
+
+async def drain(
+    consumer: Consumer,
+    credit: int,
+    ledger: Counter[int],
+    stop: trio.Event,
+    total: int,
+    outstanding: list[int],
+) -> list[Delivery]:
+    """Receive, ack (with receipts) and return credit until every message
+    was delivered and its ack receipted; checks the consumer never gets more
+    than the credit it granted. ``outstanding``: receipts awaited by all."""
+    granted = credit
+    got: list[Delivery] = []
+    unreceipted: dict[int, list[int]] = {}
+    receipted: set[int] = set()
+
+    def on_settled(settled: Settled) -> None:
+        receipted.update(unreceipted.pop(settled.sequence))
+        outstanding[0] -= 1
+
+    consumer.on_settled = on_settled
+    while not stop.is_set():
+        if len(ledger) == total and not outstanding[0]:
+            stop.set()
+        with trio.move_on_after(0.1):
+            deliveries = await consumer.next()
+            got.extend(deliveries)
+            assert len(got) <= granted, f"{len(got)} received with {granted} credit"
+            for delivery in deliveries:
+                ledger[int(delivery.payload)] += 1
+            sequence = await consumer.settle(deliveries, receipt=True)
+            unreceipted[sequence] = [int(d.payload) for d in deliveries]
+            outstanding[0] += 1
+            await consumer.flow(len(deliveries))
+            granted += len(deliveries)
+    assert not consumer.errors, consumer.errors
+    assert not unreceipted
+    return got
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+async def test_a_shared_subscription_is_consumed_from_every_worker(
+    tmp_path: Path, workers: int
+) -> None:
+    config = tmp_path / "broky.toml"
+    write_config(config, workers)
+    total = 400
+    with nodes() as start, trio.fail_after(TIMEOUT):
+        node = start(["--config", str(config)])
+        async with consumers(node.address, workers) as readers:
+            for reader in readers:
+                answer = await reader.consume("work", start=StartKind.EARLIEST, credit=0)
+                assert isinstance(answer, Subscribed), answer
+            await publish(node.address, total, KEYS)
+            ledger: Counter[int] = Counter()
+            stop = trio.Event()
+            outstanding = [0]
+            # Windows of 1 (smaller than the number of owners), 7 and 50.
+            credits = [1, 7, 50][:workers]
+            results: dict[int, list[Delivery]] = {}
+
+            async def run(index: int) -> None:
+                await readers[index].flow(credits[index])
+                results[index] = await drain(
+                    readers[index], credits[index], ledger, stop, total, outstanding
+                )
+
+            async with trio.open_nursery() as nursery:
+                for index in range(workers):
+                    nursery.start_soon(run, index)
+    assert sorted(ledger) == list(range(total))
+    assert set(ledger.values()) == {1}, "a message was delivered twice"
+    for deliveries in results.values():
+        assert all(d.count == 1 for d in deliveries)
+        # Each consumer read partitions of more than one worker.
+        owners = {partition_owner("orders", d.partition, workers) for d in deliveries}
+        assert len(owners) > 1, owners
+    assert sum(len(d) for d in results.values()) == total
+
+
+async def test_exclusive_is_refused_across_workers_until_the_holder_leaves(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "broky.toml"
+    write_config(config, 2)
+    kind = SubscriptionKind.EXCLUSIVE
+    with nodes() as start, trio.fail_after(TIMEOUT):
+        node = start(["--config", str(config)])
+        async with (
+            connect_raw(where(node.address), "first") as first_raw,
+            connect_raw(where(node.address), "second") as second_raw,
+        ):
+            first, second = Consumer(first_raw), Consumer(second_raw)
+            assert isinstance(await first.consume("solo", kind=kind), Subscribed)
+            refused = await second.consume("solo", kind=kind)
+            assert isinstance(refused, Error)
+            assert refused.code == ErrorCode.SUBSCRIPTION_REFUSED
+            assert "exclusive" in refused.message
+            await first.close()
+            # The holder's parts are detached on every worker: it can be taken.
+            with trio.fail_after(5):
+                while True:
+                    answer = await Consumer(second_raw, stream=2).consume("solo", kind=kind)
+                    if isinstance(answer, Subscribed):
+                        break
+                    await trio.sleep(0.05)
+            await publish(node.address, 16, KEYS)
+            got = await Consumer(second_raw, stream=2).take(16)
+            assert sorted(int(d.payload) for d in got) == list(range(16))
+
+
+async def test_key_shared_keeps_each_keys_order_across_workers(tmp_path: Path) -> None:
+    config = tmp_path / "broky.toml"
+    write_config(config, 3)
+    keys = [f"orders.k{n}" for n in range(24)]
+    total = 480
+    with nodes() as start, trio.fail_after(TIMEOUT):
+        node = start(["--config", str(config)])
+        async with consumers(node.address, 3) as readers:
+            for reader in readers:
+                answer = await reader.consume(
+                    "keyed", kind=SubscriptionKind.KEY_SHARED, start=StartKind.EARLIEST, credit=40
+                )
+                assert isinstance(answer, Subscribed), answer
+            await publish(node.address, total, keys)
+            ledger: Counter[int] = Counter()
+            stop = trio.Event()
+            outstanding = [0]
+            results: dict[int, list[Delivery]] = {}
+
+            async def run(index: int) -> None:
+                results[index] = await drain(readers[index], 40, ledger, stop, total, outstanding)
+
+            async with trio.open_nursery() as nursery:
+                for index in range(3):
+                    nursery.start_soon(run, index)
+    assert set(ledger.values()) == {1}
+    assert sorted(ledger) == list(range(total))
+    holders: dict[str, set[int]] = defaultdict(set)
+    for index, deliveries in results.items():
+        per_key: dict[str, list[int]] = defaultdict(list)
+        for delivery in deliveries:
+            per_key[delivery.key].append(int(delivery.payload))
+            holders[delivery.key].add(index)
+        for numbers in per_key.values():
+            assert numbers == sorted(numbers)  # publish order per key
+    assert all(len(held) == 1 for held in holders.values())  # no churn: one consumer a key
+    assert len({index for held in holders.values() for index in held}) > 1
