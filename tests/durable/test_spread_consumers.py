@@ -9,20 +9,30 @@ started here, on 127.0.0.1, and killed by PID when the test ends.
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
-from broky import connect
+from broky import BrokyError, connect
 from broky.durable.ownership import partition_owner
 from broky.protocol.constants import ErrorCode, StartKind, SubscriptionKind
 from broky.protocol.frames import Error, Settled, Subscribed
-from tests.conftest import RawConnection
-from tests.durable.test_workers import KEYS, write_config
+from tests.conftest import ConnectionEnded, RawConnection
+from tests.durable.test_workers import (
+    KEYS,
+    all_partitions_writable,
+    publish_until_cancelled,
+    write_config,
+)
 from tests.mesh.test_nodes import nodes
 from tests.subscriptions.wire import Consumer, Delivery
 from tests.subscriptions.wire import connect as connect_raw
@@ -205,3 +215,160 @@ async def test_key_shared_keeps_each_keys_order_across_workers(tmp_path: Path) -
             assert numbers == sorted(numbers)  # publish order per key
     assert all(len(held) == 1 for held in holders.values())  # no churn: one consumer a key
     assert len({index for held in holders.values() for index in held}) > 1
+
+
+#: Kill cycles of the fault test, and its bounds: it stops early rather
+#: than run long, and falling short of MIN_CYCLES fails it.
+KILL_CYCLES = 8
+MIN_KILL_CYCLES = 5
+KILL_BUDGET_SECONDS = 30.0
+DRAIN_SECONDS = 25.0
+QUIET_SECONDS = 1.5
+PROBE = b"probe"
+Lost = (ConnectionEnded, BrokyError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+@attrs.define
+class Ledger:
+    """What the checker saw, over every cycle (messages by payload)."""
+
+    #: Acks sent (one lost by a crash brings its message back).
+    acked: set[bytes] = attrs.field(factory=set)
+    #: Acks whose Settled arrived: durable, never delivered again.
+    receipted: set[bytes] = attrs.field(factory=set)
+    deliveries: Counter[bytes] = attrs.field(factory=Counter)
+    #: Deliveries of a message whose ack had been receipted (must stay 0).
+    after_receipt: int = 0
+    #: Consumers ended with OwnerUnavailable (an owner worker was killed).
+    owner_unavailable: int = 0
+    #: What each consumer is doing (for a failure's message).
+    phases: dict[int, str] = attrs.field(factory=dict)
+
+    def delivered(self, deliveries: list[Delivery]) -> None:
+        for delivery in deliveries:
+            if delivery.payload == PROBE:
+                continue  # all_partitions_writable's, all alike
+            self.deliveries[delivery.payload] += 1
+            if delivery.payload in self.receipted:
+                self.after_receipt += 1
+
+
+async def consume_until_cancelled(address: str, index: int, ledger: Ledger) -> None:
+    """A consumer of the shared subscription that consumes again whenever
+    its consumer ends (an owner died) or its connection is lost."""
+    while True:
+        try:
+            async with connect_raw(where(address), f"consumer-{index}") as raw:
+                reader = Consumer(raw)
+                pending: dict[int, list[bytes]] = {}
+
+                def receipted(settled: Settled, pending: dict[int, list[bytes]] = pending) -> None:
+                    ledger.receipted.update(pending.pop(settled.sequence, []))
+
+                reader.on_settled = receipted
+                ledger.phases[index] = "consuming"
+                answer = await reader.consume(
+                    "crashy", start=StartKind.EARLIEST, credit=100, max_in_flight=300
+                )
+                ledger.phases[index] = f"receiving after {answer}"
+                while isinstance(answer, Subscribed) and not reader.errors:
+                    with trio.move_on_after(0.1):
+                        deliveries = await reader.next()
+                        ledger.delivered(deliveries)
+                        sequence = await reader.settle(deliveries, receipt=True)
+                        pending[sequence] = [d.payload for d in deliveries]
+                        ledger.acked.update(pending[sequence])
+                        await reader.flow(len(deliveries))
+                errors = [*reader.errors, *([answer] if isinstance(answer, Error) else [])]
+                # The consumer ended because an owner died (a settle sent
+                # meanwhile is answered UnknownStream): nothing else.
+                codes = {error.code for error in errors if isinstance(error, Error)}
+                assert codes <= {ErrorCode.OWNER_UNAVAILABLE, ErrorCode.UNKNOWN_STREAM}, errors
+                if codes:
+                    assert ErrorCode.OWNER_UNAVAILABLE in codes, errors
+                    ledger.owner_unavailable += 1
+        except Lost:
+            pass  # our worker was killed: connect again (to another, maybe)
+        await trio.sleep(0.05)
+
+
+async def test_consumers_survive_sigkilled_workers(tmp_path: Path) -> None:
+    """Workers SIGKILLed one at a time while consumers on every worker
+    receive and ack with receipts and publishers publish with acks: in the
+    end every acknowledged publish has a receipted ack, and no message is
+    delivered after its ack was receipted."""
+    config = tmp_path / "broky.toml"
+    write_config(config, 3)
+    rng = random.Random(1403)
+    published: dict[bytes, int] = {}
+    failures = [0]
+    ledger = Ledger()
+    cycles = 0
+    with nodes() as start, trio.fail_after(KILL_BUDGET_SECONDS + DRAIN_SECONDS + 40):
+        node = start(["--config", str(config)])
+        started = time.monotonic()
+        async with trio.open_nursery() as consumers_nursery:
+            for index in range(3):
+                consumers_nursery.start_soon(consume_until_cancelled, node.address, index, ledger)
+            async with trio.open_nursery() as publishers:
+                for index in range(2):
+                    publishers.start_soon(
+                        publish_until_cancelled, node.address, index, published, failures
+                    )
+                while cycles < KILL_CYCLES and time.monotonic() - started < KILL_BUDGET_SECONDS:
+                    await all_partitions_writable(node.address, time.monotonic() + 15)
+                    await trio.sleep(rng.uniform(0.3, 0.8))
+                    os.kill(rng.choice(node.workers()), signal.SIGKILL)
+                    cycles += 1
+                await all_partitions_writable(node.address, time.monotonic() + 15)
+                publishers.cancel_scope.cancel()
+            with trio.move_on_after(DRAIN_SECONDS):
+                while not published.keys() <= ledger.acked:  # noqa: ASYNC110 - a checker's poll
+                    await trio.sleep(0.05)
+            consumers_nursery.cancel_scope.cancel()
+        # The consumers are gone: whatever an owner still holds unacked (an
+        # ack lost with a killed worker) is due again at once. One consumer
+        # takes it all, until nothing comes for QUIET_SECONDS.
+        leftovers = await verify(node.address, ledger)
+    assert cycles >= MIN_KILL_CYCLES, f"only {cycles} kill cycles fit in {KILL_BUDGET_SECONDS} s"
+    assert len(published) > 500
+    missing = published.keys() - ledger.acked
+    never = [payload for payload in missing if not ledger.deliveries[payload]]
+    assert not missing, (
+        f"{len(missing)} acknowledged publishes never acked, e.g. {list(missing)[:5]}; "
+        f"{len(never)} never delivered; consumers: {ledger.phases}"
+    )
+    # Only messages whose ack had no receipt may come back (the documented window).
+    assert ledger.after_receipt == 0
+    unreceipted = ledger.acked - ledger.receipted
+    assert all(payload in unreceipted or payload == PROBE for payload in leftovers)
+    redelivered = sum(ledger.deliveries.values()) - len(ledger.deliveries)
+    print(
+        f"cycles={cycles} published={len(published)} delivered={len(ledger.deliveries)} "
+        f"redelivered={redelivered} acked_without_receipt={len(unreceipted)} "
+        f"redelivered_at_the_end={len(leftovers)} owner_unavailable={ledger.owner_unavailable} "
+        f"failed_publish_frames={failures[0]}"
+    )
+
+
+async def verify(address: str, ledger: Ledger) -> list[bytes]:
+    """Consume and ack what is left until nothing comes for QUIET_SECONDS;
+    what came (each ack receipted)."""
+    async with connect_raw(where(address), "verifier") as raw:
+        reader = Consumer(raw)
+        answer = await reader.consume("crashy", credit=10_000, max_in_flight=10_000)
+        assert isinstance(answer, Subscribed), answer
+        found: list[bytes] = []
+        while True:
+            with trio.move_on_after(QUIET_SECONDS) as quiet:
+                deliveries = await reader.next()
+            if quiet.cancelled_caught:
+                break
+            ledger.delivered(deliveries)
+            found.extend(d.payload for d in deliveries)
+            sequence = await reader.settle(deliveries, receipt=True)
+            await reader.receipt(sequence)
+            ledger.acked.update(d.payload for d in deliveries)
+            ledger.receipted.update(d.payload for d in deliveries)
+        assert not reader.errors, reader.errors
+        return found
