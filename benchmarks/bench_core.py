@@ -19,6 +19,9 @@ Rows (100-byte payloads; ``--scenario`` picks some, default all):
 - ``fanin_keys``: the same over 1,000 keys (``bench.k0`` .. ``bench.k999``,
   runs of one message, 100 per frame), one ``bench.>`` subscriber (Redis:
   PSUBSCRIBE ``bench.*``).
+- ``fanin_keys_100k``: the same over 100,000 keys, the working set of
+  per-device or per-order keys (past the route cache of 16,384 keys that
+  Broky had until it grew to 131,072).
 - ``fanin_unbatched``: one message per Publish frame (NATS: one PUB each),
   100 frames per ``sendall``.
 - ``fanout``: 1 publisher -> 8 subscribers, one key; then the sweep.
@@ -79,6 +82,7 @@ def rows(duration: float, warmup: float) -> dict[str, Row]:
     return {
         "fanin": Row(fan_in(), sweep=True),
         "fanin_keys": Row(fan_in(keys=1000, run=1, frame=100)),
+        "fanin_keys_100k": Row(fan_in(keys=100_000, run=1, frame=100)),
         "fanin_unbatched": Row(fan_in(run=1, frame=1)),
         "fanout": Row(base(scenario="fan-out", number=8), sweep=True),
         "latency_5k_raw": Row(latency(interval=1 / 5000)),

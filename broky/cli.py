@@ -152,9 +152,10 @@ async def subscribe(
     received = 0
     async with (
         credentials.connect(args.address, "broky-sub", tls) as client,
-        client.subscription(args.pattern) as subscription,
+        client.subscription(args.pattern, queue=args.queue) as subscription,
     ):
-        print(f"subscribed to {args.pattern}", file=sys.stderr, flush=True)
+        group = f" in queue group {args.queue}" if args.queue else ""
+        print(f"subscribed to {args.pattern}{group}", file=sys.stderr, flush=True)
         async for message in subscription:
             payload = message.payload.decode(errors="backslashreplace")
             print(f"[{message.key}] {payload}", flush=True)
@@ -231,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub_cmd = commands.add_parser("sub", help="print messages matching a pattern")
     sub_cmd.add_argument("pattern", type=_key_text(ErrorCode.INVALID_PATTERN))
     sub_cmd.add_argument("--count", type=int, default=0, help="exit after N messages")
+    sub_cmd.add_argument(
+        "--queue",
+        type=_key_text(ErrorCode.INVALID_PATTERN),
+        default=None,
+        help="join this queue group: each message goes to one of its members",
+    )
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
     add_client_tls_flags(sub_cmd)
     add_client_auth_flags(sub_cmd)

@@ -235,6 +235,7 @@ class Client(Publisher):
         credit: int = DEFAULT_CREDIT,
         slow_consumer: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         start: Start | None = None,
+        queue: str | None = None,
     ) -> PendingSubscription:
         """Subscribe; the subscription is active once the broker confirms it.
 
@@ -246,20 +247,29 @@ class Client(Publisher):
         sends as fast as TCP takes). ``start`` says where durable topics
         matching the pattern begin (``Start.earliest()``,
         ``Start.offset({0: 42})``, ``Start.time(ns)``, ``Start.last()``); the
-        default is live only. A pattern with a control character, whitespace
-        or a lone surrogate raises LocalProtocolError.
+        default is live only. ``queue`` joins that queue group on the
+        pattern: each message goes to one member of the group (on any worker
+        or node), at most once and live only; ephemeral topics only. A
+        pattern or queue name with a control character, whitespace or a lone
+        surrogate raises LocalProtocolError.
         """
-        return PendingSubscription(self._subscribe(pattern, credit, slow_consumer, start))
+        return PendingSubscription(self._subscribe(pattern, credit, slow_consumer, start, queue))
 
     #: The older name of ``subscribe``, kept for ``async with client.subscription(...)``.
     subscription = subscribe
 
     async def _subscribe(
-        self, pattern: str, credit: int, slow_consumer: SlowConsumerPolicy, start: Start | None
+        self,
+        pattern: str,
+        credit: int,
+        slow_consumer: SlowConsumerPolicy,
+        start: Start | None,
+        queue: str | None = None,
     ) -> Subscription:
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
         encoded = encode_key(pattern, ErrorCode.INVALID_PATTERN)
+        queue_name = encode_key(queue, ErrorCode.INVALID_PATTERN) if queue else b""
         stream = next(self._streams)
         subscription = Subscription(self, stream, pattern, credit)
         self._subscriptions[stream] = subscription
@@ -273,6 +283,7 @@ class Client(Publisher):
                 start.kind,
                 start.time_ns,
                 start.offsets,
+                queue_name,
             )
         )
         await subscription._confirmed.wait()

@@ -22,7 +22,9 @@ from broky.durable.consumer_relays import SpreadConsumer, owners_of
 from broky.durable.forwarding import Forwarder
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind
+from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Consume, Error, Settle
+from broky.router.matcher import validate_pattern
 from broky.router.outbox import Outlet
 from broky.subscriptions.consumers import ConsumerLink
 from broky.subscriptions.service import SubscriptionService
@@ -82,6 +84,11 @@ class ConsumerRequests:
         existing = self._links.get(stream)
         if (existing is not None and not existing.closed) or stream in self._outlet.subscriptions:
             self._error(ErrorCode.DUPLICATE_STREAM, f"stream {stream} is already open", stream)
+            return
+        try:
+            validate_pattern(frame.pattern)
+        except RemoteProtocolError as exc:
+            self._error(exc.code, f"subscription {frame.subscription!r}: {exc}", stream)
             return
         refusal = self._refusal(frame.pattern)
         if refusal is not None:

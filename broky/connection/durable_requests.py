@@ -31,7 +31,7 @@ from broky.protocol.frames import (
     Publish,
     Run,
 )
-from broky.router.matcher import validate_pattern
+from broky.router.matcher import patterns_overlap, validate_pattern
 from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
@@ -143,6 +143,25 @@ class DurableRequests:
         except RemoteProtocolError:
             return set()  # the router refuses it
         return overlapping_owners(store.policies.policies, pattern, store.owner_index, store.worker)
+
+    def queue_refusal(self, pattern: bytes, start: StartKind) -> str | None:
+        """Why a queue-group subscription to ``pattern`` is refused (None:
+        it is not): a group is live and at most once, so it may not replay,
+        nor spread a durable topic, whose shared work queue is a durable
+        ``shared`` subscription (``Consume``: acked, redelivered)."""
+        if start is not StartKind.LATEST:
+            return "a queue group is live only: subscribe with start Latest"
+        store = self.store
+        if store is None:
+            return None
+        for topic in store.policies.policies:
+            if patterns_overlap(topic.pattern, pattern):
+                return (
+                    f"a queue group is for ephemeral topics; {pattern.decode(errors='replace')!r} "
+                    f"overlaps durable topic {topic.name!r}: share its work with a durable "
+                    "shared subscription (Consume) instead"
+                )
+        return None
 
     def remote_owners(self, pattern: bytes) -> int:
         """How many other workers must confirm a subscription to ``pattern``

@@ -494,13 +494,19 @@ class ServerConnection:
                 if refusal is not None:
                     self._stream_error(ErrorCode.PERMISSION_DENIED, refusal, frame.stream)
                     continue
+                if frame.queue:
+                    refusal = durable.queue_refusal(frame.pattern, frame.start)
+                    if refusal is not None:
+                        self._stream_error(ErrorCode.SUBSCRIPTION_REFUSED, refusal, frame.stream)
+                        continue
                 subscription = router.subscribe(
                     outlet,
                     frame.stream,
                     frame.pattern,
                     frame.slow_consumer,
                     frame.credit,
-                    durable.remote_owners(frame.pattern),
+                    0 if frame.queue else durable.remote_owners(frame.pattern),
+                    frame.queue,
                 )
                 if subscription is not None and store is not None:
                     durable.replay(subscription, frame.start, frame.start_time, frame.start_offsets)

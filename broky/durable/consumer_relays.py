@@ -54,7 +54,6 @@ from broky.durable.relays import ConsumerFrame
 from broky.protocol.chunks import encode_chunk
 from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.constants import ErrorCode
-from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Consume,
     Deliver,
@@ -67,7 +66,7 @@ from broky.protocol.frames import (
     Subscribed,
     Unsubscribe,
 )
-from broky.router.matcher import patterns_overlap, validate_pattern
+from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
 from broky.subscriptions.consumers import ConsumerLink
 from broky.subscriptions.delivery import FRAME_SHARE
@@ -78,13 +77,9 @@ PREFIX_BYTES = 4
 
 
 def owners_of(service: SubscriptionService, pattern: bytes) -> set[int]:
-    """The workers owning partitions of the durable topics ``pattern``
-    reaches (empty for a pattern the service refuses anyway)."""
+    """The workers owning partitions of the durable topics ``pattern`` (a
+    valid pattern) reaches."""
     store = service.store
-    try:
-        validate_pattern(pattern)
-    except RemoteProtocolError:
-        return set()
     return {
         store.owner_index(topic.name, partition)
         for topic in store.policies.policies

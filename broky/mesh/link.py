@@ -39,6 +39,7 @@ from broky.protocol.constants import (
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Deliver,
+    EncodedRun,
     Error,
     ForwardPublish,
     Frame,
@@ -51,6 +52,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.router.queues import split_interest
 from broky.router.relief import yield_to_subscribers
 from broky.router.router import Router
 from broky.security.tls import client_handshake
@@ -159,6 +161,8 @@ class Link:
         self._stream_ids = itertools.count(1)
         self._streams: dict[bytes, int] = {}
         self._patterns: dict[int, bytes] = {}
+        #: The streams announcing queue-group interest, to their interest keys.
+        self._group_streams: dict[int, bytes] = {}
         self._outgoing: list[bytes] = []
         self._work = trio.Event()
         self.ready = trio.Event()  # set once the first session has announced its interest
@@ -192,13 +196,19 @@ class Link:
         stream = next(self._stream_ids)
         self._streams[pattern] = stream
         self._patterns[stream] = pattern
-        self._send(Subscribe(stream, pattern, SlowConsumerPolicy.DROP, 0))
+        # ``pattern`` is an interest key: a queue group's has its own stream,
+        # on which the peer sends only the runs it chose this side for.
+        topic_pattern, queue = split_interest(pattern)
+        if queue:
+            self._group_streams[stream] = pattern
+        self._send(Subscribe(stream, topic_pattern, SlowConsumerPolicy.DROP, 0, queue=queue))
         return True
 
     def interest_removed(self, pattern: bytes) -> None:
         stream = self._streams.pop(pattern, None)
         if stream is not None:
             del self._patterns[stream]
+            self._group_streams.pop(stream, None)
             if self.connected:
                 self._send(Unsubscribe(stream))
 
@@ -255,6 +265,7 @@ class Link:
         machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
         self._streams.clear()
         self._patterns.clear()
+        self._group_streams.clear()
         self._outgoing = [
             machine.initiate(),
             encode_frame(
@@ -305,10 +316,21 @@ class Link:
             raise trio.BrokenResourceError("the peer closed the link")
         return data
 
+    def _delivered(self, stream: int, runs: list[EncodedRun]) -> None:
+        """Route runs the peer delivered on ``stream``: for plain interest
+        by key, on a queue group's stream to one member of the group."""
+        counters = self.counters
+        counters.received_runs += len(runs)
+        groups = self._group_streams
+        group = groups.get(stream) if groups else None
+        if group is None:
+            counters.received_messages += self._router.publish(runs, source=self._kind)
+        else:
+            counters.received_messages += self._router.publish_to_group(runs, group, self._kind)
+
     async def _reader(self, stream: trio.abc.Stream, machine: ProtocolMachine) -> None:
         router = self._router
         counters = self.counters
-        source = self._kind
         pressure = router.pressure
         while True:
             if pressure.outlets:
@@ -321,13 +343,9 @@ class Link:
             for frame in machine.receive_forwarding(data):
                 if type(frame) is ForwardPublish:
                     # Another router's Deliver frames, read as forwardable chunks.
-                    counters.received_runs += len(frame.runs)
-                    counters.received_messages += router.publish(frame.runs, source=source)
+                    self._delivered(frame.stream, frame.runs)
                 elif type(frame) is Deliver:
-                    counters.received_runs += len(frame.runs)
-                    counters.received_messages += router.publish(
-                        router.encode(frame.runs, False), source=source
-                    )
+                    self._delivered(frame.stream, router.encode(frame.runs, False))
                 elif type(frame) is Subscribed:
                     pattern = self._patterns.get(frame.stream)
                     if pattern is not None:

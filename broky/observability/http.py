@@ -64,10 +64,15 @@ class MetricsEndpoint:
     """
 
     def __init__(
-        self, registry: CollectorRegistry, health: Callable[[], Mapping[str, object]]
+        self,
+        registry: CollectorRegistry,
+        health: Callable[[], Mapping[str, object]],
+        subscriptions: Callable[[], list[dict[str, object]]] = list,
     ) -> None:
         self._registry = registry
         self._health = health
+        #: ``/subscriptions``: this worker's durable subscriptions, as JSON.
+        self._subscriptions = subscriptions
 
     def respond(self, request_head: bytes) -> bytes:
         """The full response to one request head (sans-IO: bytes in, bytes out)."""
@@ -76,14 +81,19 @@ class MetricsEndpoint:
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
             return _text(400, "bad request line\n")
         method, target = parts[0], parts[1].split(b"?", 1)[0]
-        if target not in (b"/metrics", b"/healthz"):
-            return _text(404, "not found: try /metrics or /healthz\n")
+        if target not in (b"/metrics", b"/healthz", b"/subscriptions"):
+            return _text(404, "not found: try /metrics, /healthz or /subscriptions\n")
         if method not in (b"GET", b"HEAD"):
             return _text(405, "only GET and HEAD\n")
         if target == b"/metrics":
             body = generate_latest(self._registry)
             return _response(200, CONTENT_TYPE_PLAIN_0_0_4, body, method == b"HEAD")
-        body = (json.dumps(self._health()) + "\n").encode()
+        document: object = (
+            {"subscriptions": self._subscriptions()}
+            if target == b"/subscriptions"
+            else self._health()
+        )
+        body = (json.dumps(document) + "\n").encode()
         return _response(200, "application/json", body, method == b"HEAD")
 
     async def handle(self, stream: trio.abc.Stream) -> None:

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from broky.connection.reasons import CloseReason
 from broky.observability.lag import LAG_BUCKETS
+from broky.observability.subscription_metrics import SUBSCRIPTION_FAMILIES, subscription_families
 
 if TYPE_CHECKING:
     from broky.server import BrokerStatistics
@@ -88,6 +89,8 @@ FAMILIES: Final = {
     "broky_durable_log_bytes": "gauge",
     "broky_durable_recovery_truncated_bytes": "counter",
     "broky_durable_forwarded_messages": "counter",
+    **{name: kind for name, kind, _, _ in SUBSCRIPTION_FAMILIES},
+    "broky_subscription_stalled": "gauge",
 }
 
 
@@ -241,6 +244,7 @@ class BrokerCollector(Collector):
         yield advisories
         yield from _link_families(samples)
         yield from _durable_families(samples, counter, gauge)
+        yield from subscription_families(samples)
 
 
 def _link_families(samples: list[WorkerSample]) -> Iterator[Metric]:

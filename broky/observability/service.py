@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from broky.observability.http import MetricsEndpoint
@@ -53,7 +54,7 @@ class Observability:
             loop_lag_max=lambda: self.probe.recent_max,
         )
         self.registry = broker_registry(lambda: [self.sample()])
-        self.endpoint = MetricsEndpoint(self.registry, self.health)
+        self.endpoint = MetricsEndpoint(self.registry, self.health, self.subscriptions)
         #: Where /metrics is served, once ``run`` has started it.
         self.metrics_address: tuple[str, int] | None = None
 
@@ -77,6 +78,11 @@ class Observability:
             "connections": statistics.connections_current,
             "loop_lag_recent_max_seconds": round(self.probe.recent_max, 6),
         }
+
+    def subscriptions(self) -> list[dict[str, Any]]:
+        """The ``/subscriptions`` document's list: one entry per durable
+        subscription this worker serves (docs/protocol.md, "Listing")."""
+        return [attrs.asdict(status) for status in self._statistics().subscriptions]
 
     def connection_closed(self, connection: ServerConnection) -> None:
         """Called by the broker when a connection's task has ended."""

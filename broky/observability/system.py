@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
 import trio
 
 from broky.connection.reasons import CloseReason
@@ -157,6 +158,7 @@ def metrics_snapshot(
             "recent_max_seconds": round(loop_lag_max_seconds, 6),
             "mean_seconds": round(lag.total_seconds / lag.samples, 6) if lag.samples else 0.0,
         },
+        "durable_subscriptions": [attrs.asdict(status) for status in stats.subscriptions],
         "top_topics": [
             {
                 "topic": topic.key,

@@ -7,11 +7,14 @@ metrics show the K busiest.
 
 Cost: once per run, not per message: one dict lookup and two additions for
 a key already tracked (the router does those inline, calling ``count`` only
-for a key not tracked yet). When a new key finds the table full,
+for a key not tracked yet, and for only one run in 64 of untracked keys:
+``broky.router.fanout``). When a new key finds the table full,
 the table is cut back to its K busiest keys (``heapq.nlargest``, O(capacity)),
 which happens at most once per ``capacity - K`` new keys: O(log K) amortised.
 
-Accuracy: a key's figures are exact while it stays tracked. A key cut from
+Accuracy: a key's figures are exact while it stays tracked; they start
+with the run that admitted it, so a key's first runs (on average 64 runs of
+untracked keys go by per admission) are not in them. A key cut from
 the table loses its counts and starts again from zero if it comes back, so a
 figure is a lower bound for a key that has ever dropped out of the top K; a
 hot key is never cut in favour of cold ones. Prometheus's ``rate()`` treats
@@ -50,7 +53,7 @@ class TopicCounter:
     ``top`` a read for metrics.
     """
 
-    __slots__ = ("capacity", "cuts", "table", "top_k")
+    __slots__ = ("capacity", "cuts", "passed", "table", "top_k")
 
     def __init__(self, top_k: int = DEFAULT_TOP_TOPICS) -> None:
         if top_k < 1:
@@ -63,6 +66,9 @@ class TopicCounter:
         self.table: dict[bytes, list[int]] = {}
         #: How many times the table was cut back (for tests and curiosity).
         self.cuts = 0
+        #: Runs of untracked keys the router passed uncounted since it last
+        #: admitted one (broky.router.fanout: one in ADMIT_EVERY is admitted).
+        self.passed = [0]
 
     def count(self, key: bytes, messages: int, size: int) -> None:
         """Add one run's messages and bytes to ``key``'s figures."""

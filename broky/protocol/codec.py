@@ -149,8 +149,11 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
     if isinstance(frame, Subscribe):
         pattern = builder.CreateString(frame.pattern)
         offsets = _vector(builder, frame.start_offsets, 8, True) if frame.start_offsets else 0
-        builder.StartObject(7)
+        queue = builder.CreateString(frame.queue) if frame.queue else 0
+        builder.StartObject(8)
         builder.PrependInt64Slot(5, frame.start_time, 0)
+        if queue:
+            builder.PrependUOffsetTRelativeSlot(7, queue, 0)
         if offsets:
             builder.PrependUOffsetTRelativeSlot(6, offsets, 0)
         builder.PrependUint32Slot(3, frame.credit, 0)
@@ -333,7 +336,9 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
         cls_runs = Deliver if body_type == BodyType.DELIVER else Fetched
         return cls_runs(stream=scalar(_U32, buf, stream), runs=_decode_runs(buf, runs))
     if body_type == BodyType.SUBSCRIBE:
-        stream, pattern, policy, credit, start, start_time, offsets = table_fields(buf, table, 7)
+        stream, pattern, policy, credit, start, start_time, offsets, queue = table_fields(
+            buf, table, 8
+        )
         if not pattern:
             raise malformed("subscribe lacks its pattern")
         try:
@@ -349,6 +354,7 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
             start=start_kind,
             start_time=scalar(_I64, buf, start_time),
             start_offsets=numbers(buf, offsets, "q"),
+            queue=read_bytes(buf, queue),
         )
     if body_type in CONSUMER_BODIES:
         return decode_consumer_body(buf, body_type, table)

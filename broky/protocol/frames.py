@@ -138,6 +138,8 @@ class Subscribe:
     start_time: int = 0
     #: ``StartKind.OFFSET``: the start offset of partition i at index i.
     start_offsets: tuple[int, ...] = ()
+    #: Non-empty: the queue group joined (each message to one member).
+    queue: bytes = b""
 
 
 @attrs.frozen(slots=True)

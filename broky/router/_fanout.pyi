@@ -1,8 +1,16 @@
+from collections import deque
 from collections.abc import Sequence
 
 from broky.protocol.frames import EncodedRun
 from broky.router.fanout import Routes, Topics
 
 def fan_out(
-    runs: Sequence[EncodedRun], start: int, routes: Routes, topics: Topics | None
+    runs: Sequence[EncodedRun],
+    start: int,
+    routes: Routes,
+    topics: Topics | None,
+    passed: list[int],
 ) -> tuple[int, int, int, int]: ...
+def sweep(
+    runs: deque[EncodedRun], budget: int, frame_room: int
+) -> tuple[list[bytes], int, int] | None: ...

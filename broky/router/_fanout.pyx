@@ -21,7 +21,11 @@ cdef int _flush(tuple route, list batch, Py_ssize_t messages, Py_ssize_t size) e
     return 0
 
 
-def fan_out(runs, Py_ssize_t start, routes, topics):
+#: broky.router.fanout.ADMIT_EVERY (the twins' property test holds them equal).
+cdef Py_ssize_t ADMIT_EVERY = 64
+
+
+def fan_out(runs, Py_ssize_t start, routes, topics, list passed):
     """See ``broky.router.fanout.fan_out_pure``."""
     cdef Py_ssize_t stop = len(runs), position, count, size
     cdef Py_ssize_t published_runs = 0, published_messages = 0, unrouted = 0
@@ -46,12 +50,16 @@ def fan_out(runs, Py_ssize_t start, routes, topics):
         size = len(run.chunk)
         if counting:
             found = PyDict_GetItem(topic_table, key)
-            if found is NULL:
+            if found is not NULL:
+                figures = <list>found
+                _add(figures, 0, count)
+                _add(figures, 1, size)
+            elif <Py_ssize_t>passed[0] < ADMIT_EVERY - 1:
+                _add(passed, 0, 1)
+            else:
+                passed[0] = 0
                 stop = position
                 break
-            figures = <list>found
-            _add(figures, 0, count)
-            _add(figures, 1, size)
         published_runs += 1
         published_messages += count
         if not subscriptions:
@@ -70,3 +78,27 @@ def fan_out(runs, Py_ssize_t start, routes, topics):
     if batch is not None:
         _flush(batch_route, batch, batch_messages, batch_bytes)
     return stop, published_runs, published_messages, unrouted
+
+
+def sweep(runs, Py_ssize_t budget, Py_ssize_t frame_room):
+    """See ``broky.router.sweep.sweep_pure``."""
+    cdef list chunks = []
+    cdef Py_ssize_t taken_bytes = 0, taken_messages = 0, count, index
+    cdef bytes chunk
+    for run in runs:
+        chunk = run.chunk
+        taken_bytes += len(chunk)
+        taken_messages += <Py_ssize_t>run.count
+        chunks.append(chunk)
+        if taken_bytes >= budget:
+            break
+    count = len(chunks)
+    if taken_bytes + 4 * count > frame_room:
+        return None
+    if count == len(runs):
+        runs.clear()
+    else:
+        popleft = runs.popleft
+        for index in range(count):
+            popleft()
+    return chunks, taken_bytes, taken_messages

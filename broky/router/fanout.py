@@ -1,16 +1,23 @@
 """The router's per-run loop: runs whose route is cached, queued in batches.
 
-``fan_out(runs, start, routes, topics)`` walks ``runs`` from ``start`` while
-each run's key has a cached route (``routes``: key -> tuple of
-subscriptions) and, unless ``topics`` is None, a tracked TopicCounter entry
-(``topics``: key -> [messages, bytes], added to in place). Consecutive runs
-with the same route tuple (the router interns them, so identity tells) are
-handed to each of its subscriptions as one ``push_many``. It stops at the
-first run that needs the router's own attention (a key to route or to
-start counting), having queued everything before it, and returns
-``(stop, runs, messages, unrouted messages)`` for what it walked. The
-router handles that run and calls again from the next one, so cache misses
-(rare: new keys) cost Python, and hits (every other run) cost only this loop.
+``fan_out(runs, start, routes, topics, passed)`` walks ``runs`` from
+``start`` while each run's key has a cached route (``routes``: key -> tuple
+of receivers). Unless ``topics`` is None it also counts each run into the
+busiest-keys table (``topics``: key -> [messages, bytes], added to in
+place). Consecutive runs with the same route tuple (the router interns
+them, so identity tells) are handed to each of its receivers as one
+``push_many``. It stops at the first run that needs the router's own
+attention, having queued everything before it, and returns ``(stop, runs,
+messages, unrouted messages)`` for what it walked. The router handles that
+run and calls again from the next one, so cache misses (rare: new keys) cost
+Python, and hits (every other run) cost only this loop.
+
+A run needs the router for a key with no cached route, or for a key the
+topic table does not track yet, to admit it; but not every time: a run of
+an untracked key is passed uncounted unless it is the ``ADMIT_EVERY``-th
+since the last admission (``passed[0]`` counts them, across calls). Hot keys
+come round often and are admitted at once; a stream of ever-new keys
+(device ids, order ids) would otherwise send every run through Python.
 
 Two implementations do exactly the same: the C extension
 ``broky.router._fanout`` (Cython) and ``fan_out_pure``, which runs where it
@@ -22,22 +29,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 from broky.protocol.frames import EncodedRun
-from broky.router.outbox import Subscription
+from broky.router.queues import Receiver
 
-Routes = Mapping[bytes, tuple[Subscription, ...]]
+Routes = Mapping[bytes, tuple[Receiver, ...]]
 Topics = dict[bytes, list[int]]
-FanOut = Callable[[Sequence[EncodedRun], int, Routes, "Topics | None"], tuple[int, int, int, int]]
+FanOut = Callable[
+    [Sequence[EncodedRun], int, Routes, "Topics | None", list[int]], tuple[int, int, int, int]
+]
+#: Runs of untracked keys passed uncounted per one stopped for admission.
+ADMIT_EVERY: Final = 64
 
 
 def fan_out_pure(
-    runs: Sequence[EncodedRun], start: int, routes: Routes, topics: Topics | None
+    runs: Sequence[EncodedRun],
+    start: int,
+    routes: Routes,
+    topics: Topics | None,
+    passed: list[int],
 ) -> tuple[int, int, int, int]:
     """The pure-Python implementation (see the module docstring)."""
     published_runs = published_messages = unrouted = 0
     batch: list[EncodedRun] = []
-    batch_route: tuple[Subscription, ...] = ()
+    batch_route: tuple[Receiver, ...] = ()
     batch_messages = batch_bytes = 0
     stop = len(runs)
     for position in range(start, stop):
@@ -51,11 +67,15 @@ def fan_out_pure(
         size = len(run.chunk)
         if topics is not None:
             figures = topics.get(key)
-            if figures is None:
+            if figures is not None:
+                figures[0] += count
+                figures[1] += size
+            elif passed[0] < ADMIT_EVERY - 1:
+                passed[0] += 1
+            else:
+                passed[0] = 0
                 stop = position
                 break
-            figures[0] += count
-            figures[1] += size
         published_runs += 1
         published_messages += count
         if not subscriptions:

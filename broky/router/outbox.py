@@ -37,6 +37,7 @@ from broky.protocol.constants import (
 )
 from broky.protocol.frames import EncodedRun, Notice
 from broky.router.pressure import MAX_WRITE_STALL_SECONDS, WRITE_STALL_SECONDS, Pressure
+from broky.router.sweep import sweep
 
 #: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
 #: Frame and Deliver tables and vtables, the runs vector's length, padding.
@@ -91,6 +92,8 @@ class Subscription:
     max_messages: int
     max_bytes: int
     credit: int | None = None  # None: no flow control
+    #: The queue group joined (b"": none; see broky.router.queues).
+    queue: bytes = b""
     runs: deque[EncodedRun] = attrs.field(factory=deque)
     pending_messages: int = 0
     pending_bytes: int = 0
@@ -262,21 +265,12 @@ class Subscription:
         runs = self.runs
         credit = self.credit
         if credit is None:
-            # The common case, without credit: count the runs that fit the
-            # budget; if they fit one frame too, take them in one sweep.
-            for run in runs:
-                taken_bytes += len(run.chunk)
-                taken_messages += run.count
-                chunks.append(run.chunk)
-                if taken_bytes >= budget:
-                    break
-            if taken_bytes + 4 * len(chunks) <= frame_room:
-                for _ in range(len(chunks)):
-                    runs.popleft()
+            # The common case, without credit: the runs that fit the budget,
+            # if they fit one frame too, in one sweep (broky.router.sweep).
+            swept = sweep(runs, budget, frame_room)
+            if swept is not None:
+                chunks, taken_bytes, taken_messages = swept
                 frame_bytes = taken_bytes
-            else:
-                chunks = []
-                taken_bytes = taken_messages = 0
         while runs and taken_bytes < budget:
             if credit is not None and credit <= 0:
                 break

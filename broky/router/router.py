@@ -27,7 +27,7 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
 from broky.router.fanout import fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
-from broky.router.matcher import MATCH_CACHE_SIZE, SubscriptionIndex, validate_pattern
+from broky.router.matcher import SubscriptionIndex, validate_pattern
 from broky.router.outbox import (
     DEFAULT_OUTBOX_BYTES,
     DEFAULT_OUTBOX_MESSAGES,
@@ -37,6 +37,14 @@ from broky.router.outbox import (
     Subscription,
 )
 from broky.router.pressure import Pressure
+from broky.router.queues import (
+    Groups,
+    QueueGroup,
+    Receiver,
+    interest_key,
+    split_interest,
+    validate_queue,
+)
 
 #: Most subscriptions one connection may hold; bounds per-connection state.
 DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 10_000
@@ -55,8 +63,15 @@ _ELIGIBLE: Final = {
     LinkKind.LOCAL: frozenset((LinkKind.CLIENT,)),
     LinkKind.DURABLE: frozenset((LinkKind.CLIENT,)),
 }
-#: Keys cached per source kind; same bound and reasoning as the match cache.
-ROUTE_CACHE_SIZE: Final = MATCH_CACHE_SIZE
+#: Keys cached per source kind. Every run of a key out of the cache costs a
+#: trip through Python (match, intern, maybe a clear), ~3 us against ~0.15
+#: in the compiled loop, so the cache holds the working set of real
+#: many-key traffic (device and order ids): 131,072 keys, ~10-15 MB per
+#: source kind at typical key lengths; it is cleared whole when full.
+ROUTE_CACHE_SIZE: Final = 131_072
+#: ... and at most this many key bytes, so that a flood of unique long keys
+#: (up to 1 KiB each) cannot make the cache grow past ~10 MB either.
+ROUTE_CACHE_KEY_BYTES: Final = 8 * 1024 * 1024
 
 
 @attrs.frozen
@@ -140,14 +155,18 @@ class Router:
         self.interest = Interest()
         #: This broker node's id; links refuse a Hello carrying it (a self-link).
         self.node_id = ""
-        self._routes: dict[LinkKind, dict[bytes, tuple[Subscription, ...]]] = {
+        self._routes: dict[LinkKind, dict[bytes, tuple[Receiver, ...]]] = {
             kind: {} for kind in LinkKind
         }
+        #: Key bytes held by each route cache (bounded with its entries).
+        self._route_key_bytes = dict.fromkeys(LinkKind, 0)
         self._routes_generation = -1
         #: One tuple object per distinct route: keys with the same
         #: subscribers share it, so ``publish`` tells by identity that
         #: consecutive runs go to the same place and queues them together.
-        self._route_tuples: dict[tuple[Subscription, ...], tuple[Subscription, ...]] = {}
+        self._route_tuples: dict[tuple[Receiver, ...], tuple[Receiver, ...]] = {}
+        #: Queue groups by pattern and name; routes hold them like subscriptions.
+        self._groups = Groups()
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
         self.pressure = Pressure()
         #: Writes that connections woken while idle ask the routing task to
@@ -197,12 +216,16 @@ class Router:
         policy: SlowConsumerPolicy = SlowConsumerPolicy.DROP,
         credit: int = 0,
         awaiting_owners: int = 0,
+        queue: bytes = b"",
     ) -> Subscription | None:
         """Open a subscription and queue its ``Subscribed`` confirmation
         (after the links', and ``awaiting_owners`` calls of ``confirm``).
 
-        Stream-level problems (bad pattern, duplicate stream, too many
-        subscriptions) are answered with a stream Error; returns None then.
+        A non-empty ``queue`` joins that queue group on the pattern
+        (broky.router.queues): each matching message to one member.
+        Stream-level problems (bad pattern or queue name, duplicate stream,
+        too many subscriptions) are answered with a stream Error; returns
+        None then.
         """
         try:
             if stream == 0:
@@ -212,6 +235,8 @@ class Router:
                     ErrorCode.MALFORMED_FRAME,
                 )
             validate_pattern(pattern)
+            if queue:
+                validate_queue(queue)
             if stream in outlet.subscriptions:
                 raise RemoteProtocolError(
                     f"stream {stream} is already subscribed", ErrorCode.DUPLICATE_STREAM
@@ -244,14 +269,18 @@ class Router:
             max_messages=max_messages,
             max_bytes=max_bytes,
             credit=credit or None,
+            queue=queue,
         )
         outlet.subscriptions[stream] = subscription
         self._index.add(pattern, subscription)
+        if queue:
+            self._groups.join(subscription)
         interest = self.interest
-        confirming = interest.added(pattern, outlet.kind)
-        pending = interest.pending.get(pattern)
+        key = interest_key(pattern, queue)
+        confirming = interest.added(key, outlet.kind)
+        pending = interest.pending.get(key)
         if pending is None and confirming:
-            pending = interest.pending[pattern] = PendingConfirmation(confirming)
+            pending = interest.pending[key] = PendingConfirmation(confirming)
         subscription.awaiting_owners = awaiting_owners
         if pending is not None and outlet.kind is LinkKind.CLIENT:
             pending.waiters.append(subscription)  # Subscribed once the local links confirm
@@ -293,7 +322,11 @@ class Router:
         subscription.close()
         del subscription.outlet.subscriptions[subscription.stream]
         self._index.remove(subscription.pattern, subscription)
-        self.interest.removed(subscription.pattern, subscription.outlet.kind)
+        if subscription.queue:
+            self._groups.leave(subscription)
+        self.interest.removed(
+            interest_key(subscription.pattern, subscription.queue), subscription.outlet.kind
+        )
         # The route caches may hold the subscription: clear them now, not at
         # the next publish (which may be long in coming on a quiet broker).
         self._clear_routes()
@@ -302,6 +335,7 @@ class Router:
         """Empty the route caches and note the index generation they follow."""
         for cached in self._routes.values():
             cached.clear()
+        self._route_key_bytes = dict.fromkeys(LinkKind, 0)
         self._route_tuples.clear()
         self._routes_generation = self._index.generation
 
@@ -341,18 +375,31 @@ class Router:
         ts_broker = self._clock() if stamp_ts_broker else 0
         return [EncodedRun(run.key, run.count, forward_chunk(run, ts_broker)) for run in runs]
 
-    def _route(self, key: bytes, source: LinkKind) -> tuple[Subscription, ...]:
-        """Subscriptions a run from ``source`` reaches: the eligible matches,
-        with at most one subscription per link (a peer gets a run once)."""
+    def _route(self, key: bytes, source: LinkKind) -> tuple[Receiver, ...]:
+        """Subscriptions a run from ``source`` reaches: the eligible plain
+        matches, with at most one subscription per link (a peer gets a run
+        once for all its plain interest), then, for a run from a client,
+        each matching queue group once (its member may be a link too, on
+        the group's own stream: see broky.router.queues)."""
         eligible = _ELIGIBLE[source]
         route: list[Subscription] = []
         links: set[Outlet] = set()
         durable_keys = self.durable_keys
         durable = durable_keys is not None and durable_keys(key)
+        groups: list[QueueGroup] = []
         for subscription in self._index.match(key):
             outlet = subscription.outlet
             kind = outlet.kind
             if kind not in eligible:
+                continue
+            if subscription.queue:
+                # A run from a peer crossed for plain interest: its router
+                # chose for the groups already (publish_to_group brings the
+                # runs it chose us for).
+                if source is LinkKind.CLIENT:
+                    group = self._groups.view(subscription.pattern, subscription.queue, source)
+                    if group is not None and group not in groups:
+                        groups.append(group)
                 continue
             if durable_keys is not None and (
                 (kind is LinkKind.LOCAL and durable) or (kind is LinkKind.DURABLE and not durable)
@@ -366,7 +413,7 @@ class Router:
                     continue
                 links.add(outlet)
             route.append(subscription)
-        found = tuple(route)
+        found: tuple[Receiver, ...] = (*route, *groups)
         return self._route_tuples.setdefault(found, found)
 
     def publish(
@@ -398,7 +445,7 @@ class Router:
         while True:
             # Runs with cached routes and tracked topics, in batches (fan_out).
             position, walked_runs, walked_messages, walked_unrouted = fan_out(
-                runs, position, routes, topics
+                runs, position, routes, topics, self.topics.passed
             )
             published_runs += walked_runs
             published_messages += walked_messages
@@ -422,8 +469,11 @@ class Router:
                     if stream == 0:
                         break
                     continue
-                if len(routes) >= ROUTE_CACHE_SIZE:
+                cached_bytes = self._route_key_bytes[source] + len(key)
+                if len(routes) >= ROUTE_CACHE_SIZE or cached_bytes > ROUTE_CACHE_KEY_BYTES:
                     routes.clear()
+                    cached_bytes = len(key)
+                self._route_key_bytes[source] = cached_bytes
                 routes[key] = subscriptions
             count = run.count
             size = len(run.chunk)
@@ -442,6 +492,28 @@ class Router:
         if from_peer:
             counters.from_links += published_messages
         return published_messages
+
+    def publish_to_group(self, runs: list[EncodedRun], interest: bytes, source: LinkKind) -> int:
+        """Hand runs a peer router chose this router for, on the queue group
+        ``interest`` names (``interest_key``), to one local member; returns
+        the messages published. Nothing else receives them: the peer routed
+        the plain interest separately. With no member left (it left while
+        the runs crossed) they count as dropped for want of a subscriber."""
+        messages = size = 0
+        for run in runs:
+            messages += run.count
+            size += len(run.chunk)
+        counters = self.counters
+        counters.published_runs += len(runs)
+        counters.published_messages += messages
+        counters.from_links += messages
+        pattern, queue = split_interest(interest)
+        group = self._groups.view(pattern, queue, source)
+        if group is None or not group.members:
+            counters.dropped_no_subscriber += messages
+        else:
+            group.push_many(runs, messages, size)  # dealt out as a local batch is
+        return messages
 
     def run_direct_writes(self) -> None:
         """Make the direct writes queued since the last call (see ``direct_writes``)."""

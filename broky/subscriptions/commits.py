@@ -139,6 +139,10 @@ class GroupCommitter:
         if self.on_commit is not None:
             self.on_commit()
 
+    def close(self) -> None:
+        """Close the state store (after ``run`` ended: nothing is pending)."""
+        self._store.close()
+
     def _write(self, rows: list[tuple[ImageKey, bytes]], definitions: dict[str, str]) -> None:
         if not (rows or definitions):
             return

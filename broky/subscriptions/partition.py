@@ -44,7 +44,7 @@ from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
 from broky.storage.topics import key_partition
 from broky.subscriptions.commits import GroupCommitter
-from broky.subscriptions.definition import Definition
+from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import (
     DeadLetter,
@@ -87,6 +87,8 @@ class PartitionSubscriptions:
         self.definitions: dict[str, Definition] = {}
         self._filters: dict[str, SubscriptionIndex[int]] = {}
         self._wake = trio.Event()
+        #: The time the last round ticked the dispatchers at.
+        self._ticked_at = float("-inf")
         #: Offsets whose dead-letter append failed, retried next round.
         self.dead_letter_retry: list[tuple[str, DeadLetter]] = []
 
@@ -99,7 +101,12 @@ class PartitionSubscriptions:
         partition = cls(service, owner, store)
         images = partition.committer.load()
         for name, text in partition.committer.load_definitions().items():
-            definition = Definition.from_json(text)
+            try:
+                definition = Definition.from_json(text)
+            except DefinitionError as exc:
+                raise StorageError(
+                    f"{directory}/{STATE_FILE}: subscription {name!r}: {exc}"
+                ) from exc
             image = images.get((name, partition.topic, partition.partition))
             if image is None:
                 continue  # written together; a definition alone was never committed
@@ -148,10 +155,16 @@ class PartitionSubscriptions:
 
     def changed(self, name: str, acks: int = 0) -> None:
         """``name``'s dispatcher changed: commit it and let the task look."""
+        self._commit_soon(name, acks)
+        self.wake()
+
+    def _commit_soon(self, name: str, acks: int = 0) -> None:
+        """Hand ``name``'s dispatcher to the committer without waking the
+        task: the task's own rounds use this, else a dispatcher that stays
+        dirty while its commit is in flight would wake it again at once."""
         dispatcher = self.dispatchers.get(name)
         if dispatcher is not None:
             self.committer.changed((name, self.topic, self.partition), dispatcher, acks)
-        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -165,21 +178,34 @@ class PartitionSubscriptions:
     # --- the task ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Drive the dispatchers until cancelled (then commit what is pending)."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.committer.run)
-            while True:
-                await self._wait()
-                try:
-                    await self._round()
-                except StorageError as exc:
-                    # The log could not be read: deliveries wait for the
-                    # next round (nothing was handed out without its bytes).
-                    log.error("subscriptions of %s/%d: %s", self.topic, self.partition, exc)
-                    await trio.sleep(0.5)
+        """Drive the dispatchers until cancelled (then commit what is pending
+        and close the state store)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.committer.run)
+                while True:
+                    await self._wait()
+                    try:
+                        await self._round()
+                    except (StorageError, OSError) as exc:
+                        # The log could not be read: deliveries and dead
+                        # letters decided wait for the next round.
+                        log.error("subscriptions of %s/%d: %s", self.topic, self.partition, exc)
+                        await trio.sleep(0.5)
+        finally:
+            self.committer.close()
 
     async def _wait(self) -> None:
-        wakes = [w for d in self.dispatchers.values() if (w := d.next_wake()) is not None]
+        """Until woken, or the earliest timer the last round did not see
+        due. A timer due by then was handled by it; if it is still pending (a
+        redelivery for a consumer without room), only an event can change
+        that, so it must not make this loop spin."""
+        ticked = self._ticked_at
+        wakes = [
+            wake
+            for dispatcher in self.dispatchers.values()
+            if (wake := dispatcher.next_wake()) is not None and wake > ticked
+        ]
         if self.dead_letter_retry:
             wakes.append(trio.current_time() + 1.0)
         deadline = min(wakes) if wakes else float("inf")
@@ -188,11 +214,11 @@ class PartitionSubscriptions:
         self._wake = trio.Event()
 
     async def _round(self) -> None:
-        now = trio.current_time()
+        now = self._ticked_at = trio.current_time()
         for name, dispatcher in self.dispatchers.items():
             dispatcher.tick(now)
             if dispatcher.tracker.dirty:
-                self.changed(name)
+                self._commit_soon(name)
         cache = BatchCache()
         wanted = {
             name: (dispatcher.tracker.read_position, count)
@@ -221,14 +247,21 @@ class PartitionSubscriptions:
         needed.extend(event.offset for _, event in retry)
         missing = cache.missing(needed)
         if missing:
-            cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
+            try:
+                cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
+            except (StorageError, OSError):
+                # Nothing was carried out: the events wait for the next round.
+                for name, taken in events.items():
+                    self.dispatchers[name].events[:0] = taken
+                self.dead_letter_retry[:0] = retry
+                raise
         for name, batch in events.items():
             self._carry_out(name, batch, cache)
         for name, event in retry:
             self.service.dead_letters.send(self, name, event, cache)
         for name, dispatcher in self.dispatchers.items():
             if dispatcher.tracker.dirty:
-                self.changed(name)
+                self._commit_soon(name)
         if progressed:
             self.wake()  # a read stops at READ_BYTES: there may be more to read
 

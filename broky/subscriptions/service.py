@@ -31,6 +31,7 @@ from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.frames import Consume, Settle
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
+from broky.storage.errors import StorageError
 from broky.subscriptions.consumers import ConsumerAnswers, ConsumerLink, SubscriptionCounters
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
@@ -125,12 +126,21 @@ class SubscriptionService:
     async def _attach(self, frame: Consume, link: ConsumerLink, own_only: bool) -> None:
         try:
             async with self._attaching:
-                await self._attach_now(frame, link, own_only)
+                try:
+                    await self._attach_now(frame, link, own_only)
+                except (StorageError, OSError) as exc:
+                    log.error("subscription %r: attach failed: %s", frame.subscription, exc)
+                    raise Refused(
+                        ErrorCode.STORAGE_FAILURE,
+                        f"subscription {frame.subscription!r}: the broker could not read or "
+                        f"write its state ({exc}); retry later",
+                    ) from exc
         except Refused as refused:
             link.closed = True
             link.error(refused.code, str(refused))
             return
-        link.subscribed()
+        if not link.closed:  # else closed (Unsubscribe, disconnect) while attaching
+            link.subscribed()
 
     def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:
         return [

@@ -86,7 +86,8 @@ def test_many_keys_and_one_message_per_frame_count_every_message() -> None:
 # --- benchmarks.bench_core: every row once, tiny, against Broky (and installed peers) ---
 
 ROWS = (
-    "fanin", "fanin_keys", "fanin_unbatched", "fanout", "latency_5k_raw", "latency_50k_raw",
+    "fanin", "fanin_keys", "fanin_keys_100k", "fanin_unbatched", "fanout", "latency_5k_raw",
+    "latency_50k_raw",
     "latency_5k_client", "latency_50k_client", "receive", "receive_batches", "fanin_client",
     "durable",
 )  # fmt: skip

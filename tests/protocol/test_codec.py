@@ -73,6 +73,7 @@ ROUND_TRIP_FRAMES: list[Frame] = [
     ),
     Hello(user="u", password="p" * 1000, token="t", workers=65535),
     Subscribe(stream=1, pattern=b"a.*.c"),
+    Subscribe(stream=2, pattern=b"jobs.>", queue=b"workers"),
     Subscribe(
         stream=MAX_U32, pattern=b"$SYS.>", slow_consumer=SlowConsumerPolicy.DISCONNECT, credit=7
     ),

@@ -105,6 +105,7 @@ CONTROL_FRAMES: list[Frame] = [
         start=StartKind.OFFSET,
         start_time=-5,
         start_offsets=(0, 2**62, -1),
+        queue=b"workers",
     ),
     PublishAck(
         stream=3,
@@ -319,6 +320,7 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             start=StartKind(body.Start()),
             start_time=body.StartTime(),
             start_offsets=tuple(body.StartOffsets(i) for i in range(body.StartOffsetsLength())),
+            queue=body.Queue() or b"",
         )
     if body_type == BodyType.PUBLISH_ACK:
         return PublishAck(
@@ -558,7 +560,10 @@ def _build_body(  # noqa: PLR0911
     if isinstance(frame, Subscribe):
         offsets = _int_vector(builder, gen.Subscribe.StartStartOffsetsVector, frame.start_offsets)
         pattern = builder.CreateString(frame.pattern)
+        queue = builder.CreateString(frame.queue) if frame.queue else 0
         gen.Subscribe.Start(builder)
+        if queue:
+            gen.Subscribe.AddQueue(builder, queue)
         gen.Subscribe.AddSlowConsumer(builder, frame.slow_consumer)
         gen.Subscribe.AddStream(builder, frame.stream)
         gen.Subscribe.AddCredit(builder, frame.credit)
@@ -632,10 +637,14 @@ def _build_consumer_body(
 ) -> int:
     """flatc's builders, fields added in reverse order, empty vectors omitted."""
     if isinstance(frame, Consume):
+        starts = _int_vector(builder, gen.Consume.StartStartOffsetsVector, frame.start_offsets)
         backoff = _int_vector(builder, gen.Consume.StartBackoffMsVector, frame.backoff_ms)
         pattern = builder.CreateString(frame.pattern)
         name = builder.CreateString(frame.subscription)
         gen.Consume.Start(builder)
+        if starts:
+            gen.Consume.AddStartOffsets(builder, starts)
+        gen.Consume.AddStartTime(builder, frame.start_time)
         gen.Consume.AddPriority(builder, frame.priority)
         if backoff:
             gen.Consume.AddBackoffMs(builder, backoff)

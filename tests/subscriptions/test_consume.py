@@ -3,14 +3,17 @@ redelivery, dead letters."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import attrs
 import trio
 
 from broky import Client
 from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import Error, Subscribed
 from tests.conftest import StartBroker
+from tests.observability.test_observability import http_get, sample_value
 from tests.subscriptions.wire import Consumer, Delivery, connect, subscriptions_config
 
 TIMEOUT = 20
@@ -105,3 +108,52 @@ async def test_nack_redelivers_with_count_then_dead_letters(
                 break
         status = broker.statistics().subscriptions[0]
         assert (status.dead_lettered, status.backlog) == (1, 0)
+
+
+async def test_backlog_in_flight_and_consumers_are_listed_and_exported(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    config = attrs.evolve(subscriptions_config(tmp_path), metrics_listen=True, metrics_port=0)
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(config)
+        assert broker.address is not None
+        metrics = broker.observability.metrics_address
+        assert metrics is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            consumer = Consumer(a)
+            assert isinstance(await consumer.consume("listed", credit=3), Subscribed)
+            await publish(client, 10)
+            await consumer.take(3)
+            status, body = await http_get(metrics, "/subscriptions")
+            assert status == 200
+            [listed] = json.loads(body)["subscriptions"]
+            assert (listed["name"], listed["type"], listed["consumers"]) == ("listed", "shared", 1)
+            assert (listed["backlog"], listed["in_flight"], listed["delivered"]) == (10, 3, 3)
+            status, text = await http_get(metrics, "/metrics")
+            labels = 'subscription="listed",worker="0"'
+            assert sample_value(text, "broky_subscription_backlog_messages", labels) == 10
+            assert sample_value(text, "broky_subscription_in_flight_messages", labels) == 3
+            assert sample_value(text, "broky_subscription_delivered_messages_total", labels) == 3
+
+
+async def test_bad_consumes_get_stream_errors_and_the_connection_stays(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with connect(broker.address) as a:
+            consumer = Consumer(a)
+            bad = await consumer.consume("x", pattern=b"orders..>")
+            assert isinstance(bad, Error)
+            assert bad.code == ErrorCode.INVALID_PATTERN
+            nowhere = await consumer.consume("x", pattern=b"prices.>")
+            assert isinstance(nowhere, Error)
+            assert "matches no durable topic" in nowhere.message
+            last = await consumer.consume("x", start=StartKind.LAST)
+            assert isinstance(last, Error)
+            assert last.code == ErrorCode.SUBSCRIPTION_REFUSED
+            assert isinstance(await consumer.consume("x"), Subscribed)
+            duplicate = await consumer.consume("y")
+            assert isinstance(duplicate, Error)
+            assert duplicate.code == ErrorCode.DUPLICATE_STREAM

@@ -271,3 +271,93 @@ async def test_term_dead_letters_at_once(tmp_path: Path, start_broker: StartBrok
 
 async def publish_one(client: Client) -> None:
     await publish(client, 1)
+
+
+async def test_a_consumer_out_of_credit_is_a_no_credit_stall(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with (
+            broker.connect() as client,
+            client.subscription("$SYS.events.subscription.>") as events,
+            connect(broker.address) as a,
+        ):
+            await client.flush()
+            consumer = Consumer(a)
+            assert isinstance(await consumer.consume("thirsty", credit=3), Subscribed)
+            await publish(client, 10)
+            await consumer.settle(await consumer.take(3))
+            stalled = await next_event(events)
+            assert (stalled["kind"], stalled["reason"]) == ("subscription.stalled", "no_credit")
+            await consumer.flow(7)
+            assert len(await consumer.take(7)) == 7
+            resumed = await next_event(events)
+            assert resumed["kind"] == "subscription.resumed"
+        [status] = broker.statistics().subscriptions
+        assert status.stalled == ""
+
+
+async def test_a_nack_without_delay_waits_for_the_backoff(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with (
+            broker.connect() as client,
+            client.subscription("$SYS.events.subscription.dead_lettered") as events,
+            connect(broker.address) as a,
+        ):
+            await client.flush()
+            consumer = Consumer(a)
+            subscribed = await consumer.consume("backoff", max_deliveries=3, backoff_ms=(150, 300))
+            assert isinstance(subscribed, Subscribed)
+            await publish(client, 1)
+            waits = []
+            [delivery] = await consumer.take(1)
+            for _ in range(2):
+                await consumer.settle([delivery], SettleKind.NACK)
+                started = trio.current_time()
+                [delivery] = await consumer.take(1)
+                waits.append(trio.current_time() - started)
+            # Within 20 % (plus scheduling) of the schedule: 150 ms, then 300 ms.
+            assert 0.12 <= waits[0] < 0.3
+            assert 0.24 <= waits[1] < 0.5
+            await consumer.settle([delivery], SettleKind.NACK, reason="still bad")
+            advisory = await next_event(events)
+            assert (advisory["subscription"], advisory["deliveries"]) == ("backoff", 3)
+            assert advisory["error"] == "still bad"
+
+
+async def test_a_redelivery_waiting_for_credit_does_not_spin_the_driver(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=1))
+        assert broker.address is not None
+        assert broker.subscriptions is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            consumer = Consumer(a)
+            kind = SubscriptionKind.EXCLUSIVE
+            assert isinstance(await consumer.consume("tight", kind=kind, credit=2), Subscribed)
+            await publish(client, 3)
+            held = await consumer.take(2)
+            partition = broker.subscriptions.partitions[("orders", 0)]
+            rounds = 0
+            real_round = partition._round
+
+            async def counted() -> None:
+                nonlocal rounds
+                rounds += 1
+                await real_round()
+
+            partition._round = counted  # type: ignore[method-assign]
+            # Due at once, but the consumer has no credit left: it waits.
+            await consumer.settle(held[1:], SettleKind.NACK, delay_ms=0)
+            await trio.sleep(0.5)
+            assert rounds < 20
+            await consumer.flow(1)
+            [again] = await consumer.take(1)
+            assert (again.offset, again.count) == (held[1].offset, 2)

@@ -1,0 +1,110 @@
+"""Delivery frames from stored batches (sans-IO), dead-letter copies, and
+subscription definitions: properties over any batches and any deliveries."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broky.protocol.codec import decode_frame
+from broky.protocol.constants import StartKind, SubscriptionKind
+from broky.protocol.frames import Consume, Deliver, Redelivered
+from broky.protocol.message import decode_run, encode_message, pack_sizes
+from broky.storage.batch import StoredBatch
+from broky.subscriptions.definition import Definition, DefinitionError
+from broky.subscriptions.delivery import BatchCache, dead_letter_run, delivery_frames
+
+
+def batch(base: int, count: int, key: bytes = b"orders.k") -> StoredBatch:
+    messages = [encode_message(str(base + i).encode(), key_partition=b"kp") for i in range(count)]
+    sizes = pack_sizes([len(m) for m in messages])
+    data = b"".join(messages)
+    return StoredBatch(base, count, key, 7, 7, memoryview(sizes), memoryview(data), len(data))
+
+
+@st.composite
+def batches_and_deliveries(draw: st.DrawFn) -> tuple[list[StoredBatch], list[tuple[int, int]]]:
+    lengths = draw(st.lists(st.integers(1, 6), min_size=1, max_size=8))
+    batches, base = [], draw(st.integers(0, 50))
+    for length in lengths:
+        batches.append(batch(base, length))
+        base += length
+    # Offsets in any order, some past the batches (trimmed), no repeats.
+    offsets = draw(st.lists(st.integers(0, base + 5), unique=True, max_size=40))
+    counts = draw(st.lists(st.integers(1, 4), min_size=len(offsets), max_size=len(offsets)))
+    return batches, list(zip(offsets, counts, strict=True))
+
+
+@given(batches_and_deliveries(), st.sampled_from([300, 2048, 1 << 20]))
+def test_frames_carry_exactly_the_deliveries_in_order(
+    case: tuple[list[StoredBatch], list[tuple[int, int]]], frame_bytes: int
+) -> None:
+    batches, deliveries = case
+    cache = BatchCache()
+    cache.add(reversed(batches))  # any order of adding
+    cache.add(batches[:1])  # and twice
+    held = {o for b in batches for o in range(b.base_offset, b.next_offset)}
+    frames, lost = delivery_frames(9, "orders", 3, deliveries, cache, frame_bytes)
+    assert lost == [offset for offset, _ in deliveries if offset not in held]
+    seen: list[tuple[int, int]] = []
+    counts: dict[int, int] = {}
+    for data in frames:
+        frame = decode_frame(data[4:])
+        if isinstance(frame, Redelivered):
+            assert not counts  # each Redelivered is followed by its Deliver
+            assert frame.topic == "orders"
+            counts = dict(zip(frame.offsets, frame.counts, strict=True))
+            assert set(frame.partitions) <= {3}
+            continue
+        assert isinstance(frame, Deliver)
+        assert frame.stream == 9
+        for run in frame.runs:
+            for message in decode_run(run):
+                assert (message.partition, int(message.payload)) == (3, message.offset)
+                seen.append((message.offset, counts.pop(message.offset, 1)))
+        assert not counts
+    assert seen == [(offset, count) for offset, count in deliveries if offset in held]
+
+
+def test_missing_merges_ranges_of_what_is_not_held() -> None:
+    cache = BatchCache()
+    cache.add([batch(10, 5)])
+    assert cache.missing([3, 4, 5, 11, 15, 16, 20]) == [(3, 6), (15, 17), (20, 21)]
+
+
+def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:
+    stored = batch(4, 3)
+    run = dead_letter_run(stored, 5, b"_dlq.s.orders", (("dlq.offset", "5"),))
+    [message] = decode_run(run)
+    assert (message.key, message.payload, message.key_partition) == ("_dlq.s.orders", b"5", b"kp")
+    assert message.tags == (("dlq.offset", "5"),)
+
+
+def test_definitions_round_trip_and_refuse_what_they_cannot_be() -> None:
+    frame = Consume(
+        1,
+        "billing v2",
+        b"orders.>",
+        kind=SubscriptionKind.KEY_SHARED,
+        start=StartKind.OFFSET,
+        ack_timeout_ms=1500,
+        backoff_ms=(10, 2000),
+        max_deliveries=4,
+        start_offsets=(5, 6),
+    )
+    definition = Definition.from_consume(frame)
+    assert Definition.from_json(definition.to_json()) == definition
+    assert definition.dead_letter_key("orders") == b"_dlq.billing_v2.orders"
+    assert definition.options.backoff == (0.01, 2.0)
+    assert definition.mismatch(frame) is None
+    assert "fixed at creation" in (definition.mismatch(Consume(1, "billing v2", b"orders.>")) or "")
+    for bad in (
+        Consume(1, "", b"orders.>"),
+        Consume(1, "a\nb", b"orders.>"),
+        Consume(1, "k", b"orders.>", kind=SubscriptionKind.KEY_SHARED, ack_timeout_ms=0),
+    ):
+        with pytest.raises(DefinitionError):
+            Definition.from_consume(bad)
+    with pytest.raises(DefinitionError):
+        Definition.from_json('{"version": 2}')
