@@ -24,7 +24,7 @@ import trio
 
 from broky import BrokyError, connect
 from broky.durable.ownership import partition_owner
-from broky.protocol.constants import ErrorCode, StartKind, SubscriptionKind
+from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import Error, Settled, Subscribed
 from tests.conftest import ConnectionEnded, RawConnection
 from tests.durable.test_workers import (
@@ -176,6 +176,40 @@ async def test_exclusive_is_refused_across_workers_until_the_holder_leaves(
             await publish(node.address, 16, KEYS)
             got = await Consumer(second_raw, stream=2).take(16)
             assert sorted(int(d.payload) for d in got) == list(range(16))
+
+
+async def test_nacks_and_a_departure_redeliver_across_workers(tmp_path: Path) -> None:
+    """Redelivery counts travel with the messages from every owner, and a
+    consumer that leaves is detached from every owner at once (its messages
+    go to a consumer on another worker long before the 30 s ack timeout)."""
+    config = tmp_path / "broky.toml"
+    write_config(config, 2)
+    with nodes() as start, trio.fail_after(TIMEOUT):
+        node = start(["--config", str(config)])
+        async with connect_raw(where(node.address), "second") as second_raw:
+            async with connect_raw(where(node.address), "first") as first_raw:
+                first = Consumer(first_raw)
+                answer = await first.consume("redo", start=StartKind.EARLIEST, credit=100)
+                assert isinstance(answer, Subscribed), answer
+                await publish(node.address, 16, KEYS)
+                got = await first.take(16)
+                assert {d.count for d in got} == {1}
+                assert len({partition_owner("orders", d.partition, 2) for d in got}) == 2
+                await first.settle(got[:8], SettleKind.NACK, delay_ms=0)
+                again = await first.take(8)
+                assert sorted((d.partition, d.offset) for d in again) == sorted(
+                    (d.partition, d.offset) for d in got[:8]
+                )
+                assert {d.count for d in again} == {2}
+                second = Consumer(second_raw)
+                answer = await second.consume("redo", credit=100)
+                assert isinstance(answer, Subscribed), answer
+            # The first consumer's connection is closed, nothing acked.
+            with trio.fail_after(5):
+                taken = await second.take(16)
+            assert sorted(int(d.payload) for d in taken) == list(range(16))
+            counts = Counter(d.count for d in taken)
+            assert counts == {2: 8, 3: 8}, counts
 
 
 async def test_key_shared_keeps_each_keys_order_across_workers(tmp_path: Path) -> None:
