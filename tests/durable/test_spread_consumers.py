@@ -9,9 +9,7 @@ started here, on 127.0.0.1, and killed by PID when the test ends.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
@@ -29,7 +27,7 @@ from broky.protocol.frames import Error, Settled, Subscribed
 from tests.conftest import ConnectionEnded, RawConnection
 from tests.durable.test_workers import (
     KEYS,
-    all_partitions_writable,
+    kill_workers,
     publish_until_cancelled,
     write_config,
 )
@@ -337,7 +335,6 @@ async def test_consumers_survive_sigkilled_workers(tmp_path: Path) -> None:
     published: dict[bytes, int] = {}
     failures = [0]
     ledger = Ledger()
-    cycles = 0
     with nodes() as start, trio.fail_after(KILL_BUDGET_SECONDS + DRAIN_SECONDS + 40):
         node = start(["--config", str(config)])
         started = time.monotonic()
@@ -349,12 +346,9 @@ async def test_consumers_survive_sigkilled_workers(tmp_path: Path) -> None:
                     publishers.start_soon(
                         publish_until_cancelled, node.address, index, published, failures
                     )
-                while cycles < KILL_CYCLES and time.monotonic() - started < KILL_BUDGET_SECONDS:
-                    await all_partitions_writable(node.address, time.monotonic() + 15)
-                    await trio.sleep(rng.uniform(0.3, 0.8))
-                    os.kill(rng.choice(node.workers()), signal.SIGKILL)
-                    cycles += 1
-                await all_partitions_writable(node.address, time.monotonic() + 15)
+                cycles = await kill_workers(
+                    node, rng, KILL_CYCLES, started + KILL_BUDGET_SECONDS, pause=(0.3, 0.8)
+                )
                 publishers.cancel_scope.cancel()
             with trio.move_on_after(DRAIN_SECONDS):
                 while not published.keys() <= ledger.acked:  # noqa: ASYNC110 - a checker's poll
