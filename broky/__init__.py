@@ -5,11 +5,13 @@ honest.
 """
 
 from broky.client.client import Client
+from broky.client.consumer import Consumer, ConsumerStatistics, Delivery
 from broky.client.durable import AckedRun, PartitionInfo, Start
 from broky.client.errors import (
     AuthenticationError,
     BrokyError,
     ConnectionClosed,
+    ConsumerRefused,
     PublishRefused,
     SubscriptionError,
 )
@@ -35,6 +37,10 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConnectionClosed",
+    "Consumer",
+    "ConsumerRefused",
+    "ConsumerStatistics",
+    "Delivery",
     "ErrorCode",
     "LocalProtocolError",
     "Message",

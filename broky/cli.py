@@ -7,18 +7,22 @@ import logging
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import attrs
 import trio
 
+from broky import subs_cli
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
+from broky.cluster.isr import IsrSettings
+from broky.cluster.node import ClusterNode
 from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
+from broky.consume_cli import add_consumer_flags, consume
 from broky.gcpolicy import tune_for_broker
 from broky.loadtest import cli as bench
 from broky.mesh.workers import serve_node, worker_count
@@ -27,6 +31,7 @@ from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.keys import encode_key
 from broky.reload import reread
+from broky.replication.service import ReplicationService
 from broky.security import passwd
 from broky.security.flags import (
     add_client_auth_flags,
@@ -78,6 +83,8 @@ def load_config(args: argparse.Namespace) -> Config:
         "replication_factor",
         "vbuckets",
         "cluster_lease_ttl",
+        "replication_listen",
+        "min_insync_replicas",
     )
     for name in (*overridable, *TLS_SETTINGS):
         value = getattr(args, name, None)
@@ -88,11 +95,22 @@ def load_config(args: argparse.Namespace) -> Config:
     return Config.from_mapping(values)
 
 
-async def serve(config: Config, load: Callable[[], Config] | None = None) -> None:
+async def serve(
+    config: Config, load: Callable[[], Config] | None = None, member: ClusterNode | None = None
+) -> None:
     """Run a broker until SIGINT or SIGTERM, then shut it down gracefully.
     SIGHUP reloads users, allow_anonymous and certificates with ``load``
-    (broky.reload)."""
+    (broky.reload). A cluster ``member`` with ``replication_listen`` set
+    replicates the durable topics (broky.replication)."""
     broker = Broker(config)
+    if member is not None and config.replication_listen and broker.store is not None:
+        replication = ReplicationService(
+            broker.store,
+            member,
+            config.replication_listen,
+            IsrSettings(config.min_insync_replicas, config.replica_lag_max),
+        )
+        broker.beside_store.append(replication.run)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(broker.serve)
@@ -168,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
         prog="broky",
-        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub and "
-        "top talk to one; bench load-tests one; passwd makes credentials for its config; "
+        description="Broky, a publish/subscribe message broker: serve runs one; pub, sub, "
+        "subs and top talk to one; bench load-tests one; passwd makes credentials for its config; "
         "cluster runs a local etcd or shows a replicated cluster.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -208,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--cluster-lease-ttl", type=int, help="seconds before a silent node is dead (1)"
     )
+    serve_cmd.add_argument(
+        "--replication-listen",
+        help="HOST:PORT where this member serves replication of its durable topics",
+    )
+    serve_cmd.add_argument(
+        "--min-insync-replicas", type=int, help="in-sync replicas an acks=all publish needs (2)"
+    )
     for setting in TLS_SETTINGS:
         serve_cmd.add_argument(
             f"--{setting.replace('_', '-')}", help=f"PEM file; overrides {setting} (see README)"
@@ -239,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this queue group: each message goes to one of its members",
     )
     sub_cmd.add_argument("--address", default=default_address, help="broker HOST:PORT")
+    add_consumer_flags(sub_cmd)
     add_client_tls_flags(sub_cmd)
     add_client_auth_flags(sub_cmd)
     top_cmd = commands.add_parser("top", help="live view of a broker (from $SYS.metrics)")
@@ -251,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(commands)
     passwd.add_parser(commands)
     cluster_status.add_parser(commands)
+    subs_cli.add_parser(commands)
     return parser
 
 
@@ -263,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _configure_logging(config.log_level)
             tune_for_broker()
             workers = worker_count(config)
+            if config.replication_listen and (workers != 1 or not config.cluster_etcd):
+                raise ConfigError("replication_listen needs cluster_etcd and --workers 1")
+            server: Callable[..., Awaitable[None]]
             if workers == 1 and not config.cluster_listen:
                 server = serve
             elif config.durable and config.cluster_listen:
@@ -274,10 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server = serve_node
             load = partial(load_config, args)
             if config.cluster_etcd:
-                trio.run(serve_member, server, config, load, workers)
+                trio.run(serve_member, server, config, load, workers, server is serve)
             else:
                 trio.run(server, config, load)
-        elif args.command in ("bench", "passwd", "cluster"):
+        elif args.command in ("bench", "passwd", "cluster", "subs"):
             return int(args.handler(args))
         elif args.command == "top":
             trio.run(
@@ -294,7 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(publish, args, client_tls_context(args), client_credentials(args))
         else:
             _configure_logging("warning")
-            trio.run(subscribe, args, client_tls_context(args), client_credentials(args))
+            command = consume if args.subscription else subscribe
+            trio.run(command, args, client_tls_context(args), client_credentials(args))
     except ConfigError as exc:
         print(f"broky: configuration error: {exc}", file=sys.stderr)
         return 2

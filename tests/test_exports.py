@@ -11,6 +11,7 @@ import pytest
 
 import broky
 import broky.client.client
+import broky.client.consumer
 import broky.client.durable
 import broky.client.errors
 import broky.client.subscription
@@ -38,6 +39,10 @@ HOMES = {
     "Config": broky.config,
     "ConfigError": broky.config,
     "ConnectionClosed": broky.client.errors,
+    "Consumer": broky.client.consumer,
+    "ConsumerRefused": broky.client.errors,
+    "ConsumerStatistics": broky.client.consumer,
+    "Delivery": broky.client.consumer,
     "ErrorCode": broky.protocol.constants,
     "LocalProtocolError": broky.protocol.errors,
     "Message": broky.protocol.message,
@@ -85,6 +90,7 @@ def test_errors_form_one_hierarchy_with_wire_codes() -> None:
     assert issubclass(broky.BrokyError, Exception)
     assert issubclass(broky.ConnectionClosed, broky.BrokyError)
     assert issubclass(broky.SubscriptionError, broky.BrokyError)
+    assert issubclass(broky.ConsumerRefused, broky.SubscriptionError)
     assert issubclass(broky.ConfigError, ValueError)
     error = broky.SubscriptionError(broky.ErrorCode.INVALID_PATTERN, "bad pattern")
     assert error.code is broky.ErrorCode.INVALID_PATTERN

@@ -19,11 +19,13 @@ import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Final
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Final, Unpack
 
 import trio
 
+from broky.client.consumer import Consumer, open_consumer
+from broky.client.consumer_options import ConsumerSettings, SubscriptionType, consumer_options
 from broky.client.durable import PartitionInfo, Start
 from broky.client.errors import (
     AuthenticationError,
@@ -53,7 +55,9 @@ from broky.protocol.frames import (
     Ping,
     Pong,
     PublishAck,
+    Redelivered,
     Run,
+    Settled,
     Subscribe,
     Subscribed,
     Welcome,
@@ -85,7 +89,7 @@ class Client(Publisher):
         self._machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
         # request/response streams (ListPartitions, Fetch)
         self._requests: dict[int, tuple[trio.Event, list[Frame]]] = {}
-        self._subscriptions: dict[int, Subscription] = {}
+        self._subscriptions: dict[int, Subscription | Consumer] = {}
         self._pings: dict[int, trio.Event] = {}
         self._nonces = itertools.count(1)
         self._welcome = trio.Event()
@@ -292,8 +296,36 @@ class Client(Publisher):
             raise subscription._error
         return subscription
 
-    def _forget(self, subscription: Subscription) -> None:
-        self._subscriptions.pop(subscription.stream, None)
+    def _forget(self, subscription: object) -> None:
+        if isinstance(subscription, Subscription | Consumer):
+            self._subscriptions.pop(subscription.stream, None)
+
+    # --- durable subscriptions ----------------------------------------------------
+
+    def consumer(
+        self,
+        pattern: str,
+        *,
+        subscription: str,
+        type: SubscriptionType = "shared",
+        **settings: Unpack[ConsumerSettings],
+    ) -> AbstractAsyncContextManager[Consumer]:
+        """Attach a consumer to durable subscription ``subscription`` of the
+        durable topics matching ``pattern`` (created on first attach); see
+        ``broky.client.consumer``. ``type``: ``"shared"``, ``"exclusive"``,
+        ``"failover"`` or ``"key-shared"``; other options: ``ConsumerSettings``.
+        Wrong options raise ValueError at once, a broker's refusal raises
+        ConsumerRefused on entering the block. Leaving it sends the batched
+        acks and waits (at most 5 s) for their receipts; what the consumer
+        held unacked is redelivered.
+        """
+        return open_consumer(self, consumer_options(pattern, subscription, type, settings))
+
+    def _next_stream(self) -> int:
+        return next(self._streams)
+
+    def _adopt(self, consumer: Consumer) -> None:
+        self._subscriptions[consumer.stream] = consumer
 
     # --- the socket's two owners ------------------------------------------------
 
@@ -375,6 +407,10 @@ class Client(Publisher):
             log.warning("stream %d: the broker dropped %d messages", frame.stream, frame.count)
         elif type(frame) is PublishAck:
             self._handle_ack(frame)
+        elif type(frame) is Redelivered or type(frame) is Settled:
+            consumer = self._subscriptions.get(frame.stream)
+            if isinstance(consumer, Consumer):
+                consumer._receive(frame)
         elif type(frame) is Fetched or type(frame) is Partitions:
             self._answer(frame.stream, frame)
         elif type(frame) is Error:
@@ -475,6 +511,12 @@ def _nonblocking_writer(stream: trio.abc.Stream) -> Callable[[bytes], int] | Non
 
 #: Publish-stream errors about messages this client may not send.
 _REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
-#: Errors in an acked frame's place that say its messages were not stored:
-#: ``OwnerUnavailable`` is retriable (the partition's worker is restarting).
-_ACK_FAILURES: Final = (ErrorCode.STORAGE_FAILURE, ErrorCode.OWNER_UNAVAILABLE)
+#: Errors in an acked frame's place that say its messages were not stored
+#: (or, for NotLeader after a failover, not acknowledged): ``OwnerUnavailable``,
+#: ``NotLeader`` and ``NotEnoughReplicas`` are retriable (broky.client.cluster).
+_ACK_FAILURES: Final = (
+    ErrorCode.STORAGE_FAILURE,
+    ErrorCode.OWNER_UNAVAILABLE,
+    ErrorCode.NOT_LEADER,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+)

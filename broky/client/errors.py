@@ -22,6 +22,8 @@ class BrokyError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(f"{message} [{code.name}]")
         self.code = code
+        #: The message without the code: what the broker (or client) said.
+        self.reason = message
 
 
 class ConnectionClosed(BrokyError):
@@ -33,6 +35,13 @@ class ConnectionClosed(BrokyError):
 
 class SubscriptionError(BrokyError):
     """The broker refused or ended one subscription; the connection stays up."""
+
+
+class ConsumerRefused(SubscriptionError):
+    """The broker refused to attach a consumer to a durable subscription
+    (``SubscriptionRefused``): an exclusive subscription already has its
+    consumer, the subscription exists with another type, or the broker serves
+    no durable subscriptions. ``reason`` says which, in the broker's words."""
 
 
 class AuthenticationError(BrokyError):

@@ -226,10 +226,12 @@ class DurableRequests:
                 )
             return
 
+        readable = owner.readable_end  # the high watermark of a replicated partition
+
         def read(partition_log: PartitionLog) -> list[bytes]:
             return [
                 located_chunk(batch.run, partition, batch.base_offset)
-                for batch in partition_log.read(frame.offset, budget)
+                for batch in partition_log.read(frame.offset, budget, stop_offset=readable)
             ]
 
         def done(result: list[bytes] | BaseException) -> None:
@@ -266,7 +268,7 @@ class DurableRequests:
             return
         order = {topic.name: position for position, topic in enumerate(policies)}
         local = [
-            (owner.topic.name, owner.partition, owner.start_offset, owner.end_offset)
+            (owner.topic.name, owner.partition, owner.start_offset, owner.readable_end)
             for owner in store.topics(frame.topic)
         ]
 

@@ -26,7 +26,8 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from functools import partial
+from typing import Any, Final, Protocol
 
 import attrs
 import trio
@@ -90,6 +91,30 @@ class DurableStatistics:
     forwarded_messages: int = 0
 
 
+class ReplicaGate(Protocol):
+    """What a replicated partition's owner asks its replication role
+    (broky.replication.gate): whether it may take publishes, and when the
+    ones it stored may be acked and shown to subscribers."""
+
+    #: Offsets below this may be read (the high watermark).
+    high_watermark: int
+
+    def refusal(self) -> tuple[ErrorCode, str] | None:
+        """Why this node may not store a publish now (None: it may)."""
+
+    def hold(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        deliver: Callable[[], None],
+        fail: Callable[[ErrorCode, str], None],
+    ) -> None:
+        """``runs`` (stamped ``stamps``) were stored from ``offset`` and
+        fsynced: call ``deliver`` once the high watermark passes them, or
+        ``fail`` if that cannot be promised."""
+
+
 #: Who waits for a queued run's durability: the acked frame's ticket, its
 #: connection's ack queue and the run's index in the frame.
 _AckSlot = tuple[AckTicket, AckQueue, int]
@@ -127,6 +152,18 @@ class PartitionOwner:
         #: Told the new end offset after each round that appended (the
         #: partition's durable subscriptions, broky.subscriptions.partition).
         self.on_append: Callable[[int], None] | None = None
+        #: Set for a partition of a replicated topic (broky.replication):
+        #: publishes are then taken only as its leader, fsynced whatever the
+        #: policy (a replica counts only for fsynced data), and acked and
+        #: delivered at the high watermark.
+        self.replica: ReplicaGate | None = None
+
+    @property
+    def readable_end(self) -> int:
+        """Readers (replays, Fetch) stop here: the high watermark of a
+        replicated partition, so no one reads what a failover can take back."""
+        replica = self.replica
+        return self.end_offset if replica is None else min(replica.high_watermark, self.end_offset)
 
     def append(
         self,
@@ -185,10 +222,17 @@ class PartitionOwner:
                 continue
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
+            refusal = self.replica.refusal() if runs and self.replica is not None else None
+            if refusal is not None:
+                # Checked per round, on this thread: once a follower's
+                # truncation is queued, no client run can land after it.
+                stored_runs, stamps_to_store = [], []
+            else:
+                stored_runs, stamps_to_store = runs, stamps
             outcome, results = await trio.to_thread.run_sync(
-                self._round, runs, stamps, requests, tick
+                self._round, stored_runs, stamps_to_store, requests, tick
             )
-            self._finish(runs, stamps, acks, outcome)
+            self._finish(runs, stamps, acks, refusal or outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
 
@@ -209,7 +253,7 @@ class PartitionOwner:
         if runs:
             try:
                 outcome = partition_log.append(runs, stamps).first_offset
-                if self._fsync_always:
+                if self._fsync_always or self.replica is not None:
                     partition_log.sync()
             except (StorageError, OSError) as exc:
                 log.error("append to %s failed: %s", partition_log.directory, exc)
@@ -235,16 +279,39 @@ class PartitionOwner:
         runs: list[Run],
         stamps: list[int],
         acks: list[_AckSlot | None],
-        outcome: int | Exception | None,
+        outcome: int | Exception | tuple[ErrorCode, str] | None,
     ) -> None:
-        """Back on the trio thread: fan the appended runs out, release acks.
+        """Back on the trio thread: settle the round now, or, for a
+        replicated partition, once the high watermark passes it
+        (``ReplicaGate.hold``: until then its bytes still count against the
+        pending bounds, so a lagging ISR slows publishers down)."""
+        if not runs:
+            return
+        replica = self.replica
+        if replica is not None and isinstance(outcome, int):
+
+            def fail(code: ErrorCode, reason: str) -> None:
+                self._settle(runs, stamps, acks, (code, reason))
+
+            replica.hold(
+                outcome, runs, stamps, partial(self._settle, runs, stamps, acks, outcome), fail
+            )
+            return
+        self._settle(runs, stamps, acks, outcome)
+
+    def _settle(
+        self,
+        runs: list[Run],
+        stamps: list[int],
+        acks: list[_AckSlot | None],
+        outcome: int | Exception | tuple[ErrorCode, str] | None,
+    ) -> None:
+        """Fan the appended runs out, release acks (or fail them).
 
         Once per run of the round, so kept to a chunk, a router entry and a
         ticket update each: ack queues are collected as they change (one
         connection's runs usually come together), not per run.
         """
-        if not runs:
-            return
         store = self.store
         store.pending_bytes -= sum(len(run.messages) for run in runs)
         store.pending_runs -= len(runs)
@@ -252,10 +319,17 @@ class PartitionOwner:
         queues: set[AckQueue] = set()
         last_queue: AckQueue | None = None
         if not isinstance(outcome, int):
-            reason = f"could not store {self.topic.name}/{self.partition}: {outcome}"
+            code, reason = (
+                outcome
+                if isinstance(outcome, tuple)
+                else (
+                    ErrorCode.STORAGE_FAILURE,
+                    f"could not store {self.topic.name}/{self.partition}: {outcome}",
+                )
+            )
             for slot in acks:
                 if slot is not None:
-                    slot[0].failed(reason)
+                    slot[0].failed(reason, code)
                     queues.add(slot[1])
         else:
             offset = outcome

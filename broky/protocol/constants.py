@@ -75,6 +75,8 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 17
     OWNER_UNAVAILABLE = 18
     SUBSCRIPTION_REFUSED = 19
+    NOT_LEADER = 20
+    NOT_ENOUGH_REPLICAS = 21
 
 
 class SlowConsumerPolicy(enum.IntEnum):

@@ -11,7 +11,6 @@ know about them.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from typing import Final
 
 import flatbuffers
@@ -23,6 +22,7 @@ from broky.protocol.tables import (
     finish_frame,
     malformed,
     numbers,
+    packed_vector,
     read_bytes,
     read_text,
     scalar,
@@ -40,21 +40,12 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 
 
-def _vector(builder: flatbuffers.Builder, values: Sequence[int], code: str) -> int:
-    size = struct.calcsize(code)
-    builder.StartVector(size, len(values), size)
-    prepend = {"I": builder.PrependUint32, "q": builder.PrependInt64}[code]
-    for value in reversed(values):
-        prepend(value)
-    return int(builder.EndVector())
-
-
 def encode_consumer_frame(frame: Frame) -> bytes | None:
     """The frame's bytes, or None if it is not one of this module's frames."""
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Consume):
-        starts = _vector(builder, frame.start_offsets, "q") if frame.start_offsets else 0
-        backoff = _vector(builder, frame.backoff_ms, "I")
+        starts = packed_vector(builder, frame.start_offsets, "q") if frame.start_offsets else 0
+        backoff = packed_vector(builder, frame.backoff_ms, "I")
         pattern = builder.CreateString(frame.pattern)
         subscription = builder.CreateString(frame.subscription)
         builder.StartObject(13)
@@ -75,9 +66,9 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
     if isinstance(frame, Redelivered):
         topic = builder.CreateString(frame.topic) if frame.topic else 0
-        counts = _vector(builder, frame.counts, "I")
-        offsets = _vector(builder, frame.offsets, "q")
-        partitions = _vector(builder, frame.partitions, "I")
+        counts = packed_vector(builder, frame.counts, "I")
+        offsets = packed_vector(builder, frame.offsets, "q")
+        partitions = packed_vector(builder, frame.partitions, "I")
         builder.StartObject(5)
         if topic:
             builder.PrependUOffsetTRelativeSlot(4, topic, 0)
@@ -89,9 +80,9 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
     if isinstance(frame, Settle):
         topic = builder.CreateString(frame.topic) if frame.topic else 0
         reason = builder.CreateString(frame.reason) if frame.reason else 0
-        last = _vector(builder, frame.last_offsets, "q")
-        first = _vector(builder, frame.first_offsets, "q")
-        partitions = _vector(builder, frame.partitions, "I")
+        last = packed_vector(builder, frame.last_offsets, "q")
+        first = packed_vector(builder, frame.first_offsets, "q")
+        partitions = packed_vector(builder, frame.partitions, "I")
         builder.StartObject(9)
         if topic:
             builder.PrependUOffsetTRelativeSlot(8, topic, 0)

@@ -21,6 +21,20 @@ _I32 = struct.Struct("<i")
 _VT_HEAD = struct.Struct("<HH")
 
 
+def packed_vector(builder: flatbuffers.Builder, values: Sequence[int], code: str) -> int:
+    """A vector of ``values`` as struct ``code`` (``"q"`` int64, ``"I"``
+    uint32), packed in one call: the builder's per-element prepend costs
+    ~1.5 us an entry, and a PublishAck (an entry per run) or a Settle (an
+    entry per acked range) can hold thousands (what ``CreateByteVector``
+    does, for wider elements)."""
+    size = struct.calcsize(code)
+    data = struct.pack(f"<{len(values)}{code}", *values)
+    builder.StartVector(size, len(values), size)
+    builder.head -= len(data)
+    builder.Bytes[builder.head : builder.head + len(data)] = data
+    return int(builder.EndVector())
+
+
 def finish_frame(builder: flatbuffers.Builder, body_type: BodyType, body: int) -> bytes:
     builder.StartObject(2)
     builder.PrependUOffsetTRelativeSlot(1, body, 0)

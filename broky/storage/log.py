@@ -375,6 +375,51 @@ class PartitionLog:
         self._last_sync = self._clock()
         return self._durable_offset
 
+    def truncate(self, end: int) -> None:
+        """Drop every offset at or after ``end``, durably (a replica whose
+        tail a new leader never had: broky.replication, KIP-101).
+
+        Whole segments past ``end`` are deleted; the segment holding it is
+        cut at the batch that holds ``end`` and reopened as the active one
+        (its index rebuilt by the scan), and the part of that batch below
+        ``end`` is appended again. Offsets below ``end`` keep their bytes.
+        """
+        self._check_open()
+        if end >= self.end_offset:
+            return
+        if end < self.start_offset:
+            raise OffsetOutOfRangeError(end, self.start_offset, self.end_offset)
+        slot = bisect_right(self._bases, end) - 1
+        segment = self._segments[slot]
+        cut, base = segment.batch_at(end)
+        kept = (
+            [
+                (Run(b.key, b.ts_broker, b.count, bytes(b.sizes), bytes(b.messages)), b.ts_broker)
+                for b in segment.read(base, end, 1 << 62)[0]
+            ]
+            if base < end
+            else []
+        )
+        for doomed in self._segments[slot + 1 :]:
+            doomed.delete()
+        segment.abandon()
+        with open(segment.path, "r+b") as file:
+            file.truncate(cut)
+            os.fsync(file.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(segment.index_path)
+        reopened, _ = Segment.open(
+            self.directory, segment.base_offset, self.config.index_interval_bytes, active=True
+        )
+        self._segments[slot:] = [reopened]
+        self._bases[slot:] = [reopened.base_offset]
+        fsync_directory(self.directory)
+        self._durable_offset = min(self._durable_offset, reopened.next_offset)
+        self._last_by_key = None
+        if kept:
+            self.append([run for run, _ in kept], [stamp for _, stamp in kept])
+        self.sync()
+
     def tick(self) -> None:
         """Periodic housekeeping: the ``INTERVAL`` fsync, time rolls, retention.
 

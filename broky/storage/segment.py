@@ -402,6 +402,16 @@ class Segment:
             position += header.length
         return batches, used
 
+    def batch_at(self, offset: int) -> tuple[int, int]:
+        """``(byte position, base offset)`` of the batch holding ``offset``
+        (``(size, next_offset)`` past the end): where a truncation cuts."""
+        position = self.index.position_for_offset(offset)[1]
+        for header, _table in iter_headers(self._reader(), position, self.size):
+            if header.next_offset > offset:
+                return position, header.base_offset
+            position += header.length
+        return self.size, self.next_offset
+
     def offset_for_time(self, log_time: int) -> int:
         """The first offset whose batch has ``log_time`` at or after the given one."""
         start = self.index.position_for_time(log_time)

@@ -1,0 +1,215 @@
+"""The iteration both receivers share: buffered runs in, items out, credit back.
+
+A ``Subscription`` hands out ``Message`` objects and a durable-subscription
+``Consumer`` hands out ``Delivery`` objects, but both buffer the runs the
+client's reader task gives them, convert runs only when iteration reaches
+them (``_convert``), iterate per item or per batch on one shared position,
+and grant flow-control credit back as runs are taken. That machinery lives
+here once; each subclass says how a run becomes items.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Final, Generic, Protocol, TypeVar
+
+import trio
+
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import Flow, Frame, Run
+
+log = logging.getLogger("broky.client")
+
+#: Items the per-item iterator converts at once, in whole runs: one trio
+#: checkpoint per this many (see ``BufferedRuns._decoded``).
+ITERATION_MESSAGES: Final = 256
+#: Default ``max_messages`` of ``batches``: big enough that the checkpoint
+#: per batch costs nothing per message, small enough that a batch's items
+#: stay in the CPU cache (4096 measured 30-40% slower per message).
+BATCH_MESSAGES: Final = 512
+
+Item = TypeVar("Item")
+
+
+class CreditOwner(Protocol):
+    """What the iteration needs of its client: a way to send ``Flow``."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _send_control(self, frame: Frame) -> None: ...
+
+
+class BufferedRuns(Generic[Item]):
+    """Runs buffered for one stream, iterated as items with ``async for``
+    (``batches`` for lists), credit granted back half a window at a time.
+
+    Subclasses implement ``_convert`` (one run to its items; raise
+    RemoteProtocolError to skip an undecodable run, which is logged).
+    """
+
+    def __init__(self, client: CreditOwner, stream: int, credit: int) -> None:
+        self._client = client
+        self.stream = stream
+        self._credit = credit
+        self._runs: deque[Run] = deque()
+        self._buffered = 0
+        self._batch: list[Item] = []
+        self._position = 0
+        self._ready = trio.Event()
+        self._confirmed = trio.Event()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._paused = False
+        self._ungranted = 0
+        self.received = 0
+        self.dropped_by_broker = 0
+
+    def _convert(self, run: Run) -> list[Item]:
+        raise NotImplementedError
+
+    # called by the client's reader task --------------------------------------
+
+    def _deliver(self, runs: tuple[Run, ...]) -> None:
+        self._runs.extend(runs)
+        self._buffered += sum(run.count for run in runs)
+        self._ready.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._confirmed.set()
+        self._ready.set()
+
+    # the application's side ----------------------------------------------------
+
+    def __aiter__(self) -> BufferedRuns[Item]:
+        return self
+
+    async def __anext__(self) -> Item:
+        # The common case returns a converted item without any trio call.
+        position = self._position
+        batch = self._batch
+        if position < len(batch):
+            self._position = position + 1
+            return batch[position]
+        self._batch = batch = await self._decoded(ITERATION_MESSAGES)
+        self._position = 1
+        return batch[0]
+
+    def batches(self, max_messages: int = BATCH_MESSAGES) -> Batches[Item]:
+        """Iterate in lists: ``async for batch in receiver.batches()``.
+
+        Each list holds, in order, what is buffered when it is taken: at
+        least one item (it waits for one) and at most ``max_messages``.
+        One trio checkpoint per batch, none per item. Per-item and batch
+        iteration share one position, so they can be mixed. The list is the
+        caller's to keep.
+        """
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        return Batches(self, max_messages)
+
+    async def _next_batch(self, max_messages: int) -> list[Item]:
+        position, batch = self._position, self._batch
+        if position >= len(batch):
+            batch, position = await self._decoded(max_messages), 0
+        if not position and len(batch) <= max_messages:
+            # Hand the list itself over: the iterator keeps no reference to it.
+            self._batch, self._position = [], 0
+            return batch
+        end = min(position + max_messages, len(batch))
+        self._batch, self._position = batch, end
+        return batch[position:end]
+
+    async def _decoded(self, limit: int) -> list[Item]:
+        """Convert whole buffered runs up to ``limit`` items (or one run,
+        however big), waiting for runs when none are buffered.
+
+        Exactly one checkpoint per call (the wait, or ``checkpoint``), none
+        per item: a consumer that never awaits anything else still lets the
+        reader and the application's other tasks run every ``limit`` items,
+        and the per-item cost stays that of a list index.
+        """
+        runs = self._runs
+        while True:
+            if runs:
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._wait_for_runs()
+            items: list[Item] = []
+            taken = 0
+            # Whole runs while they fit, so a batch is sliced only when one
+            # run alone exceeds ``limit``.
+            while runs and (not taken or taken + runs[0].count <= limit):
+                run = runs.popleft()
+                taken += run.count
+                try:
+                    converted = self._convert(run)
+                except RemoteProtocolError as exc:
+                    log.warning("stream %d: dropped an undecodable run: %s", self.stream, exc)
+                    continue
+                if items:
+                    items += converted
+                else:
+                    items = converted
+            self._consumed(taken)
+            if items:
+                return items
+
+    async def _wait_for_runs(self) -> None:
+        """Wait until a run is buffered; raise the stream's error, or
+        StopAsyncIteration once closed, when none is left."""
+        while not self._runs:
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise StopAsyncIteration
+            self._ready = trio.Event()
+            await self._ready.wait()
+
+    def _consumed(self, count: int) -> None:
+        """Count ``count`` items as taken and return their credit in grants
+        of half the window, so Flow frames stay rare."""
+        self._buffered -= count
+        self.received += count
+        if self._credit:
+            self._ungranted += count
+            if not self._paused and self._ungranted * 2 >= self._credit:
+                self._grant()
+
+    def _grant(self) -> None:
+        if self._ungranted and self._error is None and not self._client.closed:
+            self._client._send_control(Flow(self.stream, self._ungranted))
+            self._ungranted = 0
+
+    def pause(self) -> None:
+        """Stop granting credit back: the broker stops sending once what it
+        may send has arrived (at most the credit window). No effect with
+        credit 0 (no flow control)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Grant the credit held back since ``pause``."""
+        self._paused = False
+        self._grant()
+
+    @property
+    def buffered_messages(self) -> int:
+        """Items received and not yet handed to the application."""
+        return self._buffered + len(self._batch) - self._position
+
+
+class Batches(Generic[Item]):
+    """The async iterator ``batches`` returns: lists of items."""
+
+    def __init__(self, source: BufferedRuns[Item], max_messages: int) -> None:
+        self._source = source
+        self._max_messages = max_messages
+
+    def __aiter__(self) -> Batches[Item]:
+        return self
+
+    async def __anext__(self) -> list[Item]:
+        return await self._source._next_batch(self._max_messages)

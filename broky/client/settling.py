@@ -1,0 +1,180 @@
+"""Batching a consumer's acks, nacks, terms and in-progress signals into
+``Settle`` frames of offset ranges (sans-IO: offsets in, frames out).
+
+The wire never carries one frame per message (docs/protocol.md, ``Settle``):
+an application acks message by message, and this module folds those acks
+into inclusive ``[first, last]`` ranges per (topic, partition), one frame per
+topic and kind, until the consumer flushes them on a short timer, when a
+batch is big enough, or on close. Acks of one partition usually arrive in
+offset order, so the common case extends the last range in O(1); acks out of
+order (a shared consumer finishing work unevenly) merge by bisection.
+
+Every frame asks for a receipt (a non-zero ``sequence``): ``Settled`` comes
+back once the broker's group commit holds the change, and
+``Consumer.flush`` waits for the receipts of everything sent before it.
+Receipts cost one small frame per batch, never one per message.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator
+from typing import Final
+
+from broky.protocol.constants import SettleKind
+from broky.protocol.frames import Settle
+
+#: Ranges per Settle frame: 20 bytes each on the wire (partition, first,
+#: last), so 2,048 ranges stay under 42 KiB, inside the smallest frame limit
+#: a broker may announce (64 KiB) with room for the topic and reason.
+MAX_RANGES_PER_FRAME: Final = 2048
+
+
+class RangeSet:
+    """Offsets of one (topic, partition) as sorted, disjoint, maximal
+    inclusive ranges: ``add(5); add(6); add(8)`` holds ``[(5, 6), (8, 8)]``.
+
+    Adding an offset already held changes nothing (an application that acks
+    twice sends one ack).
+    """
+
+    __slots__ = ("_firsts", "_lasts")
+
+    def __init__(self) -> None:
+        self._firsts: list[int] = []
+        self._lasts: list[int] = []
+
+    def add(self, offset: int) -> None:
+        """Hold ``offset``; O(1) when it extends the highest range."""
+        lasts = self._lasts
+        if lasts and offset == lasts[-1] + 1:
+            lasts[-1] = offset
+            return
+        if not lasts or offset > lasts[-1]:
+            self._firsts.append(offset)
+            lasts.append(offset)
+            return
+        firsts = self._firsts
+        # The range that starts at or before ``offset`` (index - 1), if any.
+        index = bisect.bisect_right(firsts, offset)
+        if index and offset <= lasts[index - 1] + 1:
+            if offset <= lasts[index - 1]:
+                return
+            lasts[index - 1] = offset
+            index -= 1
+        elif index < len(firsts) and firsts[index] == offset + 1:
+            firsts[index] = offset
+            return
+        else:
+            firsts.insert(index, offset)
+            lasts.insert(index, offset)
+            return
+        # ``offset`` extended range ``index`` at its top: join the next one if they touch.
+        if index + 1 < len(firsts) and firsts[index + 1] == offset + 1:
+            lasts[index] = lasts[index + 1]
+            del firsts[index + 1]
+            del lasts[index + 1]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The held ranges, lowest first."""
+        return list(zip(self._firsts, self._lasts, strict=True))
+
+    def __len__(self) -> int:
+        """How many ranges (not offsets) are held."""
+        return len(self._firsts)
+
+
+#: What one Settle frame has in common: kind, topic, delay and reason (a
+#: plain tuple: it is built and hashed once per settled message).
+_Group = tuple[SettleKind, str, int, str]
+
+
+class SettleBatcher:
+    """Pending settles of one consumer stream, folded into ranges.
+
+    ``add`` records one message's outcome and says whether the batch has
+    reached ``max_offsets`` (the caller then sends ``take()`` at once instead
+    of waiting for its timer). ``take`` drains everything into Settle frames,
+    each with the next receipt sequence, in the order their groups first
+    appeared (so an in-progress signal sent before an ack stays before it).
+    Owned by one consumer; not shared between tasks.
+    """
+
+    def __init__(self, stream: int, max_offsets: int = 1024) -> None:
+        if max_offsets < 1:
+            raise ValueError(f"max_offsets must be at least 1, got {max_offsets}")
+        self.stream = stream
+        self.max_offsets = max_offsets
+        self._groups: dict[_Group, dict[int, RangeSet]] = {}
+        #: The (group, partition) of the last ``add`` and its ranges: a
+        #: consumer acks runs of one partition, so most adds hit it.
+        self._last: tuple[_Group, int] | None = None
+        self._last_ranges = RangeSet()
+        self._pending = 0
+        self._sequences = itertools.count(1)
+
+    @property
+    def pending(self) -> int:
+        """Outcomes recorded since the last ``take`` (duplicates included)."""
+        return self._pending
+
+    def add(
+        self,
+        kind: SettleKind,
+        topic: str,
+        partition: int,
+        offset: int,
+        delay_ms: int = -1,
+        reason: str = "",
+    ) -> bool:
+        """Record one message's outcome; True once the batch should be sent now."""
+        group = (kind, topic, delay_ms, reason)
+        if (group, partition) == self._last:
+            ranges = self._last_ranges
+        else:
+            partitions = self._groups.get(group)
+            if partitions is None:
+                partitions = self._groups[group] = {}
+            found = partitions.get(partition)
+            if found is None:
+                found = partitions[partition] = RangeSet()
+            ranges = found
+            self._last, self._last_ranges = (group, partition), ranges
+        ranges.add(offset)
+        self._pending += 1
+        return self._pending >= self.max_offsets
+
+    def take(self) -> list[Settle]:
+        """Everything pending as Settle frames (each asking for a receipt);
+        afterwards nothing is pending."""
+        frames = [
+            frame
+            for group, partitions in self._groups.items()
+            for frame in self._frames(group, partitions)
+        ]
+        self._groups = {}
+        self._last = None
+        self._pending = 0
+        return frames
+
+    def _frames(self, group: _Group, partitions: dict[int, RangeSet]) -> Iterator[Settle]:
+        kind, topic, delay_ms, reason = group
+        entries = [
+            (partition, first, last)
+            for partition in sorted(partitions)
+            for first, last in partitions[partition].ranges()
+        ]
+        for start in range(0, len(entries), MAX_RANGES_PER_FRAME):
+            chunk = entries[start : start + MAX_RANGES_PER_FRAME]
+            yield Settle(
+                stream=self.stream,
+                sequence=next(self._sequences),
+                kind=kind,
+                partitions=tuple(entry[0] for entry in chunk),
+                first_offsets=tuple(entry[1] for entry in chunk),
+                last_offsets=tuple(entry[2] for entry in chunk),
+                delay_ms=delay_ms,
+                reason=reason,
+                topic=topic,
+            )
