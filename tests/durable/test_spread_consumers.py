@@ -20,7 +20,8 @@ import attrs
 import pytest
 import trio
 
-from broky import BrokyError, connect
+import broky
+from broky import BrokyError, Start, connect
 from broky.durable.ownership import partition_owner
 from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import Error, Settled, Subscribed
@@ -419,3 +420,38 @@ async def verify(address: str, ledger: Ledger) -> list[bytes]:
             ledger.receipted.update(d.payload for d in deliveries)
         assert not reader.errors, reader.errors
         return found
+
+
+async def test_the_client_library_consumes_across_workers(tmp_path: Path) -> None:
+    """``client.consumer`` on worker 0 and on worker 1 of a two-worker node
+    share the work of every partition; each message is acked once."""
+    config = tmp_path / "broky.toml"
+    write_config(config, 2)
+    total = 200
+    with nodes() as start, trio.fail_after(TIMEOUT):
+        node = start(["--config", str(config)])
+        seen: list[broky.Delivery] = []
+        async with (
+            connect(node.address, name="a") as first,
+            connect(node.address, name="b") as second,
+            first.consumer("orders.>", subscription="lib", start=Start.earliest()) as one,
+            second.consumer("orders.>", subscription="lib", start=Start.earliest()) as two,
+        ):
+            await publish(node.address, total, KEYS)
+
+            async def take(consumer: broky.Consumer) -> None:
+                async for delivery in consumer:
+                    seen.append(delivery)
+                    await delivery.ack()
+                    if len(seen) == total:
+                        return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(take, one)
+                nursery.start_soon(take, two)
+                while len(seen) < total:  # noqa: ASYNC110 - a checker's poll
+                    await trio.sleep(0.02)
+                nursery.cancel_scope.cancel()
+            await one.flush()
+            await two.flush()
+    assert sorted(int(d.payload) for d in seen) == list(range(total))
