@@ -34,6 +34,10 @@ class ConsumerLink:
     partitions: list[tuple[str, int]] = attrs.field(factory=list)
     #: Detached (closed, evicted or its connection ended): sends nothing more.
     closed: bool = False
+    #: The topic the stream's last ``Redelivered`` named, which the client
+    #: gives to every ``Deliver`` after it (None: none named yet). Deliveries
+    #: of another topic must name theirs first (``delivery_frames``).
+    named_topic: str | None = None
 
     @property
     def max_frame_bytes(self) -> int:

@@ -238,15 +238,18 @@ class Dispatcher:
             room -= len(self._ready)
         return max(0, min(available, room))
 
-    def feed(self, offset: int, slot: int, now: float) -> None:
-        """A message read from ``tracker.read_position``, in offset order."""
+    def _take_read(self, offset: int) -> bool:
+        """Move the read position over ``offset``; whether it is to deliver."""
         tracker = self.tracker
         if offset < tracker.read_position:
-            return  # read twice (a read raced a rewind); the first one counts
-        if offset in tracker.acked or offset in tracker.pending:
-            tracker.skip_read(offset)
-            return
+            return False  # read twice (a read raced a rewind); the first one counts
         tracker.skip_read(offset)
+        return not (offset in tracker.acked or offset in tracker.pending)
+
+    def feed(self, offset: int, slot: int, now: float) -> None:
+        """A message read from ``tracker.read_position``, in offset order."""
+        if not self._take_read(offset):
+            return
         if not self.ordered:
             self._ready.append(offset)
             self._pump_shared(now)
@@ -260,6 +263,18 @@ class Dispatcher:
         if not self._try_deliver(slot, offset, now):
             self._waiting[slot] = [offset]
             self.parked += 1
+
+    def queue(self, first: int, stop: int) -> None:
+        """Messages ``[first, stop)`` read in offset order, for a shared
+        subscription: queued only; ``pump`` after the read deals them at
+        once, so each consumer gets a consecutive slice (one run of one
+        Deliver frame, acked back as one range) instead of every n-th
+        message, as ``feed`` one by one would."""
+        assert not self.ordered
+        ready = self._ready
+        for offset in range(first, stop):
+            if self._take_read(offset):
+                ready.append(offset)
 
     def skip(self, offset: int) -> None:
         """An offset read from ``tracker.read_position`` that this subscription
@@ -492,18 +507,22 @@ class Dispatcher:
                 ready.append(offset)
         blocked: list[int] = []
         while ready:
-            offset = ready[0]
-            if offset in tracker.acked or offset in tracker.pending:
-                ready.popleft()
-                continue
-            if not tracker.may_deliver(offset):
-                blocked.append(ready.popleft())
-                continue
             state = self._next_with_room()
             if state is None:
                 break
-            ready.popleft()
-            self._hand(state, offset, 0, now)
+            # Its share of what is ready, by its room among all the free room
+            # (at least one): consecutive offsets travel as one run.
+            total = sum(max(0, other.room) for other in self.consumers.values())
+            share = max(1, len(ready) * state.room // total)
+            while ready and share and state.room > 0:
+                offset = ready.popleft()
+                if offset in tracker.acked or offset in tracker.pending:
+                    continue
+                if not tracker.may_deliver(offset):
+                    blocked.append(offset)
+                    continue
+                self._hand(state, offset, 0, now)
+                share -= 1
         ready.extendleft(reversed(blocked))
 
     def _next_with_room(self) -> Consumer | None:

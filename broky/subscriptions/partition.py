@@ -285,12 +285,17 @@ class PartitionSubscriptions:
                     dispatcher.skip(skipped)
                 continue
             if not key_shared:
-                for fed in range(offset, batch.next_offset):
-                    dispatcher.feed(fed, 0, now)
+                if dispatcher.ordered:
+                    for fed in range(offset, batch.next_offset):
+                        dispatcher.feed(fed, 0, now)
+                else:
+                    dispatcher.queue(offset, batch.next_offset)
                 continue
             for index, view in enumerate(message_views(batch.run)):
                 sticky = key_partition(view) or batch.key
                 dispatcher.feed(offset + index, slot_of(sticky), now)
+        if not dispatcher.ordered:
+            dispatcher.pump(now)  # deal what ``queue`` took, in slices
 
     def _carry_out(
         self, name: str, events: list[Deliver | DeadLetter | Evict], cache: BatchCache
@@ -313,8 +318,18 @@ class PartitionSubscriptions:
             if link is None:
                 continue  # gone meanwhile: its detach released these
             frames, lost = delivery_frames(
-                link.stream, self.topic, self.partition, deliveries, cache, link.max_frame_bytes
+                link.stream,
+                self.topic,
+                self.partition,
+                deliveries,
+                cache,
+                link.max_frame_bytes,
+                name_topic=link.named_topic != self.topic,
             )
+            if frames:
+                # Sent at once (no await in between): no other driver's
+                # frames can come between the naming and these Delivers.
+                link.named_topic = self.topic
             link.send(frames)
             if lost:
                 self.trimmed(name, lost)
