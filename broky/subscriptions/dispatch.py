@@ -489,7 +489,16 @@ class Dispatcher:
         if not self.ordered:
             self._pump_shared(now)
             return
+        # Only consumers with room can take anything, and none gains room
+        # here: the slots of the others are skipped without a look at their
+        # messages (pump runs on every ack, grant and commit).
+        free = {consumer for consumer, state in self.consumers.items() if state.room > 0}
+        if not free:
+            return
+        owner_of = self.owner_of
         for slot in list(self._waiting):
+            if owner_of(slot) not in free:
+                continue
             waiting = self._waiting[slot]
             while waiting and self._try_deliver(slot, waiting[0], now):
                 del waiting[0]
@@ -506,14 +515,15 @@ class Dispatcher:
             if tracker.due.get(offset) is not None and offset not in tracker.pending:
                 ready.append(offset)
         blocked: list[int] = []
+        # Each consumer's share of what is ready now is its part of the free
+        # room (rounded up): consecutive offsets travel as one run.
+        count = len(ready)
+        total = sum(max(0, state.room) for state in self.consumers.values())
         while ready:
             state = self._next_with_room()
             if state is None:
                 break
-            # Its share of what is ready, by its room among all the free room
-            # (at least one): consecutive offsets travel as one run.
-            total = sum(max(0, other.room) for other in self.consumers.values())
-            share = max(1, len(ready) * state.room // total)
+            share = -(-count * state.room // total)
             while ready and share and state.room > 0:
                 offset = ready.popleft()
                 if offset in tracker.acked or offset in tracker.pending:
