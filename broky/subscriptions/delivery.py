@@ -60,13 +60,17 @@ class BatchCache:
         batch = self._batches[index]
         return batch if offset < batch.next_offset else None
 
-    def missing(self, offsets: Iterable[int]) -> list[tuple[int, int]]:
-        """The ranges ``[first, stop)`` of ``offsets`` not held, merged."""
+    def missing(self, offsets: Iterable[int], gap: int = 0) -> list[tuple[int, int]]:
+        """The ranges ``[first, stop)`` of ``offsets`` not held, merged, and
+        merged across up to ``gap`` offsets between them: every log read
+        refills a read window (a ``pread`` of up to a MiB), so key-shared
+        deliveries scattered over many keys are cheaper read as a few spans
+        than one read each."""
         ranges: list[tuple[int, int]] = []
         for offset in sorted(set(offsets)):
             if self.find(offset) is not None:
                 continue
-            if ranges and ranges[-1][1] == offset:
+            if ranges and offset - ranges[-1][1] <= gap:
                 ranges[-1] = (ranges[-1][0], offset + 1)
             else:
                 ranges.append((offset, offset + 1))

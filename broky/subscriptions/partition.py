@@ -66,6 +66,11 @@ STATE_FILE: Final = "subscriptions.sqlite"
 #: Bytes of stored batches one round reads per dispatcher: bounds a round's
 #: memory (and its thread hop) whatever the credit granted.
 READ_BYTES: Final = 1024 * 1024
+#: Offsets to deliver that are missing from a round's reads (parked, due
+#: again) and at most this far apart are read as one span: one window fill
+#: instead of one per offset (key-shared over many keys parks offsets spread
+#: all over the log).
+READ_GAP: Final = 4096
 
 
 class PartitionSubscriptions:
@@ -245,7 +250,7 @@ class PartitionSubscriptions:
             if isinstance(event, Deliver | DeadLetter)
         ]
         needed.extend(event.offset for _, event in retry)
-        missing = cache.missing(needed)
+        missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
                 cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))

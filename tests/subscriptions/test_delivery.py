@@ -76,6 +76,9 @@ def test_missing_merges_ranges_of_what_is_not_held() -> None:
     cache = BatchCache()
     cache.add([batch(10, 5)])
     assert cache.missing([3, 4, 5, 11, 15, 16, 20]) == [(3, 6), (15, 17), (20, 21)]
+    # Across gaps of up to 4 offsets: one span (a held offset inside is read again).
+    assert cache.missing([3, 4, 5, 11, 15, 16, 20], gap=4) == [(3, 6), (15, 21)]
+    assert cache.missing([0, 15, 30], gap=20) == [(0, 31)]
 
 
 def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:
