@@ -343,12 +343,19 @@ def _drive(
     window_start = timeline[0]
     limit = options.count
     last_progress_at, last_received = start, 0
+    # The clock of warmup and duration starts with the first message sent:
+    # a publisher first builds its frames (seconds, at 100,000 keys), and
+    # that must not eat into the window.
+    first_sent_at: float | None = None
     while True:
         time.sleep(SAMPLE_INTERVAL)
         now = time.perf_counter() - start
         sent, received = run.total(run.sent), run.total(run.received)
         timeline.append((now, sent, received, cpu()))
-        if window_start[0] < options.warmup <= now:
+        if first_sent_at is None and (sent or now > PUBLISHER_START_TIMEOUT):
+            first_sent_at = now
+        now = now - first_sent_at if first_sent_at is not None else 0.0
+        if window_start[0] == 0.0 and 0 < options.warmup <= now:
             window_start = timeline[-1]
         if received != last_received:
             last_progress_at, last_received = time.perf_counter(), received
@@ -366,6 +373,10 @@ def _drive(
             progress(min(now / (options.warmup + options.duration), 1.0), f"{received:,} delivered")
             if now >= options.warmup + options.duration:
                 return timeline, (window_start, timeline[-1])
+
+
+#: Longest a publisher may take to send its first message (building its frames).
+PUBLISHER_START_TIMEOUT: Final = 30.0
 
 
 def _drain(run: _Run, fanout: float) -> None:
