@@ -10,8 +10,11 @@ out; ``now`` is passed in (seconds).
 
 Types:
 
-- ``shared``: each message to the consumer with room next in round-robin
-  order; no order between messages.
+- ``shared``: each message to a consumer with room (consumers taken in
+  round-robin order); no order between messages. A read queued with
+  ``queue`` is dealt by ``pump`` in consecutive slices, each consumer's its
+  part of the free room, so a consumer's messages travel as runs and its
+  acks as ranges.
 - ``exclusive`` / ``failover`` / ``key-shared`` are *ordered*: every message
   belongs to a slot (key-shared: the key's slot; the others: one slot), a slot
   has one owner, and the invariant of PIP-379 holds: **all unacked messages of
