@@ -80,7 +80,8 @@ class Delivery:
         #: The decoded message (key, payload, tags, partition, offset, stamps).
         self.message = message
         #: The durable topic (the ``[[durable]]`` name) holding the message,
-        #: as the broker named it: "" on a first delivery (see ``Consumer``).
+        #: as the broker named it ("" only from a broker that named none
+        #: before this delivery, see ``Consumer``).
         self.topic = topic
         #: How many times the broker has delivered this message, this time included.
         self.delivery_count = count
