@@ -7,7 +7,7 @@ import logging
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +18,8 @@ from broky import subs_cli
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
+from broky.cluster.isr import IsrSettings
+from broky.cluster.node import ClusterNode
 from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.consume_cli import add_consumer_flags, consume
@@ -29,6 +31,7 @@ from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.keys import encode_key
 from broky.reload import reread
+from broky.replication.service import ReplicationService
 from broky.security import passwd
 from broky.security.flags import (
     add_client_auth_flags,
@@ -80,6 +83,8 @@ def load_config(args: argparse.Namespace) -> Config:
         "replication_factor",
         "vbuckets",
         "cluster_lease_ttl",
+        "replication_listen",
+        "min_insync_replicas",
     )
     for name in (*overridable, *TLS_SETTINGS):
         value = getattr(args, name, None)
@@ -90,11 +95,22 @@ def load_config(args: argparse.Namespace) -> Config:
     return Config.from_mapping(values)
 
 
-async def serve(config: Config, load: Callable[[], Config] | None = None) -> None:
+async def serve(
+    config: Config, load: Callable[[], Config] | None = None, member: ClusterNode | None = None
+) -> None:
     """Run a broker until SIGINT or SIGTERM, then shut it down gracefully.
     SIGHUP reloads users, allow_anonymous and certificates with ``load``
-    (broky.reload)."""
+    (broky.reload). A cluster ``member`` with ``replication_listen`` set
+    replicates the durable topics (broky.replication)."""
     broker = Broker(config)
+    if member is not None and config.replication_listen and broker.store is not None:
+        replication = ReplicationService(
+            broker.store,
+            member,
+            config.replication_listen,
+            IsrSettings(config.min_insync_replicas, config.replica_lag_max),
+        )
+        broker.beside_store.append(replication.run)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(broker.serve)
@@ -210,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--cluster-lease-ttl", type=int, help="seconds before a silent node is dead (1)"
     )
+    serve_cmd.add_argument(
+        "--replication-listen",
+        help="HOST:PORT where this member serves replication of its durable topics",
+    )
+    serve_cmd.add_argument(
+        "--min-insync-replicas", type=int, help="in-sync replicas an acks=all publish needs (2)"
+    )
     for setting in TLS_SETTINGS:
         serve_cmd.add_argument(
             f"--{setting.replace('_', '-')}", help=f"PEM file; overrides {setting} (see README)"
@@ -267,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _configure_logging(config.log_level)
             tune_for_broker()
             workers = worker_count(config)
+            if config.replication_listen and (workers != 1 or not config.cluster_etcd):
+                raise ConfigError("replication_listen needs cluster_etcd and --workers 1")
+            server: Callable[..., Awaitable[None]]
             if workers == 1 and not config.cluster_listen:
                 server = serve
             elif config.durable and config.cluster_listen:
@@ -278,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server = serve_node
             load = partial(load_config, args)
             if config.cluster_etcd:
-                trio.run(serve_member, server, config, load, workers)
+                trio.run(serve_member, server, config, load, workers, server is serve)
             else:
                 trio.run(server, config, load)
         elif args.command in ("bench", "passwd", "cluster", "subs"):

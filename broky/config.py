@@ -185,6 +185,18 @@ class Config:
     replication_factor: int = attrs.field(default=3, validator=_positive)
     #: Vbuckets the partitions are spread over; fixed like replication_factor.
     vbuckets: int = attrs.field(default=256, validator=_positive)
+    #: HOST:PORT where this member serves replication fetches of its durable
+    #: topics' partitions (broky.replication); empty: durable topics are not
+    #: replicated (a member without it serves them alone, as before).
+    replication_listen: str = ""
+    #: Replicas (the leader included) that must be in sync for an
+    #: ``acks = "all"`` publish; fewer and publishes fail with the retriable
+    #: NotEnoughReplicas (Kafka's min.insync.replicas; 2 of 3 keeps every
+    #: acked publish on two disks).
+    min_insync_replicas: int = attrs.field(default=2, validator=_positive)
+    #: Seconds a follower may stay behind the leader's log end before the
+    #: leader drops it from the ISR (acks then wait for one fewer replica).
+    replica_lag_max: float = attrs.field(default=5.0, validator=_positive)
 
     @port.validator
     def _check_port(self, attribute: attrs.Attribute[int], value: int) -> None:

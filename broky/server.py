@@ -13,7 +13,7 @@ import logging
 import socket
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Final
@@ -119,6 +119,9 @@ class Broker:
             SubscriptionService(self.store, self._advise) if self.store is not None else None
         )
         self._channels: list[OwnerChannel] = []
+        #: Services started once the durable topics are open and stopped
+        #: before they close (a cluster member's replication: broky.replication).
+        self.beside_store: list[Callable[..., Awaitable[None]]] = []
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
         #: TLS contexts whose certificate a reload loads again, each with the
@@ -165,6 +168,8 @@ class Broker:
                 # Opened (and recovered) before the first connection; closed
                 # after the last one, when this nursery is cancelled below.
                 await storage.start(self.store.run)
+                for service in self.beside_store:
+                    await storage.start(service)
             if self.subscriptions is not None:
                 # After the logs (it reads them), before the first connection.
                 await storage.start(self.subscriptions.run)

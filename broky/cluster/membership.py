@@ -51,6 +51,8 @@ class NodeInfo:
     #: Where other nodes' cluster links connect (HOST:PORT; empty: none).
     cluster_address: str = ""
     workers: int = 1
+    #: Where followers fetch this node's partitions (HOST:PORT; empty: none).
+    replication_address: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(attrs.asdict(self), sort_keys=True).encode()
@@ -66,6 +68,7 @@ class NodeInfo:
             address=str(fields.get("address", "")),
             cluster_address=str(fields.get("cluster_address", "")),
             workers=int(fields.get("workers", 1)),
+            replication_address=str(fields.get("replication_address", "")),
         )
 
 

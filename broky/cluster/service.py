@@ -2,9 +2,9 @@
 
 The broker serves as it would alone; beside it, broky.cluster.node keeps
 the node registered, follows membership and vbucket states, and takes its
-turn as controller. Leader -> follower log shipping, the high watermark and
-``acks = all`` are the next step (issue 15): today a member's partitions
-have leaders, epochs and ISRs in etcd, but data is not yet replicated.
+turn as controller. With ``--replication-listen`` and one worker, the
+broker also replicates its durable partitions by those leaders, epochs and
+ISRs (broky.replication, started by ``broky.cli.serve``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 #: previous life's registration may need REGISTER_WAIT to expire.
 JOIN_TIMEOUT = REGISTER_WAIT + 5.0
 
-Serve = Callable[[Config, Callable[[], Config] | None], Awaitable[None]]
+Serve = Callable[..., Awaitable[None]]
 
 
 class ClusterStartError(Exception):
@@ -41,6 +41,7 @@ def node_info(config: Config, workers: int) -> NodeInfo:
         address=f"{config.host}:{config.port}",
         cluster_address=config.cluster_listen,
         workers=workers,
+        replication_address=config.replication_listen,
     )
 
 
@@ -64,18 +65,24 @@ async def run_member(
 
 
 async def serve_member(
-    serve: Serve, config: Config, load: Callable[[], Config] | None, workers: int
+    serve: Serve,
+    config: Config,
+    load: Callable[[], Config] | None,
+    workers: int,
+    pass_member: bool = False,
 ) -> None:
     """Join the cluster, then ``serve`` until it returns (SIGINT/SIGTERM);
-    leaving revokes the node's lease so its partitions fail over at once."""
+    leaving revokes the node's lease so its partitions fail over at once.
+    With ``pass_member`` (a one-process node, whose broker shares this
+    loop) ``serve`` also gets the ClusterNode, to replicate its partitions."""
     joined = False
     try:
         async with trio.open_nursery() as nursery:
             with trio.move_on_after(JOIN_TIMEOUT):
-                await nursery.start(run_member, config, workers)
+                node = await nursery.start(run_member, config, workers)
                 joined = True
             if joined:
-                await serve(config, load)
+                await (serve(config, load, node) if pass_member else serve(config, load))
             nursery.cancel_scope.cancel()
     except* NodeIdTaken as group:
         raise ClusterStartError(str(group.exceptions[0])) from None

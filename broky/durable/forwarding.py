@@ -51,6 +51,7 @@ import trio
 
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.forwarded import PUBLISH_STREAM, ForwardedPublishes
+from broky.durable.producers import Identity
 from broky.durable.relays import RELAY_START_CREDIT, PartitionListing, Relay
 from broky.mesh.link import Connector
 from broky.protocol.chunks import encode_chunk, runs_frame_parts
@@ -168,6 +169,7 @@ class OwnerChannel:
         ticket: AckTicket | None,
         acks: AckQueue | None,
         run_index: int,
+        identity: Identity | None = None,
     ) -> None:
         """Gather a run for the owner; ``flush`` sends what was gathered."""
         if not self.connected:
@@ -176,7 +178,7 @@ class OwnerChannel:
                     self._unavailable(f"{topic.name}/{partition}"), ErrorCode.OWNER_UNAVAILABLE
                 )
             return
-        if self.publishes.add(run, ticket, acks, run_index):
+        if self.publishes.add(run, ticket, acks, run_index, identity):
             self.flush()  # a client frame split into pieces may outgrow a frame
 
     def flush(self) -> None:
@@ -446,6 +448,7 @@ class Forwarder:
         ticket: AckTicket | None,
         acks: AckQueue | None,
         run_index: int,
+        identity: Identity | None = None,
     ) -> None:
         """Gather a run for its partition's owner (sent by ``flush``); the
         store's ``forward`` hook."""
@@ -455,7 +458,7 @@ class Forwarder:
             if ticket is not None:
                 ticket.failed(f"no channel to worker {owner}", ErrorCode.OWNER_UNAVAILABLE)
             return
-        channel.add(topic, partition, run, ticket, acks, run_index)
+        channel.add(topic, partition, run, ticket, acks, run_index, identity)
 
     def flush(self) -> None:
         for channel in self.channels.values():

@@ -74,12 +74,12 @@ class Replay:
         if start is StartKind.EARLIEST:
             return partition_log.start_offset
         if start is StartKind.TIME:
-            return partition_log.offset_for_time(self._start_time)
+            return min(partition_log.offset_for_time(self._start_time), owner.readable_end)
         if start is StartKind.OFFSET:
             offsets = self._start_offsets
             wanted = offsets[owner.partition] if owner.partition < len(offsets) else 0
-            return min(max(wanted, partition_log.start_offset), partition_log.end_offset)
-        return partition_log.end_offset
+            return min(max(wanted, partition_log.start_offset), owner.readable_end)
+        return owner.readable_end
 
     async def run(self) -> None:
         """Replay, then switch to live; a closed subscription just stops."""
@@ -116,6 +116,7 @@ class Replay:
                 partial(
                     _read,
                     self.positions[owner],
+                    owner.readable_end,
                     min(REPLAY_READ_BYTES, subscription.max_bytes // 4),
                 )
             )
@@ -174,10 +175,14 @@ class Replay:
                 subscription.push(run)
 
 
-def _read(position: int, budget: int, partition_log: PartitionLog) -> tuple[list[StoredBatch], int]:
-    """A replay read (in the owner's thread): batches from ``position`` and the end."""
+def _read(
+    position: int, budget: int, stop: int, partition_log: PartitionLog
+) -> tuple[list[StoredBatch], int]:
+    """A replay read (in the owner's thread): batches from ``position`` up to
+    ``stop`` (the owner's ``readable_end``), and where reading ends."""
     start = max(position, partition_log.start_offset)
-    return partition_log.read(start, budget), partition_log.end_offset
+    stop = min(stop, partition_log.end_offset)
+    return partition_log.read(start, budget, stop_offset=stop), stop
 
 
 def queue_live(subscription: Subscription, run: EncodedRun) -> None:

@@ -75,6 +75,9 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 17
     OWNER_UNAVAILABLE = 18
     SUBSCRIPTION_REFUSED = 19
+    NOT_LEADER = 20
+    NOT_ENOUGH_REPLICAS = 21
+    OUT_OF_ORDER_SEQUENCE = 22
 
 
 class SlowConsumerPolicy(enum.IntEnum):

@@ -402,6 +402,16 @@ class Segment:
             position += header.length
         return batches, used
 
+    def batch_at(self, offset: int) -> tuple[int, int]:
+        """``(byte position, base offset)`` of the batch holding ``offset``
+        (``(size, next_offset)`` past the end): where a truncation cuts."""
+        position = self.index.position_for_offset(offset)[1]
+        for header, _table in iter_headers(self._reader(), position, self.size):
+            if header.next_offset > offset:
+                return position, header.base_offset
+            position += header.length
+        return self.size, self.next_offset
+
     def offset_for_time(self, log_time: int) -> int:
         """The first offset whose batch has ``log_time`` at or after the given one."""
         start = self.index.position_for_time(log_time)
@@ -416,6 +426,12 @@ class Segment:
         for header, table in iter_headers(self._reader(), 0, self.size):
             last.update(header.key_last_offsets(table))
         return last
+
+    def producer_runs(self) -> Iterator[tuple[int, int, int, int]]:
+        """The idempotent producers' runs of this segment (a header-only
+        scan; ``BatchHeader.producer_runs``)."""
+        for header, table in iter_headers(self._reader(), 0, self.size):
+            yield from header.producer_runs(table)
 
     def close(self) -> None:
         """Close the files; an active segment is sealed first (clean shutdown)."""

@@ -1,0 +1,160 @@
+"""Acked publish throughput: RF 3 with ``acks = "all"`` vs one node, as JSON lines.
+
+Run: ``.venv/bin/python -m benchmarks.bench_replication [--seconds S]
+[--clients C] [--batch B] [--size N]``.
+
+Both setups run in this one session on this machine, with the same
+client (``broky.client.cluster.ClusterPublisher``: one acked batch in
+flight per client), the same durable topic (4 partitions, ``fsync =
+"always"``) and the same load:
+
+- ``single``: one ``broky serve --workers 1``, no cluster: acked when the
+  leader's group-committed fsync returns;
+- ``rf3_acks_all``: a local etcd and three ``broky serve --cluster ...
+  --replication-listen ...`` nodes on this machine: acked when every
+  in-sync replica (all three when healthy) has fsynced (the high watermark).
+
+Each setup is stopped afterwards and every acked message is looked up at
+its acked offset in every replica's files: ``lost`` counts those missing.
+Three nodes on one machine share its cores and disk with the client, so
+this is the replication protocol's overhead under contention, not a
+cluster's capacity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from broky.client.cluster import ClusterPublisher
+from broky.cluster.etcd import EtcdClient
+from broky.cluster.keys import ClusterKeys
+from broky.cluster.local_etcd import local_etcd
+from broky.cluster.status import read_status
+from broky.replication.local_cluster import LocalNode, TopicSpec, fully_in_sync
+
+TOPIC = TopicSpec()
+
+
+async def _load(
+    nodes: list[LocalNode], seconds: float, clients: int, batch: int, size: int
+) -> tuple[int, float, list[tuple[int, int, int]]]:
+    """Publish for ``seconds``; returns (messages acked, elapsed, acked runs)."""
+    acked: list[tuple[int, int, int]] = []
+    deadline = trio.current_time() + seconds
+    payload = b"x" * size
+
+    async def client(index: int) -> None:
+        async with ClusterPublisher.open([n.address for n in nodes], retry_for=5) as publisher:
+            round_ = 0
+            while trio.current_time() < deadline:
+                runs = await publisher.publish(f"orders.c{index}.k{round_ % 16}", [payload] * batch)
+                acked.extend((r.partition, r.first_offset, r.last_offset) for r in runs)
+                round_ += 1
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for index in range(clients):
+            nursery.start_soon(client, index)
+    elapsed = trio.current_time() - started
+    return sum(last - first + 1 for _, first, last in acked), elapsed, acked
+
+
+def _lost(nodes: list[LocalNode], acked: list[tuple[int, int, int]]) -> int:
+    lost = 0
+    for node in nodes:
+        held = {
+            p: {offset for offset, _key, _msg in records}
+            for p, records in node.records(TOPIC.name).items()
+        }
+        for partition, first, last in acked:
+            lost += sum(1 for o in range(first, last + 1) if o not in held.get(partition, set()))
+    return lost
+
+
+async def _measure(
+    nodes: list[LocalNode], mode: str, args: argparse.Namespace
+) -> dict[str, object]:
+    count, elapsed, acked = await _load(nodes, args.seconds, args.clients, args.batch, args.size)
+    await trio.sleep(0.5)
+    for node in nodes:
+        node.stop(signal.SIGTERM)
+    return {
+        "mode": mode,
+        "clients": args.clients,
+        "batch": args.batch,
+        "message_bytes": args.size,
+        "seconds": round(elapsed, 2),
+        "acked_messages": count,
+        "msgs_per_s": round(count / elapsed),
+        "lost": _lost(nodes, acked),
+    }
+
+
+async def _single(directory: Path, args: argparse.Namespace) -> dict[str, object]:
+    node = LocalNode("", "", "solo", directory / "solo", TOPIC, standalone=True)
+    node.start()
+    try:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await (await trio.open_tcp_stream("127.0.0.1", node.port)).aclose()
+                    break
+                except OSError:
+                    await trio.sleep(0.05)
+        return await _measure([node], "single", args)
+    finally:
+        node.stop(signal.SIGKILL)
+
+
+async def _replicated(
+    etcd_url: str, directory: Path, args: argparse.Namespace
+) -> dict[str, object]:
+    keys = ClusterKeys.for_cluster("bench")
+    nodes = [LocalNode(etcd_url, "bench", f"n{i}", directory / f"n{i}", TOPIC) for i in (1, 2, 3)]
+    try:
+        for node in nodes:
+            node.start()
+        async with EtcdClient.from_url(etcd_url) as etcd:
+            with trio.fail_after(30):
+                while not fully_in_sync(await read_status(etcd, keys), TOPIC, 3):  # noqa: ASYNC110 - polling etcd
+                    await trio.sleep(0.05)
+        return await _measure(nodes, "rf3_acks_all", args)
+    finally:
+        for node in nodes:
+            node.stop(signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--size", type=int, default=100)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-replication-") as temporary:
+        directory = Path(temporary)
+        single = trio.run(_single, directory, args)
+        print(json.dumps(single), flush=True)
+        with local_etcd(directory / "etcd") as url:
+            replicated = trio.run(_replicated, url, directory, args)
+        print(json.dumps(replicated), flush=True)
+        ratio = int(replicated["msgs_per_s"]) / max(int(single["msgs_per_s"]), 1)  # type: ignore[call-overload]
+        print(
+            json.dumps(
+                {
+                    "ratio_rf3_to_single": round(ratio, 3),
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Acked publishing to a replicated cluster that finds partition leaders by itself.
+
+A node that does not lead a partition refuses a publish to it with
+``NotLeader``, whose message ends with ``leader NODE at HOST:PORT (epoch
+E)`` when it knows the leader (docs/protocol.md); a leader with too few
+replicas in sync refuses with ``NotEnoughReplicas``. ``ClusterPublisher``
+keeps one connection per node it was sent to, follows those redirects,
+and retries the refused batch with a short backoff until ``retry_for``
+runs out.
+
+A retry is not idempotent yet: a batch whose leader was deposed after it
+stored it fails with NotLeader although the new leader may keep it, and
+the retry then stores it again (producer ids and sequences, issue 14, make
+retries exactly-once). Callers that count must count duplicates apart
+from losses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Final
+
+import trio
+
+from broky.client.client import Client
+from broky.client.durable import AckedRun
+from broky.client.errors import BrokyError, ConnectionClosed
+from broky.client.tcp import connect
+from broky.protocol.constants import ErrorCode
+
+#: Refusals after which the same batch may be sent again (somewhere else).
+RETRIABLE: Final = frozenset(
+    {ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.OWNER_UNAVAILABLE}
+)
+#: First pause between attempts; doubles up to MAX_BACKOFF, which stays
+#: short because failover takes about a lease TTL (1 s) and each attempt
+#: costs one connect or one refused frame.
+FIRST_BACKOFF: Final = 0.02
+MAX_BACKOFF: Final = 0.2
+#: Seconds an attempt (connect, publish, ack) may take before the node is
+#: taken for dead or paused and the next one is tried.
+ATTEMPT_TIMEOUT: Final = 3.0
+
+_LEADER = re.compile(r"leader (\S+) at (\S+) \(epoch (\d+)\)")
+
+
+def leader_address(message: str) -> str | None:
+    """The leader's address a NotLeader message names, if any."""
+    found = _LEADER.search(message)
+    return found.group(2) if found else None
+
+
+class ClusterPublisher:
+    """Publishes with acks to whichever node leads each partition (see the
+    module docstring). Create it with ``async with ClusterPublisher.open(seeds)``:
+    its connections live in tasks of its own nursery."""
+
+    def __init__(
+        self, nursery: trio.Nursery, seeds: Sequence[str], retry_for: float, name: str
+    ) -> None:
+        if not seeds:
+            raise ValueError("a cluster publisher needs at least one seed address")
+        self._nursery = nursery
+        self.seeds = list(seeds)
+        self.retry_for = retry_for
+        self.name = name
+        #: Attempts that were refused or failed and retried.
+        self.retries = 0
+        self._clients: dict[str, tuple[Client, trio.Event]] = {}
+        self._next_seed = 0
+        #: The node that last acked each key (bounded by the keys used).
+        self._leaders: dict[str, str] = {}
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, seeds: Sequence[str], retry_for: float = 10.0, name: str = ""
+    ) -> AsyncIterator[ClusterPublisher]:
+        async with trio.open_nursery() as nursery:
+            publisher = cls(nursery, seeds, retry_for, name)
+            try:
+                yield publisher
+            finally:
+                for address in list(publisher._clients):
+                    publisher._drop(address)
+
+    async def publish(
+        self, key: str, payloads: Sequence[bytes], *, key_partition: bytes = b""
+    ) -> list[AckedRun]:
+        """Publish ``payloads`` on ``key`` as one acked batch; returns the
+        offsets once acked. Raises the last BrokyError after ``retry_for``."""
+        deadline = trio.current_time() + self.retry_for
+        address = self._leaders.get(key) or self._seed()
+        backoff = FIRST_BACKOFF
+        while True:
+            try:
+                with trio.fail_after(ATTEMPT_TIMEOUT):
+                    client = await self._client(address)
+                    for payload in payloads:
+                        await client.publish(key, payload, key_partition=key_partition, ack=True)
+                    acked = await client.flush_acks()
+                    self._leaders[key] = address
+                    return acked
+            except (BrokyError, trio.TooSlowError, OSError) as exc:
+                error = exc
+                refusal = exc if isinstance(exc, BrokyError) else None
+                if isinstance(exc, ConnectionClosed) or refusal is None:
+                    self._drop(address)  # a refusal leaves the connection usable
+                    address = self._seed()
+                elif refusal.code not in RETRIABLE:
+                    raise
+                elif refusal.code is ErrorCode.NOT_LEADER:
+                    address = leader_address(str(refusal)) or self._seed()
+            self.retries += 1
+            if trio.current_time() + backoff > deadline:
+                if isinstance(error, BrokyError):
+                    raise error
+                raise ConnectionClosed(f"no node acked within {self.retry_for} s: {error!r}")
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _seed(self) -> str:
+        self._next_seed += 1
+        return self.seeds[self._next_seed % len(self.seeds)]
+
+    async def _client(self, address: str) -> Client:
+        found = self._clients.get(address)
+        if found is not None and not found[0].closed:
+            return found[0]
+        self._drop(address)
+        client: Client = await self._nursery.start(self._hold, address)
+        return client
+
+    async def _hold(self, address: str, *, task_status: trio.TaskStatus[Client]) -> None:
+        """One connection, open until dropped or broken (its errors surface
+        in ``publish`` as a closed client, not here)."""
+        stop = trio.Event()
+        started = False
+        try:
+            async with connect(address, name=self.name) as client:
+                self._clients[address] = (client, stop)
+                task_status.started(client)
+                started = True
+                await stop.wait()
+        except (BrokyError, OSError, trio.BrokenResourceError):
+            if not started:
+                raise
+        finally:
+            found = self._clients.get(address)
+            if found is not None and found[1] is stop:
+                del self._clients[address]
+
+    def _drop(self, address: str) -> None:
+        found = self._clients.pop(address, None)
+        if found is not None:
+            found[1].set()

@@ -1,0 +1,197 @@
+"""A follower's loop for one partition: truncate for the leader's epoch, then fetch.
+
+Pull, as Kafka's replica fetcher, rather than leader push: one mechanism
+serves both steady state and catch-up (a restarted or lagging follower just
+fetches from its log end), the follower's fsynced end rides on its next
+fetch as its ack (no separate ack channel), and a slow follower only slows
+itself: the leader holds no send queue per follower. The cost is one extra
+round trip per batch against push, which long polls (broky.replication.gate
+FETCH_WAIT) keep small.
+
+Order of a follower's duties for leader epoch E (KIP-101 / KIP-279):
+
+1. until the fence reaches E: ask the leader where our latest epoch ends
+   in its log (EpochEnd), truncate there (``truncation_step``), repeat
+   while the logs do not yet agree; then record E as our fence, durably;
+2. fetch from our log end, append what comes, fsync, and report the new
+   durable end in the next fetch; take the leader's high watermark (capped
+   at our end) for our readers.
+
+Runs whose epoch is newer than our latest add an epoch entry, so our
+history matches the leader's and a later failover truncates correctly.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import trio
+
+from broky.cluster.epochs import EpochHistory, truncation_step
+from broky.protocol.frames import Run
+from broky.replication import epochfile
+from broky.replication.faults import LinkSwitch
+from broky.replication.gate import PartitionReplica
+from broky.replication.link import ReplicationLink
+from broky.replication.wire import (
+    EpochEnd,
+    EpochEnded,
+    Fetch,
+    Fetched,
+    Refused,
+    ReplicatedRun,
+    ReplicationProtocolError,
+)
+from broky.storage.errors import StorageError
+from broky.storage.log import PartitionLog
+
+log = logging.getLogger("broky.replication")
+
+#: Seconds to wait for a leader's answer (a long poll takes FETCH_WAIT):
+#: a paused or partitioned leader is given up on quickly, and the follower
+#: reconnects (the etcd view decides whom it follows).
+REQUEST_TIMEOUT = 2.0
+#: Pause before retrying after a refusal or a lost link.
+RETRY_DELAY = 0.05
+
+
+class Follower:
+    """Follows ``leader_address`` for ``replica`` at leader epoch ``epoch``."""
+
+    def __init__(
+        self,
+        replica: PartitionReplica,
+        leader_address: str,
+        epoch: int,
+        node_epoch: int,
+        switch: LinkSwitch,
+    ) -> None:
+        self.switch = switch
+        self.replica = replica
+        self.leader_address = leader_address
+        self.epoch = epoch
+        self.node_epoch = node_epoch
+
+    async def run(self) -> None:
+        """Follow until cancelled (a new etcd state starts a new Follower)."""
+        host, _, port = self.leader_address.rpartition(":")
+        while True:
+            await self.switch.wait_healed()
+            try:
+                stream = await trio.open_tcp_stream(host, int(port))
+            except OSError as exc:
+                log.debug(
+                    "%s: cannot reach leader %s: %s", self.replica.name, self.leader_address, exc
+                )
+                await trio.sleep(RETRY_DELAY * 4)
+                continue
+            async with stream:
+                link = ReplicationLink(stream)
+                try:
+                    with self.switch.link():
+                        await self._truncate(link)
+                        await self._fetch(link)
+                except (
+                    trio.TooSlowError,
+                    OSError,
+                    trio.BrokenResourceError,
+                    ReplicationProtocolError,
+                ) as exc:
+                    log.info("%s: link to %s lost: %r", self.replica.name, self.leader_address, exc)
+                except _Retry as exc:
+                    log.debug("%s: %s", self.replica.name, exc)
+                except StorageError as exc:
+                    log.error("%s: replica log failed: %s", self.replica.name, exc)
+                    await trio.sleep(RETRY_DELAY * 20)
+            await trio.sleep(RETRY_DELAY)
+
+    async def _truncate(self, link: ReplicationLink) -> None:
+        replica = self.replica
+        owner = replica.owner
+        while replica.fence < self.epoch:
+            latest = replica.history.latest_epoch
+            query = EpochEnd(
+                owner.topic.name, owner.partition, self.epoch, -1 if latest is None else latest
+            )
+            with trio.fail_after(REQUEST_TIMEOUT):
+                answer = await link.request(query)
+            if not isinstance(answer, EpochEnded):
+                raise _Retry(f"epoch query refused: {answer}")
+            before = owner.end_offset
+            end, agreed = truncation_step(replica.history, before, answer.found)
+            fence = self.epoch if agreed else replica.fence
+            await owner.call(partial(_cut, replica.history, end, fence))
+            replica.high_watermark = min(replica.high_watermark, end)
+            replica.fence = fence
+            log.log(
+                logging.WARNING if end < before else logging.INFO,
+                "%s: log end %d, truncated to %d for epoch %d (agreed: %s)",
+                replica.name,
+                before,
+                end,
+                self.epoch,
+                agreed,
+            )
+
+    async def _fetch(self, link: ReplicationLink) -> None:
+        replica = self.replica
+        owner = replica.owner
+        while True:
+            end = owner.end_offset
+            # Every append below is fsynced before the next fetch: end is durable.
+            fetch = Fetch(
+                owner.topic.name,
+                owner.partition,
+                self.epoch,
+                replica.node_id,
+                self.node_epoch,
+                end,
+                end,
+            )
+            with trio.fail_after(REQUEST_TIMEOUT):
+                answer = await link.request(fetch)
+            if isinstance(answer, Refused):
+                await trio.sleep(RETRY_DELAY)
+                raise _Retry(f"fetch from {end} refused: {answer}")
+            if not isinstance(answer, Fetched) or answer.epoch != self.epoch:
+                raise _Retry(f"unexpected answer {type(answer).__name__}")
+            if answer.runs:
+                await owner.call(partial(self._append, answer.runs))
+            replica.high_watermark = max(
+                replica.high_watermark, min(answer.high_watermark, owner.end_offset)
+            )
+
+    def _append(self, runs: tuple[ReplicatedRun, ...], partition_log: PartitionLog) -> None:
+        """In the owner's thread: append the runs that continue our log,
+        record new epochs, fsync (before the next fetch reports them)."""
+        history = self.replica.history
+        saved = False
+        contiguous: list[Run] = []
+        end = partition_log.end_offset
+        for run in runs:
+            if run.base_offset != end:
+                break  # not contiguous: the next fetch asks from our end again
+            latest = history.latest_epoch
+            if latest is None or run.epoch > latest:
+                history.assign(run.epoch, run.base_offset)
+                saved = True
+            contiguous.append(Run(run.key, run.ts_broker, run.count, run.sizes, run.messages))
+            end += run.count
+        if contiguous:
+            # One write for the whole answer, as the leader's group commit.
+            partition_log.append(contiguous, [run.ts_broker for run in contiguous])
+        partition_log.sync()
+        if saved:
+            epochfile.save(partition_log.directory, history, self.replica.fence)
+
+
+def _cut(history: EpochHistory, end: int, fence: int, partition_log: PartitionLog) -> None:
+    """In the owner's thread: truncate the log and its epoch history, durably."""
+    partition_log.truncate(end)
+    history.truncate(end)
+    epochfile.save(partition_log.directory, history, fence)
+
+
+class _Retry(Exception):
+    """Reconnect after a pause (a refusal, a stale answer)."""

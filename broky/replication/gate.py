@@ -1,0 +1,271 @@
+"""One replicated partition's role on this node: leader, follower or neither.
+
+``PartitionReplica`` is what the partition's owner (broky.durable.store)
+asks before storing a publish and after fsyncing it (the ``ReplicaGate``
+protocol), and what the replication server asks when a follower fetches.
+It lives on the trio thread; the epoch history it holds changes only
+inside the owner's rounds (the log's thread), next to the log.
+
+As leader of epoch E it holds a ``LeaderIsr`` (broky.cluster.isr): a round
+of publishes is delivered and acked once the high watermark passes it, and
+failed with NotLeader if this node stops leading first (the records may
+survive on the new leader: the client cannot know, and retries). As a
+follower or an outsider it refuses publishes with NotLeader naming the
+leader it knows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import trio
+
+from broky.cluster.epochs import EpochHistory
+from broky.cluster.isr import Acks, LeaderIsr, Outcome
+from broky.cluster.leadership import Term
+from broky.durable.store import PartitionOwner
+from broky.protocol.constants import ErrorCode
+from broky.protocol.frames import Run
+from broky.replication.epochfile import epoch_at
+from broky.replication.wire import (
+    FETCH_MAX_BYTES,
+    EpochEnd,
+    EpochEnded,
+    Fetch,
+    Fetched,
+    RefusalReason,
+    Refused,
+    ReplicatedRun,
+)
+from broky.storage.log import PartitionLog
+
+#: Longest a fetch that found nothing new waits for new data (a long poll):
+#: short enough that acks in the next fetch keep a follower's lag fresh
+#: for the ISR rules, long enough that an idle partition costs ~5 round
+#: trips a second per follower.
+FETCH_WAIT = 0.2
+
+#: Bytes of the latest rounds a leader keeps per partition to answer fetches
+#: without a read (a follower in step asks for what was just stored): a few
+#: rounds of a busy partition; the memory cost is this per led partition.
+RECENT_BYTES = 4 * 1024 * 1024
+
+_Token = tuple[Callable[[], None], Callable[[ErrorCode, str], None]]
+
+
+class _Leading:
+    """This node's leadership of the partition at one epoch."""
+
+    def __init__(self, term: Term, isr: LeaderIsr) -> None:
+        self.term = term
+        self.isr = isr
+        #: The held rounds, in log order (LeaderIsr answers in that order).
+        self.tokens: deque[_Token] = deque()
+        #: The latest runs stored in this term, as fetches answer them.
+        self.recent: deque[ReplicatedRun] = deque()
+        self.recent_bytes = 0
+
+    def remember(self, offset: int, runs: Sequence[Run], stamps: Sequence[int]) -> None:
+        for run, stamp in zip(runs, stamps, strict=True):
+            copy = ReplicatedRun(
+                self.term.epoch,
+                offset,
+                run.count,
+                run.key,
+                stamp,
+                bytes(run.sizes),
+                bytes(run.messages),
+            )
+            self.recent.append(copy)
+            self.recent_bytes += len(copy.messages)
+            offset += run.count
+        while self.recent_bytes > RECENT_BYTES and len(self.recent) > 1:
+            self.recent_bytes -= len(self.recent.popleft().messages)
+
+    def recent_from(self, offset: int) -> list[ReplicatedRun] | None:
+        """The remembered runs from ``offset`` (up to FETCH_MAX_BYTES), or
+        None if ``offset`` is not where a remembered run starts."""
+        recent = self.recent
+        if not recent or not recent[0].base_offset <= offset <= recent[-1].base_offset:
+            return None
+        for index in range(len(recent) - 1, -1, -1):
+            if recent[index].base_offset == offset:
+                found: list[ReplicatedRun] = []
+                size = 0
+                for position in range(index, len(recent)):
+                    run = recent[position]
+                    if found and size + len(run.messages) > FETCH_MAX_BYTES:
+                        break
+                    found.append(run)
+                    size += len(run.messages)
+                return found
+        return None
+
+
+class PartitionReplica:
+    """See the module docstring. ``owner`` is the partition's PartitionOwner."""
+
+    def __init__(
+        self, owner: PartitionOwner, node_id: str, history: EpochHistory, fence: int
+    ) -> None:
+        self.owner = owner
+        self.node_id = node_id
+        #: (epoch, start offset) of this log; see broky.replication.epochfile.
+        self.history = history
+        #: The newest epoch this log was truncated for (a follower's fence).
+        self.fence = fence
+        #: Readers stop here. 0 after a restart until a leader says more.
+        self.high_watermark = 0
+        self.leading: _Leading | None = None
+        #: "leader NODE at HOST:PORT (epoch E)", for NotLeader answers.
+        self.leader_hint = "no leader known"
+        self._changed = trio.Event()
+
+    @property
+    def name(self) -> str:
+        return f"{self.owner.topic.name}/{self.owner.partition}"
+
+    # --- ReplicaGate (broky.durable.store) -------------------------------------
+
+    def refusal(self) -> tuple[ErrorCode, str] | None:
+        leading = self.leading
+        if leading is None:
+            return (
+                ErrorCode.NOT_LEADER,
+                f"{self.node_id} does not lead {self.name}; {self.leader_hint}",
+            )
+        if leading.isr.check_publish(Acks.ALL) is Outcome.NOT_ENOUGH_REPLICAS:
+            return ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading)
+        return None
+
+    def hold(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        deliver: Callable[[], None],
+        fail: Callable[[ErrorCode, str], None],
+    ) -> None:
+        end = offset + sum(run.count for run in runs)
+        leading = self.leading
+        if leading is None:
+            fail(
+                ErrorCode.NOT_LEADER,
+                f"{self.node_id} stopped leading {self.name}; {self.leader_hint}",
+            )
+            return
+        leading.tokens.append((deliver, fail))
+        leading.remember(offset, runs, stamps)
+        leading.isr.appended(end, len(leading.tokens), Acks.ALL)
+        leading.isr.synced(end)
+        self.settle()
+        self._wake()  # followers waiting in a long poll fetch it now
+
+    # --- leadership ------------------------------------------------------------
+
+    def lead(self, term: Term, isr: LeaderIsr, hint: str) -> None:
+        """Start leading (the epoch is already in the history, durably)."""
+        self.step_down(hint)
+        self.leading = _Leading(term, isr)
+        self.high_watermark = isr.high_watermark
+        self.leader_hint = hint
+        self._wake()
+
+    def step_down(self, hint: str) -> None:
+        """Stop leading: every held round fails with NotLeader (its records
+        may or may not survive the failover)."""
+        self.leader_hint = hint
+        leading, self.leading = self.leading, None
+        if leading is None:
+            return
+        reason = f"{self.node_id} stopped leading {self.name} at epoch {leading.term.epoch}; {hint}"
+        while leading.tokens:
+            leading.tokens.popleft()[1](ErrorCode.NOT_LEADER, reason)
+        self._wake()
+
+    def settle(self) -> None:
+        """Answer the held rounds the high watermark now covers."""
+        leading = self.leading
+        if leading is None:
+            return
+        for answer in leading.isr.answers():
+            deliver, fail = leading.tokens.popleft()
+            if answer.outcome is Outcome.ACKED:
+                deliver()
+            else:
+                fail(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading))
+        if leading.isr.high_watermark != self.high_watermark:
+            self.high_watermark = leading.isr.high_watermark
+            self._wake()
+
+    def _too_few(self, leading: _Leading) -> str:
+        return (
+            f"{self.name}: {len(leading.isr.committed_isr)} replicas in sync, "
+            f"{leading.isr.settings.min_insync} needed; retry shortly"
+        )
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # --- serving followers -------------------------------------------------------
+
+    def _check_term(self, epoch: int) -> Refused | _Leading:
+        leading = self.leading
+        if leading is None:
+            return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
+        if epoch > leading.term.epoch:
+            return Refused(RefusalReason.FENCED, leading.term.epoch)
+        if epoch < leading.term.epoch:
+            return Refused(RefusalReason.STALE_EPOCH, leading.term.epoch)
+        return leading
+
+    def epoch_end(self, request: EpochEnd) -> EpochEnded | Refused:
+        leading = self._check_term(request.epoch)
+        if isinstance(leading, Refused):
+            return leading
+        found = self.history.end_for(request.last_epoch, self.owner.end_offset)
+        return EpochEnded(leading.term.epoch, found)
+
+    async def fetch(self, request: Fetch) -> Fetched | Refused:
+        """A follower's fetch: count its ack, then answer runs from its
+        offset (after waiting up to FETCH_WAIT if there are none)."""
+        leading = self._check_term(request.epoch)
+        if isinstance(leading, Refused):
+            if leading.reason is RefusalReason.FENCED:
+                # The follower follows a newer epoch: etcd has moved on.
+                self.step_down(f"deposed: a follower is at epoch {request.epoch}")
+            return leading
+        leading.isr.follower_ack(
+            request.node, request.node_epoch, request.epoch, request.durable, time.monotonic()
+        )
+        self.settle()
+        if request.offset > self.owner.end_offset:
+            return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
+        if request.offset == self.owner.end_offset:
+            with trio.move_on_after(FETCH_WAIT):
+                await self._changed.wait()
+        if self.leading is not leading:
+            return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
+        history = self.history
+
+        def read(partition_log: PartitionLog) -> list[ReplicatedRun]:
+            return [
+                ReplicatedRun(
+                    epoch_at(history, batch.base_offset),
+                    batch.base_offset,
+                    batch.count,
+                    batch.key,
+                    batch.ts_broker,
+                    bytes(batch.sizes),
+                    bytes(batch.messages),
+                )
+                for batch in partition_log.read(request.offset, FETCH_MAX_BYTES)
+            ]
+
+        runs: list[ReplicatedRun] = []
+        if request.offset < self.owner.end_offset:
+            runs = leading.recent_from(request.offset) or await self.owner.call(read)
+        return Fetched(leading.term.epoch, self.high_watermark, tuple(runs))

@@ -1,0 +1,51 @@
+"""A replication connection's I/O: send one message, read one back.
+
+Request/response, one outstanding request per connection: a follower keeps
+one connection per partition it follows (a cluster of a few dozen
+partitions per node; multiplexing them on one link per node pair is the
+next step when that grows).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from broky.replication.wire import FrameReader, Message, ReplicationProtocolError, encode
+
+log = logging.getLogger("broky.replication")
+
+#: Bytes read per receive.
+RECEIVE_BYTES = 256 * 1024
+
+
+class ReplicationLink:
+    """Frames over one stream (either side)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self._reader = FrameReader()
+        self._ready: list[Message] = []
+
+    async def send(self, message: Message) -> None:
+        await self.stream.send_all(encode(message))
+
+    async def receive(self) -> Message | None:
+        """The next message, or None when the peer closed the stream.
+        ReplicationProtocolError for garbage (the caller closes)."""
+        while not self._ready:
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return None
+            self._ready.extend(self._reader.feed(bytes(data)))
+        return self._ready.pop(0)
+
+    async def request(self, message: Message) -> Message:
+        """Send and wait for the answer (the caller bounds the time);
+        ReplicationProtocolError if the peer closed or sent garbage."""
+        await self.send(message)
+        answer = await self.receive()
+        if answer is None:
+            raise ReplicationProtocolError("the leader closed the replication link")
+        return answer

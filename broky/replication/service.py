@@ -1,0 +1,323 @@
+"""A member's replication: roles from etcd, the fetch server, ISR changes.
+
+``ReplicationService`` runs beside the broker of a cluster member
+(``broky serve --cluster ... --replication-listen HOST:PORT``). It gives
+every durable partition a ``PartitionReplica`` (broky.replication.gate),
+and keeps one task per partition in the role etcd assigns it:
+
+- **leader** of epoch E (the vbucket's leader is this node, in this life):
+  record E in the epoch history (fsynced) before taking any publish, then
+  lead with a ``LeaderIsr``, proposing ISR shrinks and expansions to etcd by
+  compare-and-swap (``change_isr``: it fails once the controller elected
+  someone else, and the leader then steps down);
+- **follower** of the leader's replication address at epoch E
+  (broky.replication.follower);
+- **neither** (offline vbucket, not a replica, between lives): refuse.
+
+A role changes only when etcd says so (a new epoch, leader or life), so a
+leader paused past its lease learns it was deposed from the watch or from a
+failed CAS, and meanwhile can ack only what every member of the last
+committed ISR fsynced (wave2 §3.4: the new leader was chosen from that ISR).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from broky.cluster.epochs import EpochHistory
+from broky.cluster.etcd_wire import EtcdError
+from broky.cluster.isr import IsrRuleError, IsrSettings, LeaderIsr
+from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
+from broky.cluster.node import ClusterNode
+from broky.cluster.placement import vbucket_of
+from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.durable.producers import RECOVERY_TAIL_BYTES
+from broky.durable.store import DurableStore, PartitionOwner
+from broky.replication import epochfile
+from broky.replication.faults import LinkSwitch
+from broky.replication.follower import Follower
+from broky.replication.gate import PartitionReplica
+from broky.replication.link import ReplicationLink
+from broky.replication.wire import (
+    EpochEnd,
+    Fetch,
+    Message,
+    RefusalReason,
+    Refused,
+    ReplicationProtocolError,
+)
+from broky.storage.errors import StorageError
+from broky.storage.log import PartitionLog
+
+log = logging.getLogger("broky.replication")
+
+#: Seconds between a leader's ISR reviews (lag, expansions): a fraction of
+#: replica_lag_max, cheap (no I/O unless the ISR changes).
+ISR_CHECK = 0.1
+#: Longest the role loop sleeps without an etcd change: catches a new life
+#: (registration) that is not an etcd watch event of the tables it follows.
+ROLE_RECHECK = 0.25
+
+
+@attrs.frozen
+class _Role:
+    """What etcd says this node is for one partition; a change restarts its task."""
+
+    kind: str  # "lead", "follow" or "none"
+    term: Term | None = None
+    leader_address: str = ""
+    epoch: int = 0
+    node_epoch: int = 0
+
+
+class ReplicationService:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: DurableStore,
+        node: ClusterNode,
+        listen: str,
+        settings: IsrSettings,
+    ) -> None:
+        self.store = store
+        self.node = node
+        self.listen = listen
+        self.settings = settings
+        self.replicas: dict[tuple[str, int], PartitionReplica] = {}
+        self._roles: dict[tuple[str, int], tuple[_Role, trio.CancelScope]] = {}
+        #: Cuts this node's replication links for fault tests (off by default).
+        self.switch = LinkSwitch()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; started once every partition has its replica."""
+        for key, owner in self.store.owners.items():
+            history, fence = await owner.call(_load)
+            replica = PartitionReplica(owner, self.node.node_id, history, fence)
+            owner.replica = replica
+            self.replicas[key] = replica
+        host, _, port = self.listen.rpartition(":")
+        listeners = await trio.open_tcp_listeners(int(port), host=host or None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
+            nursery.start_soon(self._follow_etcd, nursery)
+            if LinkSwitch.enabled():
+                nursery.start_soon(self.switch.follow_signals)
+            task_status.started()
+
+    # --- roles ------------------------------------------------------------------
+
+    async def _follow_etcd(self, nursery: trio.Nursery) -> None:
+        while True:
+            self._apply_roles(nursery)
+            with trio.move_on_after(ROLE_RECHECK):
+                async with trio.open_nursery() as waiters:
+
+                    async def first(wait: Callable[[], object]) -> None:
+                        await wait()  # type: ignore[misc]
+                        waiters.cancel_scope.cancel()
+
+                    waiters.start_soon(first, self.node.vbuckets.changed)
+                    waiters.start_soon(first, self.node.membership.changed)
+
+    def _apply_roles(self, nursery: trio.Nursery) -> None:
+        registration = self.node.registration
+        states = self.node.vbuckets.states()
+        members = self.node.membership.members()
+        vbuckets = self.node.settings.vbuckets
+        for key, replica in self.replicas.items():
+            stored = states.get(vbucket_of(key[0], key[1], vbuckets))
+            state = None if stored is None else stored.state
+            role = _Role("none")
+            hint = "no leader known"
+            if state is not None and state.leader is not None:
+                leader = members.get(state.leader)
+                if leader is not None:
+                    hint = f"leader {state.leader} at {leader.info.address} (epoch {state.epoch})"
+                if registration is not None and state.leader == self.node.node_id:
+                    term = Term(
+                        vbucket_of(key[0], key[1], vbuckets),
+                        state.epoch,
+                        self.node.node_id,
+                        registration.epoch,
+                    )
+                    if term.holds(state):
+                        role = _Role("lead", term)
+                elif (
+                    registration is not None
+                    and self.node.node_id in state.replicas
+                    and leader is not None
+                    and leader.info.replication_address
+                ):
+                    role = _Role(
+                        "follow",
+                        None,
+                        leader.info.replication_address,
+                        state.epoch,
+                        registration.epoch,
+                    )
+            current = self._roles.get(key)
+            if current is not None and current[0] == role:
+                if role.kind == "lead" and state is not None:
+                    self._sync_isr(replica, state)
+                continue
+            if current is not None:
+                current[1].cancel()
+            replica.step_down(hint)
+            replica.leader_hint = hint
+            scope = trio.CancelScope()
+            self._roles[key] = (role, scope)
+            if role.term is not None and state is not None:
+                nursery.start_soon(self._lead, replica, role.term, state, hint, scope)
+            elif role.kind == "follow":
+                follower = Follower(
+                    replica, role.leader_address, role.epoch, role.node_epoch, self.switch
+                )
+                nursery.start_soon(_scoped, follower.run, scope)
+
+    def _sync_isr(self, replica: PartitionReplica, state: VbucketState) -> None:
+        """Take an ISR the controller changed (a dead follower removed)."""
+        leading = replica.leading
+        if leading is None or leading.isr.pending_isr is not None:
+            return
+        if set(state.isr) != set(leading.isr.committed_isr):
+            try:
+                leading.isr.isr_committed(state.isr)
+            except IsrRuleError as exc:
+                log.warning("%s: ISR from etcd not taken: %s", replica.name, exc)
+            replica.settle()
+
+    async def _lead(
+        self,
+        replica: PartitionReplica,
+        term: Term,
+        state: VbucketState,
+        hint: str,
+        scope: trio.CancelScope,
+    ) -> None:
+        with scope:
+            owner = replica.owner
+            history = replica.history
+
+            def install(partition_log: PartitionLog) -> tuple[int, list[tuple[int, int, int, int]]]:
+                history.assign(term.epoch, partition_log.end_offset)
+                epochfile.save(partition_log.directory, history, term.epoch)
+                producers = list(partition_log.producer_runs(RECOVERY_TAIL_BYTES))
+                return partition_log.end_offset, producers
+
+            end, producers = await owner.call(install)
+            # The idempotent producers' window as this log now stands: what
+            # it replicated as a follower counts, what was truncated does not.
+            owner.reload_producers(producers)
+            replica.fence = term.epoch
+            isr = LeaderIsr(
+                (term.node, term.node_epoch),
+                term.epoch,
+                state.replicas,
+                state.isr,
+                end,
+                min(replica.high_watermark, end),
+                time.monotonic(),
+                self.settings,
+            )
+            replica.lead(term, isr, hint)
+            log.info("%s: leading at epoch %d from offset %d", replica.name, term.epoch, end)
+            try:
+                while True:
+                    await trio.sleep(ISR_CHECK)
+                    proposal = self._proposal(isr)
+                    replica.settle()
+                    if proposal is None:
+                        continue
+                    try:
+                        changed = await change_isr(self.node.client, self.node.keys, term, proposal)
+                    except Fenced as exc:
+                        log.warning("%s: %s", replica.name, exc)
+                        replica.step_down(f"deposed at epoch {term.epoch}")
+                        return
+                    except (IsrConflict, EtcdError, StateError, OSError) as exc:
+                        log.warning("%s: ISR change failed: %s", replica.name, exc)
+                        isr.isr_failed()
+                        continue
+                    log.info("%s: ISR now %s", replica.name, changed.isr)
+                    isr.isr_committed(changed.isr)
+                    replica.settle()
+            finally:
+                replica.step_down(hint)
+
+    def _proposal(self, isr: LeaderIsr) -> tuple[IsrEntry, ...] | None:
+        """``isr.propose`` without lives etcd no longer lists: a follower
+        that died after its last ack looks caught up to the ISR rules, and
+        re-adding it would hold the high watermark back until it lagged out."""
+        proposal = isr.propose(time.monotonic())
+        if proposal is None:
+            return None
+        members = self.node.membership.members()
+        live = {(node, member.epoch) for node, member in members.items()}
+        kept = tuple(entry for entry in proposal if entry == isr.leader or entry in live)
+        if set(kept) == set(isr.committed_isr):
+            isr.isr_failed()
+            return None
+        return kept
+
+    # --- serving followers ------------------------------------------------------
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        link = ReplicationLink(stream)
+        async with stream:
+            if self.switch.cut:
+                return
+            try:
+                with self.switch.link():
+                    while True:
+                        request = await link.receive()
+                        if request is None:
+                            return
+                        await link.send(await self._answer(request))
+            except ReplicationProtocolError as exc:
+                log.warning("replication link from %s closed: %s", _peer(stream), exc)
+                await link.send(Refused(RefusalReason.NOT_LEADER, 0, f"protocol error: {exc}"))
+            except StorageError as exc:
+                # Our log failed a read (retention passed the follower, damage):
+                # the follower reconnects and the ISR rules judge its lag.
+                log.error("replication link from %s closed: %s", _peer(stream), exc)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+
+    async def _answer(self, request: Message) -> Message:
+        if not isinstance(request, Fetch | EpochEnd):
+            raise ReplicationProtocolError(f"{type(request).__name__} is not a request")
+        replica = self.replicas.get((request.topic, request.partition))
+        if replica is None:
+            return Refused(
+                RefusalReason.NOT_LEADER,
+                0,
+                f"no partition {request.topic}/{request.partition} here",
+            )
+        if isinstance(request, EpochEnd):
+            return replica.epoch_end(request)
+        return await replica.fetch(request)
+
+
+def _load(partition_log: PartitionLog) -> tuple[EpochHistory, int]:
+    return epochfile.load(partition_log.directory)
+
+
+async def _scoped(run: Callable[[], object], scope: trio.CancelScope) -> None:
+    with scope:
+        await run()  # type: ignore[misc]
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername())
+    except OSError:
+        return "?"
+
+
+__all__ = ["PartitionOwner", "ReplicationService"]

@@ -1,0 +1,275 @@
+"""The replication protocol between nodes, sans I/O: bytes in, messages out.
+
+A frame is ``u32 length`` (of what follows), ``u32 header length``, a JSON
+header and, for ``Fetched``, the raw bytes of the runs (size tables and
+messages, copied from the leader's log unchanged). JSON keeps the headers
+readable in a packet capture and they are small next to the payload;
+the bytes that matter are never re-encoded.
+
+Messages, by direction:
+
+- follower -> leader: ``Fetch`` (from my log end; my durable offset, which
+  doubles as my ack), ``EpochEnd`` (where does my latest epoch end in your
+  log? KIP-101's OffsetsForLeaderEpoch);
+- leader -> follower: ``Fetched`` (runs, each with the epoch it was written
+  in, and the high watermark), ``EpochEnded``, ``Refused`` (a typed reason).
+
+Malformed input raises ``ReplicationProtocolError``; the caller closes that
+connection and logs it, nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from typing import Any, Final
+
+import attrs
+
+from broky.protocol.errors import LocalProtocolError
+from broky.protocol.message import check_sizes
+
+#: Largest frame accepted: a fetch answer is bounded by FETCH_MAX_BYTES plus
+#: its headers, so 16 MiB leaves room and refuses garbage lengths early.
+MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+#: Bytes of runs one Fetched carries at most (the leader stops adding runs
+#: past it): large enough that a catching-up follower moves ~1 MiB per round
+#: trip, small enough to bound each follower's in-flight memory.
+FETCH_MAX_BYTES: Final = 1024 * 1024
+
+_LENGTHS = struct.Struct("<II")
+
+
+class ReplicationProtocolError(Exception):
+    """The peer sent something that is not a replication frame."""
+
+
+class RefusalReason(enum.Enum):
+    #: The receiver does not lead this partition (per its etcd view).
+    NOT_LEADER = "not_leader"
+    #: The requester's epoch is older than the receiver's: it must re-read
+    #: etcd and truncate before fetching again.
+    STALE_EPOCH = "stale_epoch"
+    #: The requester follows a newer epoch: the receiver was deposed.
+    FENCED = "fenced"
+    #: The fetch offset is past the leader's log end: truncate first.
+    OUT_OF_RANGE = "out_of_range"
+
+
+@attrs.frozen
+class Fetch:
+    topic: str
+    partition: int
+    #: The leader epoch the follower follows.
+    epoch: int
+    node: str
+    node_epoch: int
+    #: The follower's log end: where to read from.
+    offset: int
+    #: Everything below this the follower has fsynced: its ack.
+    durable: int
+
+
+@attrs.frozen
+class EpochEnd:
+    topic: str
+    partition: int
+    epoch: int
+    #: The follower's latest epoch in its own history (-1: an empty history).
+    last_epoch: int
+
+
+@attrs.frozen
+class ReplicatedRun:
+    """One run of the leader's log: its offsets, key, stamp and the epoch it
+    was written in; ``sizes`` and ``messages`` as stored."""
+
+    epoch: int
+    base_offset: int
+    count: int
+    key: bytes
+    ts_broker: int
+    sizes: bytes
+    messages: bytes
+
+
+@attrs.frozen
+class Fetched:
+    epoch: int
+    high_watermark: int
+    runs: tuple[ReplicatedRun, ...]
+
+
+@attrs.frozen
+class EpochEnded:
+    epoch: int
+    #: ``(largest epoch <= asked, where it ends in the leader's log)``, or
+    #: None when every epoch of the leader is newer (truncate everything).
+    found: tuple[int, int] | None
+
+
+@attrs.frozen
+class Refused:
+    reason: RefusalReason
+    #: The refuser's epoch for the partition (0 if it has none).
+    epoch: int
+    message: str = ""
+
+
+Message = Fetch | EpochEnd | Fetched | EpochEnded | Refused
+
+
+def encode(message: Message) -> bytes:
+    """One frame for ``message``."""
+    payload = b""
+    header: dict[str, Any]
+    if isinstance(message, Fetched):
+        header = {
+            "t": "fetched",
+            "epoch": message.epoch,
+            "hw": message.high_watermark,
+            "runs": [
+                [
+                    r.epoch,
+                    r.base_offset,
+                    r.count,
+                    r.key.hex(),
+                    r.ts_broker,
+                    len(r.sizes),
+                    len(r.messages),
+                ]
+                for r in message.runs
+            ],
+        }
+        payload = b"".join(part for r in message.runs for part in (r.sizes, r.messages))
+    elif isinstance(message, Refused):
+        header = {
+            "t": "refused",
+            "reason": message.reason.value,
+            "epoch": message.epoch,
+            "message": message.message,
+        }
+    elif isinstance(message, EpochEnded):
+        header = {"t": "epoch_ended", "epoch": message.epoch, "found": message.found}
+    else:
+        header = {"t": type(message).__name__.lower(), **attrs.asdict(message)}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return _LENGTHS.pack(4 + len(encoded) + len(payload), len(encoded)) + encoded + payload
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise ReplicationProtocolError(f"expected an integer, got {value!r:.40}")
+    return value
+
+
+def _str(value: object) -> str:
+    if type(value) is not str:
+        raise ReplicationProtocolError(f"expected a string, got {value!r:.40}")
+    return value
+
+
+def _decode(header: dict[str, Any], payload: memoryview) -> Message:
+    kind = header.pop("t")
+    if kind == "fetch":
+        return Fetch(
+            _str(header["topic"]),
+            _int(header["partition"]),
+            _int(header["epoch"]),
+            _str(header["node"]),
+            _int(header["node_epoch"]),
+            _int(header["offset"]),
+            _int(header["durable"]),
+        )
+    if kind == "epochend":
+        return EpochEnd(
+            _str(header["topic"]),
+            _int(header["partition"]),
+            _int(header["epoch"]),
+            _int(header["last_epoch"]),
+        )
+    if kind == "epoch_ended":
+        found = header["found"]
+        return EpochEnded(
+            _int(header["epoch"]), None if found is None else (_int(found[0]), _int(found[1]))
+        )
+    if kind == "refused":
+        return Refused(
+            RefusalReason(header["reason"]), _int(header["epoch"]), _str(header["message"])
+        )
+    if kind == "fetched":
+        runs = []
+        position = 0
+        for entry in header["runs"]:
+            if not isinstance(entry, list) or len(entry) != 7:
+                raise ReplicationProtocolError(f"not a run entry: {entry!r:.60}")
+            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry
+            count, sizes_length, messages_length = (
+                _int(count),
+                _int(sizes_length),
+                _int(messages_length),
+            )
+            sizes_end = position + sizes_length
+            messages_end = sizes_end + messages_length
+            if (
+                count < 1
+                or messages_length < 0
+                or sizes_length != 4 * count
+                or messages_end > len(payload)
+            ):
+                raise ReplicationProtocolError("a run's bytes do not match its header")
+            run = ReplicatedRun(
+                _int(epoch),
+                _int(base),
+                count,
+                bytes.fromhex(_str(key)),
+                _int(ts_broker),
+                bytes(payload[position:sizes_end]),
+                bytes(payload[sizes_end:messages_end]),
+            )
+            try:
+                check_sizes(run.sizes, run.messages)
+            except LocalProtocolError as exc:
+                raise ReplicationProtocolError(f"a run's sizes do not add up: {exc}") from exc
+            runs.append(run)
+            position = messages_end
+        if position != len(payload):
+            raise ReplicationProtocolError("bytes left over after the runs")
+        return Fetched(_int(header["epoch"]), _int(header["hw"]), tuple(runs))
+    raise ReplicationProtocolError(f"unknown message type {kind!r}")
+
+
+class FrameReader:
+    """Bytes in, messages out; refuses a frame longer than MAX_FRAME_BYTES
+    before buffering it."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= 4:
+            (length,) = struct.unpack_from("<I", self._buffer)
+            if length > MAX_FRAME_BYTES or length < 4:
+                raise ReplicationProtocolError(
+                    f"frame length {length} outside 4..{MAX_FRAME_BYTES}"
+                )
+            if len(self._buffer) < 4 + length:
+                break
+            frame = memoryview(bytes(self._buffer[4 : 4 + length]))
+            del self._buffer[: 4 + length]
+            (header_length,) = struct.unpack_from("<I", frame)
+            if header_length > length - 4:
+                raise ReplicationProtocolError("header longer than its frame")
+            try:
+                header = json.loads(bytes(frame[4 : 4 + header_length]))
+                if not isinstance(header, dict):
+                    raise TypeError("header is not an object")
+                messages.append(_decode(header, frame[4 + header_length :]))
+            except ReplicationProtocolError:
+                raise
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ReplicationProtocolError(f"malformed replication frame: {exc}") from exc
+        return messages

@@ -1,0 +1,154 @@
+"""PartitionReplica: what a partition's leader or follower lets through, without I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from broky.cluster.epochs import EpochHistory
+from broky.cluster.isr import IsrSettings, LeaderIsr
+from broky.cluster.leadership import Term
+from broky.protocol.constants import ErrorCode
+from broky.protocol.frames import Run
+from broky.replication.gate import PartitionReplica
+from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused
+from tests.storage.runs import make_run
+
+
+@attrs.define
+class _Topic:
+    name: str = "orders"
+
+
+@attrs.define
+class _Log:
+    def read(self, offset: int, max_bytes: int) -> list[object]:
+        return []
+
+
+@attrs.define
+class _Owner:
+    """The part of a PartitionOwner the gate uses."""
+
+    topic: _Topic = attrs.field(factory=_Topic)
+    partition: int = 0
+    end_offset: int = 0
+
+    async def call(self, request: Callable[[Any], Any]) -> Any:
+        return request(_Log())
+
+
+class _Outcomes:
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.failed: list[ErrorCode] = []
+
+    def deliver(self) -> None:
+        self.delivered += 1
+
+    def fail(self, code: ErrorCode, reason: str) -> None:
+        self.failed.append(code)
+
+
+def _leading(
+    isr: tuple[tuple[str, int], ...] = (("n1", 1), ("n2", 2)),
+) -> tuple[PartitionReplica, _Owner]:
+    owner = _Owner()
+    replica = PartitionReplica(owner, "n1", EpochHistory([(3, 0)]), 3)  # type: ignore[arg-type]
+    leader = LeaderIsr(("n1", 1), 3, ("n1", "n2", "n3"), isr, 0, 0, 0.0, IsrSettings(min_insync=2))
+    replica.lead(Term(0, 3, "n1", 1), leader, "leader n1 at 127.0.0.1:1 (epoch 3)")
+    return replica, owner
+
+
+def _run(count: int) -> Run:
+    return make_run(b"orders.k", [b"m%d" % i for i in range(count)])
+
+
+def _fetch(durable: int, epoch: int = 3) -> Fetch:
+    return Fetch("orders", 0, epoch, "n2", 2, durable, durable)
+
+
+def test_a_follower_refuses_publishes_naming_the_leader() -> None:
+    replica = PartitionReplica(_Owner(), "n2", EpochHistory(), 0)  # type: ignore[arg-type]
+    replica.leader_hint = "leader n1 at 127.0.0.1:7722 (epoch 3)"
+    refusal = replica.refusal()
+    assert refusal is not None
+    assert refusal[0] is ErrorCode.NOT_LEADER
+    assert refusal[1].endswith("leader n1 at 127.0.0.1:7722 (epoch 3)")
+
+
+def test_too_small_an_isr_refuses_before_storing() -> None:
+    replica, _ = _leading(isr=(("n1", 1),))
+    refusal = replica.refusal()
+    assert refusal is not None
+    assert refusal[0] is ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+async def test_a_round_is_acked_once_the_follower_fetched_past_it() -> None:
+    replica, owner = _leading()
+    outcomes = _Outcomes()
+    owner.end_offset = 5
+    replica.hold(0, [_run(5)], [7], outcomes.deliver, outcomes.fail)
+    assert outcomes.delivered == 0
+    assert replica.high_watermark == 0
+    answer = await replica.fetch(_fetch(durable=3))
+    assert isinstance(answer, Fetched)
+    assert outcomes.delivered == 0
+    with trio.move_on_after(1):
+        answer = await replica.fetch(_fetch(durable=5))
+    assert outcomes.delivered == 1
+    assert replica.high_watermark == 5
+    assert isinstance(answer, Fetched)
+    assert answer.high_watermark == 5
+
+
+async def test_a_follower_of_a_newer_epoch_deposes_the_leader_and_fails_held_rounds() -> None:
+    replica, owner = _leading()
+    outcomes = _Outcomes()
+    owner.end_offset = 2
+    replica.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
+    answer = await replica.fetch(_fetch(durable=2, epoch=4))
+    assert isinstance(answer, Refused)
+    assert answer.reason is RefusalReason.FENCED
+    assert outcomes.failed == [ErrorCode.NOT_LEADER]
+    assert outcomes.delivered == 0
+    refusal = replica.refusal()
+    assert refusal is not None
+    assert refusal[0] is ErrorCode.NOT_LEADER
+
+
+async def test_an_older_epoch_is_told_to_catch_up_and_cannot_ack() -> None:
+    replica, owner = _leading()
+    outcomes = _Outcomes()
+    owner.end_offset = 2
+    replica.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
+    answer = await replica.fetch(_fetch(durable=2, epoch=2))
+    assert isinstance(answer, Refused)
+    assert answer.reason is RefusalReason.STALE_EPOCH
+    assert outcomes.delivered == 0
+    assert replica.high_watermark == 0
+
+
+async def test_a_follower_in_step_is_answered_from_the_rounds_just_stored() -> None:
+    """The stand-in log reads nothing: only the remembered rounds can answer."""
+    replica, owner = _leading()
+    outcomes = _Outcomes()
+    first, second = _run(2), _run(3)
+    owner.end_offset = 2
+    replica.hold(0, [first], [7], outcomes.deliver, outcomes.fail)
+    owner.end_offset = 5
+    replica.hold(2, [second], [8], outcomes.deliver, outcomes.fail)
+    answer = await replica.fetch(_fetch(durable=0))
+    assert isinstance(answer, Fetched)
+    assert [(r.epoch, r.base_offset, r.count, r.key, r.ts_broker) for r in answer.runs] == [
+        (3, 0, 2, b"orders.k", 7),
+        (3, 2, 3, b"orders.k", 8),
+    ]
+    assert answer.runs[1].messages == bytes(second.messages)
+    assert answer.runs[1].sizes == bytes(second.sizes)
+    answer = await replica.fetch(_fetch(durable=1))  # mid-run: read from the log
+    assert isinstance(answer, Fetched)
+    assert answer.runs == ()

@@ -1,0 +1,140 @@
+"""The replication wire: round trips, and garbage only ever raises our error."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broky.replication.wire import (
+    MAX_FRAME_BYTES,
+    EpochEnd,
+    EpochEnded,
+    Fetch,
+    Fetched,
+    FrameReader,
+    Message,
+    RefusalReason,
+    Refused,
+    ReplicatedRun,
+    ReplicationProtocolError,
+    encode,
+)
+
+runs = st.builds(
+    lambda epoch, base, sizes, key, ts: ReplicatedRun(
+        epoch,
+        base,
+        len(sizes),
+        key,
+        ts,
+        b"".join(s.to_bytes(4, "little") for s in sizes),
+        b"m" * sum(sizes),
+    ),
+    st.integers(0, 2**31),
+    st.integers(0, 2**40),
+    st.lists(st.integers(0, 50), min_size=1, max_size=5),
+    st.binary(min_size=1, max_size=20),
+    st.integers(0, 2**62),
+)
+messages = st.one_of(
+    st.builds(
+        Fetch,
+        st.text(max_size=10),
+        st.integers(0, 99),
+        st.integers(0, 99),
+        st.text(max_size=5),
+        st.integers(0, 99),
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+    ),
+    st.builds(
+        EpochEnd, st.text(max_size=10), st.integers(0, 99), st.integers(0, 99), st.integers(-1, 99)
+    ),
+    st.builds(
+        EpochEnded,
+        st.integers(0, 99),
+        st.none() | st.tuples(st.integers(0, 99), st.integers(0, 2**40)),
+    ),
+    st.builds(Refused, st.sampled_from(RefusalReason), st.integers(0, 99), st.text(max_size=30)),
+    st.builds(
+        Fetched, st.integers(0, 99), st.integers(0, 2**40), st.lists(runs, max_size=4).map(tuple)
+    ),
+)
+
+
+@given(st.lists(messages, min_size=1, max_size=4), st.integers(1, 64))
+def test_messages_round_trip_whole_or_in_pieces(batch: list[Message], step: int) -> None:
+    data = b"".join(encode(message) for message in batch)
+    reader = FrameReader()
+    decoded: list[Message] = []
+    for start in range(0, len(data), step):
+        decoded.extend(reader.feed(data[start : start + step]))
+    assert decoded == batch
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**40) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=7) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_fields = st.sampled_from(
+    [
+        "t",
+        "topic",
+        "partition",
+        "epoch",
+        "node",
+        "node_epoch",
+        "offset",
+        "durable",
+        "last_epoch",
+        "found",
+        "reason",
+        "message",
+        "hw",
+        "runs",
+    ]
+)
+_types = st.sampled_from(["fetch", "epochend", "epoch_ended", "refused", "fetched", "other"])
+
+
+def _frame(header: dict[str, object], payload: bytes) -> bytes:
+    encoded = json.dumps(header).encode()
+    return (
+        (4 + len(encoded) + len(payload)).to_bytes(4, "little")
+        + len(encoded).to_bytes(4, "little")
+        + encoded
+        + payload
+    )
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.builds(
+            _frame,
+            st.builds(
+                lambda t, rest: {"t": t, **rest},
+                _types,
+                st.dictionaries(_fields, _json, max_size=8),
+            ),
+            st.binary(max_size=40),
+        ),
+    )
+)
+def test_garbage_parses_or_raises_our_error(data: bytes) -> None:
+    """Any bytes (also well-framed JSON headers of any shape) decode or
+    raise ReplicationProtocolError, never a stray exception."""
+    with contextlib.suppress(ReplicationProtocolError):
+        FrameReader().feed(data)
+
+
+def test_an_oversize_length_is_refused_before_buffering() -> None:
+    with pytest.raises(ReplicationProtocolError):
+        FrameReader().feed((MAX_FRAME_BYTES + 1).to_bytes(4, "little"))

@@ -1,0 +1,68 @@
+"""PartitionLog.truncate: what a follower does to a tail its new leader never had."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broky.storage.config import LogConfig
+from broky.storage.errors import OffsetOutOfRangeError
+from broky.storage.log import PartitionLog
+from tests.storage.runs import make_run, read_all
+
+
+def _fill(log: PartitionLog, rounds: list[list[int]]) -> list[tuple[int, bytes, bytes]]:
+    """Append one call per round, each with runs of the given sizes; return the records."""
+    counter = 0
+    for round_sizes in rounds:
+        runs = []
+        for size in round_sizes:
+            runs.append(
+                make_run(b"k.%d" % (counter % 3), [b"m%d" % (counter + i) for i in range(size)])
+            )
+            counter += size
+        log.append(runs)
+    log.sync()
+    return read_all(log)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rounds=st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=4), min_size=1, max_size=8),
+    cut=st.floats(0, 1),
+    segment_bytes=st.sampled_from([300, 4096]),
+)
+def test_truncate_keeps_exactly_the_prefix(
+    tmp_path_factory: pytest.TempPathFactory,
+    rounds: list[list[int]],
+    cut: float,
+    segment_bytes: int,
+) -> None:
+    directory = tmp_path_factory.mktemp("log")
+    config = LogConfig(segment_bytes=segment_bytes)
+    with PartitionLog.open(str(directory), config) as log:
+        records = _fill(log, rounds)
+        end = int(cut * log.end_offset)
+        log.truncate(end)
+        assert log.end_offset == end
+        assert log.durable_offset == end
+        assert read_all(log) == records[:end]
+        # Appending continues at the cut, and survives a reopen.
+        log.append([make_run(b"k.new", [b"after"])])
+        log.sync()
+        expected = [*records[:end], (end, b"k.new", b"after")]
+        assert read_all(log) == expected
+    with PartitionLog.open(str(directory), config) as log:
+        assert read_all(log) == expected
+
+
+def test_truncate_past_the_end_does_nothing_and_before_the_start_fails(tmp_path: Path) -> None:
+    with PartitionLog.open(str(tmp_path)) as log:
+        _fill(log, [[2, 3]])
+        log.truncate(10)
+        assert log.end_offset == 5
+        with pytest.raises(OffsetOutOfRangeError):
+            log.truncate(-1)
