@@ -80,7 +80,8 @@ class Delivery:
         #: The decoded message (key, payload, tags, partition, offset, stamps).
         self.message = message
         #: The durable topic (the ``[[durable]]`` name) holding the message,
-        #: as the broker named it: "" on a first delivery (see ``Consumer``).
+        #: as the broker named it ("" only from a broker that named none
+        #: before this delivery, see ``Consumer``).
         self.topic = topic
         #: How many times the broker has delivered this message, this time included.
         self.delivery_count = count
@@ -167,18 +168,19 @@ class Consumer(BufferedRuns[Delivery]):
     and grant again the credit.
 
     Which topic a delivered run belongs to: a ``Deliver`` frame does not
-    say, but the ``Redelivered`` frame a broker sends just before a Deliver
-    that carries redelivered messages names the topic of that Deliver (one
-    frame per topic, docs/protocol.md). So runs of a Deliver right after a
-    Redelivered get its topic, and the others "" (not named), which a
-    broker resolves in ``Settle`` when the consumer reads a single topic.
+    say, but a ``Redelivered`` frame names the topic of every Deliver after
+    it on the stream until the next one; the broker sends one (listing no
+    messages if none is redelivered) whenever a stream's deliveries switch
+    topic (docs/protocol.md). Runs before any Redelivered get "" (not
+    named), which a broker resolves in ``Settle`` when the consumer reads a
+    single topic.
     """
 
     def __init__(self, client: ConsumerOwner, stream: int, options: ConsumerOptions) -> None:
         super().__init__(client, stream, options.credit)
         self._owner = client
         self.options = options
-        #: The topic the last Redelivered named for the next Deliver ("": none).
+        #: The topic the last Redelivered named for the Delivers after it ("": none).
         self._next_topic = ""
         #: The topic of the buffered runs, oldest first: [topic, runs] spans
         #: (``_convert`` takes runs in the order ``_deliver`` got them).
@@ -195,7 +197,7 @@ class Consumer(BufferedRuns[Delivery]):
     # called by the client's reader task --------------------------------------
 
     def _deliver(self, runs: tuple[Run, ...]) -> None:
-        topic, self._next_topic = self._next_topic, ""
+        topic = self._next_topic
         topics = self._topics
         if topics and topics[-1][0] == topic:
             topics[-1] = (topic, topics[-1][1] + len(runs))

@@ -54,13 +54,20 @@ class Waiting:
     base_offset: int
     #: Delivery counts (> 1) of its messages, from the Redelivered before it.
     counts: list[Count] = attrs.field(factory=list)
+    #: Its topic: the one the part's last ``Redelivered`` named.
+    topic: str = ""
 
     def split(self, first: int) -> Waiting:
         """Take the first ``first`` messages off as a run of their own."""
         head, tail = split_run_chunk(self.chunk, first)
         stop = self.base_offset + first
         taken = Waiting(
-            head, first, self.partition, self.base_offset, [c for c in self.counts if c[1] < stop]
+            head,
+            first,
+            self.partition,
+            self.base_offset,
+            [c for c in self.counts if c[1] < stop],
+            self.topic,
         )
         self.chunk = tail
         self.count -= first
@@ -85,6 +92,9 @@ class CreditGate:
         #: Messages sent to the client and granted by it, in total.
         self.sent = 0
         self.granted = 0
+        #: The topic the client's stream last heard named (``Redelivered``
+        #: names the topic of every ``Deliver`` after it; None: none yet).
+        self.named: str | None = None
 
     def grant(self, credit: int) -> None:
         """The client's ``Flow``."""
@@ -102,10 +112,13 @@ class CreditGate:
 
     def take(self) -> list[bytes]:
         """The frames to send the client now (its window allowing), in order:
-        per Deliver, one Redelivered per topic with counts just before it."""
+        one topic per Deliver, preceded by a Redelivered naming it (with its
+        messages' delivery counts above 1) when it has counts or another
+        topic than the stream's last named one (docs/protocol.md)."""
         frames: list[bytes] = []
         chunks: list[bytes] = []
-        counts: list[tuple[str, int, int, int]] = []
+        counts: list[tuple[int, int, int]] = []
+        topic = ""
         used = 0
         while self.waiting and self.window > 0:
             head = self.waiting[0]
@@ -114,32 +127,37 @@ class CreditGate:
             self.window -= run.count
             self.waiting_messages -= run.count
             self.sent += run.count
-            if chunks and used + len(run.chunk) > self.frame_bytes:
-                self._frame(frames, chunks, counts)
+            if chunks and (used + len(run.chunk) > self.frame_bytes or run.topic != topic):
+                self._frame(frames, topic, chunks, counts)
                 chunks, counts, used = [], [], 0
+            topic = run.topic
             chunks.append(run.chunk)
-            counts.extend((topic, run.partition, offset, n) for topic, offset, n in run.counts)
+            counts.extend((run.partition, offset, n) for _, offset, n in run.counts)
             used += len(run.chunk)
         if chunks:
-            self._frame(frames, chunks, counts)
+            self._frame(frames, topic, chunks, counts)
         return frames
 
     def _frame(
-        self, frames: list[bytes], chunks: list[bytes], counts: list[tuple[str, int, int, int]]
+        self,
+        frames: list[bytes],
+        topic: str,
+        chunks: list[bytes],
+        counts: list[tuple[int, int, int]],
     ) -> None:
-        for topic in sorted({entry[0] for entry in counts}):
-            mine = [entry for entry in counts if entry[0] == topic]
+        if counts or topic != self.named:
             frames.append(
                 encode_frame(
                     Redelivered(
                         self.stream,
-                        partitions=tuple(entry[1] for entry in mine),
-                        offsets=tuple(entry[2] for entry in mine),
-                        counts=tuple(entry[3] for entry in mine),
+                        partitions=tuple(entry[0] for entry in counts),
+                        offsets=tuple(entry[1] for entry in counts),
+                        counts=tuple(entry[2] for entry in counts),
                         topic=topic,
                     )
                 )
             )
+            self.named = topic
         frames.append(b"".join(runs_frame_parts(BodyType.DELIVER, self.stream, chunks)))
 
     def shares(self) -> dict[int, int]:

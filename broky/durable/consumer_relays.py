@@ -88,10 +88,13 @@ def owners_of(service: SubscriptionService, pattern: bytes) -> set[int]:
     }
 
 
-def waiting_runs(runs: Sequence[Run], counts: list[tuple[str, int, int, int]]) -> list[Waiting]:
-    """``runs`` of a Deliver as gate entries, each with the delivery counts
-    (``(topic, partition, offset, count)`` from the Redelivered before it)
-    of its messages."""
+def waiting_runs(
+    runs: Sequence[Run], counts: list[tuple[str, int, int, int]], topic: str
+) -> list[Waiting]:
+    """``runs`` of a Deliver of ``topic`` (the one the part's stream last
+    named) as gate entries, each with the delivery counts (``(topic,
+    partition, offset, count)`` from the Redelivered before it) of its
+    messages."""
     found = []
     for run in runs:
         stop = run.base_offset + run.count
@@ -100,7 +103,9 @@ def waiting_runs(runs: Sequence[Run], counts: list[tuple[str, int, int, int]]) -
             for topic, partition, offset, count in counts
             if partition == run.partition and run.base_offset <= offset < stop
         ]
-        found.append(Waiting(encode_chunk(run), run.count, run.partition, run.base_offset, mine))
+        found.append(
+            Waiting(encode_chunk(run), run.count, run.partition, run.base_offset, mine, topic)
+        )
     return found
 
 
@@ -122,6 +127,8 @@ class RemotePart:
         self.channel = channel
         self.stream = channel.new_stream()
         self._counts: list[tuple[str, int, int, int]] = []
+        #: The topic this part's stream last named (Redelivered): its Delivers'.
+        self._topic = ""
 
     def send(self, frame: Consume | Settle | Flow | Unsubscribe) -> None:
         self.channel.send(encode_frame(attrs.evolve(frame, stream=self.stream)))
@@ -132,9 +139,10 @@ class RemotePart:
         if isinstance(frame, Redelivered):
             entries = zip(frame.partitions, frame.offsets, frame.counts, strict=True)
             self._counts.extend((frame.topic, p, o, c) for p, o, c in entries)
+            self._topic = frame.topic
         elif isinstance(frame, Deliver):
             counts, self._counts = self._counts, []
-            consumer.delivered(self.owner, waiting_runs(frame.runs, counts))
+            consumer.delivered(self.owner, waiting_runs(frame.runs, counts, self._topic))
         elif isinstance(frame, Settled):
             consumer.part_settled(frame.sequence, frame.stale)
         elif isinstance(frame, Subscribed):
@@ -183,6 +191,8 @@ class SpreadConsumer:
         self._forwarder = forwarder
         store = service.store
         self._worker = store.worker
+        #: The topic the local part's frames last named (Redelivered).
+        self._local_topic = ""
         self._topics = {
             topic.name: topic
             for topic in store.policies.policies
@@ -358,7 +368,8 @@ class SpreadConsumer:
             if isinstance(frame, Redelivered):
                 entries = zip(frame.partitions, frame.offsets, frame.counts, strict=True)
                 counts.extend((frame.topic, p, o, c) for p, o, c in entries)
+                self._local_topic = frame.topic
             elif isinstance(frame, Deliver):
-                runs.extend(waiting_runs(frame.runs, counts))
+                runs.extend(waiting_runs(frame.runs, counts, self._local_topic))
                 counts = []
         self.delivered(self._worker, runs)

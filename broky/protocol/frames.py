@@ -303,7 +303,8 @@ class Consume:
 
 @attrs.frozen(slots=True)
 class Redelivered:
-    """Delivery counts (> 1) of the messages in the next Deliver of ``stream``."""
+    """Delivery counts (> 1) of the messages in the next Deliver of ``stream``,
+    and the topic of every Deliver on ``stream`` until the next Redelivered."""
 
     stream: int
     partitions: tuple[int, ...] = ()

@@ -54,6 +54,10 @@ class ConsumerLink:
     closed: bool = False
     #: Set for a part of a spread consumer (module docstring).
     answers: ConsumerAnswers | None = None
+    #: The topic the stream's last ``Redelivered`` named, which the client
+    #: gives to every ``Deliver`` after it (None: none named yet). Deliveries
+    #: of another topic must name theirs first (``delivery_frames``).
+    named_topic: str | None = None
 
     @property
     def max_frame_bytes(self) -> int:

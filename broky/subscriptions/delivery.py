@@ -7,8 +7,13 @@ stored batch travel as one run (a slice of it, no copy of the messages until
 the frame is joined), each run carrying its partition and base offset, so a
 consumer knows every message's (partition, offset). Messages delivered more
 than once are listed, with their counts, in a ``Redelivered`` frame just
-before the ``Deliver`` frame that carries them (first deliveries cost
-nothing extra).
+before the ``Deliver`` frame that carries them. A ``Redelivered`` also
+names the topic of every ``Deliver`` after it on the stream until the next
+one (the ``Deliver`` frame has no topic field), so when a stream's deliveries
+switch to another topic the first frame gets a ``Redelivered``, listing no
+messages if none is redelivered: a consumer over a pattern that spans
+several durable topics can name every message's topic in its ``Settle``.
+First deliveries of the topic a stream last named cost nothing extra.
 """
 
 from __future__ import annotations
@@ -55,13 +60,17 @@ class BatchCache:
         batch = self._batches[index]
         return batch if offset < batch.next_offset else None
 
-    def missing(self, offsets: Iterable[int]) -> list[tuple[int, int]]:
-        """The ranges ``[first, stop)`` of ``offsets`` not held, merged."""
+    def missing(self, offsets: Iterable[int], gap: int = 0) -> list[tuple[int, int]]:
+        """The ranges ``[first, stop)`` of ``offsets`` not held, merged, and
+        merged across up to ``gap`` offsets between them: every log read
+        refills a read window (a ``pread`` of up to a MiB), so key-shared
+        deliveries scattered over many keys are cheaper read as a few spans
+        than one read each."""
         ranges: list[tuple[int, int]] = []
         for offset in sorted(set(offsets)):
             if self.find(offset) is not None:
                 continue
-            if ranges and ranges[-1][1] == offset:
+            if ranges and offset - ranges[-1][1] <= gap:
                 ranges[-1] = (ranges[-1][0], offset + 1)
             else:
                 ranges.append((offset, offset + 1))
@@ -75,10 +84,15 @@ def delivery_frames(
     deliveries: Sequence[tuple[int, int]],
     cache: BatchCache,
     max_frame_bytes: int,
+    *,
+    name_topic: bool,
 ) -> tuple[list[bytes], list[int]]:
     """The frames carrying ``deliveries`` (``(offset, delivery count)`` in
     delivery order) to ``stream``, and the offsets the cache did not hold
-    (trimmed from the log by retention: the caller acks them away)."""
+    (trimmed from the log by retention: the caller acks them away).
+
+    ``name_topic``: the stream's last ``Redelivered`` named another topic
+    (or none yet), so the first frame must name ``topic``."""
     frames: list[bytes] = []
     lost: list[int] = []
     budget = max_frame_bytes // FRAME_SHARE
@@ -98,11 +112,12 @@ def delivery_frames(
             run_batch = None
 
     def close_frame() -> None:
-        nonlocal used
+        nonlocal used, name_topic
         close_run()
         if not chunks:
             return
-        if counts:
+        if counts or name_topic:
+            name_topic = False
             frames.append(
                 encode_frame(
                     Redelivered(

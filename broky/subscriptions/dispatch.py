@@ -10,8 +10,11 @@ out; ``now`` is passed in (seconds).
 
 Types:
 
-- ``shared``: each message to the consumer with room next in round-robin
-  order; no order between messages.
+- ``shared``: each message to a consumer with room (consumers taken in
+  round-robin order); no order between messages. A read queued with
+  ``queue`` is dealt by ``pump`` in consecutive slices, each consumer's its
+  part of the free room, so a consumer's messages travel as runs and its
+  acks as ranges.
 - ``exclusive`` / ``failover`` / ``key-shared`` are *ordered*: every message
   belongs to a slot (key-shared: the key's slot; the others: one slot), a slot
   has one owner, and the invariant of PIP-379 holds: **all unacked messages of
@@ -238,15 +241,18 @@ class Dispatcher:
             room -= len(self._ready)
         return max(0, min(available, room))
 
-    def feed(self, offset: int, slot: int, now: float) -> None:
-        """A message read from ``tracker.read_position``, in offset order."""
+    def _take_read(self, offset: int) -> bool:
+        """Move the read position over ``offset``; whether it is to deliver."""
         tracker = self.tracker
         if offset < tracker.read_position:
-            return  # read twice (a read raced a rewind); the first one counts
-        if offset in tracker.acked or offset in tracker.pending:
-            tracker.skip_read(offset)
-            return
+            return False  # read twice (a read raced a rewind); the first one counts
         tracker.skip_read(offset)
+        return not (offset in tracker.acked or offset in tracker.pending)
+
+    def feed(self, offset: int, slot: int, now: float) -> None:
+        """A message read from ``tracker.read_position``, in offset order."""
+        if not self._take_read(offset):
+            return
         if not self.ordered:
             self._ready.append(offset)
             self._pump_shared(now)
@@ -260,6 +266,18 @@ class Dispatcher:
         if not self._try_deliver(slot, offset, now):
             self._waiting[slot] = [offset]
             self.parked += 1
+
+    def queue(self, first: int, stop: int) -> None:
+        """Messages ``[first, stop)`` read in offset order, for a shared
+        subscription: queued only; ``pump`` after the read deals them at
+        once, so each consumer gets a consecutive slice (one run of one
+        Deliver frame, acked back as one range) instead of every n-th
+        message, as ``feed`` one by one would."""
+        assert not self.ordered
+        ready = self._ready
+        for offset in range(first, stop):
+            if self._take_read(offset):
+                ready.append(offset)
 
     def skip(self, offset: int) -> None:
         """An offset read from ``tracker.read_position`` that this subscription
@@ -474,7 +492,16 @@ class Dispatcher:
         if not self.ordered:
             self._pump_shared(now)
             return
+        # Only consumers with room can take anything, and none gains room
+        # here: the slots of the others are skipped without a look at their
+        # messages (pump runs on every ack, grant and commit).
+        free = {consumer for consumer, state in self.consumers.items() if state.room > 0}
+        if not free:
+            return
+        owner_of = self.owner_of
         for slot in list(self._waiting):
+            if owner_of(slot) not in free:
+                continue
             waiting = self._waiting[slot]
             while waiting and self._try_deliver(slot, waiting[0], now):
                 del waiting[0]
@@ -491,19 +518,24 @@ class Dispatcher:
             if tracker.due.get(offset) is not None and offset not in tracker.pending:
                 ready.append(offset)
         blocked: list[int] = []
+        # Each consumer's share of what is ready now is its part of the free
+        # room (rounded up): consecutive offsets travel as one run.
+        count = len(ready)
+        total = sum(max(0, state.room) for state in self.consumers.values())
         while ready:
-            offset = ready[0]
-            if offset in tracker.acked or offset in tracker.pending:
-                ready.popleft()
-                continue
-            if not tracker.may_deliver(offset):
-                blocked.append(ready.popleft())
-                continue
             state = self._next_with_room()
             if state is None:
                 break
-            ready.popleft()
-            self._hand(state, offset, 0, now)
+            share = -(-count * state.room // total)
+            while ready and share and state.room > 0:
+                offset = ready.popleft()
+                if offset in tracker.acked or offset in tracker.pending:
+                    continue
+                if not tracker.may_deliver(offset):
+                    blocked.append(offset)
+                    continue
+                self._hand(state, offset, 0, now)
+                share -= 1
         ready.extendleft(reversed(blocked))
 
     def _next_with_room(self) -> Consumer | None:

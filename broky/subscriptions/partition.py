@@ -66,6 +66,11 @@ STATE_FILE: Final = "subscriptions.sqlite"
 #: Bytes of stored batches one round reads per dispatcher: bounds a round's
 #: memory (and its thread hop) whatever the credit granted.
 READ_BYTES: Final = 1024 * 1024
+#: Offsets to deliver that are missing from a round's reads (parked, due
+#: again) and at most this far apart are read as one span: one window fill
+#: instead of one per offset (key-shared over many keys parks offsets spread
+#: all over the log).
+READ_GAP: Final = 4096
 
 
 class PartitionSubscriptions:
@@ -245,7 +250,7 @@ class PartitionSubscriptions:
             if isinstance(event, Deliver | DeadLetter)
         ]
         needed.extend(event.offset for _, event in retry)
-        missing = cache.missing(needed)
+        missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
                 cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
@@ -285,12 +290,17 @@ class PartitionSubscriptions:
                     dispatcher.skip(skipped)
                 continue
             if not key_shared:
-                for fed in range(offset, batch.next_offset):
-                    dispatcher.feed(fed, 0, now)
+                if dispatcher.ordered:
+                    for fed in range(offset, batch.next_offset):
+                        dispatcher.feed(fed, 0, now)
+                else:
+                    dispatcher.queue(offset, batch.next_offset)
                 continue
             for index, view in enumerate(message_views(batch.run)):
                 sticky = key_partition(view) or batch.key
                 dispatcher.feed(offset + index, slot_of(sticky), now)
+        if not dispatcher.ordered:
+            dispatcher.pump(now)  # deal what ``queue`` took, in slices
 
     def _carry_out(
         self, name: str, events: list[Deliver | DeadLetter | Evict], cache: BatchCache
@@ -313,8 +323,18 @@ class PartitionSubscriptions:
             if link is None:
                 continue  # gone meanwhile: its detach released these
             frames, lost = delivery_frames(
-                link.stream, self.topic, self.partition, deliveries, cache, link.max_frame_bytes
+                link.stream,
+                self.topic,
+                self.partition,
+                deliveries,
+                cache,
+                link.max_frame_bytes,
+                name_topic=link.named_topic != self.topic,
             )
+            if frames:
+                # Sent at once (no await in between): no other driver's
+                # frames can come between the naming and these Delivers.
+                link.named_topic = self.topic
             link.send(frames)
             if lost:
                 self.trimmed(name, lost)

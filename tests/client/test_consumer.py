@@ -278,26 +278,35 @@ async def test_the_callers_exception_leaves_the_block_unchanged_after_the_acks(
     assert _ranges(settle) == [(0, 0, 0)]
 
 
-async def test_a_redelivered_frame_names_the_topic_of_the_next_deliver_only(
+async def test_a_redelivered_frame_names_the_topic_of_the_delivers_after_it(
     wired: tuple[ScriptedBroker, Client],
 ) -> None:
+    """The broker names a stream's topic only when it switches (an empty
+    Redelivered if nothing is redelivered): every Deliver after it has that
+    topic, and each Settle names the topic of its ranges."""
     broker, client = wired
     with trio.fail_after(10):
-        async with client.consumer("orders.>", subscription="s", ack_interval=60) as consumer:
-            await broker.send(Redelivered(consumer.stream, (0,), (5,), (2,), topic="orders"))
+        async with client.consumer("shop.>", subscription="s", ack_interval=60) as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 1, 1),)))  # before any naming
+            await broker.send(Redelivered(consumer.stream, (0,), (5,), (2,), topic="east"))
             await broker.send(Deliver(consumer.stream, (_run(0, 5, 1), _run(1, 9, 1))))
             await broker.send(Deliver(consumer.stream, (_run(0, 6, 1),)))
-            taken = [await anext(consumer) for _ in range(3)]
+            await broker.send(Redelivered(consumer.stream, (), (), (), topic="west"))
+            await broker.send(Deliver(consumer.stream, (_run(0, 6, 1),)))
+            taken = [await anext(consumer) for _ in range(5)]
             await consumer.settle_all(taken)
             await consumer.flush()
     assert [(d.topic, d.partition, d.offset, d.delivery_count) for d in taken] == [
-        ("orders", 0, 5, 2),
-        ("orders", 1, 9, 1),
-        ("", 0, 6, 1),
+        ("", 0, 1, 1),
+        ("east", 0, 5, 2),
+        ("east", 1, 9, 1),
+        ("east", 0, 6, 1),
+        ("west", 0, 6, 1),
     ]
     assert sorted((s.topic, *_ranges(s)) for s in broker.of(Settle)) == [
-        ("", (0, 6, 6)),
-        ("orders", (0, 5, 5), (1, 9, 9)),
+        ("", (0, 1, 1)),
+        ("east", (0, 5, 6), (1, 9, 9)),
+        ("west", (0, 6, 6)),
     ]
 
 

@@ -133,3 +133,31 @@ def test_the_window_holds_and_nobody_starves(parts: int, steps: list[tuple[str, 
     if gate.window:
         assert not gate.waiting_messages
         assert all(credit >= 1 for credit in owner_credit)
+
+
+def test_every_deliver_is_named_with_its_topic_as_the_client_reads_them() -> None:
+    """Parts deliver runs of two topics, interleaved: the client, which gives
+    each Deliver the topic of the last Redelivered, reads every run's own."""
+    gate = CreditGate(5, [0, 1], 1 << 20)
+    gate.grant(100)
+    sent: list[tuple[str, int]] = []
+    for part, topic, base in ((0, "eu", 0), (1, "us", 0), (1, "us", 5), (0, "eu", 5)):
+        run = waiting(part, base, 5)
+        run.topic = topic
+        gate.arrive(part, [run])
+        sent.extend((topic, base + n) for n in range(5))
+    named = None
+    seen: list[tuple[str, int]] = []
+    frames = gate.take()
+    for data in frames:
+        frame = decode_frame(memoryview(data)[4:])
+        if isinstance(frame, Redelivered):
+            named = frame.topic
+        else:
+            assert isinstance(frame, Deliver)
+            assert named is not None
+            seen.extend((named, m.offset) for run in frame.runs for m in decode_run(run))
+    assert seen == sent
+    # Three switches of topic: three naming frames, none repeated.
+    assert sum(isinstance(decode_frame(memoryview(d)[4:]), Redelivered) for d in frames) == 3
+    assert gate.take() == []

@@ -455,3 +455,36 @@ async def test_the_client_library_consumes_across_workers(tmp_path: Path) -> Non
             await one.flush()
             await two.flush()
     assert sorted(int(d.payload) for d in seen) == list(range(total))
+
+
+async def test_a_pattern_over_two_topics_names_each_delivery_s_topic(tmp_path: Path) -> None:
+    """``shop.>`` over two durable topics whose partitions sit on both
+    workers: every delivery carries its own topic and every ack lands."""
+    config = tmp_path / "broky.toml"
+    config.write_text(
+        'host = "127.0.0.1"\nport = 0\nworkers = 2\naccept = "handoff"\n'
+        f'log_level = "error"\ndata_dir = "{tmp_path / "data"}"\nsystem_events = false\n'
+        "system_metrics_interval = 0\n"
+        + "".join(
+            f'[[durable]]\nname = "{name}"\npattern = "shop.{name}.>"\npartitions = 4\n'
+            for name in ("eu", "us")
+        )
+    )
+    total = 120
+    with nodes() as start, trio.fail_after(TIMEOUT):
+        node = start(["--config", str(config)])
+        keys = [f"shop.{region}.k{n}" for n in range(8) for region in ("eu", "us")]
+        await publish(node.address, total, keys)
+        seen: list[tuple[str, str]] = []
+        async with (
+            connect(node.address, name="a") as client,
+            client.consumer("shop.>", subscription="both", start=Start.earliest()) as consumer,
+        ):
+            async for delivery in consumer:
+                seen.append((delivery.topic, delivery.key))
+                await delivery.ack()
+                if len(seen) == total:
+                    break
+            await consumer.flush()
+        assert all(key.split(".")[1] == topic for topic, key in seen)
+        assert {topic for topic, _ in seen} == {"eu", "us"}

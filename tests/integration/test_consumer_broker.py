@@ -17,6 +17,7 @@ import broky
 from broky import Client, Delivery, ErrorCode, Start
 from broky.cli import build_parser
 from broky.client.consumer_options import SubscriptionType
+from broky.config import Config
 from broky.consume_cli import consume
 from tests.conftest import StartBroker, address_of
 from tests.subscriptions.wire import subscriptions_config
@@ -70,8 +71,8 @@ async def test_consumers_split_the_work_and_each_message_is_acked_once(
                 await trio.sleep(0.01)
             done.set()
     assert sorted(int(d.payload) for d in seen) == list(range(400))  # none lost, none twice
-    # First deliveries: the broker does not name their topic (see Consumer).
-    assert {d.topic for d in seen} == {""}
+    # The broker names the topic before a stream's first Deliver (see Consumer).
+    assert {d.topic for d in seen} == {"orders"}
     assert all(d.delivery_count == 1 for d in seen)
     if kind == "key-shared":
         by_key: dict[str, list[int]] = {}
@@ -101,7 +102,7 @@ async def test_a_nacked_message_comes_back_with_its_delivery_count(
                 b"0",
             )
             assert (first.delivery_count, again.delivery_count, again.retry_count) == (1, 2, 1)
-            assert (first.topic, again.topic) == ("", "orders")
+            assert (first.topic, again.topic) == ("orders", "orders")
             await again.ack()
             await consumer.flush()
             assert consumer.statistics().unreceipted_frames == 0
@@ -201,3 +202,47 @@ async def test_failover_serves_the_higher_priority_then_the_standby_from_the_fir
     assert [int(d.payload) for d in rest] == list(range(12, 20))
     [status] = broker.statistics().subscriptions
     assert (status.acked, status.backlog, status.in_flight) == (20, 0, 0)
+
+
+async def test_one_consumer_over_two_durable_topics_acks_every_message(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Deliveries of two topics interleave on one stream: each first
+    delivery must carry its topic, else its ack names no topic and the
+    broker refuses it (``UnknownTopic``), ending the consumer."""
+    config = Config.from_mapping(
+        {
+            "port": 0,
+            "data_dir": str(tmp_path),
+            "durable": [
+                {"name": "east", "pattern": "shop.east.>", "partitions": 2},
+                {"name": "west", "pattern": "shop.west.>", "partitions": 2},
+            ],
+        }
+    )
+    broker = await start_broker(config)
+    count = 300
+    taken: list[Delivery] = []
+    with trio.fail_after(TIMEOUT):
+        async with (
+            broker.connect() as client,
+            client.consumer(
+                "shop.>", subscription="both", start=Start.earliest(), credit=32
+            ) as consumer,
+        ):
+            for number in range(count):
+                side = ("east", "west")[number % 2]
+                await client.publish(f"shop.{side}.k{number % 5}", b"%d" % number, ack=True)
+            await client.flush_acks()
+            batches = consumer.batches(16)
+            while len(taken) < count:
+                batch = await anext(batches)
+                taken.extend(batch)
+                await consumer.settle_all(batch)
+            await consumer.flush()
+            assert consumer.statistics().unreceipted_frames == 0
+    assert sorted(int(d.payload) for d in taken) == list(range(count))
+    assert all(d.topic == d.key.split(".")[1] for d in taken)
+    statuses = broker.statistics().subscriptions
+    assert sum(s.acked for s in statuses) == count
+    assert all((s.backlog, s.in_flight) == (0, 0) for s in statuses)

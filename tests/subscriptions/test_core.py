@@ -97,6 +97,21 @@ def test_shared_round_robin_and_redelivery_on_detach() -> None:
     assert deliveries(dispatcher) == [(2, 0, 2), (2, 2, 2)]
 
 
+def test_shared_deals_a_read_in_consecutive_slices_by_free_credit() -> None:
+    dispatcher = ready(SubscriptionType.SHARED, 8)
+    dispatcher.attach(1, 0.0, credit=12, max_in_flight=100)
+    dispatcher.attach(2, 0.0, credit=4, max_in_flight=100)
+    dispatcher.queue(0, 8)
+    assert deliveries(dispatcher) == []  # queued only: the pump deals
+    dispatcher.pump(0.0)
+    # 12 of the 16 free: consumer 1 takes 3/4 of the 8, as one run; 2 the rest.
+    assert [(c, o) for c, o, _ in deliveries(dispatcher)] == [
+        *((1, offset) for offset in range(6)),
+        (2, 6),
+        (2, 7),
+    ]
+
+
 def test_nack_backoff_then_dead_letter_after_max_deliveries() -> None:
     dispatcher = ready(SubscriptionType.SHARED, 1, backoff=(1.0,), max_deliveries=2)
     dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)

@@ -36,16 +36,21 @@ def batches_and_deliveries(draw: st.DrawFn) -> tuple[list[StoredBatch], list[tup
     return batches, list(zip(offsets, counts, strict=True))
 
 
-@given(batches_and_deliveries(), st.sampled_from([300, 2048, 1 << 20]))
+@given(batches_and_deliveries(), st.sampled_from([300, 2048, 1 << 20]), st.booleans())
 def test_frames_carry_exactly_the_deliveries_in_order(
-    case: tuple[list[StoredBatch], list[tuple[int, int]]], frame_bytes: int
+    case: tuple[list[StoredBatch], list[tuple[int, int]]], frame_bytes: int, name_topic: bool
 ) -> None:
     batches, deliveries = case
     cache = BatchCache()
     cache.add(reversed(batches))  # any order of adding
     cache.add(batches[:1])  # and twice
     held = {o for b in batches for o in range(b.base_offset, b.next_offset)}
-    frames, lost = delivery_frames(9, "orders", 3, deliveries, cache, frame_bytes)
+    frames, lost = delivery_frames(
+        9, "orders", 3, deliveries, cache, frame_bytes, name_topic=name_topic
+    )
+    if name_topic and frames:
+        # The stream last named another topic: the first frame names this one.
+        assert isinstance(decode_frame(frames[0][4:]), Redelivered)
     assert lost == [offset for offset, _ in deliveries if offset not in held]
     seen: list[tuple[int, int]] = []
     counts: dict[int, int] = {}
@@ -71,6 +76,9 @@ def test_missing_merges_ranges_of_what_is_not_held() -> None:
     cache = BatchCache()
     cache.add([batch(10, 5)])
     assert cache.missing([3, 4, 5, 11, 15, 16, 20]) == [(3, 6), (15, 17), (20, 21)]
+    # Across gaps of up to 4 offsets: one span (a held offset inside is read again).
+    assert cache.missing([3, 4, 5, 11, 15, 16, 20], gap=4) == [(3, 6), (15, 21)]
+    assert cache.missing([0, 15, 30], gap=20) == [(0, 31)]
 
 
 def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:

@@ -178,8 +178,14 @@ class DispatcherMachine(RuleBasedStateMachine):
         dispatcher = self.dispatcher
         wanted = dispatcher.wants()
         start = dispatcher.tracker.read_position
-        for offset in range(start, min(start + wanted, len(self.keys))):
-            dispatcher.feed(offset, self.slot(offset), self.now)
+        stop = min(start + wanted, len(self.keys))
+        if dispatcher.ordered:
+            for offset in range(start, stop):
+                dispatcher.feed(offset, self.slot(offset), self.now)
+        else:
+            # As the driver does: queue the whole read, then deal it in slices.
+            dispatcher.queue(start, stop)
+            dispatcher.pump(self.now)
         self.take_events()
 
     def delivered_offsets(self, data: st.DataObject) -> tuple[int, list[int]] | None:
@@ -297,6 +303,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         for consumer in dispatcher.consumers.values():
             assert consumer.in_flight == held[consumer.id]
             assert consumer.in_flight <= consumer.max_in_flight
+            assert consumer.credit >= 0  # slices never exceed the room
 
     @invariant()
     def balanced_slots(self) -> None:
