@@ -39,6 +39,7 @@ from broky.replication.wire import (
     Refused,
     ReplicatedRun,
 )
+from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import PartitionLog
 
 #: Longest a fetch that found nothing new waits for new data (a long poll):
@@ -244,6 +245,8 @@ class PartitionReplica:
         self.settle()
         if request.offset > self.owner.end_offset:
             return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
+        if request.offset < self.owner.start_offset:
+            return self._before_start(leading, request.offset)
         if request.offset == self.owner.end_offset:
             with trio.move_on_after(FETCH_WAIT):
                 await self._changed.wait()
@@ -267,5 +270,20 @@ class PartitionReplica:
 
         runs: list[ReplicatedRun] = []
         if request.offset < self.owner.end_offset:
-            runs = leading.recent_from(request.offset) or await self.owner.call(read)
+            try:
+                runs = leading.recent_from(request.offset) or await self.owner.call(read)
+            except OffsetOutOfRangeError:
+                # Retention ran between the check above and the read.
+                return self._before_start(leading, request.offset)
         return Fetched(leading.term.epoch, self.high_watermark, tuple(runs))
+
+    def _before_start(self, leading: _Leading, offset: int) -> Refused:
+        """Retention deleted ``offset``: without this answer the follower
+        would ask for it forever (Kafka's OffsetOutOfRange to a follower)."""
+        start = self.owner.start_offset
+        return Refused(
+            RefusalReason.BEFORE_LOG_START,
+            leading.term.epoch,
+            f"{self.name}: offset {offset} is below the log start {start}",
+            start,
+        )

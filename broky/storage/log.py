@@ -420,6 +420,31 @@ class PartitionLog:
             self.append([run for run, _ in kept], [stamp for _, stamp in kept])
         self.sync()
 
+    def restart_at(self, start: int) -> None:
+        """Drop every segment and continue, empty, at ``start`` (Kafka's
+        truncateFullyAndStartAt): a follower whose whole log lies below its
+        leader's log start, which retention moved past it, can never fill
+        that gap, so it keeps nothing and fetches from ``start``.
+
+        The old segments go before the new one is created: a crash between
+        the two leaves an empty log at 0, whose next fetch is refused and
+        restarts it again.
+        """
+        self._check_open()
+        if start < self.end_offset:
+            raise OffsetOutOfRangeError(start, self.end_offset, self.end_offset)
+        if start == self.end_offset:
+            return
+        for doomed in self._segments:
+            doomed.delete()
+        fresh = Segment.create(self.directory, start, self.config.index_interval_bytes)
+        fsync_directory(self.directory)
+        self._deleted_segments += len(self._segments)
+        self._segments = [fresh]
+        self._bases = [start]
+        self._durable_offset = start
+        self._last_by_key = None
+
     def tick(self) -> None:
         """Periodic housekeeping: the ``INTERVAL`` fsync, time rolls, retention.
 

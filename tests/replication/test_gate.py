@@ -35,6 +35,7 @@ class _Owner:
 
     topic: _Topic = attrs.field(factory=_Topic)
     partition: int = 0
+    start_offset: int = 0
     end_offset: int = 0
 
     async def call(self, request: Callable[[Any], Any]) -> Any:
@@ -152,3 +153,16 @@ async def test_a_follower_in_step_is_answered_from_the_rounds_just_stored() -> N
     answer = await replica.fetch(_fetch(durable=1))  # mid-run: read from the log
     assert isinstance(answer, Fetched)
     assert answer.runs == ()
+
+
+async def test_a_fetch_below_the_log_start_names_the_start() -> None:
+    replica, owner = _leading()
+    owner.start_offset, owner.end_offset = 50, 80
+    answer = await replica.fetch(_fetch(10))
+    assert isinstance(answer, Refused)
+    assert (answer.reason, answer.epoch, answer.log_start) == (
+        RefusalReason.BEFORE_LOG_START,
+        3,
+        50,
+    )
+    assert isinstance(await replica.fetch(_fetch(50)), Fetched)
