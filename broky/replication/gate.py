@@ -122,6 +122,9 @@ class PartitionReplica:
         self.leading: _Leading | None = None
         #: "leader NODE at HOST:PORT (epoch E)", for NotLeader answers.
         self.leader_hint = "no leader known"
+        #: The topic's acks setting: "leader" acks at this node's fsync
+        #: (lost if it fails before a follower has it), "all" at the HW.
+        self.acks = Acks(owner.topic.acks)
         self._changed = trio.Event()
 
     @property
@@ -137,7 +140,7 @@ class PartitionReplica:
                 ErrorCode.NOT_LEADER,
                 f"{self.node_id} does not lead {self.name}; {self.leader_hint}",
             )
-        if leading.isr.check_publish(Acks.ALL) is Outcome.NOT_ENOUGH_REPLICAS:
+        if leading.isr.check_publish(self.acks) is Outcome.NOT_ENOUGH_REPLICAS:
             return ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading)
         return None
 
@@ -159,7 +162,7 @@ class PartitionReplica:
             return
         leading.tokens.append((deliver, fail))
         leading.remember(offset, runs, stamps)
-        leading.isr.appended(end, len(leading.tokens), Acks.ALL)
+        leading.isr.appended(end, len(leading.tokens), self.acks)
         leading.isr.synced(end)
         self.settle()
         self._wake()  # followers waiting in a long poll fetch it now

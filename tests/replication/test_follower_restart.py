@@ -33,6 +33,7 @@ from tests.storage.runs import make_run, read_all
 @attrs.define
 class _Topic:
     name: str = "orders"
+    acks: str = "all"
 
 
 class _Owner:
