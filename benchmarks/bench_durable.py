@@ -21,6 +21,9 @@ machine. With several workers each row also reports every worker's CPU
 (cores) and the forwarded fraction: the share of acked messages whose
 partition another worker than the publisher's owned (read from each
 worker's ``broky_durable_forwarded_messages_total``).
+Publishers are idempotent (the client's default: producer ids and sequences,
+deduplicated by each partition's owner) unless ``--not-idempotent``, which
+measures what idempotence costs.
 """
 
 from __future__ import annotations
@@ -75,12 +78,17 @@ def key_mix(mix: str, index: int) -> list[tuple[str, bytes]]:
 
 
 async def publisher(
-    address: str, index: int, deadline: float, counts: list[list[int]], mix: str
+    address: str,
+    index: int,
+    deadline: float,
+    counts: list[list[int]],
+    mix: str,
+    idempotent: bool = True,
 ) -> None:
     """Publish windows of acked messages until ``deadline``; ``counts[index]``
     holds [published, acked]."""
     messages = key_mix(mix, index)
-    async with connect(address, name=f"bench-{index}") as client:
+    async with connect(address, name=f"bench-{index}", idempotent=idempotent) as client:
         while time.monotonic() < deadline:
             for key, key_partition in messages:
                 await client.publish(key, PAYLOAD, key_partition=key_partition, ack=True)
@@ -113,6 +121,7 @@ async def measure(
     mix: str,
     replay: bool,
     metrics_ports: list[int] | None = None,
+    idempotent: bool = True,
 ) -> dict[str, object]:
     """Acked publish rate and the cores the broker (each worker) and this
     client used meanwhile, then (with ``replay``) the rate of a replay of
@@ -124,7 +133,7 @@ async def measure(
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
         for index in range(PUBLISHERS):
-            nursery.start_soon(publisher, address, index, start + duration, counts, mix)
+            nursery.start_soon(publisher, address, index, start + duration, counts, mix, idempotent)
     elapsed = time.monotonic() - start
     workers_cpu = [
         round((after - before) / elapsed, 2)
@@ -136,6 +145,7 @@ async def measure(
     server_seconds = cpu_seconds(pid) - server_before
     figures: dict[str, object] = {
         "keys": mix,
+        "idempotent": idempotent,
         "msgs_per_s": round(acked / elapsed),
         "published": published,
         "acked": acked,
@@ -171,6 +181,7 @@ def broker_rate(
     replay: bool = True,
     workers: int = 1,
     broker_python: str = sys.executable,
+    idempotent: bool = True,
 ) -> dict[str, object]:
     """Run ``measure`` against a fresh broker with its own data directory,
     started by ``broker_python`` (another checkout's interpreter: an A/B of
@@ -189,7 +200,7 @@ def broker_rate(
         assert process.stdout is not None
         line = process.stdout.readline()
         address = line.strip().rsplit(" ", 1)[-1]
-        return trio.run(measure, address, duration, process.pid, mix, replay, ports)
+        return trio.run(measure, address, duration, process.pid, mix, replay, ports, idempotent)
     finally:
         process.terminate()
         process.wait(10)
@@ -211,6 +222,11 @@ def main() -> None:
         "--workers", action="append", type=int,
         help="worker processes of the broker (repeatable; default: 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--not-idempotent",
+        action="store_true",
+        help="publish without producer ids (what idempotence costs, by difference)",
+    )
     parser.add_argument(
         "--broker-python",
         default=sys.executable,
@@ -240,6 +256,7 @@ def main() -> None:
                     replay=mix == "one",
                     workers=workers,
                     broker_python=args.broker_python,
+                    idempotent=not args.not_idempotent,
                 )
                 replay_rate = figures.pop("replay_msgs_per_s", None)
                 rate = figures["msgs_per_s"]

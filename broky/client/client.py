@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Final, Unpack
 
@@ -78,10 +78,10 @@ CONNECT_TIMEOUT: Final = 5.0
 class Client(Publisher):
     """A connection to a broker. Create it with :func:`connect` or ``Broker.connect``."""
 
-    def __init__(self, stream: trio.abc.Stream, name: str = "") -> None:
+    def __init__(self, stream: trio.abc.Stream, name: str = "", idempotent: bool = True) -> None:
         # streams: one label for publishes (so a stream Error can name it), then subscriptions
         self._streams = itertools.count(1)
-        super().__init__(publish_stream=next(self._streams))
+        super().__init__(publish_stream=next(self._streams), idempotent=idempotent)
         self._stream = stream
         self.name = name
         #: The broker's Welcome (its limits, who it authenticated us as).
@@ -99,6 +99,8 @@ class Client(Publisher):
         self._refused: PublishRefused | None = None
         self.on_error: Callable[[Error], None] = self._log_error
         self._send_now = _nonblocking_writer(stream)
+        self._hello = Hello(client_name=name)
+        self._nursery: trio.Nursery | None = None
 
     @classmethod
     @asynccontextmanager
@@ -112,41 +114,87 @@ class Client(Publisher):
         password: str = "",
         token: str = "",
         peer: str = "the broker",
+        idempotent: bool = True,
+        reconnect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
     ) -> AsyncIterator[Client]:
         """Run a client over an already connected stream, with optional credentials.
 
         What escapes is the exception itself, never a group: a BrokyError
         (ConnectionClosed if ``peer`` sends no Welcome in CONNECT_TIMEOUT
         seconds, AuthenticationError if it refuses us), or whatever the
-        caller's ``async with`` body raised, unchanged.
+        caller's ``async with`` body raised, unchanged. ``idempotent`` acked
+        publishing (the default) resends what failed retriably; with
+        ``reconnect`` (a new stream to the same broker) it also resends what
+        a lost connection left unanswered, over a new connection.
         """
-        client = cls(stream, name)
+        client = cls(stream, name, idempotent)
         client._stamp = stamp_ts_broker
+        client._hello = Hello(client_name=name, user=user, password=password, token=token)
         with unwrapped():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(client._writer)
-                nursery.start_soon(client._reader)
-                client._send_raw(client._machine.initiate())
-                client._send_control(
-                    Hello(client_name=name, user=user, password=password, token=token)
-                )
+                client._nursery = nursery
+                if reconnect is not None:
+                    client._reopen = lambda: client._reconnect(reconnect, peer)
                 try:
-                    with deadline(
-                        CONNECT_TIMEOUT,
-                        f"no Welcome from {peer} within {CONNECT_TIMEOUT} s: "
-                        "is a Broky broker listening there?",
-                    ):
-                        await client._welcome.wait()
-                    if client._error is not None:
-                        raise client._error
+                    await client._start(stream, peer)
                     yield client
                     if not client.closed:
                         await client.flush()
                 finally:
+                    client._reopen = None
                     client._shutdown(ConnectionClosed("the client was closed"))
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
-                        await stream.aclose()
+                        await client._stream.aclose()
                     nursery.cancel_scope.cancel()
+
+    async def _start(self, stream: trio.abc.Stream, peer: str) -> None:
+        """Run the socket tasks over ``stream`` and wait for the Welcome."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._writer, stream)
+        self._nursery.start_soon(self._reader, stream)
+        self._send_raw(self._machine.initiate())
+        self._send_control(self._hello)
+        with deadline(
+            CONNECT_TIMEOUT,
+            f"no Welcome from {peer} within {CONNECT_TIMEOUT} s: "
+            "is a Broky broker listening there?",
+        ):
+            await self._welcome.wait()
+        if self._error is not None:
+            raise self._error
+
+    async def _reconnect(
+        self, connect: Callable[[], Awaitable[trio.abc.Stream]], peer: str
+    ) -> None:
+        """Replace a lost connection with a new one (acked publishing only:
+        subscriptions, pings and requests of the old one have failed).
+
+        What was queued for the old connection is dropped: acked frames are
+        resent by the caller (``_settle_acks``), the rest was at most once.
+        """
+        old = self._stream
+        stream = await connect()
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await old.aclose()
+        self._wake_writer.set()  # the old writer sees it is stale and ends
+        self._stream = stream
+        self._machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
+        self.server = None
+        self.closed = False
+        self._error = None
+        self._frames = []
+        self._buffered = 0
+        self._writer_idle = True
+        self._sending = False
+        self._wake_writer = trio.Event()
+        self._welcome = trio.Event()
+        self._space = trio.Event()
+        self._send_now = _nonblocking_writer(stream)
+        try:
+            await self._start(stream, peer)
+        except BrokyError:
+            self._shutdown(ConnectionClosed(f"could not reconnect to {peer}"))
+            raise
 
     async def _request(self, frame_for: Callable[[int], Frame]) -> Frame:
         """Send a request frame on a fresh stream id and wait for its answer."""
@@ -329,12 +377,13 @@ class Client(Publisher):
 
     # --- the socket's two owners ------------------------------------------------
 
-    async def _writer(self) -> None:
-        stream = self._stream
+    async def _writer(self, stream: trio.abc.Stream) -> None:
         try:
             while True:
                 if self._writer_idle:
                     await self._wake_writer.wait()
+                    if self._stream is not stream:
+                        return  # replaced by a new connection (_reconnect)
                     self._wake_writer = trio.Event()
                 self._close_run()
                 self._close_frame()
@@ -350,10 +399,12 @@ class Client(Publisher):
                 self._space.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             cause = exc.__cause__ or exc
-            self._shutdown(ConnectionClosed(self._lost(f"connection lost while sending: {cause}")))
+            if self._stream is stream:
+                self._shutdown(
+                    ConnectionClosed(self._lost(f"connection lost while sending: {cause}"))
+                )
 
-    async def _reader(self) -> None:
-        stream = self._stream
+    async def _reader(self, stream: trio.abc.Stream) -> None:
         machine = self._machine
         try:
             while True:
@@ -367,7 +418,10 @@ class Client(Publisher):
             self._shutdown(BrokyError(exc.code, f"the broker broke the protocol: {exc}"))
             self._send_raw(encode_frame(Error(exc.code, str(exc))))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._shutdown(ConnectionClosed(self._lost(f"connection lost: {exc.__cause__ or exc}")))
+            if self._stream is stream:
+                self._shutdown(
+                    ConnectionClosed(self._lost(f"connection lost: {exc.__cause__ or exc}"))
+                )
 
     def _lost(self, what: str) -> str:
         """``what`` went wrong, and, before the broker's Welcome, the likely why."""
@@ -448,12 +502,10 @@ class Client(Publisher):
         elif frame.stream in self._requests:
             self._answer(frame.stream, frame)
         elif frame.stream == self._publish_stream and (
-            frame.code in _ACK_FAILURES or (frame.code in _REFUSALS and self._ack_frames)
+            frame.code in _ACK_FAILURES or (frame.code in _REFUSALS and self._acks.in_flight)
         ):
             # The broker answers a failed or refused acked frame with an error in its place.
-            if self._ack_frames:
-                del self._ack_frames[min(self._ack_frames)]
-            self._ack_error = BrokyError(frame.code, frame.message)
+            self._acks.failed(frame.code, frame.message)
             self._acks_done.set()
         elif frame.stream == self._publish_stream and frame.code in _REFUSALS:
             log.warning("the broker refused published messages: %s", frame.message)
@@ -512,11 +564,13 @@ def _nonblocking_writer(stream: trio.abc.Stream) -> Callable[[bytes], int] | Non
 #: Publish-stream errors about messages this client may not send.
 _REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
 #: Errors in an acked frame's place that say its messages were not stored
-#: (or, for NotLeader after a failover, not acknowledged): ``OwnerUnavailable``,
-#: ``NotLeader`` and ``NotEnoughReplicas`` are retriable (broky.client.cluster).
+#: (or, for NotLeader after a failover, not acknowledged): ``OwnerUnavailable``
+#: is retried by the client itself (broky.client.acked); ``NotLeader`` and
+#: ``NotEnoughReplicas`` by broky.client.cluster.
 _ACK_FAILURES: Final = (
     ErrorCode.STORAGE_FAILURE,
     ErrorCode.OWNER_UNAVAILABLE,
     ErrorCode.NOT_LEADER,
     ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE,
 )

@@ -12,13 +12,14 @@ publishing task yields.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 import trio
 
+from broky.client.acked import MAX_UNACKED_MESSAGES, AckedFrames, SentFrame
 from broky.client.durable import AckedRun
-from broky.client.errors import ConnectionClosed
+from broky.client.errors import BrokyError, ConnectionClosed
 from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -31,6 +32,7 @@ from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import Frame, PublishAck
 from broky.protocol.keys import encode_key
 from broky.protocol.message import encode_message, pack_sizes
+from broky.protocol.producer_frames import producer_frame_parts
 
 #: Bytes a client buffers for sending before ``publish`` waits: enough for
 #: the writer to send large batches while the publisher keeps encoding.
@@ -46,6 +48,14 @@ _FRAME_HEADER_BYTES: Final = 64
 #: message (at most 1/14 of a message, which is >= 56 bytes): header,
 #: padding and the key with its length and NUL.
 _RUN_OVERHEAD_BYTES: Final = 80 + MAX_KEY_BYTES
+#: Seconds ``flush_acks`` keeps resending idempotent frames that failed
+#: retriably (or whose connection was lost) before it gives up: several
+#: restarts of a worker (about a second each) or of a whole broker.
+DEFAULT_RETRY_TIMEOUT: Final = 30.0
+#: Pauses between resends, doubling: a restarted worker serves again within
+#: about a second, so the pause stays short.
+_RETRY_PAUSE: Final = 0.02
+_MAX_RETRY_PAUSE: Final = 0.5
 
 
 class Publisher:
@@ -57,7 +67,7 @@ class Publisher:
     closed: bool
     _error: BaseException | None
 
-    def __init__(self, publish_stream: int) -> None:
+    def __init__(self, publish_stream: int, idempotent: bool = True) -> None:
         #: The stream id Publish frames carry, so that a stream Error can name them.
         self._publish_stream = publish_stream
         self._send_buffer_bytes = DEFAULT_SEND_BUFFER_BYTES
@@ -86,11 +96,15 @@ class Publisher:
         # acked publishing: frames are either all acked or not; acks come in order
         self._ack_mode = False
         self._chunk_keys: list[str] = []
-        self._ack_sequence = 0
-        self._ack_frames: dict[int, list[str]] = {}
-        self._acked: list[AckedRun] = []
+        self._chunk_messages = 0
+        #: The acked frames in flight, their answers and what to resend.
+        self._acks = AckedFrames(idempotent)
         self._acks_done = trio.Event()
-        self._ack_error: BaseException | None = None
+        #: Seconds ``flush_acks`` retries idempotent frames (see DEFAULT_RETRY_TIMEOUT).
+        self.retry_timeout = DEFAULT_RETRY_TIMEOUT
+        #: Opens a new connection after a lost one (set by ``broky.connect``;
+        #: None: a lost connection ends acked publishing with ConnectionClosed).
+        self._reopen: Callable[[], Awaitable[None]] | None = None
 
     async def publish(
         self,
@@ -113,7 +127,7 @@ class Publisher:
         control character, whitespace, a lone surrogate) raises
         LocalProtocolError here; its token structure is the broker's to judge.
         """
-        if self.closed:
+        if self.closed and not (ack and self._acks.producer_id and self._reopen is not None):
             raise self._error or ConnectionClosed("the client is closed")
         if ack is not self._ack_mode:
             self._close_run()
@@ -134,6 +148,8 @@ class Publisher:
         self._kick()
         if self._run_bytes >= self._run_limit:
             await self._run_full()
+        if ack and self._acks.unacked_messages >= MAX_UNACKED_MESSAGES:
+            await self._settle_acks()  # stay inside the partitions' windows
 
     def _set_frame_limit(self, max_frame_bytes: int, max_message_bytes: int = 0) -> None:
         """Size runs and frames to fit frames of ``max_frame_bytes`` and
@@ -181,6 +197,8 @@ class Publisher:
         while self._buffered + self._run_bytes >= self._send_buffer_bytes and not self.closed:
             self._space = trio.Event()
             await self._space.wait()
+        if self.closed and self._ack_mode and self._acks.producer_id and self._reopen:
+            await self._settle_acks()  # reconnects, resends, and the buffer drains
         if self.closed:
             raise self._error or ConnectionClosed("the client is closed")
         self._update_run_limit()
@@ -190,6 +208,7 @@ class Publisher:
             chunk = encode_run_chunk(
                 self._run_key, 0, pack_sizes(self._run_sizes), b"".join(self._run_messages)
             )
+            count = len(self._run_sizes)
             self._run_sizes = []
             self._run_messages = []
             self._run_bytes = 0
@@ -197,24 +216,52 @@ class Publisher:
                 self._close_frame()
             if self._ack_mode:
                 self._chunk_keys.append(self._run_key_text)
+                self._chunk_messages += count
             self._chunks.append(chunk)
             self._chunk_bytes += len(chunk)
             self._buffered += len(chunk)
         self._update_run_limit()
 
     def _close_frame(self) -> None:
-        if self._chunks:
-            parts = runs_frame_parts(
-                BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp, self._ack_mode
+        if not self._chunks:
+            return
+        if self._ack_mode:
+            self._close_acked_frame()
+            return
+        parts = runs_frame_parts(BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp)
+        self._buffered += sum(len(part) for part in parts) - self._chunk_bytes
+        self._frames.extend(parts)
+        self._chunks = []
+        self._chunk_bytes = 0
+
+    def _close_acked_frame(self) -> None:
+        """An acked frame, numbered when the producer is idempotent and kept
+        until answered (``AckedFrames``)."""
+        acks = self._acks
+        count = self._chunk_messages
+        if acks.producer_id:
+            first = acks.number(count)
+            parts = producer_frame_parts(
+                self._publish_stream,
+                self._chunks,
+                stamp_ts_broker=self._stamp,
+                producer_id=acks.producer_id,
+                first_sequence=first,
             )
-            if self._ack_mode:
-                self._ack_sequence += 1
-                self._ack_frames[self._ack_sequence] = self._chunk_keys
-                self._chunk_keys = []
-            self._buffered += sum(len(part) for part in parts) - self._chunk_bytes
-            self._frames.extend(parts)
-            self._chunks = []
-            self._chunk_bytes = 0
+        else:
+            first = 0
+            parts = runs_frame_parts(
+                BodyType.PUBLISH, self._publish_stream, self._chunks, self._stamp, True
+            )
+        data = b"".join(parts)
+        acks.opened(count)
+        acks.sent(SentFrame(data, self._chunk_keys, first, count))
+        self._chunk_keys = []
+        self._chunk_messages = 0
+        self._buffered += len(data) - self._chunk_bytes
+        self._frames.append(data)
+        self._chunks = []
+        self._chunk_bytes = 0
 
     async def flush_acks(self) -> list[AckedRun]:
         """Send what ``publish(..., ack=True)`` queued and wait for every ack.
@@ -224,28 +271,62 @@ class Publisher:
         means the message reached its topic's durability point (fsync
         ``always``: on disk). Raises BrokyError if the broker could not store
         some of it; what was acked before stays acked.
+
+        Idempotent (the default): frames answered with the retriable
+        ``OwnerUnavailable``, or lost with the connection, are sent again
+        with the same producer id and sequences, so they are stored once,
+        until ``retry_timeout`` seconds have passed; a client from
+        ``broky.connect`` reconnects to its address for that.
         """
-        self._close_run()
-        self._close_frame()
-        self._kick()
-        while self._ack_frames and not self.closed:
-            self._acks_done = trio.Event()
-            await self._acks_done.wait()
-        error, self._ack_error = self._ack_error, None
-        if error is None and self._ack_frames:
-            error = self._error or ConnectionClosed("the client is closed")
+        await self._settle_acks()
+        error = self._acks.take_error()
         if error is not None:
             raise error
-        acked, self._acked = self._acked, []
-        return acked
+        return self._acks.take_acked()
+
+    async def _settle_acks(self) -> None:
+        """Send everything acked and wait until every frame is answered,
+        resending what failed retriably (module docstring of ``acked``)."""
+        acks = self._acks
+        deadline = trio.current_time() + self.retry_timeout
+        pause = _RETRY_PAUSE
+        while True:
+            self._close_run()
+            self._close_frame()
+            self._kick()
+            while acks.in_flight and not self.closed:
+                self._acks_done = trio.Event()
+                await self._acks_done.wait()
+            if self.closed:
+                acks.connection_lost()
+                if not acks.producer_id or self._reopen is None:
+                    raise self._error or ConnectionClosed("the client is closed")
+            if not acks.pending:
+                return
+            if trio.current_time() >= deadline:
+                lost = acks.abandon()
+                cause = acks.last_retriable or self._error
+                raise BrokyError(
+                    ErrorCode.OWNER_UNAVAILABLE,
+                    f"{lost} acked messages still not stored after retrying for "
+                    f"{self.retry_timeout} s (last: {cause})",
+                )
+            await trio.sleep(pause)
+            pause = min(2 * pause, _MAX_RETRY_PAUSE)
+            if self.closed:
+                assert self._reopen is not None
+                try:
+                    await self._reopen()
+                except (BrokyError, OSError) as exc:
+                    acks.last_retriable = BrokyError(ErrorCode.OWNER_UNAVAILABLE, str(exc))
+                    continue
+            for frame in acks.take_resend():
+                acks.sent(frame)
+                self._frames.append(frame.data)
+                self._buffered += len(frame.data)
 
     def _handle_ack(self, frame: PublishAck) -> None:
-        keys = self._ack_frames.pop(frame.sequence, [])
-        for run, partition, first, last in zip(
-            frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
-        ):
-            key = keys[run] if run < len(keys) else ""  # a broker bug must not kill the reader
-            self._acked.append(AckedRun(key, partition, first, last))
+        self._acks.acked(frame)
         self._acks_done.set()
 
     def _send_raw(self, data: bytes) -> None:

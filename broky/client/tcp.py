@@ -31,6 +31,7 @@ async def connect(
     user: str = "",
     password: str = "",
     token: str = "",
+    idempotent: bool = True,
 ) -> AsyncIterator[Client]:
     """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``.
 
@@ -38,13 +39,22 @@ async def connect(
     connection speaks TLS, checking the broker's certificate against ``host``;
     a failed TLS handshake raises ConnectionClosed saying why. ``user`` and
     ``password``, or ``token``, authenticate (send them over TLS only); wrong
-    or missing credentials raise AuthenticationError.
+    or missing credentials raise AuthenticationError. Acked publishing is
+    idempotent unless ``idempotent=False``: ``flush_acks`` then reconnects to
+    ``address`` by itself to resend what a lost connection left unanswered.
     """
     host, port = parse_address(address)
-    with deadline(CONNECT_TIMEOUT, f"could not connect to {address} within {CONNECT_TIMEOUT} s"):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-        if ssl_context is not None:
-            stream = await _tls_handshake(stream, ssl_context, host, address)
+
+    async def open_stream() -> trio.abc.Stream:
+        with deadline(
+            CONNECT_TIMEOUT, f"could not connect to {address} within {CONNECT_TIMEOUT} s"
+        ):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            if ssl_context is not None:
+                stream = await _tls_handshake(stream, ssl_context, host, address)
+        return stream
+
+    stream = await open_stream()
     async with Client.over(
         stream,
         name=name,
@@ -53,6 +63,8 @@ async def connect(
         password=password,
         token=token,
         peer=address,
+        idempotent=idempotent,
+        reconnect=open_stream,
     ) as client:
         yield client
 

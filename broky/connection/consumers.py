@@ -7,14 +7,21 @@ service (``broky.subscriptions.service``). It keeps the connection's
 consumers by stream id, so the handler can route ``Flow`` to them, and
 detaches them all when the connection ends (their unacked messages are
 redelivered at once, not after the ack timeout).
+
+A client's consumer whose pattern reaches partitions other workers own is
+a :class:`~broky.durable.consumer_relays.SpreadConsumer` (one part per
+owner, over the owner channels); on an owner channel (a ``Durable`` link)
+a ``Consume`` is served for this worker's own partitions only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from broky.durable.consumer_relays import SpreadConsumer, owners_of
+from broky.durable.forwarding import Forwarder
 from broky.protocol.codec import encode_frame
-from broky.protocol.constants import ErrorCode
+from broky.protocol.constants import ErrorCode, LinkKind
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Consume, Error, Settle
 from broky.router.matcher import validate_pattern
@@ -30,12 +37,18 @@ class ConsumerRequests:
     """Serve one connection's Consume and Settle frames (never waits)."""
 
     def __init__(
-        self, outlet: Outlet, service: SubscriptionService | None, refusal: Refusal
+        self,
+        outlet: Outlet,
+        service: SubscriptionService | None,
+        refusal: Refusal,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._outlet = outlet
         self._service = service
         self._refusal = refusal
-        self._links: dict[int, ConsumerLink] = {}
+        #: Channels to the other workers (None: one worker).
+        self._forwarder = forwarder
+        self._links: dict[int, ConsumerLink | SpreadConsumer] = {}
 
     def _error(self, code: ErrorCode, message: str, stream: int) -> None:
         self._outlet.send_control(encode_frame(Error(code, message, stream)))
@@ -51,6 +64,9 @@ class ConsumerRequests:
                 f"settle on stream {frame.stream}: no consumer is attached on it",
                 frame.stream,
             )
+            return
+        if isinstance(link, SpreadConsumer):
+            link.settle(frame)
             return
         assert self._service is not None  # a link exists only with a service
         self._service.settle(link, frame)
@@ -78,7 +94,17 @@ class ConsumerRequests:
         if refusal is not None:
             self._error(ErrorCode.PERMISSION_DENIED, refusal, stream)
             return
-        self._links[stream] = service.consume(frame, self._outlet)
+        kind = self._outlet.kind
+        owners = owners_of(service, frame.pattern)
+        forwarder = self._forwarder
+        if forwarder is not None and kind is LinkKind.CLIENT and owners - {service.store.worker}:
+            spread = SpreadConsumer(frame, self._outlet, service, forwarder, owners)
+            self._links[stream] = spread
+            spread.start()
+            return
+        self._links[stream] = service.consume(
+            frame, self._outlet, own_only=kind is LinkKind.DURABLE
+        )
 
     def owns(self, stream: int) -> bool:
         """Whether ``stream`` is one of this connection's consumers (Flow goes there)."""
@@ -87,12 +113,17 @@ class ConsumerRequests:
 
     def grant(self, stream: int, credit: int) -> None:
         link = self._links.get(stream)
-        if link is not None and self._service is not None:
+        if isinstance(link, SpreadConsumer):
+            link.grant(credit)
+        elif link is not None and self._service is not None:
             self._service.grant(link, credit)
 
     def close(self, stream: int) -> bool:
         """Detach the consumer on ``stream`` (Unsubscribe); False if there is none."""
         link = self._links.pop(stream, None)
+        if isinstance(link, SpreadConsumer):
+            link.detach()
+            return True
         if link is None or self._service is None:
             return False
         self._service.detach(link)

@@ -82,7 +82,19 @@ class DurableRequests:
         router = self._router
         store = self.store
         acks = self._ack_queue()
-        ticket = acks.open(frame.stream) if frame.ack else None
+        identities = frame.run_identities() if frame.ack else None
+        producer = frame.producer_id
+        if producer and identities is not None:
+            resend_from = acks.resend_needed(producer, frame.first_sequence)
+            if resend_from is not None:
+                acks.open(frame.stream).refuse(
+                    ErrorCode.OWNER_UNAVAILABLE,
+                    f"an earlier frame of producer {producer:#x} failed retriably: resend "
+                    f"from sequence {resend_from} first; nothing of this frame was stored",
+                )
+                acks.release()
+                return
+        ticket = acks.open(frame.stream, producer, frame.first_sequence) if frame.ack else None
         ephemeral: list[Run] = []
         stamp = 0
         for index, run in enumerate(runs):
@@ -91,7 +103,10 @@ class DurableRequests:
                 ephemeral.append(run)
                 continue
             stamp = stamp or store.now()
-            store.append(topic, run, stamp, ticket, acks if ticket else None, index)
+            identity = identities[index] if identities is not None else None
+            if identity is not None and not identity[0]:
+                identity = None
+            store.append(topic, run, stamp, ticket, acks if ticket else None, index, identity)
         if self._forwarder is not None:
             self._forwarder.flush()
         if ephemeral:

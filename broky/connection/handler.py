@@ -155,7 +155,9 @@ class ServerConnection:
         self._durable = DurableRequests(
             router, self._outlet, store, self._subscribe_refusal, forwarder
         )
-        self._consumers = ConsumerRequests(self._outlet, subscriptions, self._subscribe_refusal)
+        self._consumers = ConsumerRequests(
+            self._outlet, subscriptions, self._subscribe_refusal, forwarder
+        )
         #: Liveness clocks and the keepalive task (broky.connection.liveness).
         self._liveness = Liveness(settings, self._machine)
         self._reason: CloseReason | None = None

@@ -4,6 +4,13 @@ A Publish frame with ``ack`` set gets one ``PublishAck`` (batch-first: never
 one per message) once every durable part of it reached its durability point.
 Parts complete in any order (partitions have separate owners), but acks leave
 in the order of the frames, so a client matches them by counting.
+
+Idempotent producers: once a frame of a producer failed with the retriable
+``OwnerUnavailable``, the producer's later frames on this connection are
+refused the same way until it resends from the failed frame (a frame whose
+first sequence is at or below it). Otherwise a later frame could be stored
+before the retry of the failed one, and the retry would then be out of
+order at the partition (``docs/protocol.md``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ class AckTicket:
 
     stream: int
     sequence: int
+    #: The queue, for a ticket of an idempotent producer (None: not idempotent).
+    queue: AckQueue | None = None
+    producer: int = 0
+    first_sequence: int = 0
     remaining: int = 0
     entries: list[tuple[int, int, int, int]] = attrs.field(factory=list)
     failure: str = ""
@@ -38,12 +49,19 @@ class AckTicket:
         if not self.failure:
             self.failure = reason
             self.code = code
+        if code is ErrorCode.OWNER_UNAVAILABLE and self.queue is not None:
+            self.queue.failed_retriably(self.producer, self.first_sequence)
         self.remaining -= 1
 
     def refuse(self, code: ErrorCode, reason: str) -> None:
         """Refuse the whole frame before any of it was stored (permissions, limits)."""
         self.code = code
         self.failure = reason
+
+
+#: Who waits for a queued run's durability: the acked frame's ticket, its
+#: connection's ack queue and the run's index in the frame.
+AckSlot = tuple[AckTicket, "AckQueue", int]
 
 
 class AckQueue:
@@ -53,13 +71,37 @@ class AckQueue:
         self._outlet = outlet
         self._tickets: deque[AckTicket] = deque()
         self._sequence = 0
+        #: Per producer, the first sequence of its oldest frame that failed
+        #: retriably and was not resent yet (module docstring).
+        self._resend_from: dict[int, int] = {}
 
-    def open(self, stream: int) -> AckTicket:
+    def open(self, stream: int, producer: int = 0, first_sequence: int = 0) -> AckTicket:
         """A ticket for the next acked Publish frame; ``release`` after filling it."""
         self._sequence += 1
-        ticket = AckTicket(stream, self._sequence)
+        if producer:
+            ticket = AckTicket(stream, self._sequence, self, producer, first_sequence)
+        else:
+            ticket = AckTicket(stream, self._sequence)
         self._tickets.append(ticket)
         return ticket
+
+    def failed_retriably(self, producer: int, first_sequence: int) -> None:
+        """A frame of ``producer`` failed with OwnerUnavailable."""
+        known = self._resend_from.get(producer)
+        if known is None or first_sequence < known:
+            self._resend_from[producer] = first_sequence
+
+    def resend_needed(self, producer: int, first_sequence: int) -> int | None:
+        """The sequence ``producer`` must resend from before a frame starting
+        at ``first_sequence`` may be stored (None: it may). A frame at or
+        below it is the resend, and clears the condition."""
+        resend_from = self._resend_from.get(producer)
+        if resend_from is None:
+            return None
+        if first_sequence <= resend_from:
+            del self._resend_from[producer]
+            return None
+        return resend_from
 
     def release(self) -> None:
         """Send the acks (or errors) of every finished frame at the front."""

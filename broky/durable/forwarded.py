@@ -14,7 +14,13 @@ Joining: consecutive pieces of one client run bound for this owner
 (``partition_run`` splits a run whose messages land in several partitions)
 travel as one run, which the owner splits again; its ack may then have fewer
 entries than there were pieces (pieces that were apart here meet there), and
-the ticket is settled for the rest.
+the ticket is settled for the rest. Pieces of an idempotent producer's run
+are never joined: each carries the sequence of its own first message, and
+pieces that were apart in the run have sequences that are apart too.
+
+Producers: a frame holding any idempotent producer's run carries each run's
+producer and sequence (``run_producers``, ``run_sequences``; 0 for the
+others), so the owner deduplicates exactly as for a client's own frame.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ from typing import Final
 import attrs
 
 from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.producers import Identity
 from broky.protocol.chunks import encode_run_chunk, forward_chunk, runs_frame_parts
 from broky.protocol.codec import RUN_CHUNK_OVERHEAD
 from broky.protocol.constants import BodyType, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import PublishAck, Run
+from broky.protocol.producer_frames import producer_frame_parts
 
 #: The channel stream that carries forwarded publishes (others: requests).
 PUBLISH_STREAM: Final = 1
@@ -71,6 +79,10 @@ class ForwardedPublishes:
         #: Gathered runs past this size make a frame at once (``add``).
         self.frame_bytes = frame_bytes
         self._chunks: list[bytes] = []
+        #: Each gathered chunk's producer identity ((0, 0): none); kept
+        #: only once an idempotent run was gathered (``_idempotent``).
+        self._identities: list[Identity] = []
+        self._idempotent = False
         self._parts: list[_Part] = []
         #: The pieces of the last part, not yet joined into its chunk.
         self._group: list[Run] = []
@@ -87,13 +99,26 @@ class ForwardedPublishes:
         """When the oldest unanswered frame left (None: none)."""
         return self._outstanding[0].sent_at if self._outstanding else None
 
-    def add(self, run: Run, ticket: AckTicket | None, acks: AckQueue | None, index: int) -> bool:
-        """Gather a run (run ``index`` of a client frame); True once the
-        gathered runs should leave as a frame (``take_frame``)."""
+    def add(
+        self,
+        run: Run,
+        ticket: AckTicket | None,
+        acks: AckQueue | None,
+        index: int,
+        identity: Identity | None = None,
+    ) -> bool:
+        """Gather a run (run ``index`` of a client frame, of an idempotent
+        producer with ``identity``); True once the gathered runs should leave
+        as a frame (``take_frame``)."""
         parts = self._parts
         last = parts[-1] if parts else None
+        if identity is not None and not self._idempotent:
+            self._idempotent = True
+            self._close_group()
+            self._identities = [(0, 0)] * len(self._chunks)
         if (
-            last is not None
+            identity is None
+            and last is not None
             and self._group
             and last.ticket is ticket
             and last.acks is acks
@@ -105,6 +130,8 @@ class ForwardedPublishes:
             self._close_group()
             self._group = [run]
             parts.append(_Part(ticket, acks, index))
+            if self._idempotent:
+                self._identities.append(identity or (0, 0))
         self._gathered_bytes += len(run.messages) + len(run.sizes) + RUN_CHUNK_OVERHEAD
         return self._gathered_bytes >= self.frame_bytes
 
@@ -128,7 +155,18 @@ class ForwardedPublishes:
         chunks, self._chunks = self._chunks, []
         parts, self._parts = self._parts, []
         self._gathered_bytes = 0
-        data = b"".join(runs_frame_parts(BodyType.PUBLISH, PUBLISH_STREAM, chunks, ack=True))
+        if self._idempotent:
+            identities, self._identities = self._identities, []
+            self._idempotent = False
+            frame = producer_frame_parts(
+                PUBLISH_STREAM,
+                chunks,
+                run_producers=[producer for producer, _ in identities],
+                run_sequences=[sequence for _, sequence in identities],
+            )
+        else:
+            frame = runs_frame_parts(BodyType.PUBLISH, PUBLISH_STREAM, chunks, ack=True)
+        data = b"".join(frame)
         self._sequence += 1
         self._outstanding.append(_Forwarded(self._sequence, parts, len(data), now))
         self.in_flight_bytes += len(data)
@@ -187,6 +225,7 @@ class ForwardedPublishes:
         gathered = _Forwarded(0, self._parts, 0, 0.0)
         self._sequence = 0  # the owner counts a new connection's acks from 1
         self._chunks, self._parts, self._group = [], [], []
+        self._identities, self._idempotent = [], False
         self._gathered_bytes = 0
         self.in_flight_bytes = 0
         self._settle([*outstanding, gathered], code, reason)

@@ -30,6 +30,10 @@ as a client would, so the owner serves it with the code that serves clients
   client's outbox (by messages and by bytes), so a replay never overflows
   it. Fetch and ListPartitions are forwarded and answered on the
   client's stream.
+- **Durable subscriptions.** A client's ``Consume`` reaching the owner's
+  partitions is relayed as a ``Consume`` on a stream of the channel
+  (broky.durable.consumer_relays); what the owner answers on such a stream
+  goes to the channel's ``consumer_parts``.
 - **Failure.** When a channel goes down (the owner died or is restarting),
   or the oldest forwarded publish waited ``FORWARD_TIMEOUT`` (a stalled
   owner), every outstanding request fails at once with ``OwnerUnavailable``
@@ -51,7 +55,14 @@ import trio
 
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.forwarded import PUBLISH_STREAM, ForwardedPublishes
-from broky.durable.relays import RELAY_START_CREDIT, PartitionListing, Relay
+from broky.durable.producers import Identity
+from broky.durable.relays import (
+    RELAY_START_CREDIT,
+    ChannelConsumer,
+    ConsumerFrame,
+    PartitionListing,
+    Relay,
+)
 from broky.mesh.link import Connector
 from broky.protocol.chunks import encode_chunk, runs_frame_parts
 from broky.protocol.codec import encode_frame
@@ -147,12 +158,22 @@ class OwnerChannel:
         self._relays: dict[int, Relay] = {}
         self._fetches: dict[int, _Answer] = {}
         self._listings: dict[int, PartitionListing] = {}
+        #: Relayed consumers' parts by channel stream.
+        self.consumer_parts: dict[int, ChannelConsumer] = {}
 
     # --- requests (trio thread, never waiting) ----------------------------------
 
     def _send(self, data: bytes) -> None:
         self._outgoing.append(data)
         self._work.set()
+
+    def send(self, data: bytes) -> None:
+        """Queue a request frame (a relayed consumer's); sent in order."""
+        self._send(data)
+
+    def new_stream(self) -> int:
+        """A stream id of this channel, unused by any other request."""
+        return next(self._stream_ids)
 
     def _unavailable(self, what: str) -> str:
         return (
@@ -168,6 +189,7 @@ class OwnerChannel:
         ticket: AckTicket | None,
         acks: AckQueue | None,
         run_index: int,
+        identity: Identity | None = None,
     ) -> None:
         """Gather a run for the owner; ``flush`` sends what was gathered."""
         if not self.connected:
@@ -176,7 +198,7 @@ class OwnerChannel:
                     self._unavailable(f"{topic.name}/{partition}"), ErrorCode.OWNER_UNAVAILABLE
                 )
             return
-        if self.publishes.add(run, ticket, acks, run_index):
+        if self.publishes.add(run, ticket, acks, run_index, identity):
             self.flush()  # a client frame split into pieces may outgrow a frame
 
     def flush(self) -> None:
@@ -315,6 +337,12 @@ class OwnerChannel:
                 if type(frame) is PublishAck:
                     self.publishes.acked(frame, self.owner)
                     self._forwarder.room_changed()
+                elif (
+                    self.consumer_parts
+                    and isinstance(frame, ConsumerFrame)
+                    and (part := self.consumer_parts.get(frame.stream)) is not None
+                ):
+                    part.receive(frame)
                 elif type(frame) is Deliver:
                     relay = self._relays.get(frame.stream)
                     if relay is not None:  # else unsubscribed meanwhile
@@ -401,6 +429,9 @@ class OwnerChannel:
         listings, self._listings = self._listings, {}
         for listing in listings.values():
             listing.fail(reason)
+        parts, self.consumer_parts = self.consumer_parts, {}
+        for part in parts.values():
+            part.down()
         relays, self._relays = self._relays, {}
         for relay in relays.values():
             self._forwarder.end_subscription(
@@ -446,6 +477,7 @@ class Forwarder:
         ticket: AckTicket | None,
         acks: AckQueue | None,
         run_index: int,
+        identity: Identity | None = None,
     ) -> None:
         """Gather a run for its partition's owner (sent by ``flush``); the
         store's ``forward`` hook."""
@@ -455,7 +487,7 @@ class Forwarder:
             if ticket is not None:
                 ticket.failed(f"no channel to worker {owner}", ErrorCode.OWNER_UNAVAILABLE)
             return
-        channel.add(topic, partition, run, ticket, acks, run_index)
+        channel.add(topic, partition, run, ticket, acks, run_index, identity)
 
     def flush(self) -> None:
         for channel in self.channels.values():

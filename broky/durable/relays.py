@@ -17,14 +17,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 
 from broky.durable.replay import queue_live
 from broky.protocol.chunks import encode_chunk
 from broky.protocol.constants import ErrorCode, SlowConsumerPolicy
-from broky.protocol.frames import EncodedRun, Run
+from broky.protocol.frames import (
+    Deliver,
+    EncodedRun,
+    Error,
+    Redelivered,
+    Run,
+    Settled,
+    Subscribed,
+)
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Subscription
 from broky.storage.topics import TopicPolicy
@@ -34,6 +42,18 @@ from broky.storage.topics import TopicPolicy
 RELAY_START_CREDIT: Final = 8
 #: Most messages in flight per relay, however small they are.
 RELAY_MAX_CREDIT: Final = 8192
+
+#: What an owner sends on a relayed consumer's stream.
+ConsumerFrame = Deliver | Redelivered | Settled | Subscribed | Error
+
+
+class ChannelConsumer(Protocol):
+    """A relayed consumer's part on an owner channel (broky.durable.consumer_relays)."""
+
+    def receive(self, frame: ConsumerFrame) -> None: ...
+
+    def down(self) -> None: ...
+
 
 #: One ListPartitions entry: topic, partition, start offset, end offset.
 PartitionEntry = tuple[str, int, int, int]

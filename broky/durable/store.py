@@ -13,6 +13,12 @@ one ``append`` (one write) and, with ``fsync = "always"``, one ``sync()``.
 While that fsync runs, new publishes queue up and become the next round's
 batch, so the fsync rate adapts to the load instead of following frames.
 
+Idempotent producers: a round holding runs of idempotent producers is first
+sorted against the partition's ``ProducerWindow`` (broky.durable.rounds):
+retries of stored runs are answered with their original offsets and never
+appended again; the window is rebuilt from the log tail when the partition
+is opened.
+
 Ordering: runs of one partition are appended and fanned out in arrival
 order. A durable run reaches live subscribers after its durability point
 (after the fsync with ``always``), so a subscriber never sees a message that
@@ -25,15 +31,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Final, Protocol
 
 import attrs
 import trio
 
-from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.acks import AckQueue, AckSlot, AckTicket
 from broky.durable.ownership import PartitionLock, partition_owner
+from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
+from broky.durable.rounds import RoundPlan
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
@@ -71,8 +79,10 @@ DEAD_LETTER_PROBE: Final = b"_dlq.subscription.topic"
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
 #: Takes a run part bound for a partition another worker owns:
-#: ``(topic, partition, run, ticket, acks, run_index)`` (broky.durable.forwarding).
-RemoteAppend = Callable[[TopicPolicy, int, Run, "AckTicket | None", "AckQueue | None", int], None]
+#: ``(topic, partition, run, ticket, acks, run_index, identity)`` (broky.durable.forwarding).
+RemoteAppend = Callable[
+    [TopicPolicy, int, Run, "AckTicket | None", "AckQueue | None", int, "Identity | None"], None
+]
 
 
 @attrs.frozen
@@ -116,11 +126,6 @@ class ReplicaGate(Protocol):
         ``fail`` if that cannot be promised."""
 
 
-#: Who waits for a queued run's durability: the acked frame's ticket, its
-#: connection's ack queue and the run's index in the frame.
-_AckSlot = tuple[AckTicket, AckQueue, int]
-
-
 def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
     """The chunk of ``run`` as stored from ``base_offset`` of ``partition``:
     what Deliver and Fetched carry for durable topics."""
@@ -146,7 +151,15 @@ class PartitionOwner:
         # costs a few list appends here, not an object.
         self._runs: list[Run] = []
         self._stamps: list[int] = []
-        self._acks: list[_AckSlot | None] = []
+        self._acks: list[AckSlot | None] = []
+        #: Each queued run's producer identity (None: not idempotent).
+        self._identities: list[Identity | None] = []
+        #: Queued runs with an identity (0: the round skips deduplication).
+        self._idempotent = 0
+        #: Message bytes of the queued runs (what they add to ``pending_bytes``).
+        self._queued_bytes = 0
+        #: The idempotent producers' runs appended here (broky.durable.producers).
+        self.producers = ProducerWindow()
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
@@ -173,18 +186,40 @@ class PartitionOwner:
         acks: AckQueue | None,
         run_index: int,
         ts_broker: int | None = None,
+        identity: Identity | None = None,
     ) -> None:
         """Queue a run for the next round (never waits), to be stored with
-        ``ts_broker`` (default: the run's own)."""
+        ``ts_broker`` (default: the run's own); ``identity`` makes it
+        idempotent (stored once whatever the number of retries)."""
         self._runs.append(run)
         self._stamps.append(run.ts_broker if ts_broker is None else ts_broker)
         self._acks.append(None if ticket is None or acks is None else (ticket, acks, run_index))
+        self._identities.append(identity)
+        if identity is not None:
+            self._idempotent += 1
+        nbytes = len(run.messages)
+        self._queued_bytes += nbytes
         store = self.store
-        store.pending_bytes += len(run.messages)
+        store.pending_bytes += nbytes
         store.pending_runs += 1
         wake = self._wake
         if not wake.is_set():
             wake.set()
+
+    def recover_producers(self, partition_log: PartitionLog) -> None:
+        """Rebuild the producers' window from the log tail (blocking: at open)."""
+        self.reload_producers(partition_log.producer_runs(RECOVERY_TAIL_BYTES))
+
+    def reload_producers(self, runs: Iterable[tuple[int, int, int, int]]) -> None:
+        """Start the producers' window afresh from ``runs`` (producer,
+        sequence, count, offset) read off the log tail: at open, and when a
+        replica takes the lead (broky.replication.service), so that it knows
+        the runs it replicated as a follower and none a truncation removed,
+        and a producer retrying after the failover is not stored twice."""
+        window = self.producers = ProducerWindow()
+        for producer, sequence, count, offset in runs:
+            if window.check(producer, sequence, count) is None:
+                window.record(producer, sequence, count, offset)
 
     def submit(self, request: LogRequest, done: Callable[[Any], None]) -> None:
         """Run ``request(log)`` in the next round; ``done`` gets its result or
@@ -217,6 +252,8 @@ class PartitionOwner:
             self._wake = trio.Event()
             runs, stamps, acks = self._runs, self._stamps, self._acks
             self._runs, self._stamps, self._acks = [], [], []
+            identities, self._identities = self._identities, []
+            nbytes, self._queued_bytes = self._queued_bytes, 0
             requests, self._requests = self._requests, []
             tick = time.monotonic() >= next_tick
             if not (tick or runs or requests):
@@ -224,16 +261,29 @@ class PartitionOwner:
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
             refusal = self.replica.refusal() if runs and self.replica is not None else None
+            plan: RoundPlan | None = None
+            producers: list[Identity] | None = None
             if refusal is not None:
                 # Checked per round, on this thread: once a follower's
                 # truncation is queued, no client run can land after it.
                 stored_runs, stamps_to_store = [], []
+                self._idempotent = 0
             else:
+                if self._idempotent:
+                    self._idempotent = 0
+                    plan = RoundPlan(
+                        self.producers, self.end_offset, runs, stamps, acks, identities
+                    )
+                    runs, stamps, acks = plan.runs, plan.stamps, plan.acks
+                    producers = plan.identities
+                    nbytes -= plan.answered_bytes
                 stored_runs, stamps_to_store = runs, stamps
             outcome, results = await trio.to_thread.run_sync(
-                self._round, stored_runs, stamps_to_store, requests, tick
+                self._round, stored_runs, stamps_to_store, producers, requests, tick
             )
-            self._finish(runs, stamps, acks, refusal or outcome)
+            self._finish(runs, stamps, acks, refusal or outcome, nbytes)
+            if plan is not None:
+                self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
 
@@ -241,6 +291,7 @@ class PartitionOwner:
         self,
         runs: list[Run],
         stamps: list[int],
+        producers: list[Identity] | None,
         requests: list[tuple[LogRequest, Callable[[Any], None]]],
         tick: bool,
     ) -> tuple[int | StorageError | OSError | None, list[Any]]:
@@ -253,7 +304,7 @@ class PartitionOwner:
         outcome: int | StorageError | OSError | None = None
         if runs:
             try:
-                outcome = partition_log.append(runs, stamps).first_offset
+                outcome = partition_log.append(runs, stamps, producers).first_offset
                 if self._fsync_always or self.replica is not None:
                     partition_log.sync()
             except (StorageError, OSError) as exc:
@@ -279,33 +330,67 @@ class PartitionOwner:
         self,
         runs: list[Run],
         stamps: list[int],
-        acks: list[_AckSlot | None],
+        acks: list[AckSlot | None],
         outcome: int | Exception | tuple[ErrorCode, str] | None,
+        nbytes: int,
     ) -> None:
         """Back on the trio thread: settle the round now, or, for a
         replicated partition, once the high watermark passes it
         (``ReplicaGate.hold``: until then its bytes still count against the
-        pending bounds, so a lagging ISR slows publishers down)."""
+        pending bounds, so a lagging ISR slows publishers down). ``nbytes``:
+        the runs' message bytes, counted in ``pending_bytes``."""
         if not runs:
             return
         replica = self.replica
         if replica is not None and isinstance(outcome, int):
 
             def fail(code: ErrorCode, reason: str) -> None:
-                self._settle(runs, stamps, acks, (code, reason))
+                self._settle(runs, stamps, acks, (code, reason), nbytes)
 
             replica.hold(
-                outcome, runs, stamps, partial(self._settle, runs, stamps, acks, outcome), fail
+                outcome,
+                runs,
+                stamps,
+                partial(self._settle, runs, stamps, acks, outcome, nbytes),
+                fail,
             )
             return
-        self._settle(runs, stamps, acks, outcome)
+        self._settle(runs, stamps, acks, outcome, nbytes)
+
+    def _answer(self, plan: RoundPlan, outcome: int | Exception | None) -> None:
+        """Answer the runs the round's plan kept out of the append: retries
+        at their original offsets, out-of-order runs refused. On a replicated
+        partition a retry is acked only once the high watermark passes the
+        log's end as this round left it (its original lies below), so it is
+        never acknowledged before its original is."""
+        store = self.store
+        store.pending_bytes -= plan.answered_bytes
+        store.pending_runs -= len(plan.answered)
+        store.room_changed()
+        where = f"{self.topic.name}/{self.partition}"
+        replica = self.replica
+        if replica is None or not plan.answered or isinstance(outcome, Exception):
+            for queue in plan.settle(outcome, self.partition, where):
+                queue.release()
+            return
+
+        def deliver() -> None:
+            for queue in plan.settle(outcome, self.partition, where):
+                queue.release()
+
+        def fail(code: ErrorCode, reason: str) -> None:
+            for queue in plan.fail(code, f"{where}: {reason}"):
+                queue.release()
+
+        replica.hold(self.end_offset, [], [], deliver, fail)
 
     def _settle(
         self,
         runs: list[Run],
         stamps: list[int],
-        acks: list[_AckSlot | None],
+        acks: list[AckSlot | None],
         outcome: int | Exception | tuple[ErrorCode, str] | None,
+        nbytes: int,
     ) -> None:
         """Fan the appended runs out, release acks (or fail them).
 
@@ -314,7 +399,7 @@ class PartitionOwner:
         connection's runs usually come together), not per run.
         """
         store = self.store
-        store.pending_bytes -= sum(len(run.messages) for run in runs)
+        store.pending_bytes -= nbytes
         store.pending_runs -= len(runs)
         store.room_changed()
         queues: set[AckQueue] = set()
@@ -418,6 +503,7 @@ class DurableStore:
                 self._locks.append(PartitionLock(directory))
                 partition_log = PartitionLog.open(directory, topic.log, self._clock)
                 owner = PartitionOwner(self, topic, partition, partition_log)
+                owner.recover_producers(partition_log)
                 self.owners[(topic.name, partition)] = owner
                 self._partition_owners.setdefault(topic.name, [None] * topic.partitions)[
                     partition
@@ -489,8 +575,11 @@ class DurableStore:
         ticket: AckTicket | None,
         acks: AckQueue | None,
         run_index: int,
+        identity: Identity | None = None,
     ) -> None:
-        """Queue a published run for its partitions, stamped with ``stamp``."""
+        """Queue a published run for its partitions, stamped with ``stamp``;
+        ``identity`` (an idempotent producer's run) goes with each part, with
+        the sequence of the part's first message."""
         if not run.count:
             return  # nothing to store (and a batch holds at least one message)
         owners = self._partition_owners.get(topic.name)
@@ -500,15 +589,17 @@ class DurableStore:
                 ticket.remaining += 1
             owner = owners[partition] if owners is not None else None
             if owner is not None:
-                owner.append(part, ticket, acks, run_index, stamp)
+                owner.append(part, ticket, acks, run_index, stamp, identity)
             elif self.forward is not None:
                 # The owner stamps ts_broker: a whole run goes as it arrived.
-                self.forward(topic, partition, part, ticket, acks, run_index)
+                self.forward(topic, partition, part, ticket, acks, run_index, identity)
             elif ticket is not None and acks is not None:
                 ticket.failed(
                     f"worker {self.worker} does not own {topic.name}/{partition}",
                     ErrorCode.OWNER_UNAVAILABLE,
                 )
+            if identity is not None:
+                identity = (identity[0], identity[1] + part.count)
 
     def now(self) -> int:
         """The broker time stamped on durable runs (``ts_broker``)."""

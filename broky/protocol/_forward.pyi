@@ -1,6 +1,6 @@
 from collections.abc import Callable
 
-from broky.protocol.frames import Frame, Received
+from broky.protocol.frames import Frame, Received, Run
 
 def walk(
     view: memoryview,
@@ -9,3 +9,4 @@ def walk(
     decode: Callable[[memoryview], Frame],
     deliveries: bool = False,
 ) -> tuple[list[Received], int]: ...
+def read_chunk_runs(view: memoryview, start: int, count: int) -> list[Run | None]: ...

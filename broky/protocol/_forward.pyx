@@ -1,5 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twin of ``broky.protocol.forward.walk_pure`` (see that module).
+"""Compiled twin of ``broky.protocol.forward.walk_pure`` (see that module),
+and of ``broky.protocol.chunks.read_chunk_runs_pure`` (the runs of a frame
+the broker decodes, an acked Publish above all, read as chunks).
 
 The loop that reads unacked Publish frames for forwarding runs once per run
 of every frame a broker receives: on short runs it is the broker's
@@ -19,7 +21,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 from broky.protocol.chunks import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
-from broky.protocol.frames import EncodedRun, ForwardPublish
+from broky.protocol.frames import EncodedRun, ForwardPublish, Run
 
 if sys.byteorder != "little":
     raise ImportError("the compiled forwarding reader assumes a little-endian host")
@@ -302,3 +304,45 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
         PyMem_Free(staged)
         PyBuffer_Release(&view_buffer)
     return frames, position
+
+
+def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
+    """Compiled twin of ``broky.protocol.chunks.read_chunk_runs_pure``: for
+    each of the ``count`` runs whose uoffsets start at ``start`` (known to lie
+    in ``view``), the Run read as a chunk, or None where the run is not laid
+    out as one (the caller decodes it through its vtable)."""
+    cdef Py_buffer view_buffer
+    cdef const uint8_t* buf
+    cdef int64_t size, slot, chunk_start
+    cdef Py_ssize_t index
+    cdef Chunk chunk
+    cdef int64_t messages_at
+    cdef list runs = []
+    cdef object whole
+    PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>view_buffer.buf
+        size = view_buffer.len
+        for index in range(count):
+            slot = start + 4 * index
+            chunk_start = slot + <int64_t>_u32(buf + slot) - 12
+            if not _read_chunk(buf, size, chunk_start, 0, &chunk):
+                runs.append(None)
+                continue
+            whole = view[chunk_start : chunk_start + chunk.length]
+            messages_at = chunk.messages - chunk.start
+            runs.append(
+                Run(
+                    PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
+                    chunk.ts_broker,
+                    chunk.count,
+                    whole[44 : 44 + 4 * chunk.count],
+                    whole[messages_at : messages_at + chunk.messages_len],
+                    0,
+                    -1,
+                    whole,
+                )
+            )
+    finally:
+        PyBuffer_Release(&view_buffer)
+    return runs

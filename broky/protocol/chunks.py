@@ -355,6 +355,19 @@ def _chunk_layout(  # noqa: PLR0911
     return count, messages_at, messages_end, key_at, key_end, end, ts_broker
 
 
+def read_chunk_runs_pure(view: memoryview, start: int, count: int) -> list[Run | None]:
+    """For each of the ``count`` runs whose uoffsets start at ``start`` (known
+    to lie in ``view``), :func:`read_chunk_run`'s answer. The broker's
+    decoder of frames with runs (``codec._runs_at``) uses the compiled twin
+    (``broky.protocol._forward.read_chunk_runs``) when it is built."""
+    slot = start
+    runs = []
+    for offset in struct.unpack_from(f"<{count}I", view, start):
+        runs.append(read_chunk_run(view, slot + offset))
+        slot += 4
+    return runs
+
+
 def read_chunk_run(view: memoryview, table: int) -> Run | None:
     """The run whose table is at ``table``, if ``view`` holds it laid out as
     :func:`encode_run_chunk` lays out a chunk; None when it does not (the

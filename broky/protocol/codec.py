@@ -14,8 +14,9 @@ module re-exports what the rest of Broky uses.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import flatbuffers
@@ -28,7 +29,7 @@ from broky.protocol.chunks import (
     encode_chunk,
     encode_durable_run_chunk,
     encode_run_chunk,
-    read_chunk_run,
+    read_chunk_runs_pure,
     read_runs_frame,
     runs_frame_parts,
     sum_u32,
@@ -70,6 +71,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.protocol.producer_frames import producer_frame_parts
 from broky.protocol.tables import (
     check_parallel,
     finish_frame,
@@ -250,7 +252,17 @@ def encode_frame(frame: Frame) -> bytes:
     """Encode any frame as size-prefixed bytes, ready to write."""
     if isinstance(frame, (Publish, Deliver, Fetched)):
         chunks = [encode_chunk(run) for run in frame.runs]
-        if isinstance(frame, Publish):
+        if isinstance(frame, Publish) and (frame.producer_id or frame.run_producers):
+            parts = producer_frame_parts(
+                frame.stream,
+                chunks,
+                stamp_ts_broker=frame.stamp_ts_broker,
+                producer_id=frame.producer_id,
+                first_sequence=frame.first_sequence,
+                run_producers=frame.run_producers,
+                run_sequences=frame.run_sequences,
+            )
+        elif isinstance(frame, Publish):
             parts = runs_frame_parts(
                 BodyType.PUBLISH, frame.stream, chunks, frame.stamp_ts_broker, frame.ack
             )
@@ -298,28 +310,58 @@ def _decode_runs(buf: Buffer, field: int) -> tuple[Run, ...]:
 
 def _runs_at(buf: Buffer, start: int, count: int) -> tuple[Run, ...]:
     """The runs whose ``count`` uoffsets start at ``start`` (known to be in
-    ``buf``): each read as a chunk when it is laid out as one, else through
-    its vtable."""
-    runs = []
+    ``buf``): each read as a chunk when it is laid out as one (all at once,
+    ``read_chunk_runs``), else through its vtable."""
+    runs = read_chunk_runs(memoryview(buf), start, count)
+    if None not in runs:
+        return tuple(runs)  # type: ignore[arg-type]  # no None left
     slot = start
-    view = memoryview(buf)
-    for offset in struct.unpack_from(f"<{count}I", buf, start):
-        table = slot + offset
-        run = read_chunk_run(view, table)
-        runs.append(_decode_run(buf, table) if run is None else run)
+    decoded = []
+    for run, offset in zip(runs, struct.unpack_from(f"<{count}I", buf, start), strict=True):
+        decoded.append(_decode_run(buf, slot + offset) if run is None else run)
         slot += 4
-    return tuple(runs)
+    return tuple(decoded)
+
+
+def _compiled_chunk_runs() -> Callable[[memoryview, int, int], list[Run | None]] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    # Through ``forward``, which imports the extension (itself importing
+    # ``forward``) in the order that works.
+    from broky.protocol import forward  # noqa: PLC0415
+
+    if forward.walk_compiled is None:
+        return None
+    from broky.protocol._forward import read_chunk_runs as compiled  # noqa: PLC0415
+
+    return compiled
+
+
+#: The compiled chunk reader (``broky.protocol._forward``) when it is built.
+read_chunk_runs_compiled = _compiled_chunk_runs()
+read_chunk_runs = read_chunk_runs_compiled or read_chunk_runs_pure
 
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
     if body_type == BodyType.PUBLISH:
-        stream, stamp, runs, ack = table_fields(buf, table, 4)
-        return Publish(
+        stream, stamp, runs, ack, producer, first, producers, sequences = table_fields(
+            buf, table, 8
+        )
+        publish = Publish(
             stream=scalar(_U32, buf, stream),
             runs=_decode_runs(buf, runs),
             stamp_ts_broker=bool(scalar(_U8, buf, stamp)),
             ack=bool(scalar(_U8, buf, ack)),
+            producer_id=scalar(_U64, buf, producer),
+            first_sequence=scalar(_U64, buf, first),
+            run_producers=numbers(buf, producers, "Q"),
+            run_sequences=numbers(buf, sequences, "Q"),
         )
+        if (publish.run_producers or publish.run_sequences) and not (
+            len(publish.run_producers) == len(publish.run_sequences) == len(publish.runs)
+        ):
+            raise malformed("run_producers and run_sequences need one entry per run")
+        return publish
     if body_type in (BodyType.DELIVER, BodyType.FETCHED):
         stream, runs = table_fields(buf, table, 2)
         cls_runs = Deliver if body_type == BodyType.DELIVER else Fetched

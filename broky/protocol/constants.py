@@ -77,6 +77,7 @@ class ErrorCode(enum.IntEnum):
     SUBSCRIPTION_REFUSED = 19
     NOT_LEADER = 20
     NOT_ENOUGH_REPLICAS = 21
+    OUT_OF_ORDER_SEQUENCE = 22
 
 
 class SlowConsumerPolicy(enum.IntEnum):

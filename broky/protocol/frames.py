@@ -110,6 +110,28 @@ class Publish:
     stamp_ts_broker: bool = False
     #: Ask for a PublishAck once the frame's durable runs reach their durability point.
     ack: bool = False
+    #: Idempotent publishing: the producer (0: none) and the sequence of the
+    #: frame's first message (message i has ``first_sequence + i``).
+    producer_id: int = 0
+    first_sequence: int = 0
+    #: Broker-internal forwarding: each run's producer and first sequence
+    #: (empty: taken from ``producer_id`` and ``first_sequence``).
+    run_producers: tuple[int, ...] = ()
+    run_sequences: tuple[int, ...] = ()
+
+    def run_identities(self) -> list[tuple[int, int]] | None:
+        """``(producer id, sequence of its first message)`` of each run, or
+        None when the frame has no producer (not idempotent)."""
+        if self.run_producers:
+            return list(zip(self.run_producers, self.run_sequences, strict=True))
+        if not self.producer_id:
+            return None
+        identities = []
+        sequence = self.first_sequence
+        for run in self.runs:
+            identities.append((self.producer_id, sequence))
+            sequence += run.count
+        return identities
 
 
 @attrs.frozen(slots=True)

@@ -108,7 +108,7 @@ def scalar(unpacker: struct.Struct, buf: Buffer, field: int, default: int = 0) -
 
 
 def numbers(buf: Buffer, field: int, code: str) -> tuple[int, ...]:
-    """A ``[uint32]`` (code "I") or ``[int64]`` (code "q") field as a tuple."""
+    """A ``[uint32]`` (code "I"), ``[int64]`` ("q") or ``[uint64]`` ("Q") field as a tuple."""
     if not field:
         return ()
     size = struct.calcsize(code)

@@ -36,6 +36,7 @@ from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
 from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore, PartitionOwner
 from broky.replication import epochfile
 from broky.replication.events import (
@@ -252,12 +253,16 @@ class ReplicationService:
             owner = replica.owner
             history = replica.history
 
-            def install(partition_log: PartitionLog) -> int:
+            def install(partition_log: PartitionLog) -> tuple[int, list[tuple[int, int, int, int]]]:
                 history.assign(term.epoch, partition_log.end_offset)
                 epochfile.save(partition_log.directory, history, term.epoch)
-                return partition_log.end_offset
+                producers = list(partition_log.producer_runs(RECOVERY_TAIL_BYTES))
+                return partition_log.end_offset, producers
 
-            end = await owner.call(install)
+            end, producers = await owner.call(install)
+            # The idempotent producers' window as this log now stands: what
+            # it replicated as a follower counts, what was truncated does not.
+            owner.reload_producers(producers)
             replica.fence = term.epoch
             isr = LeaderIsr(
                 (term.node, term.node_epoch),

@@ -44,6 +44,15 @@ want)::
 
 Version 1 had ``key_length`` (u16) at 14 and ``ts_broker`` (i64) at 32 and
 no run table: the key followed the header.
+
+Version 3 is version 2 with two more run table columns after the three:
+u64 producer_id x run_count and u64 sequence x run_count (32 bytes per run
+in all): the idempotent producer of each run (0: none) and the sequence of
+its first message. It is written for batches holding at least one run of an
+idempotent producer (others stay version 2), so that a partition's owner
+rebuilds its deduplication window from the log after a restart
+(``BatchHeader.producer_runs``, a header-only read) and a retry is answered
+with the original offsets instead of being stored again.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from broky.storage.errors import CorruptRecordError, StorageError
 #: runs). A reader that meets another version stops rather than guess.
 BATCH_MAGIC: Final = b"BKB\x01"
 BATCH_MAGIC_V2: Final = b"BKB\x02"
+BATCH_MAGIC_V3: Final = b"BKB\x03"
 _PREFIX: Final = struct.Struct("<II")
 _V1_TAIL: Final = struct.Struct("<4sHHIIqqq")
 _V2_TAIL: Final = struct.Struct("<4sHHIIqIIq")
@@ -74,6 +84,8 @@ BATCH_HEADER_BYTES: Final = BATCH_HEADER.size
 _CRC_FROM: Final = _PREFIX.size
 #: Bytes of the run table per run (ts_broker, count, key_length).
 RUN_ENTRY_BYTES: Final = 16
+#: Bytes of a version 3 run table per run (plus producer_id and sequence).
+RUN_ENTRY_BYTES_V3: Final = 32
 #: What a read's byte budget counts for a run of a version 2 batch besides
 #: its key, sizes and messages. At least its table entry on disk, and at
 #: least what its durable chunk adds on the wire (a 64-byte head, three
@@ -181,11 +193,17 @@ def batch_length(key_length: int, count: int, messages_length: int) -> int:
     )
 
 
-def runs_batch_length(run_count: int, keys_length: int, count: int, messages_length: int) -> int:
-    """On-disk size of a version 2 batch with these contents."""
+def runs_batch_length(
+    run_count: int,
+    keys_length: int,
+    count: int,
+    messages_length: int,
+    entry_bytes: int = RUN_ENTRY_BYTES,
+) -> int:
+    """On-disk size of a version 2 batch (version 3 with ``RUN_ENTRY_BYTES_V3``)."""
     return (
         BATCH_HEADER_BYTES
-        + RUN_ENTRY_BYTES * run_count
+        + entry_bytes * run_count
         + keys_length
         + _pad8(keys_length)
         + 4 * count
@@ -202,12 +220,18 @@ def run_stored_bytes(run: Run) -> int:
 
 
 def encode_runs(
-    base_offset: int, log_time: int, runs: Sequence[Run], ts_brokers: Sequence[int] | None = None
+    base_offset: int,
+    log_time: int,
+    runs: Sequence[Run],
+    ts_brokers: Sequence[int] | None = None,
+    producers: Sequence[tuple[int, int]] | None = None,
 ) -> bytes:
     """Encode ``runs`` as one version 2 batch: one buffer for one ``write()``.
 
     ``ts_brokers`` replaces the runs' own ``ts_broker`` (the broker stamps
-    durable runs), one per run. The sizes and messages are copied verbatim.
+    durable runs), one per run. ``producers``, when given, is each run's
+    ``(producer id, sequence of its first message)`` ((0, 0): none), and
+    makes the batch version 3. The sizes and messages are copied verbatim.
     Costs a few list passes per run; every check is done over all runs at
     once. Raises StorageError, with nothing encoded, for runs the format
     cannot hold (the caller's bug: empty runs, oversize keys or batches, a
@@ -245,13 +269,20 @@ def encode_runs(
         raise StorageError("run sizes do not add up to the length of its messages")
     messages_length = sum(map(len, messages))
     keys_length = sum(key_lengths)
-    length = runs_batch_length(run_count, keys_length, count, messages_length)
+    if producers is not None and len(producers) != run_count:
+        raise StorageError(f"{len(producers)} producer entries for {run_count} runs")
+    entry = RUN_ENTRY_BYTES if producers is None else RUN_ENTRY_BYTES_V3
+    length = runs_batch_length(run_count, keys_length, count, messages_length, entry)
     if length > MAX_BATCH_BYTES:
         raise StorageError(f"batch of {length} bytes exceeds {MAX_BATCH_BYTES}")
+    table = struct.pack(f"<{run_count}q{2 * run_count}I", *ts_brokers, *counts, *key_lengths)
+    if producers is not None:
+        ids, sequences = zip(*producers, strict=True)
+        table += struct.pack(f"<{2 * run_count}Q", *ids, *sequences)
     body = b"".join(
         (
             _V2_TAIL.pack(
-                BATCH_MAGIC_V2,
+                BATCH_MAGIC_V2 if producers is None else BATCH_MAGIC_V3,
                 0,
                 0,
                 count,
@@ -261,7 +292,7 @@ def encode_runs(
                 keys_length,
                 log_time,
             ),
-            struct.pack(f"<{run_count}q{2 * run_count}I", *ts_brokers, *counts, *key_lengths),
+            table,
             *keys,
             PADDING[_pad8(keys_length)],
             sizes,
@@ -333,12 +364,33 @@ class BatchHeader:
         return self.base_offset + self.count
 
     @property
+    def entry_bytes(self) -> int:
+        """Bytes of the run table per run (0: version 1, which has none)."""
+        return (0, 0, RUN_ENTRY_BYTES, RUN_ENTRY_BYTES_V3)[self.version]
+
+    @property
     def table_bytes(self) -> int:
         """Bytes after the header that say which keys the batch holds: the
-        run table and the keys (version 2), or the key (version 1)."""
-        if self.version == 1:
-            return self.keys_length
-        return RUN_ENTRY_BYTES * self.run_count + self.keys_length
+        run table and the keys (versions 2 and 3), or the key (version 1)."""
+        return self.entry_bytes * self.run_count + self.keys_length
+
+    def producer_runs(self, table: Buffer) -> list[tuple[int, int, int, int]]:
+        """``(producer id, first sequence, message count, first offset)`` of
+        each run of an idempotent producer, from the ``table_bytes`` after
+        the header (empty before version 3): what rebuilds an owner's
+        deduplication window without reading messages."""
+        if self.version < 3:
+            return []
+        runs = self.run_count
+        counts = struct.unpack_from(f"<{runs}I", table, 8 * runs)
+        columns = struct.unpack_from(f"<{2 * runs}Q", table, 16 * runs)
+        found = []
+        offset = self.base_offset
+        for producer, sequence, count in zip(columns[:runs], columns[runs:], counts, strict=True):
+            if producer:
+                found.append((producer, sequence, count, offset))
+            offset += count
+        return found
 
     def key_last_offsets(self, table: Buffer) -> list[tuple[bytes, int]]:
         """``(key, offset of its last message)`` per run, from the
@@ -348,7 +400,7 @@ class BatchHeader:
         runs = self.run_count
         columns = struct.unpack_from(f"<{2 * runs}I", table, 8 * runs)
         found = []
-        key_at = RUN_ENTRY_BYTES * runs
+        key_at = self.entry_bytes * runs
         for key_length, end in zip(columns[runs:], accumulate(columns[:runs]), strict=True):
             found.append((bytes(table[key_at : key_at + key_length]), self.base_offset + end - 1))
             key_at += key_length
@@ -367,13 +419,24 @@ def read_header(buf: Buffer, position: int) -> BatchHeader | str:
     fields = _V2_HEADER.unpack_from(buf, position)
     length, crc, magic, flags, reserved, count, messages_length, base_offset = fields[:8]
     word, tail, log_time = fields[8:]
-    if magic == BATCH_MAGIC_V2:
+    if magic in (BATCH_MAGIC_V2, BATCH_MAGIC_V3):
         runs, keys_length = word, tail
         if flags != 0 or reserved != 0 or count < 1 or runs < 1:
             return "bad flags or empty batch"
-        expected = runs_batch_length(runs, keys_length, count, messages_length)
+        version = magic[3]
+        entry = RUN_ENTRY_BYTES if version == 2 else RUN_ENTRY_BYTES_V3
+        expected = runs_batch_length(runs, keys_length, count, messages_length, entry)
         header = BatchHeader(
-            length, crc, 2, count, messages_length, base_offset, log_time, runs, keys_length, 0
+            length,
+            crc,
+            version,
+            count,
+            messages_length,
+            base_offset,
+            log_time,
+            runs,
+            keys_length,
+            0,
         )
     elif magic == BATCH_MAGIC:
         if flags != 0 or count < 1:
@@ -485,7 +548,7 @@ def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
         ts_brokers, counts, key_lengths = columns[:runs], columns[runs:-runs], columns[-runs:]
         if min(counts) < 1 or sum(counts) != header.count:
             return "run counts disagree with the message count"
-        keys_at += RUN_ENTRY_BYTES * runs
+        keys_at += header.entry_bytes * runs
     sizes_at = keys_at + header.keys_length + _pad8(header.keys_length)
     messages_at = sizes_at + 4 * header.count + _pad8(4 * header.count)
     sizes = view[sizes_at : sizes_at + 4 * header.count]

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Final
 
@@ -176,7 +176,12 @@ class PartitionLog:
 
     # --- appending -----------------------------------------------------------
 
-    def append(self, runs: Iterable[Run], ts_brokers: Sequence[int] | None = None) -> AppendResult:
+    def append(
+        self,
+        runs: Iterable[Run],
+        ts_brokers: Sequence[int] | None = None,
+        producers: Sequence[tuple[int, int]] | None = None,
+    ) -> AppendResult:
         """Append runs as few batches as fit (format version 2), with one ``write()``.
 
         The runs share batches: a batch takes runs until it reaches
@@ -184,7 +189,9 @@ class PartitionLog:
         many short runs (one group-commit round of a partition) costs one
         header, one CRC and one index entry per batch, not per run.
         ``ts_brokers``, when given, is each run's ``ts_broker`` to store
-        instead of its own (the broker stamps durable runs).
+        instead of its own (the broker stamps durable runs). ``producers``,
+        when given, is each run's ``(producer id, first sequence)`` ((0, 0):
+        none); batches holding a producer's run are written as version 3.
 
         All batches of one call share one ``log_time``. A roll (by size or
         time) splits the call into one write per segment. Runs are checked
@@ -203,6 +210,8 @@ class PartitionLog:
             raise StorageError("append needs at least one run")
         if ts_brokers is not None and len(ts_brokers) != len(runs):
             raise StorageError(f"{len(ts_brokers)} ts_broker stamps for {len(runs)} runs")
+        if producers is not None and len(producers) != len(runs):
+            raise StorageError(f"{len(producers)} producer entries for {len(runs)} runs")
         now = self._now()
         if self._time_roll_due(now):
             self.roll()
@@ -211,8 +220,11 @@ class PartitionLog:
         for start, stop in self._batch_bounds(runs):
             group = runs[start:stop]
             stamps = None if ts_brokers is None else ts_brokers[start:stop]
+            identities = None if producers is None else producers[start:stop]
+            if identities is not None and not any(producer for producer, _ in identities):
+                identities = None  # no idempotent run: a version 2 batch
             count = sum(run.count for run in group)
-            encoded.append((offset, count, encode_runs(offset, now, group, stamps)))
+            encoded.append((offset, count, encode_runs(offset, now, group, stamps, identities)))
             offset += count
         parts: list[bytes] = []
         positions: list[tuple[int, int, int]] = []
@@ -502,6 +514,21 @@ class PartitionLog:
         for key in stale:
             del self._last_by_key[key]
         return dict(self._last_by_key)
+
+    def producer_runs(self, tail_bytes: int) -> Iterator[tuple[int, int, int, int]]:
+        """``(producer id, first sequence, count, first offset)`` of every
+        idempotent producer's run in the last segments holding at least
+        ``tail_bytes`` of the log (whole segments, oldest first), from batch
+        headers and run tables only: what rebuilds an owner's deduplication
+        window after a restart."""
+        self._check_open()
+        first = len(self._segments) - 1
+        held = self._segments[first].size
+        while first > 0 and held < tail_bytes:
+            first -= 1
+            held += self._segments[first].size
+        for segment in self._segments[first:]:
+            yield from segment.producer_runs()
 
     def read_last(self, keys: Callable[[bytes], bool] | None = None) -> list[StoredBatch]:
         """The last message of each key (that ``keys`` accepts), oldest first.

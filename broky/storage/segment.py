@@ -427,6 +427,12 @@ class Segment:
             last.update(header.key_last_offsets(table))
         return last
 
+    def producer_runs(self) -> Iterator[tuple[int, int, int, int]]:
+        """The idempotent producers' runs of this segment (a header-only
+        scan; ``BatchHeader.producer_runs``)."""
+        for header, table in iter_headers(self._reader(), 0, self.size):
+            yield from header.producer_runs(table)
+
     def close(self) -> None:
         """Close the files; an active segment is sealed first (clean shutdown)."""
         self.seal()

@@ -6,19 +6,37 @@ arrived on, the connection's outlet (where deliveries are queued), and one
 :class:`~broky.subscriptions.dispatch.Consumer` state shared by the
 dispatchers of every partition it reads, so that its credit and
 ``max_in_flight`` bound the consumer as a whole.
+
+A link whose ``answers`` is set is one part of a consumer spread over the
+workers of a node (broky.durable.consumer_relays): what it would send to
+the connection (confirmation, errors, deliveries, receipts) goes to
+``answers`` instead, which combines the parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode
-from broky.protocol.frames import Error
+from broky.protocol.frames import Error, Settled, Subscribed
 from broky.router.outbox import Outlet
 from broky.subscriptions.dispatch import Consumer
+
+
+class ConsumerAnswers(Protocol):
+    """Where a part of a spread consumer sends what a link would send."""
+
+    def subscribed(self) -> None: ...
+
+    def failed(self, code: ErrorCode, message: str) -> None: ...
+
+    def delivered_frames(self, frames: Sequence[bytes]) -> None: ...
+
+    def settled(self, sequence: int, stale: int) -> None: ...
 
 
 @attrs.define(slots=True, eq=False)
@@ -34,6 +52,8 @@ class ConsumerLink:
     partitions: list[tuple[str, int]] = attrs.field(factory=list)
     #: Detached (closed, evicted or its connection ended): sends nothing more.
     closed: bool = False
+    #: Set for a part of a spread consumer (module docstring).
+    answers: ConsumerAnswers | None = None
 
     @property
     def max_frame_bytes(self) -> int:
@@ -42,11 +62,31 @@ class ConsumerLink:
     def send(self, frames: Sequence[bytes]) -> None:
         """Queue delivery frames, in order, unless the consumer is gone."""
         if frames and not self.closed:
-            self.outlet.send_control(b"".join(frames))
+            if self.answers is not None:
+                self.answers.delivered_frames(frames)
+            else:
+                self.outlet.send_control(b"".join(frames))
 
     def error(self, code: ErrorCode, message: str) -> None:
         """A stream error on the consumer's stream (the connection stays)."""
-        self.outlet.send_control(encode_frame(Error(code, message, self.stream)))
+        if self.answers is not None:
+            self.answers.failed(code, message)
+        else:
+            self.outlet.send_control(encode_frame(Error(code, message, self.stream)))
+
+    def subscribed(self) -> None:
+        """The consumer is attached: ``Subscribed``."""
+        if self.answers is not None:
+            self.answers.subscribed()
+        else:
+            self.outlet.send_control(encode_frame(Subscribed(self.stream)))
+
+    def settled(self, sequence: int, stale: int) -> None:
+        """A settle's receipt: its changes are committed."""
+        if self.answers is not None:
+            self.answers.settled(sequence, stale)
+        else:
+            self.outlet.send_control(encode_frame(Settled(self.stream, sequence, stale)))
 
 
 @attrs.define(slots=True)

@@ -49,9 +49,12 @@ class _Appends(AckQueue):
         self._open: deque[AckTicket] = deque()
         self._sequence = 0
 
-    def open(self, stream: int) -> AckTicket:
+    def open(self, stream: int, producer: int = 0, first_sequence: int = 0) -> AckTicket:
+        """A ticket for one dead-letter append: the broker's own, never an
+        idempotent producer's (``producer`` stays 0: nothing to resend)."""
+        assert not producer, "dead letters have no producer id"
         self._sequence += 1
-        ticket = AckTicket(stream, self._sequence)
+        ticket = AckTicket(stream, self._sequence, first_sequence=first_sequence)
         self._open.append(ticket)
         return ticket
 

@@ -8,11 +8,13 @@ awaiting (``settle``, ``grant``, ``detach``); an attach runs as a task of
 the service, because creating a subscription waits for its first commit
 (the start position must be durable before ``Subscribed`` promises it).
 
-What this worker serves: the partitions it owns. A ``Consume`` whose
-pattern reaches partitions another worker owns is refused with
-``SubscriptionRefused`` naming those workers (a client reaches every
-partition with ``--workers 1``, or by connecting to the owner's port);
-carrying consumers over the durable forwarding links is not built yet.
+What this worker serves: the partitions it owns. A client's ``Consume``
+whose pattern reaches partitions other workers own is spread over those
+owners by the connection (broky.durable.consumer_relays), which attaches
+here with ``own_only`` for this worker's share, as each owner does for a
+``Consume`` arriving over its owner channel; a ``Consume`` reaching other
+workers' partitions without ``own_only`` (no channels to them) is refused
+with ``SubscriptionRefused`` naming those workers.
 """
 
 from __future__ import annotations
@@ -25,13 +27,12 @@ import trio
 
 from broky.durable.acks import AckTicket
 from broky.durable.store import DurableStore
-from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, SettleKind
-from broky.protocol.frames import Consume, Settle, Settled, Subscribed
+from broky.protocol.frames import Consume, Settle
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
 from broky.storage.errors import StorageError
-from broky.subscriptions.consumers import ConsumerLink, SubscriptionCounters
+from broky.subscriptions.consumers import ConsumerAnswers, ConsumerLink, SubscriptionCounters
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.dispatch import Consumer, DeadLetter, Dispatcher, SubscriptionBusy
@@ -95,27 +96,38 @@ class SubscriptionService:
 
     # --- consumers (called by connections, never waiting) ----------------------------
 
-    def consume(self, frame: Consume, outlet: Outlet) -> ConsumerLink:
+    def consume(
+        self,
+        frame: Consume,
+        outlet: Outlet,
+        *,
+        own_only: bool = False,
+        answers: ConsumerAnswers | None = None,
+    ) -> ConsumerLink:
         """Start attaching a consumer for ``frame``; its ``Subscribed`` or
-        stream error follows on ``outlet``."""
+        stream error follows on ``outlet`` (or to ``answers``). ``own_only``:
+        attach to the partitions this worker owns and ignore the others
+        (another worker serves them: a part of a spread consumer)."""
         consumer_id = self._next_consumer
         self._next_consumer += 1
         state = Consumer(
             consumer_id, frame.priority, frame.credit, frame.max_in_flight, 0, trio.current_time()
         )
-        link = ConsumerLink(consumer_id, frame.stream, frame.subscription, outlet, state)
+        link = ConsumerLink(
+            consumer_id, frame.stream, frame.subscription, outlet, state, answers=answers
+        )
         if self._nursery is None:
             link.closed = True
             link.error(ErrorCode.SERVER_SHUTDOWN, "the broker is not serving subscriptions")
             return link
-        self._nursery.start_soon(self._attach, frame, link)
+        self._nursery.start_soon(self._attach, frame, link, own_only)
         return link
 
-    async def _attach(self, frame: Consume, link: ConsumerLink) -> None:
+    async def _attach(self, frame: Consume, link: ConsumerLink, own_only: bool) -> None:
         try:
             async with self._attaching:
                 try:
-                    await self._attach_now(frame, link)
+                    await self._attach_now(frame, link, own_only)
                 except (StorageError, OSError) as exc:
                     log.error("subscription %r: attach failed: %s", frame.subscription, exc)
                     raise Refused(
@@ -128,7 +140,7 @@ class SubscriptionService:
             link.error(refused.code, str(refused))
             return
         if not link.closed:  # else closed (Unsubscribe, disconnect) while attaching
-            link.outlet.send_control(encode_frame(Subscribed(frame.stream)))
+            link.subscribed()
 
     def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:
         return [
@@ -138,7 +150,7 @@ class SubscriptionService:
             for partition in range(topic.partitions)
         ]
 
-    async def _attach_now(self, frame: Consume, link: ConsumerLink) -> None:
+    async def _attach_now(self, frame: Consume, link: ConsumerLink, own_only: bool) -> None:
         name = frame.subscription
         try:
             definition = Definition.from_consume(frame)
@@ -151,9 +163,10 @@ class SubscriptionService:
                 f"subscription {name!r}: pattern {frame.pattern.decode(errors='replace')!r} "
                 "matches no durable topic",
             )
-        remote = sorted(
-            {self.store.owner_index(topic, p) for topic, p in wanted} - {self.store.worker}
-        )
+        worker = self.store.worker
+        if own_only:
+            wanted = [key for key in wanted if self.store.owner_index(*key) == worker]
+        remote = sorted({self.store.owner_index(topic, p) for topic, p in wanted} - {worker})
         if remote:
             raise Refused(
                 ErrorCode.SUBSCRIPTION_REFUSED,
@@ -331,17 +344,16 @@ class SubscriptionService:
         partitions: list[PartitionSubscriptions],
     ) -> None:
         """Send ``Settled`` once every touched partition committed."""
-        receipt = encode_frame(Settled(link.stream, sequence, stale))
         waiting = len(partitions)
         if not waiting:
-            link.outlet.send_control(receipt)
+            link.settled(sequence, stale)
             return
 
         def one_committed() -> None:
             nonlocal waiting
             waiting -= 1
             if not waiting:
-                link.outlet.send_control(receipt)
+                link.settled(sequence, stale)
 
         for partition in partitions:
             partition.committer.after_commit(one_committed)

@@ -158,7 +158,9 @@ async def one_cycle(
     async def publish_until_killed() -> None:
         nonlocal counter
         try:
-            async with connect(address) as client:
+            # Not idempotent: this test gives up on the publisher at each
+            # kill (idempotent retries are tests/faults/test_idempotent_kill.py's).
+            async with connect(address, idempotent=False) as client:
                 while True:
                     ids_by_key: dict[str, list[int]] = defaultdict(list)
                     for _ in range(random.randint(1, 60)):

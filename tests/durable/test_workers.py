@@ -181,6 +181,23 @@ async def all_partitions_writable(address: str, deadline: float) -> None:
             await trio.sleep(0.05)
 
 
+async def kill_workers(
+    node: Node, rng: random.Random, cycles: int, until: float, pause: tuple[float, float]
+) -> int:
+    """SIGKILL a random worker of ``node`` up to ``cycles`` times until the
+    monotonic time ``until``, each time once every partition is writable
+    again and after a random ``pause``; how many times. Returns once every
+    partition is writable again."""
+    done = 0
+    while done < cycles and time.monotonic() < until:
+        await all_partitions_writable(node.address, time.monotonic() + 15)
+        await trio.sleep(rng.uniform(*pause))
+        os.kill(rng.choice(node.workers()), signal.SIGKILL)
+        done += 1
+    await all_partitions_writable(node.address, time.monotonic() + 15)
+    return done
+
+
 async def read_back(address: str, deadline: float) -> dict[int, list[Message]]:
     """Every partition, read through whichever worker the connection lands
     on (retried while that worker's channel to a restarted owner is down)."""
@@ -200,7 +217,6 @@ async def test_sigkilled_workers_lose_no_acknowledged_message(tmp_path: Path) ->
     rng = random.Random(14)
     acked: dict[bytes, int] = {}
     failures = [0]
-    cycles = 0
     with nodes() as start:
         node: Node = start(["--config", str(config)])
         started = time.monotonic()
@@ -210,12 +226,9 @@ async def test_sigkilled_workers_lose_no_acknowledged_message(tmp_path: Path) ->
                     nursery.start_soon(
                         publish_until_cancelled, node.address, index, acked, failures
                     )
-                while cycles < CYCLES and time.monotonic() - started < BUDGET_SECONDS:
-                    await all_partitions_writable(node.address, time.monotonic() + 15)
-                    await trio.sleep(rng.uniform(0.05, 0.4))
-                    os.kill(rng.choice(node.workers()), signal.SIGKILL)
-                    cycles += 1
-                await all_partitions_writable(node.address, time.monotonic() + 15)
+                cycles = await kill_workers(
+                    node, rng, CYCLES, started + BUDGET_SECONDS, pause=(0.05, 0.4)
+                )
                 nursery.cancel_scope.cancel()
             stored = await read_back(node.address, time.monotonic() + 15)
     assert cycles >= MIN_CYCLES, f"only {cycles} kill cycles fit in {BUDGET_SECONDS} s"

@@ -74,7 +74,10 @@ class Ledger:
 
 async def publisher(address: str, ledger: Ledger) -> None:
     try:
-        async with connect(address) as client:
+        # Not idempotent: the publisher is abandoned at each kill, so its
+        # client must not wait out its retry timeout for a broker that is
+        # restarted only after the cycle ends.
+        async with connect(address, idempotent=False) as client:
             while True:
                 batch = range(ledger.next_id, ledger.next_id + BATCH)
                 ledger.next_id += BATCH

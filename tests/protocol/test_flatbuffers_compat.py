@@ -372,7 +372,14 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
     runs = tuple(_generated_run(body.Runs(index)) for index in range(body.RunsLength()))
     if body_type == BodyType.PUBLISH:
         return Publish(
-            stream=body.Stream(), runs=runs, stamp_ts_broker=body.StampTsBroker(), ack=body.Ack()
+            stream=body.Stream(),
+            runs=runs,
+            stamp_ts_broker=body.StampTsBroker(),
+            ack=body.Ack(),
+            producer_id=body.ProducerId(),
+            first_sequence=body.FirstSequence(),
+            run_producers=_numbers(body, "RunProducers"),
+            run_sequences=_numbers(body, "RunSequences"),
         )
     if body_type == BodyType.FETCHED:
         return Fetched(stream=body.Stream(), runs=runs)
@@ -609,11 +616,20 @@ def _build_body(  # noqa: PLR0911
     for table in reversed(run_tables):
         builder.PrependUOffsetTRelative(table)
     runs = builder.EndVector()
+    producers = sequences = 0
+    if isinstance(frame, Publish) and frame.run_producers:
+        producers = _int_vector(builder, module.StartRunProducersVector, frame.run_producers)
+        sequences = _int_vector(builder, module.StartRunSequencesVector, frame.run_sequences)
     module.Start(builder)
     module.AddRuns(builder, runs)
     if isinstance(frame, Publish):
         module.AddStampTsBroker(builder, frame.stamp_ts_broker)
         module.AddAck(builder, frame.ack)
+        module.AddProducerId(builder, frame.producer_id)
+        module.AddFirstSequence(builder, frame.first_sequence)
+        if producers:
+            module.AddRunProducers(builder, producers)
+            module.AddRunSequences(builder, sequences)
     module.AddStream(builder, frame.stream)
     return int(module.End(builder))
 
@@ -625,6 +641,8 @@ def _int_vector(builder: flatbuffers.Builder, start: Any, values: tuple[int, ...
     for value in reversed(values):
         if start.__name__.endswith(("OffsetsVector",)):
             builder.PrependInt64(value)
+        elif start.__name__.endswith(("ProducersVector", "SequencesVector")):
+            builder.PrependUint64(value)
         else:
             builder.PrependUint32(value)
     return int(builder.EndVector())
@@ -848,6 +866,31 @@ def test_generated_code_reads_publish_runs(generated: SimpleNamespace, stamp: bo
         key = run.key.decode()
         decoded = [read_message_with_generated(generated, blob, key) for blob in _split_run(run)]
         assert decoded == [message._replace(key=key) for message in expected]
+
+
+#: Publish frames of idempotent producers: a client's (one producer, the
+#: frame's first sequence) and a forwarding worker's (per-run producers).
+PRODUCER_PUBLISHES = [
+    Publish(3, _several_runs(), ack=True, producer_id=2**64 - 1, first_sequence=2**40 + 1),
+    Publish(3, _several_runs()[:1], True, True, producer_id=7, first_sequence=1),
+    Publish(
+        1,
+        _several_runs(),
+        ack=True,
+        run_producers=(5, 0, 2**63, 5),
+        run_sequences=(1, 0, 9, 4),
+    ),
+]
+
+
+@pytest.mark.parametrize("frame", PRODUCER_PUBLISHES, ids=range(len(PRODUCER_PUBLISHES)))
+def test_producer_publish_reads_both_ways(generated: SimpleNamespace, frame: Publish) -> None:
+    data = encode_frame(frame)
+    assert len(data) % 8 == 0
+    assert read_with_generated(generated, data) == _plain(frame)
+    assert _plain(decode_frame(data[4:])) == _plain(frame)
+    built = build_with_generated(generated, frame)
+    assert _plain(decode_frame(built[4:])) == _plain(frame)
 
 
 def test_generated_code_reads_deliver_built_from_chunks(generated: SimpleNamespace) -> None:

@@ -20,12 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broky.protocol import forward
+from broky.protocol import codec, forward
 from broky.protocol.chunks import (
     CHUNK_TABLE_OFFSET,
+    RUNS_FRAME_RUNS_AT,
     chunk_offsets_compiled,
     chunk_offsets_pure,
     read_chunk_run,
+    read_chunk_runs_pure,
     read_forwardable,
     read_runs_frame,
 )
@@ -163,6 +165,23 @@ def _open_machine(limit: int) -> ProtocolMachine:
     return machine
 
 
+def _run_value(run: Run | None) -> object:
+    """A run compared by value, its chunk and offsets included (None stays None)."""
+    if run is None:
+        return None
+    chunk = None if run.chunk is None else bytes(run.chunk)
+    return (
+        run.key,
+        run.ts_broker,
+        run.count,
+        bytes(run.sizes),
+        bytes(run.messages),
+        run.partition,
+        run.base_offset,
+        chunk,
+    )
+
+
 def _plain(frame: Received) -> object:
     """Frames compared by value (decoded runs hold views, chunks are bytes)."""
     if isinstance(frame, Publish):
@@ -298,8 +317,10 @@ def test_the_compiled_readers_are_built() -> None:
     if os.environ.get("BROKY_PURE") == "1":
         assert forward.IMPLEMENTATION == "pure"
         assert chunk_offsets_compiled is None
+        assert codec.read_chunk_runs_compiled is None
         return
     assert forward.walk_compiled is not None, "broky.protocol._forward was not built"
+    assert codec.read_chunk_runs_compiled is not None
     assert chunk_offsets_compiled is not None, "broky.protocol._vectors was not built"
     assert forward.IMPLEMENTATION == "compiled"
 
@@ -375,6 +396,36 @@ def test_compiled_and_pure_offsets_agree(chunks: list[bytes], position: int) -> 
     expected = chunk_offsets_pure(chunks, position)
     assert compiled(chunks, position) == expected
     assert compiled(tuple(chunks), position) == expected
+
+
+@PROPERTY
+@given(
+    frames=traffic(),
+    edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=4),
+)
+def test_compiled_and_pure_chunk_runs_agree(
+    frames: list[Publish | Subscribe | Ping], edits: list[tuple[int, int]]
+) -> None:
+    """The chunk reader behind every decoded runs frame: the same runs (or
+    None for a run not laid out as a chunk), whatever bytes it is given."""
+    compiled = codec.read_chunk_runs_compiled
+    if compiled is None:
+        pytest.skip("the compiled reader is not in use (BROKY_PURE=1)")
+    for frame in frames:
+        if not isinstance(frame, Publish) or not frame.runs:
+            continue
+        data = bytearray(encode_frame(frame))
+        for position, value in edits:  # corrupt the runs, keep the runs vector
+            at = RUNS_FRAME_RUNS_AT + 4 + 4 * len(frame.runs) + position
+            if at < len(data):
+                data[at] = value
+        view = memoryview(bytes(data))[4:]
+        count = len(frame.runs)
+        fast = compiled(view, RUNS_FRAME_RUNS_AT, count)
+        pure = read_chunk_runs_pure(view, RUNS_FRAME_RUNS_AT, count)
+        assert [_run_value(run) for run in fast] == [_run_value(run) for run in pure]
+        if not edits:
+            assert None not in pure
 
 
 # --- a router's link reads Deliver frames the same way ------------------------

@@ -228,7 +228,11 @@ async def test_subscriptions_and_their_acks_survive_a_restart(tmp_path: Path) ->
                 nursery.cancel_scope.cancel()
 
 
-async def test_a_worker_refuses_a_pattern_over_other_workers_partitions(tmp_path: Path) -> None:
+async def test_a_consumer_over_an_unreachable_owners_partitions_is_refused_retriably(
+    tmp_path: Path,
+) -> None:
+    """Worker 0 of two, alone: the owner of the other partitions is not
+    there, so the Consume is refused with OwnerUnavailable (consume again)."""
     config = subscriptions_config(tmp_path, partitions=4)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
@@ -238,8 +242,8 @@ async def test_a_worker_refuses_a_pattern_over_other_workers_partitions(tmp_path
             async with connect(broker.address) as a:
                 refused = await Consumer(a).consume("spread")
                 assert isinstance(refused, Error)
-                assert refused.code == ErrorCode.SUBSCRIPTION_REFUSED
-                assert "owned by workers 0, 1" in refused.message
+                assert refused.code == ErrorCode.OWNER_UNAVAILABLE
+                assert "worker 1" in refused.message
             nursery.cancel_scope.cancel()
 
 

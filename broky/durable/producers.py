@@ -1,0 +1,162 @@
+"""Idempotent producers: what a partition remembers to store a retry once.
+
+Sans-IO bookkeeping owned by one partition's owner (broky.durable.store).
+A producer numbers its messages from 1 over all its acked frames; a frame's
+run parts reach a partition with the sequence of their first message
+(``docs/protocol.md``). For each producer the window keeps the runs it
+appended here, ``(first sequence, count, first offset)``, for the last
+``WINDOW_SEQUENCES`` sequences of that producer. A run is then:
+
+- **new** if its sequence is past the last one appended from its producer
+  (or the producer is unknown here): append it. Sequences jump ahead at a
+  partition, since the producer's other messages go to other partitions;
+- a **duplicate** if a remembered run starts at that sequence with the same
+  count: answer with the remembered offsets, append nothing;
+- **out of order** otherwise: a retry older than the window, or a run sent
+  again after later runs of its producer were stored (storing it would
+  reorder the producer's messages). Refused with ``OutOfOrderSequence``.
+
+The client keeps at most ``WINDOW_SEQUENCES`` sequences unacknowledged, so
+every retry it makes falls inside the window. The window is rebuilt from the
+log's producer columns when a partition is opened, so a retry after a
+SIGKILL of the owner is recognised too, as long as its original is within
+the log tail that is read (``RECOVERY_TAIL_BYTES``).
+
+Like Kafka (KIP-98) the window is per producer and partition; unlike
+Kafka's five batches it is counted in sequences, because one client frame
+can hold hundreds of one-message runs per partition (a key per message).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from typing import Final
+
+import attrs
+
+#: An idempotent producer's run: ``(producer id, sequence of its first message)``.
+Identity = tuple[int, int]
+#: Sequences of each producer a partition remembers (and that a client may
+#: keep unacknowledged): at 100-byte messages, 6.5 MB of publishes in flight,
+#: several group commits. Memory: at most one entry (~100 bytes) per run
+#: remembered, so at most ~6.5 MB per producer and partition when every run
+#: is one message, usually far less.
+WINDOW_SEQUENCES: Final = 65_536
+#: Producers a partition remembers; past this the least recently seen one is
+#: forgotten (its next run is taken as new). Bounds the window's memory.
+MAX_PRODUCERS: Final = 4_096
+#: Bytes at the end of a partition's log whose producer columns rebuild the
+#: window on open (whole segments, from headers and run tables only).
+RECOVERY_TAIL_BYTES: Final = 64 * 1024 * 1024
+
+
+@attrs.frozen(slots=True)
+class Duplicate:
+    """A run already stored: the offset its first message got."""
+
+    first_offset: int
+
+
+@attrs.frozen(slots=True)
+class OutOfOrder:
+    """A run the partition cannot place; ``reason`` says why, for the client."""
+
+    reason: str
+
+
+#: The verdict on one run: None (new: append it), a Duplicate or an OutOfOrder.
+Verdict = Duplicate | OutOfOrder | None
+
+
+@attrs.define(slots=True)
+class _Runs:
+    """One producer's remembered runs at one partition, oldest first, as
+    parallel lists (``start`` skips pruned entries until they are compacted)."""
+
+    sequences: list[int] = attrs.field(factory=list)
+    counts: list[int] = attrs.field(factory=list)
+    offsets: list[int] = attrs.field(factory=list)
+    start: int = 0
+    #: The sequence after the last one appended.
+    next_sequence: int = 0
+
+
+class ProducerWindow:
+    """The idempotent producers of one partition (module docstring)."""
+
+    def __init__(self, window: int = WINDOW_SEQUENCES, max_producers: int = MAX_PRODUCERS) -> None:
+        self.window = window
+        self.max_producers = max_producers
+        self._producers: OrderedDict[int, _Runs] = OrderedDict()
+        #: The producer recorded last (already the most recently used).
+        self._last = 0
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def check(self, producer: int, sequence: int, count: int) -> Verdict:
+        """What to do with a run of ``count`` messages from ``producer``
+        whose first message has ``sequence``."""
+        runs = self._producers.get(producer)
+        if runs is None or sequence >= runs.next_sequence:
+            return None
+        index = bisect_left(runs.sequences, sequence, runs.start)
+        if index < len(runs.sequences) and runs.sequences[index] == sequence:
+            if runs.counts[index] == count:
+                return Duplicate(runs.offsets[index])
+            return OutOfOrder(
+                f"producer {producer:#x} sent sequence {sequence} again with "
+                f"{count} messages instead of {runs.counts[index]}"
+            )
+        oldest = runs.sequences[runs.start] if runs.start < len(runs.sequences) else sequence
+        if sequence < oldest:
+            return OutOfOrder(
+                f"producer {producer:#x}: sequence {sequence} is older than the "
+                f"{self.window} sequences this partition remembers"
+            )
+        return OutOfOrder(
+            f"producer {producer:#x}: sequence {sequence} was not stored but later ones "
+            f"(up to {runs.next_sequence - 1}) were; storing it now would reorder them"
+        )
+
+    def admit(self, producer: int, sequence: int, count: int, first_offset: int) -> Verdict:
+        """``check``, and ``record`` the run at ``first_offset`` when it is
+        new: the owner's per-run call, one lookup in the common case."""
+        runs = self._producers.get(producer)
+        if runs is not None and sequence < runs.next_sequence:
+            return self.check(producer, sequence, count)
+        self.record(producer, sequence, count, first_offset)
+        return None
+
+    def record(self, producer: int, sequence: int, count: int, first_offset: int) -> None:
+        """Remember an appended run (a new one: past every remembered sequence)."""
+        producers = self._producers
+        runs = producers.get(producer)
+        if runs is None:
+            runs = producers[producer] = _Runs()
+            if len(producers) > self.max_producers:
+                producers.popitem(last=False)
+        elif producer != self._last:
+            producers.move_to_end(producer)
+        self._last = producer
+        runs.sequences.append(sequence)
+        runs.counts.append(count)
+        runs.offsets.append(first_offset)
+        runs.next_sequence = sequence + count
+        floor = runs.next_sequence - self.window
+        sequences = runs.sequences
+        start = runs.start
+        while sequences[start] + runs.counts[start] <= floor:
+            start += 1
+        if start > 1024 and start * 2 > len(sequences):
+            del sequences[:start], runs.counts[:start], runs.offsets[:start]
+            start = 0
+        runs.start = start
+
+    def forget(self, producers: set[int]) -> None:
+        """Drop what is remembered of ``producers`` (an append of theirs failed,
+        so what was recorded for it in advance may not be in the log)."""
+        for producer in producers:
+            self._producers.pop(producer, None)
+        self._last = 0

@@ -1,0 +1,135 @@
+"""The credit gate of a consumer spread over several workers: the client's
+window is never exceeded, each owner's order is kept, little waits, and a
+part with messages is never starved once the client returned its credit."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broky.durable.consumer_gate import CreditGate, Waiting
+from broky.durable.store import located_chunk
+from broky.protocol.codec import decode_frame
+from broky.protocol.frames import Deliver, Redelivered, Run
+from broky.protocol.message import decode_run, encode_message, pack_sizes
+
+
+def run_of(partition: int, base: int, count: int) -> Run:
+    messages = [encode_message(b"%d-%d" % (partition, base + n)) for n in range(count)]
+    return Run(
+        b"orders.k",
+        1,
+        count,
+        pack_sizes([len(m) for m in messages]),
+        b"".join(messages),
+        partition,
+        base,
+    )
+
+
+def waiting(partition: int, base: int, count: int, redelivered: int = -1) -> Waiting:
+    counts = [("orders", redelivered, 2)] if redelivered >= 0 else []
+    chunk = located_chunk(run_of(partition, base, count), partition, base)
+    return Waiting(chunk, count, partition, base, counts)
+
+
+def received(frames: list[bytes]) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
+    """(partition, offset) of every message in ``frames``, and redelivery counts."""
+    found: list[tuple[int, int]] = []
+    counts: dict[tuple[int, int], int] = {}
+    for data in frames:
+        frame = decode_frame(memoryview(data)[4:])
+        if isinstance(frame, Redelivered):
+            for p, o, c in zip(frame.partitions, frame.offsets, frame.counts, strict=True):
+                counts[(p, o)] = c
+        else:
+            assert isinstance(frame, Deliver)
+            for run in frame.runs:
+                found.extend((m.partition, m.offset) for m in decode_run(run))
+    return found, counts
+
+
+def test_a_run_is_split_where_the_window_ends_with_its_counts() -> None:
+    gate = CreditGate(5, [0, 1], 1 << 20)
+    gate.grant(3)
+    gate.arrive(1, [waiting(1, 10, 5, redelivered=13)])
+    first, counts = received(gate.take())
+    assert first == [(1, 10), (1, 11), (1, 12)]
+    assert counts == {}
+    gate.grant(10)
+    second, counts = received(gate.take())
+    assert second == [(1, 13), (1, 14)]
+    assert counts == {(1, 13): 2}
+
+
+def test_a_small_window_still_gives_every_part_a_credit() -> None:
+    gate = CreditGate(1, [0, 1, 2], 1 << 20)
+    gate.grant(1)
+    assert gate.shares() == {0: 1, 1: 1, 2: 1}
+    gate.arrive(2, [waiting(2, 0, 1)])
+    assert len(received(gate.take())[0]) == 1
+    gate.arrive(1, [waiting(1, 0, 1)])
+    assert gate.take() == []  # the window is spent: it waits here
+    assert gate.shares() == {1: 1}  # one message per part may be held or waiting
+    gate.arrive(1, [waiting(1, 1, 1)])
+    assert gate.take() == []
+    assert gate.shares() == {}  # and no more: 3 parts, 3 beyond the window
+    assert gate.waiting_messages == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.integers(1, 4),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["grant", "deliver", "consume"]), st.integers(0, 9)),
+        max_size=60,
+    ),
+)
+def test_the_window_holds_and_nobody_starves(parts: int, steps: list[tuple[str, int]]) -> None:
+    gate = CreditGate(1, range(parts), 1 << 16)
+    #: Credit each owner holds as the owner sees it; its backlog is endless.
+    owner_credit = [0] * parts
+    next_offset = [0] * parts
+    unconsumed = 0  # received by the client, credit not yet returned
+    received_per_part: list[list[int]] = [[] for _ in range(parts)]
+    pending: deque[int] = deque()
+
+    def pump() -> None:
+        nonlocal unconsumed
+        for message in received(gate.take())[0]:
+            received_per_part[message[0]].append(message[1])
+            pending.append(1)
+            unconsumed += 1
+        for part, credit in gate.shares().items():
+            owner_credit[part] += credit
+
+    for action, value in steps:
+        if action == "grant":
+            gate.grant(value)
+        elif action == "deliver":
+            part = value % parts
+            count = min(owner_credit[part], value + 1)
+            if count:
+                owner_credit[part] -= count
+                gate.arrive(part, [waiting(part, next_offset[part], count)])
+                next_offset[part] += count
+        elif pending:
+            returned = min(len(pending), value + 1)
+            for _ in range(returned):
+                pending.popleft()
+            unconsumed -= returned
+            gate.grant(returned)
+        pump()
+        assert gate.sent <= gate.granted
+        assert gate.waiting_messages <= parts
+        assert owner_credit == [gate.held[part] for part in range(parts)]
+    for offsets in received_per_part:
+        assert offsets == list(range(len(offsets)))  # each owner's order
+    # The client returns everything: every part can send at least one more.
+    gate.grant(unconsumed)
+    pump()
+    if gate.window:
+        assert not gate.waiting_messages
+        assert all(credit >= 1 for credit in owner_credit)
