@@ -109,8 +109,10 @@ async def serve(
             member,
             config.replication_listen,
             IsrSettings(config.min_insync_replicas, config.replica_lag_max),
+            broker.observability.system.advise,
         )
         broker.beside_store.append(replication.run)
+        broker.replication_statistics = replication.statistics
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(broker.serve)

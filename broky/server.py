@@ -36,6 +36,7 @@ from broky.observability.service import Observability
 from broky.observability.system import Advisory
 from broky.protocol.constants import ErrorCode, LinkKind
 from broky.reload import applicable
+from broky.replication.events import ReplicationStatistics
 from broky.router.router import Router, RouterStatistics
 from broky.security.auth import Authenticator
 from broky.security.quotas import QuotaLedger
@@ -63,6 +64,8 @@ class BrokerStatistics:
     durable: DurableStatistics | None = None
     #: Durable subscriptions served by this worker.
     subscriptions: tuple[SubscriptionStatus, ...] = ()
+    #: A cluster member's replication (None: not replicating).
+    replication: ReplicationStatistics | None = None
 
 
 class Broker:
@@ -122,6 +125,8 @@ class Broker:
         #: Services started once the durable topics are open and stopped
         #: before they close (a cluster member's replication: broky.replication).
         self.beside_store: list[Callable[..., Awaitable[None]]] = []
+        #: Set by a replicating member (broky.cli): its figures for metrics.
+        self.replication_statistics: Callable[[], ReplicationStatistics] | None = None
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
         #: TLS contexts whose certificate a reload loads again, each with the
@@ -457,6 +462,9 @@ class Broker:
             subscriptions=tuple(self.subscriptions.statistics())
             if self.subscriptions is not None
             else (),
+            replication=None
+            if self.replication_statistics is None
+            else self.replication_statistics(),
         )
 
     def _durable_statistics(self) -> DurableStatistics | None:

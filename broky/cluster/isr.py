@@ -272,6 +272,19 @@ class LeaderIsr:
             self._waiting.popleft()
         return done
 
+    def follower_lags(self) -> dict[str, int]:
+        """Messages each replica (the leader aside) is behind the leader's
+        log end, by its newest life's fsynced end (a replica never heard
+        from in this epoch: the whole log end). For metrics and status."""
+        lags = {}
+        for node in self.replicas:
+            if node == self.leader[0]:
+                continue
+            life = self._lives.get(node)
+            follower = None if life is None else self._followers.get((node, life))
+            lags[node] = self.log_end - (0 if follower is None else follower.durable)
+        return lags
+
     def _durable_of(self, entry: IsrEntry) -> int:
         """What ``entry`` (a node in one life) is known to have fsynced."""
         if entry == self.leader:

@@ -13,6 +13,7 @@ Example::
     roll = "daily 00:00 +01:00"  # or a number of seconds
     fsync = "always"             # always | interval | never
     fsync_interval = 1.0         # seconds, for fsync = "interval"
+    acks = "all"                 # replicated: all (high watermark) | leader
 
 Errors name the table and key (``durable[2].fsync``) and say what is accepted.
 """
@@ -39,6 +40,7 @@ DURABLE_KEYS: Final[dict[str, tuple[type, ...]]] = {
     "roll": (str, int, float),
     "fsync": (str,),
     "fsync_interval": (int, float),
+    "acks": (str,),
 }
 _DAILY: Final = re.compile(
     r"daily\s+(\d{1,2}):(\d{2})(?:\s*(?:UTC)?\s*([+-])(\d{1,2}):(\d{2}))?", re.IGNORECASE
@@ -109,12 +111,13 @@ def parse_policy(table: Mapping[str, Any], index: int) -> TopicPolicy:
             log_settings["roll"] = parse_roll(table["roll"], f"{where}.roll")
         current = "log settings"
         log_config = LogConfig(**log_settings)
-        current = "pattern, name or partitions"
+        current = "pattern, name, partitions or acks"
         return TopicPolicy(
             name=table.get("name") or default_name(pattern),
             pattern=pattern.encode(),
             partitions=table.get("partitions", 1),
             log=log_config,
+            acks=table.get("acks", "all"),
         )
     except (StorageError, RemoteProtocolError) as exc:
         raise DurableConfigError(f"{where} ({current}): {exc}") from exc
@@ -146,6 +149,7 @@ def policy_table(policy: TopicPolicy) -> dict[str, Any]:
         "segment_bytes": config.segment_bytes,
         "fsync": config.fsync.value,
         "fsync_interval": config.fsync_interval_seconds,
+        "acks": policy.acks,
     }
     if config.retention_seconds is not None:
         table["retention_seconds"] = config.retention_seconds

@@ -50,7 +50,8 @@ from broky.router.outbox import DurableEncodedRun
 from broky.router.router import Router
 from broky.storage.config import FsyncPolicy
 from broky.storage.errors import StorageError
-from broky.storage.log import LogStatistics, PartitionLog, RecoveryReport
+from broky.storage.log import LogStatistics, PartitionLog
+from broky.storage.recovery import RecoveryReport
 from broky.storage.topics import TopicPolicies, TopicPolicy, partition_run
 
 log = logging.getLogger("broky.durable")

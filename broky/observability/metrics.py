@@ -8,7 +8,8 @@ of counters to drift from the first.
 
 Labels are bounded: ``worker`` (one per worker process), ``reason`` (the
 ``CloseReason`` and drop-reason enums), ``kind`` (advisory kinds) and
-``topic`` (only the K busiest keys, see ``topics.py``). No label carries a
+``topic`` (only the K busiest keys, see ``topics.py``), and the bounded
+replication labels of ``replication_metrics.py``. No label carries a
 client address or name.
 """
 
@@ -25,6 +26,10 @@ from prometheus_client.registry import Collector
 
 from broky.connection.reasons import CloseReason
 from broky.observability.lag import LAG_BUCKETS
+from broky.observability.replication_metrics import (
+    REPLICATION_FAMILIES,
+    replication_families,
+)
 from broky.observability.subscription_metrics import SUBSCRIPTION_FAMILIES, subscription_families
 
 if TYPE_CHECKING:
@@ -91,6 +96,7 @@ FAMILIES: Final = {
     "broky_durable_forwarded_messages": "counter",
     **{name: kind for name, kind, _, _ in SUBSCRIPTION_FAMILIES},
     "broky_subscription_stalled": "gauge",
+    **REPLICATION_FAMILIES,
 }
 
 
@@ -245,6 +251,7 @@ class BrokerCollector(Collector):
         yield from _link_families(samples)
         yield from _durable_families(samples, counter, gauge)
         yield from subscription_families(samples)
+        yield from replication_families(samples)
 
 
 def _link_families(samples: list[WorkerSample]) -> Iterator[Metric]:

@@ -76,6 +76,16 @@ class Advisory(enum.Enum):
     """A message went to its subscription's dead-letter topic."""
     SUBSCRIPTION_CONSUMER_EVICTED = "subscription.consumer_evicted"
     """A consumer held messages without progress for twice the ack timeout."""
+    CLUSTER_LEADER_CHANGED = "cluster.leader_changed"
+    """This node started leading a replicated partition at a new epoch."""
+    CLUSTER_ISR_SHRUNK = "cluster.isr_shrunk"
+    """Replicas left a partition's ISR (etcd has the change)."""
+    CLUSTER_ISR_EXPANDED = "cluster.isr_expanded"
+    """Replicas caught up and rejoined a partition's ISR."""
+    CLUSTER_UNDER_REPLICATED = "cluster.under_replicated"
+    """A led partition's ISR became smaller than its replica set."""
+    CLUSTER_FULLY_REPLICATED = "cluster.fully_replicated"
+    """An under-replicated partition's ISR holds every replica again."""
 
 
 def _rate(now: int, before: int | None, seconds: float) -> float:

@@ -39,6 +39,7 @@ from broky.replication.wire import (
     EpochEnded,
     Fetch,
     Fetched,
+    RefusalReason,
     Refused,
     ReplicatedRun,
     ReplicationProtocolError,
@@ -151,6 +152,14 @@ class Follower:
             )
             with trio.fail_after(REQUEST_TIMEOUT):
                 answer = await link.request(fetch)
+            if (
+                isinstance(answer, Refused)
+                and answer.reason is RefusalReason.BEFORE_LOG_START
+                and answer.epoch == self.epoch
+                and answer.log_start > end
+            ):
+                await self._restart(answer.log_start)
+                continue
             if isinstance(answer, Refused):
                 await trio.sleep(RETRY_DELAY)
                 raise _Retry(f"fetch from {end} refused: {answer}")
@@ -161,6 +170,19 @@ class Follower:
             replica.high_watermark = max(
                 replica.high_watermark, min(answer.high_watermark, owner.end_offset)
             )
+
+    async def _restart(self, start: int) -> None:
+        """The leader's retention passed our whole log: keep nothing and
+        continue at its log start (we could never fetch the gap)."""
+        replica = self.replica
+        before = replica.owner.end_offset
+        await replica.owner.call(partial(_restart, replica.history, start, replica.fence))
+        log.warning(
+            "%s: log end %d is below the leader's log start %d: restarted the log there",
+            replica.name,
+            before,
+            start,
+        )
 
     def _append(self, runs: tuple[ReplicatedRun, ...], partition_log: PartitionLog) -> None:
         """In the owner's thread: append the runs that continue our log,
@@ -190,6 +212,14 @@ def _cut(history: EpochHistory, end: int, fence: int, partition_log: PartitionLo
     """In the owner's thread: truncate the log and its epoch history, durably."""
     partition_log.truncate(end)
     history.truncate(end)
+    epochfile.save(partition_log.directory, history, fence)
+
+
+def _restart(history: EpochHistory, start: int, fence: int, partition_log: PartitionLog) -> None:
+    """In the owner's thread: empty the log at ``start`` and forget its
+    epochs (the runs fetched next record theirs), durably."""
+    partition_log.restart_at(start)
+    history.truncate(0)
     epochfile.save(partition_log.directory, history, fence)
 
 

@@ -39,6 +39,7 @@ from broky.replication.wire import (
     Refused,
     ReplicatedRun,
 )
+from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import PartitionLog
 
 #: Longest a fetch that found nothing new waits for new data (a long poll):
@@ -121,6 +122,9 @@ class PartitionReplica:
         self.leading: _Leading | None = None
         #: "leader NODE at HOST:PORT (epoch E)", for NotLeader answers.
         self.leader_hint = "no leader known"
+        #: The topic's acks setting: "leader" acks at this node's fsync
+        #: (lost if it fails before a follower has it), "all" at the HW.
+        self.acks = Acks(owner.topic.acks)
         self._changed = trio.Event()
 
     @property
@@ -136,7 +140,7 @@ class PartitionReplica:
                 ErrorCode.NOT_LEADER,
                 f"{self.node_id} does not lead {self.name}; {self.leader_hint}",
             )
-        if leading.isr.check_publish(Acks.ALL) is Outcome.NOT_ENOUGH_REPLICAS:
+        if leading.isr.check_publish(self.acks) is Outcome.NOT_ENOUGH_REPLICAS:
             return ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading)
         return None
 
@@ -158,7 +162,7 @@ class PartitionReplica:
             return
         leading.tokens.append((deliver, fail))
         leading.remember(offset, runs, stamps)
-        leading.isr.appended(end, len(leading.tokens), Acks.ALL)
+        leading.isr.appended(end, len(leading.tokens), self.acks)
         leading.isr.synced(end)
         self.settle()
         self._wake()  # followers waiting in a long poll fetch it now
@@ -244,6 +248,8 @@ class PartitionReplica:
         self.settle()
         if request.offset > self.owner.end_offset:
             return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
+        if request.offset < self.owner.start_offset:
+            return self._before_start(leading, request.offset)
         if request.offset == self.owner.end_offset:
             with trio.move_on_after(FETCH_WAIT):
                 await self._changed.wait()
@@ -267,5 +273,20 @@ class PartitionReplica:
 
         runs: list[ReplicatedRun] = []
         if request.offset < self.owner.end_offset:
-            runs = leading.recent_from(request.offset) or await self.owner.call(read)
+            try:
+                runs = leading.recent_from(request.offset) or await self.owner.call(read)
+            except OffsetOutOfRangeError:
+                # Retention ran between the check above and the read.
+                return self._before_start(leading, request.offset)
         return Fetched(leading.term.epoch, self.high_watermark, tuple(runs))
+
+    def _before_start(self, leading: _Leading, offset: int) -> Refused:
+        """Retention deleted ``offset``: without this answer the follower
+        would ask for it forever (Kafka's OffsetOutOfRange to a follower)."""
+        start = self.owner.start_offset
+        return Refused(
+            RefusalReason.BEFORE_LOG_START,
+            leading.term.epoch,
+            f"{self.name}: offset {offset} is below the log start {start}",
+            start,
+        )

@@ -39,6 +39,12 @@ from broky.cluster.state import IsrEntry, StateError, VbucketState
 from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore, PartitionOwner
 from broky.replication import epochfile
+from broky.replication.events import (
+    Advise,
+    PartitionReplication,
+    ReplicationEvents,
+    ReplicationStatistics,
+)
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
@@ -84,6 +90,7 @@ class ReplicationService:
         node: ClusterNode,
         listen: str,
         settings: IsrSettings,
+        advise: Advise | None = None,
     ) -> None:
         self.store = store
         self.node = node
@@ -93,6 +100,45 @@ class ReplicationService:
         self._roles: dict[tuple[str, int], tuple[_Role, trio.CancelScope]] = {}
         #: Cuts this node's replication links for fault tests (off by default).
         self.switch = LinkSwitch()
+        #: Leader changes, ISR changes, under-replication: counters and advisories.
+        self.events = ReplicationEvents(node.node_id, advise)
+
+    def statistics(self) -> ReplicationStatistics:
+        """Every partition's role, log end, high watermark, ISR and follower
+        lag, plus the event counters (metrics; read on the trio thread)."""
+        partitions = []
+        for key, replica in sorted(self.replicas.items()):
+            current = self._roles.get(key)
+            following = current is not None and current[0].kind == "follow"
+            leading = replica.leading
+            end = replica.owner.end_offset
+            if leading is not None:
+                isr = leading.isr
+                entry = PartitionReplication(
+                    key[0],
+                    key[1],
+                    "leader",
+                    leading.term.epoch,
+                    end,
+                    replica.high_watermark,
+                    tuple(sorted(node for node, _ in isr.committed_isr)),
+                    isr.replicas,
+                    tuple(sorted(isr.follower_lags().items())),
+                )
+            else:
+                entry = PartitionReplication(
+                    key[0],
+                    key[1],
+                    "follower" if following else "none",
+                    replica.fence,
+                    end,
+                    replica.high_watermark,
+                )
+            partitions.append(entry)
+        events = self.events
+        return ReplicationStatistics(
+            tuple(partitions), events.leader_changes, events.isr_shrinks, events.isr_expands
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; started once every partition has its replica."""
@@ -185,11 +231,14 @@ class ReplicationService:
         leading = replica.leading
         if leading is None or leading.isr.pending_isr is not None:
             return
-        if set(state.isr) != set(leading.isr.committed_isr):
+        before = leading.isr.committed_isr
+        if set(state.isr) != set(before):
             try:
                 leading.isr.isr_committed(state.isr)
             except IsrRuleError as exc:
                 log.warning("%s: ISR from etcd not taken: %s", replica.name, exc)
+            else:
+                self._isr_changed(replica, leading.isr, before, "controller")
             replica.settle()
 
     async def _lead(
@@ -227,6 +276,13 @@ class ReplicationService:
             )
             replica.lead(term, isr, hint)
             log.info("%s: leading at epoch %d from offset %d", replica.name, term.epoch, end)
+            self.events.led(
+                owner.topic.name,
+                owner.partition,
+                term.epoch,
+                (node for node, _ in isr.committed_isr),
+                isr.replicas,
+            )
             try:
                 while True:
                     await trio.sleep(ISR_CHECK)
@@ -245,10 +301,30 @@ class ReplicationService:
                         isr.isr_failed()
                         continue
                     log.info("%s: ISR now %s", replica.name, changed.isr)
+                    before = isr.committed_isr
                     isr.isr_committed(changed.isr)
+                    self._isr_changed(replica, isr, before, "leader")
                     replica.settle()
             finally:
                 replica.step_down(hint)
+                self.events.stopped_leading(owner.topic.name, owner.partition)
+
+    def _isr_changed(
+        self,
+        replica: PartitionReplica,
+        isr: LeaderIsr,
+        before: tuple[IsrEntry, ...],
+        by: str,
+    ) -> None:
+        self.events.isr_changed(
+            replica.owner.topic.name,
+            replica.owner.partition,
+            isr.epoch,
+            (node for node, _ in before),
+            (node for node, _ in isr.committed_isr),
+            isr.replicas,
+            by,
+        )
 
     def _proposal(self, isr: LeaderIsr) -> tuple[IsrEntry, ...] | None:
         """``isr.propose`` without lives etcd no longer lists: a follower

@@ -55,6 +55,9 @@ class RefusalReason(enum.Enum):
     FENCED = "fenced"
     #: The fetch offset is past the leader's log end: truncate first.
     OUT_OF_RANGE = "out_of_range"
+    #: The fetch offset is below the leader's log start (retention deleted
+    #: it): the follower restarts its log at ``Refused.log_start``.
+    BEFORE_LOG_START = "before_log_start"
 
 
 @attrs.frozen
@@ -115,6 +118,8 @@ class Refused:
     #: The refuser's epoch for the partition (0 if it has none).
     epoch: int
     message: str = ""
+    #: For BEFORE_LOG_START: the leader's oldest offset (0 otherwise).
+    log_start: int = 0
 
 
 Message = Fetch | EpochEnd | Fetched | EpochEnded | Refused
@@ -149,6 +154,7 @@ def encode(message: Message) -> bytes:
             "reason": message.reason.value,
             "epoch": message.epoch,
             "message": message.message,
+            "start": message.log_start,
         }
     elif isinstance(message, EpochEnded):
         header = {"t": "epoch_ended", "epoch": message.epoch, "found": message.found}
@@ -196,7 +202,10 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
         )
     if kind == "refused":
         return Refused(
-            RefusalReason(header["reason"]), _int(header["epoch"]), _str(header["message"])
+            RefusalReason(header["reason"]),
+            _int(header["epoch"]),
+            _str(header["message"]),
+            _int(header.get("start", 0)),
         )
     if kind == "fetched":
         runs = []

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -43,13 +42,9 @@ from broky.storage.batch import (
 )
 from broky.storage.config import FsyncPolicy, LogConfig
 from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
-from broky.storage.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    Segment,
-    fsync_directory,
-    parse_stem,
-)
+from broky.storage.recovery import RecoveryReport, open_segments
+from broky.storage.rewrite import cut_segments, replace_segments
+from broky.storage.segment import Segment, fsync_directory
 
 log = logging.getLogger("broky.storage")
 
@@ -84,27 +79,6 @@ class AppendResult:
     @property
     def count(self) -> int:
         return self.last_offset - self.first_offset + 1
-
-
-@attrs.frozen(slots=True)
-class RecoveryReport:
-    """What opening a log found and repaired. ``clean`` when nothing was."""
-
-    directory: str
-    segments: int
-    start_offset: int
-    end_offset: int
-    segments_scanned: int = 0
-    batches_scanned: int = 0
-    truncated_bytes: int = 0
-    indexes_rebuilt: int = 0
-    orphans_removed: int = 0
-    corrupt_segments: tuple[int, ...] = ()
-
-    @property
-    def clean(self) -> bool:
-        """Nothing was cut and nothing is damaged (rebuilt indexes are fine)."""
-        return not (self.truncated_bytes or self.corrupt_segments)
 
 
 @attrs.frozen(slots=True)
@@ -171,62 +145,9 @@ class PartitionLog:
         what was done, and a warning is logged when anything was cut.
         """
         config = config or LogConfig()
-        os.makedirs(directory, exist_ok=True)
-        names = os.listdir(directory)
-        bases = sorted(b for b in (parse_stem(n, LOG_SUFFIX) for n in names) if b is not None)
-        orphans = 0
-        for name in names:
-            base = parse_stem(name, INDEX_SUFFIX)
-            if base is not None and base not in bases:
-                os.unlink(os.path.join(directory, name))
-                orphans += 1
-        segments: list[Segment] = []
-        corrupt: list[int] = []
-        scanned = batches = truncated = rebuilt = 0
-        try:
-            for position, base in enumerate(bases):
-                active = position == len(bases) - 1
-                segment, repair = Segment.open(
-                    directory, base, config.index_interval_bytes, active=active
-                )
-                segments.append(segment)
-                if repair.index_rebuilt:
-                    scanned += 1
-                    rebuilt += 1
-                batches += repair.scanned_batches
-                truncated += repair.truncated_bytes
-                if not active and segment.next_offset != bases[position + 1]:
-                    if repair.corrupt is None:
-                        log.error(
-                            "%s ends at offset %d but the next segment starts at %d",
-                            segment.path,
-                            segment.next_offset,
-                            bases[position + 1],
-                        )
-                    segment.next_offset = bases[position + 1]
-                    corrupt.append(base)
-                elif repair.corrupt is not None:
-                    corrupt.append(base)
-        except BaseException:
-            for segment in segments:
-                segment.abandon()
-            raise
-        if not segments:
-            segments = [Segment.create(directory, 0, config.index_interval_bytes)]
-            fsync_directory(directory)
+        segments, report = open_segments(directory, config)
         instance = cls(directory, config, clock, segments)
-        instance.recovery = RecoveryReport(
-            directory,
-            len(segments),
-            instance.start_offset,
-            instance.end_offset,
-            segments_scanned=scanned,
-            batches_scanned=batches,
-            truncated_bytes=truncated,
-            indexes_rebuilt=rebuilt,
-            orphans_removed=orphans,
-            corrupt_segments=tuple(corrupt),
-        )
+        instance.recovery = report
         level = logging.INFO if instance.recovery.clean else logging.WARNING
         log.log(level, "opened %s: %s", directory, instance.recovery)
         return instance
@@ -393,44 +314,47 @@ class PartitionLog:
 
         Whole segments past ``end`` are deleted; the segment holding it is
         cut at the batch that holds ``end`` and reopened as the active one
-        (its index rebuilt by the scan), and the part of that batch below
-        ``end`` is appended again. Offsets below ``end`` keep their bytes.
+        (broky.storage.rewrite), and the part of that batch below ``end`` is
+        appended again. Offsets below ``end`` keep their bytes.
         """
         self._check_open()
         if end >= self.end_offset:
             return
         if end < self.start_offset:
             raise OffsetOutOfRangeError(end, self.start_offset, self.end_offset)
-        slot = bisect_right(self._bases, end) - 1
-        segment = self._segments[slot]
-        cut, base = segment.batch_at(end)
-        kept = (
-            [
-                (Run(b.key, b.ts_broker, b.count, bytes(b.sizes), bytes(b.messages)), b.ts_broker)
-                for b in segment.read(base, end, 1 << 62)[0]
-            ]
-            if base < end
-            else []
-        )
-        for doomed in self._segments[slot + 1 :]:
-            doomed.delete()
-        segment.abandon()
-        with open(segment.path, "r+b") as file:
-            file.truncate(cut)
-            os.fsync(file.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(segment.index_path)
-        reopened, _ = Segment.open(
-            self.directory, segment.base_offset, self.config.index_interval_bytes, active=True
+        slot, reopened, kept = cut_segments(
+            self._segments, self._bases, end, self.config.index_interval_bytes
         )
         self._segments[slot:] = [reopened]
         self._bases[slot:] = [reopened.base_offset]
-        fsync_directory(self.directory)
         self._durable_offset = min(self._durable_offset, reopened.next_offset)
         self._last_by_key = None
         if kept:
             self.append([run for run, _ in kept], [stamp for _, stamp in kept])
         self.sync()
+
+    def restart_at(self, start: int) -> None:
+        """Drop every segment and continue, empty, at ``start`` (Kafka's
+        truncateFullyAndStartAt): a follower whose whole log lies below its
+        leader's log start, which retention moved past it, can never fill
+        that gap, so it keeps nothing and fetches from ``start``.
+
+        A crash in the middle leaves an empty log at 0, whose next fetch is
+        refused and restarts it again (broky.storage.rewrite).
+        """
+        self._check_open()
+        if start < self.end_offset:
+            raise OffsetOutOfRangeError(start, self.end_offset, self.end_offset)
+        if start == self.end_offset:
+            return
+        fresh = replace_segments(
+            self._segments, self.directory, start, self.config.index_interval_bytes
+        )
+        self._deleted_segments += len(self._segments)
+        self._segments = [fresh]
+        self._bases = [start]
+        self._durable_offset = start
+        self._last_by_key = None
 
     def tick(self) -> None:
         """Periodic housekeeping: the ``INTERVAL`` fsync, time rolls, retention.

@@ -34,6 +34,8 @@ TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 #: Most partitions per topic: each is a directory with open files, and each
 #: is owned by one router; thousands would only spread fsyncs thin.
 MAX_PARTITIONS: Final = 1024
+#: The values of a topic's ``acks`` (the first is the default).
+ACKS_SETTINGS: Final = ("all", "leader")
 
 
 def _topic_name(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -50,6 +52,11 @@ def _partitions(instance: object, attribute: attrs.Attribute[Any], value: int) -
         raise StorageError(f"partitions must be in [1, {MAX_PARTITIONS}], got {value}")
 
 
+def _acks(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in ACKS_SETTINGS:
+        raise StorageError(f"acks must be one of {', '.join(ACKS_SETTINGS)}, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class TopicPolicy:
     """One durable topic: its name, the keys it keeps, its partitions and log settings."""
@@ -58,6 +65,11 @@ class TopicPolicy:
     pattern: bytes = attrs.field(validator=_pattern)
     partitions: int = attrs.field(default=1, validator=_partitions)
     log: LogConfig = attrs.field(factory=LogConfig)
+    #: When a replicated partition's leader acks a publish (broky.cluster.isr
+    #: Acks): "all" at the high watermark, every ISR member having fsynced
+    #: it (needs min_insync_replicas); "leader" at the leader's own fsync,
+    #: which a leader failure can lose. Without replication, unused.
+    acks: str = attrs.field(default="all", validator=_acks)
 
 
 class TopicPolicies:

@@ -238,3 +238,14 @@ def test_contract_violations_are_refused() -> None:
     isr.isr_committed([LEADER])
     with pytest.raises(IsrRuleError, match="without the data"):
         isr.isr_committed([LEADER, ("F2", 1)])
+
+
+def test_follower_lags_count_from_each_nodes_newest_life() -> None:
+    isr = make()
+    isr.appended(10, "a", Acks.ALL)
+    isr.synced(10)
+    assert isr.follower_lags() == {"F1": 10, "F2": 10}
+    isr.follower_ack("F1", 1, EPOCH, 7, 1.0)
+    isr.follower_ack("F2", 2, EPOCH, 3, 1.0)  # a new life: counted from what it says
+    isr.follower_ack("F2", 1, EPOCH, 9, 1.0)  # the ended life's late ack is ignored
+    assert isr.follower_lags() == {"F1": 3, "F2": 7}

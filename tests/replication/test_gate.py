@@ -21,6 +21,7 @@ from tests.storage.runs import make_run
 @attrs.define
 class _Topic:
     name: str = "orders"
+    acks: str = "all"
 
 
 @attrs.define
@@ -35,6 +36,7 @@ class _Owner:
 
     topic: _Topic = attrs.field(factory=_Topic)
     partition: int = 0
+    start_offset: int = 0
     end_offset: int = 0
 
     async def call(self, request: Callable[[Any], Any]) -> Any:
@@ -54,9 +56,9 @@ class _Outcomes:
 
 
 def _leading(
-    isr: tuple[tuple[str, int], ...] = (("n1", 1), ("n2", 2)),
+    isr: tuple[tuple[str, int], ...] = (("n1", 1), ("n2", 2)), acks: str = "all"
 ) -> tuple[PartitionReplica, _Owner]:
-    owner = _Owner()
+    owner = _Owner(_Topic(acks=acks))
     replica = PartitionReplica(owner, "n1", EpochHistory([(3, 0)]), 3)  # type: ignore[arg-type]
     leader = LeaderIsr(("n1", 1), 3, ("n1", "n2", "n3"), isr, 0, 0, 0.0, IsrSettings(min_insync=2))
     replica.lead(Term(0, 3, "n1", 1), leader, "leader n1 at 127.0.0.1:1 (epoch 3)")
@@ -152,3 +154,32 @@ async def test_a_follower_in_step_is_answered_from_the_rounds_just_stored() -> N
     answer = await replica.fetch(_fetch(durable=1))  # mid-run: read from the log
     assert isinstance(answer, Fetched)
     assert answer.runs == ()
+
+
+async def test_a_fetch_below_the_log_start_names_the_start() -> None:
+    replica, owner = _leading()
+    owner.start_offset, owner.end_offset = 50, 80
+    answer = await replica.fetch(_fetch(10))
+    assert isinstance(answer, Refused)
+    assert (answer.reason, answer.epoch, answer.log_start) == (
+        RefusalReason.BEFORE_LOG_START,
+        3,
+        50,
+    )
+    assert isinstance(await replica.fetch(_fetch(50)), Fetched)
+
+
+async def test_acks_leader_acks_at_the_leaders_fsync_with_too_small_an_isr() -> None:
+    replica, owner = _leading(isr=(("n1", 1),), acks="leader")
+    assert replica.refusal() is None  # min_insync binds only acks = "all"
+    outcomes = _Outcomes()
+    owner.end_offset = 4
+    replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
+    assert (outcomes.delivered, outcomes.failed) == (1, [])
+    # Readers still stop at the high watermark (here the leader alone's end).
+    assert replica.high_watermark == 4
+    replica, owner = _leading(acks="leader")
+    owner.end_offset = 4
+    replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
+    assert outcomes.delivered == 2
+    assert replica.high_watermark == 0  # n2 has not fetched it yet

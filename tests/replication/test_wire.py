@@ -59,7 +59,13 @@ messages = st.one_of(
         st.integers(0, 99),
         st.none() | st.tuples(st.integers(0, 99), st.integers(0, 2**40)),
     ),
-    st.builds(Refused, st.sampled_from(RefusalReason), st.integers(0, 99), st.text(max_size=30)),
+    st.builds(
+        Refused,
+        st.sampled_from(RefusalReason),
+        st.integers(0, 99),
+        st.text(max_size=30),
+        st.integers(0, 2**40),
+    ),
     st.builds(
         Fetched, st.integers(0, 99), st.integers(0, 2**40), st.lists(runs, max_size=4).map(tuple)
     ),

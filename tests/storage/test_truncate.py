@@ -66,3 +66,22 @@ def test_truncate_past_the_end_does_nothing_and_before_the_start_fails(tmp_path:
         assert log.end_offset == 5
         with pytest.raises(OffsetOutOfRangeError):
             log.truncate(-1)
+
+
+def test_restart_at_drops_everything_and_continues_at_the_new_start(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=300)
+    with PartitionLog.open(str(tmp_path), config) as log:
+        _fill(log, [[3, 2], [4], [5, 1]])
+        end = log.end_offset
+        with pytest.raises(OffsetOutOfRangeError):
+            log.restart_at(end - 1)
+        log.restart_at(end + 40)
+        assert (log.start_offset, log.end_offset, log.durable_offset) == (end + 40,) * 3
+        assert read_all(log) == []
+        log.append([make_run(b"k", [b"a", b"b"])])
+        log.sync()
+        expected = [(end + 40, b"k", b"a"), (end + 41, b"k", b"b")]
+        assert read_all(log) == expected
+    with PartitionLog.open(str(tmp_path), config) as log:
+        assert log.start_offset == end + 40
+        assert read_all(log) == expected
