@@ -19,7 +19,7 @@ from broky.cluster.keys import check_name
 from broky.connection.handler import ConnectionSettings
 from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
-from broky.router.router import RouterLimits
+from broky.router.limits import RouterLimits
 from broky.security.auth import AuthConfigError, User, parse_users
 from broky.security.tls import client_context, server_context
 from broky.storage.topics import TopicPolicy

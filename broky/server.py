@@ -37,7 +37,8 @@ from broky.observability.system import Advisory
 from broky.protocol.constants import ErrorCode, LinkKind
 from broky.reload import applicable
 from broky.replication.events import ReplicationStatistics
-from broky.router.router import Router, RouterStatistics
+from broky.router.router import Router
+from broky.router.statistics import RouterStatistics
 from broky.security.auth import Authenticator
 from broky.security.quotas import QuotaLedger
 from broky.subscriptions.service import SubscriptionService

@@ -17,9 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-import attrs
-
-from broky.observability.topics import DEFAULT_TOP_TOPICS, TopicCounter, TopicFigures
+from broky.observability.topics import TopicCounter
 from broky.protocol.chunks import forward_chunk
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
@@ -27,11 +25,9 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
 from broky.router.fanout import fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
+from broky.router.limits import RouterLimits
 from broky.router.matcher import SubscriptionIndex, validate_pattern
 from broky.router.outbox import (
-    DEFAULT_OUTBOX_BYTES,
-    DEFAULT_OUTBOX_MESSAGES,
-    DEFAULT_WRITE_BATCH_BYTES,
     Outlet,
     RouterCounters,
     Subscription,
@@ -45,14 +41,8 @@ from broky.router.queues import (
     split_interest,
     validate_queue,
 )
+from broky.router.statistics import LinkStatistics, RouterStatistics
 
-#: Most subscriptions one connection may hold; bounds per-connection state.
-DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION: Final = 10_000
-#: Outbox bound of a peer router's link subscription: larger than a client's
-#: because one link carries what many subscribers on the other side want;
-#: 16 MiB is ~100k messages of 100 bytes, ~50 ms of a saturated link.
-DEFAULT_LINK_OUTBOX_BYTES: Final = 16 * 1024 * 1024
-DEFAULT_LINK_OUTBOX_MESSAGES: Final = 1_000_000
 #: Which subscriptions a run may reach, by where the run came from (one hop
 #: per tier: see broky.router.interest).
 _ELIGIBLE: Final = {
@@ -72,61 +62,6 @@ ROUTE_CACHE_SIZE: Final = 131_072
 #: ... and at most this many key bytes, so that a flood of unique long keys
 #: (up to 1 KiB each) cannot make the cache grow past ~10 MB either.
 ROUTE_CACHE_KEY_BYTES: Final = 8 * 1024 * 1024
-
-
-@attrs.frozen
-class RouterLimits:
-    """Per-subscription and per-connection bounds applied by the router."""
-
-    outbox_messages: int = DEFAULT_OUTBOX_MESSAGES
-    outbox_bytes: int = DEFAULT_OUTBOX_BYTES
-    write_batch_bytes: int = DEFAULT_WRITE_BATCH_BYTES
-    max_subscriptions_per_connection: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION
-    #: Bytes queued for one client connection across its subscriptions (0: no bound).
-    max_pending_bytes: int = 0
-    link_outbox_messages: int = DEFAULT_LINK_OUTBOX_MESSAGES
-    link_outbox_bytes: int = DEFAULT_LINK_OUTBOX_BYTES
-    #: How many of the busiest keys the router reports (K; see TopicCounter).
-    top_topics: int = DEFAULT_TOP_TOPICS
-
-
-@attrs.frozen
-class RouterStatistics:
-    """A snapshot of a router's state and counters."""
-
-    connections: int
-    subscriptions: int
-    topics: int
-    match_cache_keys: int
-    published_messages: int
-    published_runs: int
-    delivered_messages: int
-    dropped_no_subscriber: int
-    dropped_slow_consumer: int
-    slow_consumer_disconnects: int
-    outbox_messages: int
-    outbox_bytes: int
-    links: tuple[LinkStatistics, ...] = ()
-    #: The busiest keys, busiest first (at most ``RouterLimits.top_topics``),
-    #: counting what this router's clients published (not what peers forwarded).
-    top_topics: tuple[TopicFigures, ...] = ()
-    #: Messages received from / handed to peer routers' links: a node's
-    #: published and delivered figures are the workers' sums less these.
-    from_links: int = 0
-    to_links: int = 0
-
-
-@attrs.frozen
-class LinkStatistics:
-    """What a router has queued for, forwarded to and dropped for one peer link."""
-
-    peer: str
-    kind: str
-    subscriptions: int
-    queued_messages: int
-    queued_bytes: int
-    forwarded_messages: int
-    dropped_messages: int
 
 
 def stream_error(outlet: Outlet, stream: int, error: RemoteProtocolError) -> None:

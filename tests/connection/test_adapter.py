@@ -39,7 +39,8 @@ from broky.protocol.frames import (
 )
 from broky.protocol.framing import encode_preamble
 from broky.protocol.message import encode_message, pack_sizes
-from broky.router.router import Router, RouterLimits
+from broky.router.limits import RouterLimits
+from broky.router.router import Router
 from tests.conftest import RawConnection
 
 SETTINGS = ConnectionSettings(

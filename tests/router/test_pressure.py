@@ -5,13 +5,14 @@ from __future__ import annotations
 from broky.protocol.constants import SlowConsumerPolicy
 from broky.protocol.frames import Run
 from broky.protocol.message import encode_message, pack_sizes
+from broky.router.limits import RouterLimits
 from broky.router.pressure import (
     LOCAL_LINK_STALL_SECONDS,
     MAX_WRITE_STALL_SECONDS,
     RECHECK_SECONDS,
     WRITE_STALL_SECONDS,
 )
-from broky.router.router import Router, RouterLimits
+from broky.router.router import Router
 from tests.router.test_router import Peer
 
 OUTBOX_BYTES = 64 * 1024

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from broky.protocol.constants import ErrorCode, LinkKind
 from broky.protocol.frames import Subscribed
+from broky.router.limits import RouterLimits
 from broky.router.queues import interest_key, split_interest
-from broky.router.router import Router, RouterLimits
+from broky.router.router import Router
 from tests.router.test_router import Peer, assert_error, make_run, numbered, payloads
 
 

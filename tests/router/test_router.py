@@ -25,8 +25,9 @@ from broky.protocol.constants import (
 from broky.protocol.frames import Deliver, Error, Frame, Notice, Run, Subscribed
 from broky.protocol.framing import FrameReader
 from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
+from broky.router.limits import RouterLimits
 from broky.router.outbox import Subscription
-from broky.router.router import Router, RouterLimits
+from broky.router.router import Router
 
 DISCONNECT = SlowConsumerPolicy.DISCONNECT
 
