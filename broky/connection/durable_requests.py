@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 
 from broky.durable.acks import AckQueue
 from broky.durable.forwarding import Forwarder
+from broky.durable.owner import located_chunk
 from broky.durable.relays import PartitionListing, overlapping_owners
 from broky.durable.replay import Replay
-from broky.durable.store import DurableStore, located_chunk
+from broky.durable.store import DurableStore
 from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType, ErrorCode, LinkKind, StartKind

@@ -24,7 +24,8 @@ from typing import Final
 
 import trio
 
-from broky.durable.store import DurableStore, PartitionOwner, located_chunk
+from broky.durable.owner import PartitionOwner, located_chunk
+from broky.durable.store import DurableStore
 from broky.protocol.codec import split_run_chunk
 from broky.protocol.constants import StartKind
 from broky.protocol.frames import EncodedRun

@@ -31,27 +31,22 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from functools import partial
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
 import attrs
 import trio
 
-from broky.durable.acks import AckQueue, AckSlot, AckTicket
+from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.owner import PartitionOwner
 from broky.durable.ownership import PartitionLock, partition_owner
-from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
-from broky.durable.rounds import RoundPlan
-from broky.protocol.chunks import durable_chunk
+from broky.durable.producers import Identity
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import EncodedRun, Run
-from broky.router.outbox import DurableEncodedRun
+from broky.protocol.frames import Run
 from broky.router.router import Router
-from broky.storage.config import FsyncPolicy
 from broky.storage.errors import StorageError
-from broky.storage.log import LogStatistics, PartitionLog
-from broky.storage.recovery import RecoveryReport
+from broky.storage.log import PartitionLog
 from broky.storage.topics import TopicPolicies, TopicPolicy, partition_run
 
 log = logging.getLogger("broky.durable")
@@ -67,17 +62,12 @@ DEFAULT_PENDING_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_PENDING_RUNS: Final = 32 * 1024
 #: Keys whose durable topic (or none) ``match`` remembers: ~100 bytes each.
 TOPIC_CACHE_KEYS: Final = 65_536
-#: Seconds between ``tick()`` calls of an idle partition (interval fsync,
-#: time rolls, retention): a fraction of the default 1 s fsync interval.
-TICK_SECONDS: Final = 0.2
 
 #: The built-in topic of dead letters, and a key it must hold (its pattern
 #: is ``_dlq.>``: ``_dlq.<subscription>.<topic>``).
 DEAD_LETTER_TOPIC: Final = "_dlq"
 DEAD_LETTER_PROBE: Final = b"_dlq.subscription.topic"
 
-#: A request run by the owner on its thread; gets the log, returns anything.
-LogRequest = Callable[[PartitionLog], Any]
 #: Takes a run part bound for a partition another worker owns:
 #: ``(topic, partition, run, ticket, acks, run_index, identity)`` (broky.durable.forwarding).
 RemoteAppend = Callable[
@@ -100,347 +90,6 @@ class DurableStatistics:
     recovery_corrupt_segments: int
     #: Acked messages this worker forwarded to other workers' partitions.
     forwarded_messages: int = 0
-
-
-class ReplicaGate(Protocol):
-    """What a replicated partition's owner asks its replication role
-    (broky.replication.gate): whether it may take publishes, and when the
-    ones it stored may be acked and shown to subscribers."""
-
-    #: Offsets below this may be read (the high watermark).
-    high_watermark: int
-
-    def refusal(self) -> tuple[ErrorCode, str] | None:
-        """Why this node may not store a publish now (None: it may)."""
-
-    def hold(
-        self,
-        offset: int,
-        runs: Sequence[Run],
-        stamps: Sequence[int],
-        deliver: Callable[[], None],
-        fail: Callable[[ErrorCode, str], None],
-    ) -> None:
-        """``runs`` (stamped ``stamps``) were stored from ``offset`` and
-        fsynced: call ``deliver`` once the high watermark passes them, or
-        ``fail`` if that cannot be promised."""
-
-
-def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
-    """The chunk of ``run`` as stored from ``base_offset`` of ``partition``:
-    what Deliver and Fetched carry for durable topics."""
-    return durable_chunk(run, run.ts_broker, partition, base_offset)
-
-
-class PartitionOwner:
-    """The one task allowed to touch a partition log (see the module docstring)."""
-
-    def __init__(
-        self, store: DurableStore, topic: TopicPolicy, partition: int, partition_log: PartitionLog
-    ) -> None:
-        self.store = store
-        self.topic = topic
-        self.partition = partition
-        self._log = partition_log
-        self.recovery: RecoveryReport = partition_log.recovery
-        self.statistics: LogStatistics = partition_log.statistics()
-        #: Cached after each round, for ListPartitions without a thread hop.
-        self.start_offset = partition_log.start_offset
-        self.end_offset = partition_log.end_offset
-        # The runs queued for the next round, in parallel lists: a short run
-        # costs a few list appends here, not an object.
-        self._runs: list[Run] = []
-        self._stamps: list[int] = []
-        self._acks: list[AckSlot | None] = []
-        #: Each queued run's producer identity (None: not idempotent).
-        self._identities: list[Identity | None] = []
-        #: Queued runs with an identity (0: the round skips deduplication).
-        self._idempotent = 0
-        #: Message bytes of the queued runs (what they add to ``pending_bytes``).
-        self._queued_bytes = 0
-        #: The idempotent producers' runs appended here (broky.durable.producers).
-        self.producers = ProducerWindow()
-        self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
-        self._wake = trio.Event()
-        self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
-        #: Told the new end offset after each round that appended (the
-        #: partition's durable subscriptions, broky.subscriptions.partition).
-        self.on_append: Callable[[int], None] | None = None
-        #: Set for a partition of a replicated topic (broky.replication):
-        #: publishes are then taken only as its leader, fsynced whatever the
-        #: policy (a replica counts only for fsynced data), and acked and
-        #: delivered at the high watermark.
-        self.replica: ReplicaGate | None = None
-
-    @property
-    def readable_end(self) -> int:
-        """Readers (replays, Fetch) stop here: the high watermark of a
-        replicated partition, so no one reads what a failover can take back."""
-        replica = self.replica
-        return self.end_offset if replica is None else min(replica.high_watermark, self.end_offset)
-
-    def append(
-        self,
-        run: Run,
-        ticket: AckTicket | None,
-        acks: AckQueue | None,
-        run_index: int,
-        ts_broker: int | None = None,
-        identity: Identity | None = None,
-    ) -> None:
-        """Queue a run for the next round (never waits), to be stored with
-        ``ts_broker`` (default: the run's own); ``identity`` makes it
-        idempotent (stored once whatever the number of retries)."""
-        self._runs.append(run)
-        self._stamps.append(run.ts_broker if ts_broker is None else ts_broker)
-        self._acks.append(None if ticket is None or acks is None else (ticket, acks, run_index))
-        self._identities.append(identity)
-        if identity is not None:
-            self._idempotent += 1
-        nbytes = len(run.messages)
-        self._queued_bytes += nbytes
-        store = self.store
-        store.pending_bytes += nbytes
-        store.pending_runs += 1
-        wake = self._wake
-        if not wake.is_set():
-            wake.set()
-
-    def recover_producers(self, partition_log: PartitionLog) -> None:
-        """Rebuild the producers' window from the log tail (blocking: at open)."""
-        self.reload_producers(partition_log.producer_runs(RECOVERY_TAIL_BYTES))
-
-    def reload_producers(self, runs: Iterable[tuple[int, int, int, int]]) -> None:
-        """Start the producers' window afresh from ``runs`` (producer,
-        sequence, count, offset) read off the log tail: at open, and when a
-        replica takes the lead (broky.replication.service), so that it knows
-        the runs it replicated as a follower and none a truncation removed,
-        and a producer retrying after the failover is not stored twice."""
-        window = self.producers = ProducerWindow()
-        for producer, sequence, count, offset in runs:
-            if window.check(producer, sequence, count) is None:
-                window.record(producer, sequence, count, offset)
-
-    def submit(self, request: LogRequest, done: Callable[[Any], None]) -> None:
-        """Run ``request(log)`` in the next round; ``done`` gets its result or
-        the exception it raised, on the trio thread."""
-        self._requests.append((request, done))
-        self._wake.set()
-
-    async def call(self, request: LogRequest) -> Any:
-        """``submit`` and wait: the result, or the exception re-raised."""
-        finished = trio.Event()
-        box: list[Any] = []
-
-        def done(result: Any) -> None:
-            box.append(result)
-            finished.set()
-
-        self.submit(request, done)
-        await finished.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
-
-    async def run(self) -> None:
-        """Serve rounds until cancelled; a round in a thread is not interrupted."""
-        next_tick = time.monotonic()
-        while True:
-            if not (self._runs or self._requests):
-                with trio.move_on_at(trio.current_time() + TICK_SECONDS):
-                    await self._wake.wait()
-            self._wake = trio.Event()
-            runs, stamps, acks = self._runs, self._stamps, self._acks
-            self._runs, self._stamps, self._acks = [], [], []
-            identities, self._identities = self._identities, []
-            nbytes, self._queued_bytes = self._queued_bytes, 0
-            requests, self._requests = self._requests, []
-            tick = time.monotonic() >= next_tick
-            if not (tick or runs or requests):
-                continue
-            if tick:
-                next_tick = time.monotonic() + TICK_SECONDS
-            refusal = self.replica.refusal() if runs and self.replica is not None else None
-            plan: RoundPlan | None = None
-            producers: list[Identity] | None = None
-            if refusal is not None:
-                # Checked per round, on this thread: once a follower's
-                # truncation is queued, no client run can land after it.
-                stored_runs, stamps_to_store = [], []
-                self._idempotent = 0
-            else:
-                if self._idempotent:
-                    self._idempotent = 0
-                    plan = RoundPlan(
-                        self.producers, self.end_offset, runs, stamps, acks, identities
-                    )
-                    runs, stamps, acks = plan.runs, plan.stamps, plan.acks
-                    producers = plan.identities
-                    nbytes -= plan.answered_bytes
-                stored_runs, stamps_to_store = runs, stamps
-            outcome, results = await trio.to_thread.run_sync(
-                self._round, stored_runs, stamps_to_store, producers, requests, tick
-            )
-            self._finish(runs, stamps, acks, refusal or outcome, nbytes)
-            if plan is not None:
-                self._answer(plan, outcome)
-            for (_, done), result in zip(requests, results, strict=True):
-                done(result)
-
-    def _round(
-        self,
-        runs: list[Run],
-        stamps: list[int],
-        producers: list[Identity] | None,
-        requests: list[tuple[LogRequest, Callable[[Any], None]]],
-        tick: bool,
-    ) -> tuple[int | StorageError | OSError | None, list[Any]]:
-        """One round, in a worker thread: append + fsync, requests, tick.
-
-        Every run of the round goes into one append, which packs them into
-        as few batches as fit (group commit for the disk and for the format).
-        """
-        partition_log = self._log
-        outcome: int | StorageError | OSError | None = None
-        if runs:
-            try:
-                outcome = partition_log.append(runs, stamps, producers).first_offset
-                if self._fsync_always or self.replica is not None:
-                    partition_log.sync()
-            except (StorageError, OSError) as exc:
-                log.error("append to %s failed: %s", partition_log.directory, exc)
-                outcome = exc
-        results: list[Any] = []
-        for request, _ in requests:
-            try:
-                results.append(request(partition_log))
-            except (StorageError, OSError) as exc:
-                results.append(exc)
-        if tick:
-            try:
-                partition_log.tick()
-            except (StorageError, OSError) as exc:
-                log.error("housekeeping of %s failed: %s", partition_log.directory, exc)
-        self.start_offset = partition_log.start_offset
-        self.end_offset = partition_log.end_offset
-        self.statistics = partition_log.statistics()
-        return outcome, results
-
-    def _finish(
-        self,
-        runs: list[Run],
-        stamps: list[int],
-        acks: list[AckSlot | None],
-        outcome: int | Exception | tuple[ErrorCode, str] | None,
-        nbytes: int,
-    ) -> None:
-        """Back on the trio thread: settle the round now, or, for a
-        replicated partition, once the high watermark passes it
-        (``ReplicaGate.hold``: until then its bytes still count against the
-        pending bounds, so a lagging ISR slows publishers down). ``nbytes``:
-        the runs' message bytes, counted in ``pending_bytes``."""
-        if not runs:
-            return
-        replica = self.replica
-        if replica is not None and isinstance(outcome, int):
-
-            def fail(code: ErrorCode, reason: str) -> None:
-                self._settle(runs, stamps, acks, (code, reason), nbytes)
-
-            replica.hold(
-                outcome,
-                runs,
-                stamps,
-                partial(self._settle, runs, stamps, acks, outcome, nbytes),
-                fail,
-            )
-            return
-        self._settle(runs, stamps, acks, outcome, nbytes)
-
-    def _answer(self, plan: RoundPlan, outcome: int | Exception | None) -> None:
-        """Answer the runs the round's plan kept out of the append: retries
-        at their original offsets, out-of-order runs refused. On a replicated
-        partition a retry is acked only once the high watermark passes the
-        log's end as this round left it (its original lies below), so it is
-        never acknowledged before its original is."""
-        store = self.store
-        store.pending_bytes -= plan.answered_bytes
-        store.pending_runs -= len(plan.answered)
-        store.room_changed()
-        where = f"{self.topic.name}/{self.partition}"
-        replica = self.replica
-        if replica is None or not plan.answered or isinstance(outcome, Exception):
-            for queue in plan.settle(outcome, self.partition, where):
-                queue.release()
-            return
-
-        def deliver() -> None:
-            for queue in plan.settle(outcome, self.partition, where):
-                queue.release()
-
-        def fail(code: ErrorCode, reason: str) -> None:
-            for queue in plan.fail(code, f"{where}: {reason}"):
-                queue.release()
-
-        replica.hold(self.end_offset, [], [], deliver, fail)
-
-    def _settle(
-        self,
-        runs: list[Run],
-        stamps: list[int],
-        acks: list[AckSlot | None],
-        outcome: int | Exception | tuple[ErrorCode, str] | None,
-        nbytes: int,
-    ) -> None:
-        """Fan the appended runs out, release acks (or fail them).
-
-        Once per run of the round, so kept to a chunk, a router entry and a
-        ticket update each: ack queues are collected as they change (one
-        connection's runs usually come together), not per run.
-        """
-        store = self.store
-        store.pending_bytes -= nbytes
-        store.pending_runs -= len(runs)
-        store.room_changed()
-        queues: set[AckQueue] = set()
-        last_queue: AckQueue | None = None
-        if not isinstance(outcome, int):
-            code, reason = (
-                outcome
-                if isinstance(outcome, tuple)
-                else (
-                    ErrorCode.STORAGE_FAILURE,
-                    f"could not store {self.topic.name}/{self.partition}: {outcome}",
-                )
-            )
-            for slot in acks:
-                if slot is not None:
-                    slot[0].failed(reason, code)
-                    queues.add(slot[1])
-        else:
-            offset = outcome
-            partition = self.partition
-            encoded: list[EncodedRun] = []
-            for run, stamp, slot in zip(runs, stamps, acks, strict=True):
-                count = run.count
-                chunk = durable_chunk(run, stamp, partition, offset)
-                encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
-                if slot is not None:
-                    ticket, queue, run_index = slot
-                    ticket.done(run_index, partition, offset, offset + count - 1)
-                    if queue is not last_queue:
-                        queues.add(queue)
-                        last_queue = queue
-                offset += count
-            store.router.publish(encoded)
-            if self.on_append is not None:
-                self.on_append(offset)
-        for queue in queues:
-            queue.release()
-
-    def close(self) -> None:
-        """Sync and close the log (the owner task has stopped)."""
-        self._log.close()
 
 
 def with_dead_letters(policies: Sequence[TopicPolicy]) -> list[TopicPolicy]:

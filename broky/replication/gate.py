@@ -25,7 +25,7 @@ import trio
 from broky.cluster.epochs import EpochHistory
 from broky.cluster.isr import Acks, LeaderIsr, Outcome
 from broky.cluster.leadership import Term
-from broky.durable.store import PartitionOwner
+from broky.durable.owner import PartitionOwner
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.replication.epochfile import epoch_at

@@ -36,8 +36,9 @@ from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
 from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.durable.owner import PartitionOwner
 from broky.durable.producers import RECOVERY_TAIL_BYTES
-from broky.durable.store import DurableStore, PartitionOwner
+from broky.durable.store import DurableStore
 from broky.replication import epochfile
 from broky.replication.events import (
     Advise,

@@ -22,7 +22,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from broky.durable.store import located_chunk
+from broky.durable.owner import located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from broky.durable.store import PartitionOwner
+from broky.durable.owner import PartitionOwner
 from broky.protocol.constants import StartKind
 from broky.protocol.message import message_views
 from broky.router.matcher import SubscriptionIndex

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.durable.consumer_gate import CreditGate, Waiting
-from broky.durable.store import located_chunk
+from broky.durable.owner import located_chunk
 from broky.protocol.codec import decode_frame
 from broky.protocol.frames import Deliver, Redelivered, Run
 from broky.protocol.message import decode_run, encode_message, pack_sizes
