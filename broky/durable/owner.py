@@ -23,7 +23,7 @@ from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.rounds import RoundPlan
-from broky.protocol.chunks import durable_chunk
+from broky.protocol.chunks import durable_chunk, durable_chunk_size
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.outbox import DurableEncodedRun
@@ -350,7 +350,10 @@ class PartitionOwner:
         else:
             offset = outcome
             partition = self.partition
+            router = store.router
+            wants = router.wants
             encoded: list[EncodedRun] = []
+            unrouted: list[Run] = []
             for part in parts:
                 queue = part.settle(partition, offset)
                 if queue is not None:
@@ -358,10 +361,20 @@ class PartitionOwner:
                 stamp = part.stamp
                 for run in part.runs:
                     count = run.count
-                    chunk = durable_chunk(run, stamp, partition, offset)
-                    encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
+                    if wants(run.key):
+                        chunk = durable_chunk(run, stamp, partition, offset)
+                        encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
+                    else:  # no live subscriber: no chunk to build
+                        unrouted.append(run)
                     offset += count
-            store.router.publish(encoded)
+            if encoded:
+                router.publish(encoded)
+            if unrouted:
+                router.count_unrouted(
+                    [run.key for run in unrouted],
+                    [run.count for run in unrouted],
+                    [durable_chunk_size(run) for run in unrouted],
+                )
             if self.on_append is not None:
                 self.on_append(offset)
         for queue in queues:

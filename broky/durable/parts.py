@@ -44,6 +44,8 @@ class Part:
     acks: AckQueue | None
     producer: int = 0
     runs: list[Run] = attrs.field(factory=list)
+    #: Each run's message count (kept beside ``runs``: a round and the acks read it).
+    counts: list[int] = attrs.field(factory=list)
     indexes: list[int] = attrs.field(factory=list)
     sequences: list[int] = attrs.field(factory=list)
     messages: int = 0
@@ -61,6 +63,7 @@ class Part:
         self.runs.append(run)
         self.indexes.append(index)
         count = run.count
+        self.counts.append(count)
         if self.producer:
             self.sequences.append(sequence)
             self.next_sequence = sequence + count
@@ -74,17 +77,13 @@ class Part:
             return [(0, 0)] * len(self.runs)
         return list(zip(repeat(self.producer), self.sequences))
 
-    def counts(self) -> list[int]:
-        return [run.count for run in self.runs]
-
     def settle(self, partition: int, first_offset: int) -> AckQueue | None:
         """The part was stored from ``first_offset``: give every run its ack
         entry; the ack queue to release (None: nobody waits)."""
         ticket = self.ticket
         if ticket is None:
             return None
-        counts = self.counts()
-        ends = list(accumulate(counts, initial=first_offset))
+        ends = list(accumulate(self.counts, initial=first_offset))
         ticket.completed(
             list(zip(self.indexes, repeat(partition), ends, map((-1).__add__, ends[1:])))
         )
@@ -103,6 +102,7 @@ class Part:
         for position in keep:
             run = self.runs[position]
             part.runs.append(run)
+            part.counts.append(run.count)
             part.indexes.append(self.indexes[position])
             if self.producer:
                 part.sequences.append(self.sequences[position])

@@ -170,8 +170,10 @@ class ProducerWindow:
         runs.next_sequence = sequences[-1] + counts[-1]
         floor = runs.next_sequence - self.window
         stored = runs.sequences
-        start = runs.start
-        while stored[start] + runs.counts[start] <= floor:
+        # Runs never overlap, so every run before the last one starting below
+        # ``floor`` ends at or below it: one search instead of a step per run.
+        start = max(bisect_left(stored, floor, runs.start) - 1, runs.start)
+        if stored[start] + runs.counts[start] <= floor:
             start += 1
         if start > 1024 and start * 2 > len(stored):
             del stored[:start], runs.counts[:start], runs.offsets[:start]

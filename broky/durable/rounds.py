@@ -67,7 +67,7 @@ class RoundPlan:
         producer = part.producer
         if not producer:
             return part
-        if self._window.admit_all(producer, part.sequences, part.counts(), offset):
+        if self._window.admit_all(producer, part.sequences, part.counts, offset):
             self._producers.add(producer)
             return part
         kept = self._sort(part, offset)
