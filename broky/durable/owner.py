@@ -23,7 +23,7 @@ from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.rounds import RoundPlan
-from broky.protocol.chunks import durable_chunk, durable_chunk_size
+from broky.protocol.chunks import durable_chunk, durable_chunk_sizes
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.outbox import DurableEncodedRun
@@ -351,34 +351,48 @@ class PartitionOwner:
             offset = outcome
             partition = self.partition
             router = store.router
-            wants = router.wants
-            encoded: list[EncodedRun] = []
-            unrouted: list[Run] = []
             for part in parts:
                 queue = part.settle(partition, offset)
                 if queue is not None:
                     queues.add(queue)
-                stamp = part.stamp
-                for run in part.runs:
-                    count = run.count
-                    if wants(run.key):
-                        chunk = durable_chunk(run, stamp, partition, offset)
-                        encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
-                    else:  # no live subscriber: no chunk to build
-                        unrouted.append(run)
-                    offset += count
-            if encoded:
-                router.publish(encoded)
-            if unrouted:
-                router.count_unrouted(
-                    [run.key for run in unrouted],
-                    [run.count for run in unrouted],
-                    [durable_chunk_size(run) for run in unrouted],
-                )
+                offset += part.messages
+            keys = [run.key for run in runs]
+            wanted = router.wanted(keys)
+            if wanted is None:  # no live subscriber: no chunk to build
+                router.count_unrouted(keys, [run.count for run in runs], durable_chunk_sizes(runs))
+            else:
+                self._fan_out(parts, wanted, outcome)
             if self.on_append is not None:
                 self.on_append(offset)
         for queue in queues:
             queue.release()
+
+    def _fan_out(self, parts: list[Part], wanted: list[bool], offset: int) -> None:
+        """Publish the stored runs of ``parts`` from ``offset`` that some
+        subscription wants (their chunks), count the others as unrouted."""
+        partition = self.partition
+        encoded: list[EncodedRun] = []
+        unrouted: list[Run] = []
+        position = 0
+        for part in parts:
+            stamp = part.stamp
+            for run in part.runs:
+                count = run.count
+                if wanted[position]:
+                    chunk = durable_chunk(run, stamp, partition, offset)
+                    encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
+                else:
+                    unrouted.append(run)
+                offset += count
+                position += 1
+        router = self.store.router
+        router.publish(encoded)
+        if unrouted:
+            router.count_unrouted(
+                [run.key for run in unrouted],
+                [run.count for run in unrouted],
+                durable_chunk_sizes(unrouted),
+            )
 
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""

@@ -216,13 +216,15 @@ def durable_chunk(run: Run, ts_broker: int, partition: int, base_offset: int) ->
     return head + chunk[_CHUNK_SIZES_AT:]
 
 
-def durable_chunk_size(run: Run) -> int:
-    """``len(durable_chunk(run, ...))`` without building it (what the
-    router's byte figures count for a stored run no subscriber takes)."""
-    chunk = run.chunk
-    if chunk is None:
-        return len(encode_durable_run_chunk(run))
-    return len(chunk) + _DURABLE_SHIFT
+def durable_chunk_sizes(runs: Sequence[Run]) -> list[int]:
+    """``len(durable_chunk(run, ...))`` of each run without building it
+    (what the router's byte figures count for stored runs no subscriber
+    takes): a run that arrived as a chunk grows by the durable head's extra
+    fields, any other is encoded to be measured."""
+    return [
+        len(encode_durable_run_chunk(run)) if run.chunk is None else len(run.chunk) + _DURABLE_SHIFT
+        for run in runs
+    ]
 
 
 def encode_chunk(run: Run) -> bytes:

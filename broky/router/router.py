@@ -438,21 +438,33 @@ class Router:
         self._route_key_bytes[source] = cached_bytes
         routes[key] = subscriptions
 
-    def wants(self, key: bytes) -> bool:
-        """Whether a client's run on ``key`` would reach any subscription
-        (the route ``publish`` would use, cached the same way). A durable
-        topic's owner builds a stored run's chunk only when it does, and
-        counts the others with ``count_unrouted`` (broky.durable.owner)."""
+    def wanted(self, keys: list[bytes]) -> list[bool] | None:
+        """Whether a client's run on each of ``keys`` would reach any
+        subscription (the route ``publish`` would use, cached the same way),
+        or None when none would: one C-level pass over the cache for the
+        usual answer. A durable topic's owner builds a stored run's chunk
+        only for a wanted key and counts the others with ``count_unrouted``
+        (broky.durable.owner)."""
         if self._routes_generation != self._index.generation:
             self._clear_routes()
         routes = self._routes[LinkKind.CLIENT]
-        subscriptions = routes.get(key)
-        if subscriptions is None:
-            try:
-                subscriptions = self._route(key, LinkKind.CLIENT)
-            except RemoteProtocolError:
-                return True  # let publish answer it as it answers any invalid key
-            self._remember(routes, LinkKind.CLIENT, key, subscriptions)
+        found = list(map(routes.get, keys))
+        if None not in found and not any(found):
+            return None
+        wanted = [
+            bool(subscriptions) if subscriptions is not None else self._client_route(routes, key)
+            for key, subscriptions in zip(keys, found, strict=True)
+        ]
+        return wanted if any(wanted) else None
+
+    def _client_route(self, routes: dict[bytes, tuple[Receiver, ...]], key: bytes) -> bool:
+        """Route a client's key into the cache; whether it is wanted (an
+        invalid key is, so that ``publish`` answers it as it answers any)."""
+        try:
+            subscriptions = self._route(key, LinkKind.CLIENT)
+        except RemoteProtocolError:
+            return True
+        self._remember(routes, LinkKind.CLIENT, key, subscriptions)
         return bool(subscriptions)
 
     def count_unrouted(self, keys: list[bytes], counts: list[int], sizes: list[int]) -> None:
@@ -467,8 +479,9 @@ class Router:
         counters.dropped_no_subscriber += messages
         topics = self.topics
         table, passed = topics.table, topics.passed
-        for key, count, size in zip(keys, counts, sizes, strict=True):
-            figures = table.get(key)
+        for key, count, size, figures in zip(
+            keys, counts, sizes, map(table.get, keys), strict=True
+        ):
             if figures is not None:
                 figures[0] += count
                 figures[1] += size
