@@ -15,6 +15,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
@@ -37,6 +39,8 @@ if TYPE_CHECKING:  # the store creates owners; an owner only reads its bounds
     from broky.durable.store import DurableStore
 
 log = logging.getLogger("broky.durable")
+
+_KEY: Final = attrgetter("key")
 
 #: Seconds between ``tick()`` calls of an idle partition (interval fsync,
 #: time rolls, retention): a fraction of the default 1 s fsync interval.
@@ -356,10 +360,11 @@ class PartitionOwner:
                 if queue is not None:
                     queues.add(queue)
                 offset += part.messages
-            keys = [run.key for run in runs]
+            keys = list(map(_KEY, runs))
             wanted = router.wanted(keys)
             if wanted is None:  # no live subscriber: no chunk to build
-                router.count_unrouted(keys, [run.count for run in runs], durable_chunk_sizes(runs))
+                counts = list(chain.from_iterable(part.counts for part in parts))
+                router.count_unrouted(keys, counts, durable_chunk_sizes(runs))
             else:
                 self._fan_out(parts, wanted, outcome)
             if self.on_append is not None:
@@ -389,7 +394,7 @@ class PartitionOwner:
         router.publish(encoded)
         if unrouted:
             router.count_unrouted(
-                [run.key for run in unrouted],
+                list(map(_KEY, unrouted)),
                 [run.count for run in unrouted],
                 durable_chunk_sizes(unrouted),
             )

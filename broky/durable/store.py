@@ -262,12 +262,13 @@ class DurableStore:
         """
         if acks is None:
             ticket = None
-        locate = self.locate
+        cache = self._located
         ephemeral: list[Run] = []
         parts: dict[PartitionOwner, Part] = {}
         stamp = 0
         for index, run in enumerate(runs):
-            located = locate(run.key)
+            key = run.key
+            located = cache[key] if key in cache else self.locate(key)
             if located is None:
                 ephemeral.append(run)
                 continue
@@ -282,7 +283,10 @@ class DurableStore:
                 owner = owners[partition] if owners is not None else None
                 if owner is not None:
                     part = parts.get(owner)
-                    if part is None or not part.accepts(producer, sequence):
+                    if part is None or not (  # Part.accepts, inlined: once per run
+                        part.producer == producer
+                        and (not producer or sequence >= part.next_sequence)
+                    ):
                         if part is not None:
                             owner.append_part(part)  # parts of one owner stay in order
                         part = parts[owner] = Part(stamp, ticket, acks, producer)

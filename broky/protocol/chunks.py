@@ -24,6 +24,7 @@ import os
 import struct
 import sys
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Final
 
 from broky.protocol.constants import BodyType
@@ -176,6 +177,7 @@ def encode_durable_run_chunk(run: Run) -> bytes:
 _CHUNK_UOFFSETS: Final = struct.Struct("<I4xI")
 #: How much further from the table a durable chunk's vectors lie.
 _DURABLE_SHIFT: Final = _DURABLE_SIZES_AT - _CHUNK_SIZES_AT
+_CHUNK: Final = attrgetter("chunk")
 
 
 def durable_chunk(run: Run, ts_broker: int, partition: int, base_offset: int) -> bytes:
@@ -221,6 +223,9 @@ def durable_chunk_sizes(runs: Sequence[Run]) -> list[int]:
     (what the router's byte figures count for stored runs no subscriber
     takes): a run that arrived as a chunk grows by the durable head's extra
     fields, any other is encoded to be measured."""
+    chunks = list(map(_CHUNK, runs))
+    if None not in chunks:  # the usual case, in C: the runs came as chunks
+        return list(map(_DURABLE_SHIFT.__add__, map(len, chunks)))
     return [
         len(encode_durable_run_chunk(run)) if run.chunk is None else len(run.chunk) + _DURABLE_SHIFT
         for run in runs
