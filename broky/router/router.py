@@ -468,10 +468,12 @@ class Router:
         return bool(subscriptions)
 
     def count_unrouted(self, keys: list[bytes], counts: list[int], sizes: list[int]) -> None:
-        """Count runs no subscription wanted (``wants``), which the caller
+        """Count runs no subscription wanted (``wanted``), which the caller
         did not publish, as ``publish`` counts such runs: published, dropped
-        for want of a subscriber, and in the busiest keys' figures (a key not
-        tracked yet is admitted once in ``ADMIT_EVERY``, as ``fan_out`` does)."""
+        for want of a subscriber, and in the busiest keys' figures, where a
+        key not tracked yet is admitted once in ``ADMIT_EVERY`` runs as
+        ``fan_out`` does (``publish`` also admits a key on its first route:
+        within the figures' stated accuracy, broky.observability.topics)."""
         messages = sum(counts)
         counters = self.counters
         counters.published_runs += len(keys)
