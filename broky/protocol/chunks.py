@@ -224,7 +224,9 @@ def durable_chunk_sizes(runs: Sequence[Run]) -> list[int]:
     takes): a run that arrived as a chunk grows by the durable head's extra
     fields, any other is encoded to be measured."""
     chunks = list(map(_CHUNK, runs))
-    if None not in chunks:  # the usual case, in C: the runs came as chunks
+    # ``all`` (a chunk is never empty), not ``None not in chunks``, which
+    # compares every memoryview with None the slow way.
+    if all(chunks):  # the usual case, in C: the runs came as chunks
         return list(map(_DURABLE_SHIFT.__add__, map(len, chunks)))
     return [
         len(encode_durable_run_chunk(run)) if run.chunk is None else len(run.chunk) + _DURABLE_SHIFT
