@@ -9,6 +9,10 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 
 from broky.protocol._runs cimport EncodedRun
 
+#: The run type this module reads as C fields; the Python side uses it only
+#: if it is the one ``broky.protocol.frames`` hands out.
+RUN_TYPE = EncodedRun
+
 
 cdef inline void _add(list figures, Py_ssize_t index, Py_ssize_t amount) except *:
     old = <object>PyList_GET_ITEM(figures, index)
