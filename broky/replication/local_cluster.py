@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -57,15 +58,20 @@ class LocalNode:
         replica_lag_max: float = 1.0,
         *,
         standalone: bool = False,
+        host: str = "127.0.0.1",
+        wrapper: Sequence[str] = (),
     ) -> None:
         """``standalone``: a plain single broker with the same topic (no
-        cluster, no replication), the baseline benchmarks compare with."""
+        cluster, no replication), the baseline benchmarks compare with.
+        ``host`` and ``wrapper`` (a command prefix that execs the node,
+        keeping its PID: ``ip netns exec NS``) put it in a network
+        namespace of its own for link-partition tests."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
         self.port = free_port()
         self.replication_port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         self.paused = False
         self.starts = 0
         directory.mkdir(parents=True, exist_ok=True)
@@ -80,6 +86,7 @@ class LocalNode:
             'fsync = "always"\n'
         )
         self.command = [
+            *wrapper,
             sys.executable,
             "-m",
             "broky",
@@ -92,7 +99,12 @@ class LocalNode:
             "1",
             "--log-level",
             "info",
+            "--host",
+            host,
         ]
+        if host != "127.0.0.1":
+            # Beyond loopback Broky wants users or this explicit choice.
+            self.command.append("--allow-anonymous")
         cluster_flags = [
             "--cluster",
             etcd_url,
@@ -103,7 +115,7 @@ class LocalNode:
             "--vbuckets",
             str(VBUCKETS),
             "--replication-listen",
-            f"127.0.0.1:{self.replication_port}",
+            f"{host}:{self.replication_port}",
         ]
         if not standalone:
             self.command += cluster_flags
