@@ -94,6 +94,8 @@ class ClusterNode:
         self.controller: Controller | None = None
         #: Lives so far (1 + times the lease was lost and the node re-registered).
         self.lives = 0
+        #: This life's lease renewals (None between lives).
+        self._keeper: LeaseKeeper | None = None
         #: Revoke the lease when stopped, so others fail over at once. False
         #: leaves it to expire, as after a crash (fault tests use it).
         self.revoke_on_exit = True
@@ -101,6 +103,14 @@ class ClusterNode:
     @property
     def node_id(self) -> str:
         return self.info.node_id
+
+    def lease_valid(self) -> bool:
+        """Whether this life's lease is surely still alive in etcd: before
+        the last accepted renewal's send time + TTL (LeaseKeeper.valid_until,
+        a lower bound of the expiry). Leaders ack nothing past it, because
+        from then on etcd may have elected another leader (broky.replication.gate)."""
+        keeper = self._keeper
+        return keeper is not None and trio.current_time() < keeper.valid_until
 
     def statistics(self) -> ClusterNodeStatistics:
         registration, controller = self.registration, self.controller
@@ -162,7 +172,8 @@ class ClusterNode:
         )
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(LeaseKeeper(self.client, lease).run)
+                self._keeper = LeaseKeeper(self.client, lease)
+                nursery.start_soon(self._keeper.run)
                 self.controller = Controller(
                     self.client, self.keys, self.node_id, lease.id, self.settings, self.membership
                 )
@@ -171,6 +182,7 @@ class ClusterNode:
         finally:
             self.registration = None
             self.controller = None
+            self._keeper = None
             if self.revoke_on_exit:
                 await self._revoke(lease.id)
 
