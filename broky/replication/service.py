@@ -54,6 +54,9 @@ from broky.replication.wire import (
     EpochEnd,
     Fetch,
     Message,
+    PartitionProgress,
+    Progress,
+    ProgressRequest,
     RefusalReason,
     Refused,
     ReplicationProtocolError,
@@ -141,11 +144,33 @@ class ReplicationService:
             tuple(partitions), events.leader_changes, events.isr_shrinks, events.isr_expands
         )
 
+    def progress(self) -> Progress:
+        """This node's answer to ``broky cluster status`` (broky.cluster.progress)."""
+        registration = self.node.registration
+        return Progress(
+            self.node.node_id,
+            0 if registration is None else registration.epoch,
+            tuple(
+                PartitionProgress(
+                    p.topic,
+                    p.partition,
+                    p.role,
+                    p.epoch,
+                    p.log_end,
+                    p.high_watermark,
+                    p.follower_lag,
+                )
+                for p in self.statistics().partitions
+            ),
+        )
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; started once every partition has its replica."""
         for key, owner in self.store.owners.items():
             history, fence = await owner.call(_load)
-            replica = PartitionReplica(owner, self.node.node_id, history, fence)
+            replica = PartitionReplica(
+                owner, self.node.node_id, history, fence, self.node.lease_valid
+            )
             owner.replica = replica
             self.replicas[key] = replica
         host, _, port = self.listen.rpartition(":")
@@ -367,6 +392,8 @@ class ReplicationService:
                 return
 
     async def _answer(self, request: Message) -> Message:
+        if isinstance(request, ProgressRequest):
+            return self.progress()
         if not isinstance(request, Fetch | EpochEnd):
             raise ReplicationProtocolError(f"{type(request).__name__} is not a request")
         replica = self.replicas.get((request.topic, request.partition))
