@@ -1,21 +1,33 @@
 """``broky cluster status``'s offsets: rows from etcd's state and the nodes'
-answers (pure), and a node answering a ProgressRequest over a real socket."""
+answers (pure), a ProgressRequest over a real socket, and the command
+against three real nodes (a paused follower shows as not answering)."""
 
 from __future__ import annotations
 
 import io
+import json
+import signal
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import trio
 
+from broky.client.cluster import ClusterPublisher
+from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import KeyValue
+from broky.cluster.keys import ClusterKeys
 from broky.cluster.membership import Member, NodeInfo
 from broky.cluster.placement import vbucket_of
 from broky.cluster.progress import gather, partition_rows, render_rows
 from broky.cluster.state import VbucketState
 from broky.cluster.vbuckets import StoredState
 from broky.replication.link import ReplicationLink
+from broky.replication.local_cluster import fully_in_sync, leaders
 from broky.replication.wire import PartitionProgress, Progress, ProgressRequest
+from tests.cluster.history import payload
+from tests.cluster.replicated import TOPIC, local_nodes, wait_status
 
 VBUCKETS = 16
 
@@ -81,3 +93,67 @@ async def test_gather_asks_every_member_over_its_replication_address() -> None:
             answers = await gather(members)
         nursery.cancel_scope.cancel()
     assert answers == {"n1": reply, "n2": "no replication address"}
+
+
+def _status(etcd_url: str, cluster: str, *flags: str) -> str:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broky",
+            "cluster",
+            "status",
+            "--etcd",
+            etcd_url,
+            "--cluster-name",
+            cluster,
+            *flags,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+
+
+async def test_status_shows_each_partition_s_offsets_from_the_nodes(
+    etcd_url: str, etcd: EtcdClient, prefix: bytes, tmp_path: Path
+) -> None:
+    cluster = "s" + prefix.decode().strip("/").replace("/", "-")
+    keys = ClusterKeys.for_cluster(cluster)
+    with local_nodes(etcd_url, cluster, tmp_path) as nodes, trio.fail_after(60):
+        status = await wait_status(etcd, keys, lambda s: fully_in_sync(s, TOPIC, 3), 30)
+        async with ClusterPublisher.open([n.address for n in nodes]) as publisher:
+            [run] = await publisher.publish("orders.k1", [payload(1, i) for i in range(30)])
+        acked_end = run.last_offset + 1
+        name = TOPIC.name
+
+        def caught_up(report: dict[str, object]) -> bool:
+            rows = report["partitions"]
+            assert isinstance(rows, list)
+            [row] = [r for r in rows if r["partition"] == run.partition]
+            return bool(row["high_watermark"] == acked_end) and all(
+                r["log_end"] == acked_end and r["lag"] == 0 for r in row["replicas"]
+            )
+
+        while True:
+            report = json.loads(
+                await trio.to_thread.run_sync(_status, etcd_url, cluster, "--json", "--topic", name)
+            )
+            if caught_up(report):
+                break
+            await trio.sleep(0.2)  # polling the command's output: no event exists
+        assert report["unanswered"] == {}
+        [row] = [r for r in report["partitions"] if r["partition"] == run.partition]
+        assert row["leader"] == leaders(status, TOPIC)[run.partition]
+        assert sorted(row["isr"]) == ["n1", "n2", "n3"]
+        # A paused follower does not answer; its lag is the leader's view.
+        follower = next(n for n in nodes if n.node_id != row["leader"])
+        follower.send(signal.SIGSTOP)
+        try:
+            text = await trio.to_thread.run_sync(_status, etcd_url, cluster)
+        finally:
+            follower.send(signal.SIGCONT)
+        assert f"node {follower.node_id}: no answer within 2.0 s" in text
+        assert f"{name}/{run.partition}" in text
+        assert f"={acked_end}" in text
