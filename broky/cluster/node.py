@@ -12,6 +12,7 @@ revokes the lease, so the others fail over at once instead of after a TTL.
 from __future__ import annotations
 
 import logging
+import math
 
 import attrs
 import trio
@@ -104,13 +105,22 @@ class ClusterNode:
     def node_id(self) -> str:
         return self.info.node_id
 
-    def lease_valid(self) -> bool:
-        """Whether this life's lease is surely still alive in etcd: before
-        the last accepted renewal's send time + TTL (LeaseKeeper.valid_until,
-        a lower bound of the expiry). Leaders ack nothing past it, because
-        from then on etcd may have elected another leader (broky.replication.gate)."""
+    def node_epoch(self) -> int:
+        """This life's node epoch; 0 between lives."""
+        registration = self.registration
+        return 0 if registration is None else registration.epoch
+
+    def lease_deadline(self) -> float:
+        """The last accepted renewal's send time + TTL (LeaseKeeper.valid_until,
+        trio time): a lower bound of the lease's expiry; -inf between lives."""
         keeper = self._keeper
-        return keeper is not None and trio.current_time() < keeper.valid_until
+        return -math.inf if keeper is None else keeper.valid_until
+
+    def lease_valid(self) -> bool:
+        """Whether this life's lease is surely still alive in etcd (before
+        ``lease_deadline``). Leaders ack nothing past it, because from then
+        on etcd may have elected another leader (broky.replication.gate)."""
+        return trio.current_time() < self.lease_deadline()
 
     def statistics(self) -> ClusterNodeStatistics:
         registration, controller = self.registration, self.controller

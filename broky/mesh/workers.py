@@ -42,6 +42,9 @@ from typing import Any, Final
 import attrs
 import trio
 
+from broky.cluster.lease_relay import LINE_KEY as LEASE_LINE
+from broky.cluster.lease_relay import LeaseState, RelayedLease, relay
+from broky.cluster.node import ClusterNode
 from broky.config import Config, ConfigError
 from broky.durable.config import policy_table
 from broky.gcpolicy import tune_for_broker
@@ -49,6 +52,7 @@ from broky.mesh.link import Connector, tls_connector
 from broky.mesh.rundir import make_run_dir
 from broky.protocol.constants import LinkKind
 from broky.reload import reread
+from broky.replication.attach import attach_to_worker
 from broky.server import Broker
 
 log = logging.getLogger("broky.workers")
@@ -146,6 +150,9 @@ async def run_worker(
                     )
                 )
     await join_cluster(broker, config, plan.index)
+    lease = attach_to_worker(broker, config, plan.index)
+    if supervisor is not None:
+        supervisor.lease = lease
     # SIGHUP is the supervisor's to act on (it sends reloads down the pipe);
     # caught here so that `pkill -HUP broky` does not kill the workers.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -256,6 +263,8 @@ class SupervisorPipe:
     fd: int
     #: Bytes read past the spec's line (the start of a reload).
     pending: bytes = b""
+    #: The node's lease as the supervisor relays it (replicating workers).
+    lease: RelayedLease | None = None
 
     @classmethod
     def read_spec(cls, fd: int) -> tuple[dict[str, Any], SupervisorPipe]:
@@ -278,7 +287,7 @@ class SupervisorPipe:
                 line, newline, rest = buffer.partition(b"\n")
                 if newline:
                     buffer = rest
-                    self._reload(broker, line)
+                    self._line(broker, line)
                     continue
                 data = await stream.receive_some()
                 if not data:
@@ -287,10 +296,15 @@ class SupervisorPipe:
                     return
                 buffer += data
 
-    @staticmethod
-    def _reload(broker: Broker, line: bytes) -> None:
+    def _line(self, broker: Broker, line: bytes) -> None:
+        """A reload, or the node's lease (broky.cluster.lease_relay)."""
+        message = json.loads(line)
+        if LEASE_LINE in message:
+            if self.lease is not None:
+                self.lease.update(LeaseState.from_json(message[LEASE_LINE]))
+            return
         try:
-            broker.reload(Config.from_mapping(json.loads(line)["config"]))
+            broker.reload(Config.from_mapping(message["config"]))
         except ConfigError as exc:  # the supervisor checked it: not expected
             log.error("configuration reload refused: %s", exc)
 
@@ -324,7 +338,7 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
 class Supervisor:
     """Start, watch and stop a node's worker processes."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, member: ClusterNode | None = None) -> None:
         # Load the certificates here, so that a bad file stops `broky serve`
         # with a ConfigError instead of a worker that fails to start.
         config.tls_context()
@@ -337,6 +351,10 @@ class Supervisor:
         self._processes: dict[int, trio.Process] = {}
         self._handoff: dict[int, socket.socket] = {}
         self._stopping = False
+        #: The node's cluster membership, whose lease goes to the workers.
+        self.member = member
+        #: One writer at a time on the workers' pipes (reloads, lease lines).
+        self._pipes = trio.Lock()
 
     def _config_mapping(self) -> dict[str, Any]:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
@@ -353,17 +371,22 @@ class Supervisor:
         """Send ``config`` (from broky.reload.reread) to every worker, and keep
         it for the workers started later."""
         self.config = config
-        line = json.dumps({"config": self._config_mapping()}).encode() + b"\n"
-        for index, process in self._processes.items():
-            if process.returncode is not None or process.stdin is None:
-                continue  # restarting: it starts with self.config
-            with trio.move_on_after(RELOAD_TIMEOUT) as scope:
-                try:
-                    await process.stdin.send_all(line)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    continue  # it just exited: it restarts with self.config
-            if scope.cancelled_caught:
-                log.error("worker %d did not take the reload within %s s", index, RELOAD_TIMEOUT)
+        await self._broadcast(json.dumps({"config": self._config_mapping()}).encode() + b"\n")
+
+    async def _broadcast(self, line: bytes) -> None:
+        """Send ``line`` to every running worker's pipe (a restarting one
+        starts with self.config and gets the next lease line)."""
+        async with self._pipes:
+            for index, process in self._processes.items():
+                if process.returncode is not None or process.stdin is None:
+                    continue
+                with trio.move_on_after(RELOAD_TIMEOUT) as scope:
+                    try:
+                        await process.stdin.send_all(line)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        continue  # it just exited
+                if scope.cancelled_caught:
+                    log.error("worker %d did not read its pipe within %s s", index, RELOAD_TIMEOUT)
 
     async def _start(self, index: int) -> trio.Process:
         process = await self._spawn(index)
@@ -443,6 +466,8 @@ class Supervisor:
                 for index, process in enumerate(processes):
                     await self._ready(index, process)
                     nursery.start_soon(self._watch, index, process)
+                if self.member is not None:
+                    nursery.start_soon(relay, self.member, self._broadcast)
                 if self.config.accept == "handoff":
                     reservation.listen(LISTEN_BACKLOG)
                     nursery.start_soon(self._accept_and_hand_off, reservation)
@@ -479,11 +504,14 @@ class Supervisor:
                 await process.stdin.aclose()
 
 
-async def serve_node(config: Config, load: Callable[[], Config] | None = None) -> None:
+async def serve_node(
+    config: Config, load: Callable[[], Config] | None = None, member: ClusterNode | None = None
+) -> None:
     """``broky serve --workers N``: supervise a node until SIGINT/SIGTERM.
     SIGHUP reloads users, allow_anonymous and certificates with ``load``
-    into every worker (broky.reload)."""
-    supervisor = Supervisor(config)
+    into every worker (broky.reload). A cluster ``member``'s lease is
+    relayed to the workers (broky.cluster.lease_relay)."""
+    supervisor = Supervisor(config, member)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(supervisor.run)

@@ -38,6 +38,19 @@ def free_port() -> int:
         return port
 
 
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (worker i uses +i)."""
+    while True:
+        first = free_port()
+        try:
+            for offset in range(1, count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        return first
+
+
 @attrs.frozen
 class TopicSpec:
     name: str = "orders"
@@ -60,17 +73,20 @@ class LocalNode:
         standalone: bool = False,
         host: str = "127.0.0.1",
         wrapper: Sequence[str] = (),
+        workers: int = 1,
     ) -> None:
         """``standalone``: a plain single broker with the same topic (no
         cluster, no replication), the baseline benchmarks compare with.
         ``host`` and ``wrapper`` (a command prefix that execs the node,
         keeping its PID: ``ip netns exec NS``) put it in a network
-        namespace of its own for link-partition tests."""
+        namespace of its own for link-partition tests. With ``workers`` > 1
+        each worker replicates the partitions it owns on the replication
+        port + its index (ports chosen free for each)."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
         self.port = free_port()
-        self.replication_port = free_port()
+        self.replication_port = _free_ports(workers)
         self.address = f"{host}:{self.port}"
         self.paused = False
         self.starts = 0
@@ -96,7 +112,7 @@ class LocalNode:
             "--port",
             str(self.port),
             "--workers",
-            "1",
+            str(workers),
             "--log-level",
             "info",
             "--host",

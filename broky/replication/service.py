@@ -25,17 +25,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 import trio
 
 from broky.cluster.epochs import EpochHistory
+from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import EtcdError
 from broky.cluster.isr import IsrRuleError, IsrSettings, LeaderIsr
+from broky.cluster.keys import ClusterKeys
 from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
-from broky.cluster.node import ClusterNode
+from broky.cluster.membership import Membership
 from broky.cluster.placement import vbucket_of
+from broky.cluster.settings import ClusterSettings
 from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.cluster.vbuckets import VbucketTable
 from broky.durable.owner import PartitionOwner
 from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore
@@ -61,6 +66,7 @@ from broky.replication.wire import (
     Refused,
     ReplicationProtocolError,
 )
+from broky.replication.worker_member import owner_address
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
@@ -72,6 +78,28 @@ ISR_CHECK = 0.1
 #: Longest the role loop sleeps without an etcd change: catches a new life
 #: (registration) that is not an etcd watch event of the tables it follows.
 ROLE_RECHECK = 0.25
+
+
+class Member(Protocol):
+    """What the service needs of this node's membership: a ClusterNode in a
+    one-process node, a WorkerMember in a worker (broky.replication.worker_member)."""
+
+    client: EtcdClient
+    keys: ClusterKeys
+    settings: ClusterSettings
+    membership: Membership
+    vbuckets: VbucketTable
+
+    @property
+    def node_id(self) -> str: ...
+
+    def node_epoch(self) -> int:
+        """This node's life (0 between lives)."""
+        ...
+
+    def lease_valid(self) -> bool:
+        """Whether the node's lease is surely alive in etcd (gate.py)."""
+        ...
 
 
 @attrs.frozen
@@ -91,7 +119,7 @@ class ReplicationService:
     def __init__(
         self,
         store: DurableStore,
-        node: ClusterNode,
+        node: Member,
         listen: str,
         settings: IsrSettings,
         advise: Advise | None = None,
@@ -146,10 +174,9 @@ class ReplicationService:
 
     def progress(self) -> Progress:
         """This node's answer to ``broky cluster status`` (broky.cluster.progress)."""
-        registration = self.node.registration
         return Progress(
             self.node.node_id,
-            0 if registration is None else registration.epoch,
+            self.node.node_epoch(),
             tuple(
                 PartitionProgress(
                     p.topic,
@@ -198,7 +225,7 @@ class ReplicationService:
                     waiters.start_soon(first, self.node.membership.changed)
 
     def _apply_roles(self, nursery: trio.Nursery) -> None:
-        registration = self.node.registration
+        node_epoch = self.node.node_epoch()
         states = self.node.vbuckets.states()
         members = self.node.membership.members()
         vbuckets = self.node.settings.vbuckets
@@ -211,17 +238,17 @@ class ReplicationService:
                 leader = members.get(state.leader)
                 if leader is not None:
                     hint = f"leader {state.leader} at {leader.info.address} (epoch {state.epoch})"
-                if registration is not None and state.leader == self.node.node_id:
+                if node_epoch and state.leader == self.node.node_id:
                     term = Term(
                         vbucket_of(key[0], key[1], vbuckets),
                         state.epoch,
                         self.node.node_id,
-                        registration.epoch,
+                        node_epoch,
                     )
                     if term.holds(state):
                         role = _Role("lead", term)
                 elif (
-                    registration is not None
+                    node_epoch
                     and self.node.node_id in state.replicas
                     and leader is not None
                     and leader.info.replication_address
@@ -229,9 +256,11 @@ class ReplicationService:
                     role = _Role(
                         "follow",
                         None,
-                        leader.info.replication_address,
+                        owner_address(
+                            leader.info.replication_address, key[0], key[1], leader.info.workers
+                        ),
                         state.epoch,
-                        registration.epoch,
+                        node_epoch,
                     )
             current = self._roles.get(key)
             if current is not None and current[0] == role:

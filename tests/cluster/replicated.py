@@ -20,7 +20,12 @@ TOPIC = TopicSpec()
 
 @contextmanager
 def local_nodes(
-    etcd_url: str, cluster: str, directory: Path, count: int = 3, network: Network | None = None
+    etcd_url: str,
+    cluster: str,
+    directory: Path,
+    count: int = 3,
+    network: Network | None = None,
+    workers: int = 1,
 ) -> Iterator[list[LocalNode]]:
     """``count`` started nodes, SIGKILLed (by PID) at the end whatever
     happened; with a ``network``, each in a namespace of its own on it

@@ -21,6 +21,7 @@ from broky.client.cluster import ClusterPublisher
 from broky.client.tcp import connect
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
+from broky.durable.ownership import partition_owner
 from broky.replication.local_cluster import fully_in_sync, leaders
 from tests.cluster import jepsen
 from tests.cluster.history import Acked, check, payload
@@ -138,18 +139,51 @@ async def test_jepsen_style_faults_lose_no_acked_publish(
     assert len(report.acked) > 200
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ["--workers", "2", "--cluster", "etcd://127.0.0.1:1", "--node-id", "n1"],
-        ["--workers", "1"],
-    ],
-)
-def test_serve_refuses_replication_without_one_worker_in_a_cluster(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_replication_outside_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: str
 ) -> None:
     path = tmp_path / "broky.toml"
     path.write_text(f'data_dir = "{tmp_path}"\n[[durable]]\npattern = "orders.>"\n')
-    arguments = ["serve", "--config", str(path), "--replication-listen", "127.0.0.1:1", *flags]
-    assert main(arguments) == 2
-    assert "replication_listen needs cluster_etcd and --workers 1" in capsys.readouterr().err
+    arguments = ["serve", "--config", str(path), "--replication-listen", "127.0.0.1:1"]
+    assert main([*arguments, "--workers", workers]) == 2
+    assert "replication_listen needs cluster_etcd" in capsys.readouterr().err
+
+
+async def test_nodes_of_two_workers_replicate_and_fail_over(
+    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path
+) -> None:
+    """Each worker replicates the partitions it owns (4 partitions over 2
+    workers: both workers of every node lead or follow some); a leader
+    node's SIGKILL fails its partitions over, and after its restart every
+    acked publish is on all three replicas."""
+    keys = ClusterKeys.for_cluster(cluster_name)
+    in_sync = lambda status: fully_in_sync(status, TOPIC, 3)  # noqa: E731
+    with local_nodes(etcd_url, cluster_name, tmp_path, workers=2) as nodes:
+        by_id = {node.node_id: node for node in nodes}
+        status = await wait_status(etcd, keys, in_sync, SETTLE * 2)
+        acked: list[Acked] = []
+        async with ClusterPublisher.open([n.address for n in nodes], retry_for=SETTLE) as publisher:
+
+            async def publish(seq: int) -> None:
+                runs = await publisher.publish(f"orders.k{seq % 8}", [payload(1, seq)])
+                acked.append(Acked(1, seq, runs[0].partition, runs[0].first_offset))
+
+            with trio.fail_after(SETTLE * 2):
+                for seq in range(40):
+                    await publish(seq)
+                # Partitions owned by each of the two workers were acked.
+                assert {partition_owner(TOPIC.name, a.partition, 2) for a in acked} == {0, 1}
+                victim = leaders(status, TOPIC)[acked[0].partition]
+                assert victim is not None
+                by_id[victim].stop(signal.SIGKILL)
+                for seq in range(40, 80):
+                    await publish(seq)
+        by_id[victim].start()
+        await wait_status(etcd, keys, in_sync, SETTLE * 2)
+        await trio.sleep(0.5)  # the last fetches carry the final high watermark
+        for node in nodes:
+            node.stop(signal.SIGTERM)
+        verdict = check(acked, {n.node_id: n.records(TOPIC.name) for n in nodes}, by_id)
+        assert verdict.ok, verdict
+        assert verdict.acked == 80
