@@ -7,7 +7,7 @@ leading a partition must stop acking once the node's lease may have expired
 (broky.replication.gate), and must know the node's life (node epoch) to
 hold a leadership term. The supervisor therefore sends each worker, every
 ``RELAY_INTERVAL``, one line on the pipe it already keeps open to it
-(broky.mesh.workers.SupervisorPipe): the node epoch and the lease's
+(broky.mesh.pipe.SupervisorPipe): the node epoch and the lease's
 ``valid_until``.
 
 ``valid_until`` crosses processes as ``time.monotonic()`` (CLOCK_MONOTONIC,
