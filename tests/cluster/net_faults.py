@@ -60,14 +60,22 @@ class Probe:
     seq: int
     acked: list[Acked] = attrs.field(factory=list)
     late: list[str] = attrs.field(factory=list)
+    #: Why the probe's connection ended before it was cancelled.
+    ended: str = ""
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Publish until cancelled; started once connected (or failed to)."""
+        connected = False
         try:
             async with connect(self.node.address, name="probe") as client:
+                connected = True
+                task_status.started()
                 while True:
                     await self._one(client)
-        except (BrokyError, OSError):
-            return  # the node closed on us (its lease lost): nothing more to ack
+        except (BrokyError, OSError) as exc:
+            self.ended = repr(exc)  # the node closed on us: nothing more to ack
+            if not connected:
+                task_status.started()
 
     async def _one(self, client: Client) -> None:
         seq = self.seq
@@ -112,7 +120,7 @@ async def apply(
         )
         probe = Probe(victim, trio.current_time(), probe_seq)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe.run)
+            await nursery.start(probe.run)
             await trio.sleep(ISOLATION)
             network.heal_all()
             # Acks that were on their way when the cut healed still count.

@@ -38,7 +38,16 @@ def local_nodes(
             added = network.add(name, 10 + i)
             host, wrapper = added.address, added.wrapper
         nodes.append(
-            LocalNode(etcd_url, cluster, name, directory / name, TOPIC, host=host, wrapper=wrapper)
+            LocalNode(
+                etcd_url,
+                cluster,
+                name,
+                directory / name,
+                TOPIC,
+                host=host,
+                wrapper=wrapper,
+                workers=workers,
+            )
         )
     try:
         for node in nodes:

@@ -21,10 +21,12 @@ from broky.client.cluster import ClusterPublisher
 from broky.client.tcp import connect
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
+from broky.cluster.status import ClusterStatus
 from broky.durable.ownership import partition_owner
 from broky.replication.local_cluster import fully_in_sync, leaders
 from tests.cluster import jepsen
 from tests.cluster.history import Acked, check, payload
+from tests.cluster.net_faults import Probe
 from tests.cluster.replicated import TOPIC, local_nodes, wait_status
 
 #: Bound for the cluster to settle (join, place, elect, catch up) on a loaded CI box.
@@ -187,3 +189,51 @@ async def test_nodes_of_two_workers_replicate_and_fail_over(
         verdict = check(acked, {n.node_id: n.records(TOPIC.name) for n in nodes}, by_id)
         assert verdict.ok, verdict
         assert verdict.acked == 80
+
+
+async def test_a_paused_supervisor_s_workers_ack_nothing_past_its_lease(
+    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path
+) -> None:
+    """SIGSTOP a leader node's supervisor (its lease holder) while its two
+    workers keep serving clients: a probe publishing to them gets no ack
+    after the lease can have expired; the partition fails over; after
+    SIGCONT the node comes back as a new life (relayed to its workers) and
+    everything the probe was acked is on all three replicas."""
+    keys = ClusterKeys.for_cluster(cluster_name)
+    in_sync = lambda status: fully_in_sync(status, TOPIC, 3)  # noqa: E731
+    with local_nodes(etcd_url, cluster_name, tmp_path, workers=2) as nodes:
+        by_id = {node.node_id: node for node in nodes}
+        status = await wait_status(etcd, keys, in_sync, SETTLE * 2)
+        life = {node: member.epoch for node, member in status.members.items()}
+        victim = by_id[str(leaders(status, TOPIC)[0])]
+        async with ClusterPublisher.open([n.address for n in nodes], retry_for=SETTLE) as warm:
+            for key in range(8):  # every worker serves its partitions
+                await warm.publish(f"orders.probe.k{key}", [b"warm-up"])
+        probe = Probe(victim, 0.0, 0)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(probe.run)
+                victim.send(signal.SIGSTOP)  # the supervisor only
+                probe.cut_at = trio.current_time()
+                await wait_status(
+                    etcd, keys, lambda s: leaders(s, TOPIC)[0] != victim.node_id, SETTLE
+                )
+                await trio.sleep(1.0)  # the probe keeps publishing to the deposed workers
+                nursery.cancel_scope.cancel()
+        finally:
+            victim.send(signal.SIGCONT)
+        print(f"probe: {probe.seq} published, {len(probe.acked)} acked, ended {probe.ended!r}")
+        assert probe.seq > 10, probe.ended  # its workers kept answering clients meanwhile
+        assert not probe.late, probe.late
+
+        def back(status: ClusterStatus) -> bool:
+            member = status.members.get(victim.node_id)
+            fresh = member is not None and member.epoch != life[victim.node_id]
+            return fresh and fully_in_sync(status, TOPIC, 3)
+
+        await wait_status(etcd, keys, back, SETTLE * 2)
+        await trio.sleep(0.5)
+        for node in nodes:
+            node.stop(signal.SIGTERM)
+        verdict = check(probe.acked, {n.node_id: n.records(TOPIC.name) for n in nodes}, by_id)
+        assert verdict.ok, verdict
