@@ -8,7 +8,9 @@ and grow its history until compaction. So the command asks each live
 member over its replication listener (its address is in etcd), one
 ``ProgressRequest`` each, concurrently, bounded by ``PROGRESS_TIMEOUT``:
 the figures are current, cost nothing when nobody asks, and a node that
-does not answer (down, paused, cut off) is shown as such. A follower's
+does not answer (down, paused, cut off) is shown as such. On a node of
+several workers each worker answers for the partitions it owns, on the
+replication port + its index (broky.replication.worker_member). A follower's
 lag is the leader's log end minus the follower's own log end, both as
 reported; when the follower does not answer, the leader's view of its lag
 (from its last fetch) is shown instead.
@@ -34,6 +36,7 @@ from broky.replication.wire import (
     ProgressRequest,
     ReplicationProtocolError,
 )
+from broky.replication.worker_member import worker_listen
 
 #: Seconds to wait for every node's answer: a few round trips on a LAN;
 #: a node that takes longer is reported as not answering.
@@ -83,6 +86,20 @@ async def ask(address: str) -> Progress | str:
     return answer
 
 
+async def ask_node(address: str, workers: int) -> Progress | str:
+    """A node's Progress: each of its ``workers`` answers for the partitions
+    it owns, on the registered replication address + its index."""
+    answers = [await ask(worker_listen(address, index)) for index in range(max(1, workers))]
+    for answer in answers:
+        if not isinstance(answer, Progress):
+            return answer
+    progress = [answer for answer in answers if isinstance(answer, Progress)]
+    first = progress[0]
+    return Progress(
+        first.node, first.node_epoch, tuple(part for p in progress for part in p.partitions)
+    )
+
+
 async def gather(
     members: Mapping[str, Member], bound: float = PROGRESS_TIMEOUT
 ) -> dict[str, Progress | str]:
@@ -90,16 +107,15 @@ async def gather(
     within ``bound`` seconds."""
     answers: dict[str, Progress | str] = {}
 
-    async def one(node: str, address: str) -> None:
+    async def one(node: str, member: Member) -> None:
         answers[node] = f"no answer within {bound} s"
         with trio.move_on_after(bound):
-            answers[node] = await ask(address)
+            answers[node] = await ask_node(member.info.replication_address, member.info.workers)
 
     async with trio.open_nursery() as nursery:
         for node, member in sorted(members.items()):
-            address = member.info.replication_address
-            if address:
-                nursery.start_soon(one, node, address)
+            if member.info.replication_address:
+                nursery.start_soon(one, node, member)
             else:
                 answers[node] = "no replication address"
     return answers

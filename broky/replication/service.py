@@ -361,7 +361,9 @@ class ReplicationService:
                     self._isr_changed(replica, isr, before, "leader")
                     replica.settle()
             finally:
-                replica.step_down(hint)
+                # Cancelled by a role change, this runs after _apply_roles
+                # stepped down with the new leader's hint: keep that one.
+                replica.step_down(replica.leader_hint)
                 self.events.stopped_leading(owner.topic.name, owner.partition)
 
     def _isr_changed(
