@@ -9,7 +9,8 @@ summary: fault counts, acked messages, lost / divergent / out-of-order
 was gone (must be 0), and the failover-time distribution. Exits 1 if the
 checker found a violation. ``--netns`` runs etcd and the nodes in network
 namespaces with real link partitions as the faults (as root; the CI test
-``tests/cluster/test_partitions.py`` runs 20). Keep --keep to look at the
+``tests/cluster/test_partitions.py`` runs 20), with ``--workers N`` worker
+processes per node. Keep --keep to look at the
 nodes' logs.
 """
 
@@ -32,7 +33,9 @@ from tests.cluster import jepsen
 
 
 async def _run_partitioned(directory: Path, args: argparse.Namespace) -> jepsen.Report:
-    return await jepsen.run_partitioned(directory, args.cycles, args.seed, args.clients)
+    return await jepsen.run_partitioned(
+        directory, args.cycles, args.seed, args.clients, args.workers
+    )
 
 
 async def _run(url: str, directory: Path, args: argparse.Namespace) -> jepsen.Report:
@@ -49,6 +52,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument(
         "--netns", action="store_true", help="real link partitions in network namespaces"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes per node (with --netns)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and print it")
     args = parser.parse_args()

@@ -130,14 +130,16 @@ async def run(
     clients: int = 3,
     faults: tuple[str, ...] = FAULTS,
     network: Network | None = None,
+    workers: int = 1,
 ) -> Report:
     """``faults`` may name net_faults.NET_FAULTS only with a ``network``
-    whose host "etcd" runs ``etcd_url``."""
+    whose host "etcd" runs ``etcd_url``. With ``workers`` > 1 only kills and
+    network faults act on a whole node (signals reach its supervisor only)."""
     keys = ClusterKeys.for_cluster(cluster)
     report = Report()
     chooser = random.Random(seed)
     acks: dict[int, list[float]] = {p: [] for p in range(TOPIC.partitions)}
-    with local_nodes(etcd_url, cluster, directory, network=network) as nodes:
+    with local_nodes(etcd_url, cluster, directory, network=network, workers=workers) as nodes:
         by_id = {node.node_id: node for node in nodes}
         await wait_status(etcd, keys, lambda s: fully_in_sync(s, TOPIC, 3), HEAL_BOUND * 2)
         stop = trio.Event()
@@ -162,7 +164,9 @@ async def run(
     return report
 
 
-async def run_partitioned(directory: Path, cycles: int, seed: int = 15, clients: int = 3) -> Report:
+async def run_partitioned(
+    directory: Path, cycles: int, seed: int = 15, clients: int = 3, workers: int = 1
+) -> Report:
     """``run`` with real link partitions only: etcd and three nodes each in
     a network namespace (NetnsUnavailable if they cannot be made), every
     namespace and process removed at the end."""
@@ -180,6 +184,7 @@ async def run_partitioned(directory: Path, cycles: int, seed: int = 15, clients:
                     clients,
                     faults=net_faults.NET_FAULTS,
                     network=network,
+                    workers=workers,
                 )
 
 
