@@ -296,8 +296,9 @@ class Supervisor:
         self._stopping = False
         #: The node's cluster membership, whose lease goes to the workers.
         self.member = member
-        #: One writer at a time on the workers' pipes (reloads, lease lines).
-        self._pipes = trio.Lock()
+        #: One writer at a time on each worker's pipe (reloads, lease lines).
+        self._pipes: dict[int, trio.Lock] = {}
+        self._nursery: trio.Nursery | None = None
 
     def _config_mapping(self) -> dict[str, Any]:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
@@ -317,19 +318,40 @@ class Supervisor:
         await self._broadcast(json.dumps({"config": self._config_mapping()}).encode() + b"\n")
 
     async def _broadcast(self, line: bytes) -> None:
-        """Send ``line`` to every running worker's pipe (a restarting one
-        starts with self.config and gets the next lease line)."""
-        async with self._pipes:
-            for index, process in self._processes.items():
-                if process.returncode is not None or process.stdin is None:
-                    continue
-                with trio.move_on_after(RELOAD_TIMEOUT) as scope:
+        """Send a reload ``line`` to every running worker's pipe (a
+        restarting one starts with self.config)."""
+        for index, process in self._processes.items():
+            if process.returncode is not None or process.stdin is None:
+                continue
+            with trio.move_on_after(RELOAD_TIMEOUT) as scope:
+                async with self._pipe(index):
                     try:
                         await process.stdin.send_all(line)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         continue  # it just exited
-                if scope.cancelled_caught:
-                    log.error("worker %d did not read its pipe within %s s", index, RELOAD_TIMEOUT)
+            if scope.cancelled_caught:
+                log.error("worker %d did not read its pipe within %s s", index, RELOAD_TIMEOUT)
+
+    def _pipe(self, index: int) -> trio.Lock:
+        """One writer at a time on worker ``index``'s pipe."""
+        return self._pipes.setdefault(index, trio.Lock())
+
+    async def _send_lease(self, line: bytes) -> None:
+        """Hand the node's lease ``line`` to each worker, each in a task of
+        its own: a worker that does not read its pipe (paused) blocks only
+        its own writer, and misses lines (it keeps its last deadline, so it
+        stops acking in time) instead of delaying the others'."""
+        assert self._nursery is not None
+        for index, process in self._processes.items():
+            lock = self._pipe(index)
+            if process.returncode is None and process.stdin is not None and not lock.locked():
+                self._nursery.start_soon(self._write_lease, lock, process.stdin, line)
+
+    @staticmethod
+    async def _write_lease(lock: trio.Lock, pipe: trio.abc.SendStream, line: bytes) -> None:
+        async with lock:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await pipe.send_all(line)
 
     async def _start(self, index: int) -> trio.Process:
         process = await self._spawn(index)
@@ -410,7 +432,8 @@ class Supervisor:
                     await self._ready(index, process)
                     nursery.start_soon(self._watch, index, process)
                 if self.member is not None:
-                    nursery.start_soon(relay, self.member, self._broadcast)
+                    self._nursery = nursery
+                    nursery.start_soon(relay, self.member, self._send_lease)
                 if self.config.accept == "handoff":
                     reservation.listen(LISTEN_BACKLOG)
                     nursery.start_soon(self._accept_and_hand_off, reservation)
