@@ -123,7 +123,7 @@ class PartitionSubscriptions:
     def add(self, definition: Definition, image: SubscriptionImage) -> Dispatcher:
         """Serve ``definition`` here from ``image`` (a loaded or a new one)."""
         owner = self.owner
-        dispatcher = Dispatcher(definition.options, image, owner.readable_end)
+        dispatcher = Dispatcher(definition.options, image, owner.readable_end, owner.partition)
         name = definition.name
         self.dispatchers[name] = dispatcher
         self.definitions[name] = definition

@@ -361,3 +361,31 @@ async def test_a_redelivery_waiting_for_credit_does_not_spin_the_driver(
             await consumer.flow(1)
             [again] = await consumer.take(1)
             assert (again.offset, again.count) == (held[1].offset, 2)
+
+
+async def test_failover_actives_spread_over_consumers_across_eight_partitions(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Three failover consumers of an 8-partition topic each get whole
+    partitions (one consumer per partition), and every one of them gets some."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=8))
+        assert broker.address is not None
+        kind = SubscriptionKind.FAILOVER
+        async with (
+            broker.connect() as client,
+            connect(broker.address) as a,
+            connect(broker.address) as b,
+            connect(broker.address) as c,
+        ):
+            consumers = [Consumer(a), Consumer(b), Consumer(c)]
+            for consumer in consumers:
+                assert isinstance(await consumer.consume("fo8", kind=kind), Subscribed)
+            await publish(client, 64, keys=64)
+            got = [await consumer.take_all(0.5) for consumer in consumers]
+            assert sorted(n for taken in got for n in numbers(taken)) == list(range(64))
+            owners = [{d.partition for d in taken} for taken in got]
+            assert all(owners), f"a consumer got no partition: {owners}"
+            every = set().union(*owners)
+            assert len(every) >= 6  # 64 keys hash to (nearly) every partition
+            assert sum(len(partitions) for partitions in owners) == len(every)  # one owner each
