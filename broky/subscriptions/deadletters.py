@@ -2,8 +2,10 @@
 goes to its subscription's dead-letter topic, then is acked where it was.
 
 The order is what makes it safe: the copy is appended to the durable topic
-that holds ``_dlq.<subscription>.<topic>`` (a configured one, else the
-built-in ``_dlq`` topic) through the ordinary durable publish path, and
+the subscription chose at creation (``Consume.dead_letter_topic``, under a
+key its pattern matches, ``Definition.dead_letter_key``), else the one that
+holds ``_dlq.<subscription>.<topic>`` (a configured one, else the built-in
+``_dlq`` topic), through the ordinary durable publish path, and
 only once that append reached its durability point is the original acked
 (by the next group commit). A crash in between leaves the original unacked:
 it is dead-lettered again after the restart, so the dead-letter topic is
@@ -91,10 +93,15 @@ class DeadLetters:
             return
         store = self._store
         definition = partition.definitions[name]
-        key = definition.dead_letter_key(partition.topic)
-        topic = store.match(key)
+        chosen = definition.dead_letter_topic
+        if chosen:
+            topic = store.policies.named(chosen)
+            key = definition.dead_letter_key(partition.topic, topic.pattern if topic else b"")
+        else:
+            key = definition.dead_letter_key(partition.topic)
+            topic = store.match(key)
         if topic is None:
-            log.error("no durable topic holds %r: dead letters of %r wait", key, name)
+            log.error("no durable topic %r holds %r: dead letters of %r wait", chosen, key, name)
             partition.dead_letter_retry.append((name, event))
             return
         tags = (

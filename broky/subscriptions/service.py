@@ -156,6 +156,7 @@ class SubscriptionService:
             definition = Definition.from_consume(frame)
         except DefinitionError as exc:
             raise Refused(ErrorCode.SUBSCRIPTION_REFUSED, f"subscription {name!r}: {exc}") from exc
+        self._check_dead_letter_topic(definition)
         wanted = self._partitions_for(frame.pattern)
         if not wanted:
             raise Refused(
@@ -206,6 +207,30 @@ class SubscriptionService:
         self.consumers[link.id] = link
         for partition in partitions:
             partition.changed(name)
+
+    def _check_dead_letter_topic(self, definition: Definition) -> None:
+        """Refuse a dead-letter topic that is not a durable topic, or that the
+        subscription reads (its dead letters would come back to it)."""
+        chosen = definition.dead_letter_topic
+        if not chosen:
+            return
+        policies = self.store.policies
+        topic = policies.named(chosen)
+        name = definition.name
+        if topic is None:
+            known = ", ".join(sorted(policy.name for policy in policies.policies))
+            raise Refused(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {name!r}: dead-letter topic {chosen!r} is not a durable topic "
+                f"of this broker (its durable topics: {known})",
+            )
+        if patterns_overlap(topic.pattern, definition.pattern):
+            raise Refused(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {name!r}: dead-letter topic {chosen!r} is read by the "
+                f"subscription's own pattern {definition.pattern.decode(errors='replace')!r}: "
+                "its dead letters would be delivered to it again",
+            )
 
     async def _create_missing(
         self, definition: Definition, partitions: list[PartitionSubscriptions]
