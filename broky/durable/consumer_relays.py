@@ -147,7 +147,7 @@ class RemotePart:
             consumer.part_settled(frame.sequence, frame.stale)
         elif isinstance(frame, Subscribed):
             consumer.confirmed(self.owner)
-        else:
+        elif isinstance(frame, Error):
             consumer.fail(frame.code, frame.message)
 
     def down(self) -> None:

@@ -93,6 +93,15 @@ class ConsumerLink:
             self.outlet.send_control(encode_frame(Settled(self.stream, sequence, stale)))
 
 
+class Refused(Exception):
+    """A Consume or a deletion is refused: ``code`` and a message saying
+    whose fault it is (sent as a stream error)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @attrs.define(slots=True)
 class SubscriptionCounters:
     """Totals of one subscription on this worker since it started."""

@@ -25,7 +25,7 @@ import trio
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.store import DurableStore
 from broky.subscriptions.delivery import BatchCache, dead_letter_run
-from broky.subscriptions.dispatch import DeadLetter
+from broky.subscriptions.dispatch import DeadLetter, Dispatcher
 
 if TYPE_CHECKING:
     from broky.subscriptions.partition import PartitionSubscriptions
@@ -77,7 +77,8 @@ class DeadLetters:
         self._store = store
         self._service = service
         self._appends = _Appends(self)
-        self._waiting: dict[int, tuple[PartitionSubscriptions, str, DeadLetter]] = {}
+        #: Appends in flight by ticket, with the dispatcher that decided them.
+        self._waiting: dict[int, tuple[PartitionSubscriptions, str, Dispatcher, DeadLetter]] = {}
 
     def send(
         self,
@@ -114,16 +115,16 @@ class DeadLetters:
         )
         run = dead_letter_run(batch, event.offset, key, tags)
         ticket = self._appends.open(0)
-        self._waiting[ticket.sequence] = (partition, name, event)
+        self._waiting[ticket.sequence] = (partition, name, partition.dispatchers[name], event)
         store.append(topic, run, store.now(), ticket, self._appends, 0)
         self._appends.release()  # a refusal is known at once
 
     def appended(self, ticket: AckTicket) -> None:
         """A dead-letter append finished: ack the original, or retry."""
-        partition, name, event = self._waiting.pop(ticket.sequence)
+        partition, name, decided_by, event = self._waiting.pop(ticket.sequence)
         dispatcher = partition.dispatchers.get(name)
-        if dispatcher is None:
-            return
+        if dispatcher is not decided_by:
+            return  # the subscription was deleted (and maybe recreated) meanwhile
         if ticket.failure:
             log.error(
                 "dead letter of %s/%d@%d for %r not stored (%s): retried",

@@ -32,9 +32,15 @@ from broky.protocol.frames import Consume, Settle
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
 from broky.storage.errors import StorageError
-from broky.subscriptions.consumers import ConsumerAnswers, ConsumerLink, SubscriptionCounters
+from broky.subscriptions.consumers import (
+    ConsumerAnswers,
+    ConsumerLink,
+    Refused,
+    SubscriptionCounters,
+)
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
+from broky.subscriptions.deletion import Deletion, delete_subscription
 from broky.subscriptions.dispatch import Consumer, DeadLetter, Dispatcher, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.watch import SubscriptionStatus, Watch
@@ -43,14 +49,6 @@ log = logging.getLogger("broky.subscriptions")
 
 #: ``advise(kind, payload)``: publish a ``$SYS.events.<kind>`` advisory.
 Advise = Callable[[str, dict[str, Any]], None]
-
-
-class Refused(Exception):
-    """A Consume is refused: ``code`` and a message saying whose fault it is."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class SubscriptionService:
@@ -87,6 +85,10 @@ class SubscriptionService:
             nursery.start_soon(self.watch.run)
             self._nursery = nursery
             task_status.started()
+
+    def forget_counters(self, name: str) -> None:
+        """``name`` was deleted: a subscription recreated under it counts from 0."""
+        self._counters.pop(name, None)
 
     def counters(self, name: str) -> SubscriptionCounters:
         counters = self._counters.get(name)
@@ -141,6 +143,43 @@ class SubscriptionService:
             return
         if not link.closed:  # else closed (Unsubscribe, disconnect) while attaching
             link.subscribed()
+
+    def delete(
+        self,
+        name: str,
+        pattern: bytes,
+        force: bool,
+        done: Callable[[Deletion | Refused], None],
+    ) -> None:
+        """Start deleting ``name`` from this worker's partitions
+        (broky.subscriptions.deletion); ``done`` gets what was deleted once
+        it is committed, or why not."""
+        if self._nursery is None:
+            done(Refused(ErrorCode.SERVER_SHUTDOWN, "the broker is not serving subscriptions"))
+            return
+        self._nursery.start_soon(self._delete, name, pattern, force, done)
+
+    async def _delete(
+        self,
+        name: str,
+        pattern: bytes,
+        force: bool,
+        done: Callable[[Deletion | Refused], None],
+    ) -> None:
+        try:
+            async with self._attaching:
+                deletion = await delete_subscription(self, name, pattern, force)
+        except Refused as refused:
+            done(refused)
+            return
+        if deletion.partitions:
+            log.info(
+                "subscription %r deleted from %d partition(s), %d consumer(s) ended",
+                name,
+                deletion.partitions,
+                deletion.consumers,
+            )
+        done(deletion)
 
     def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:
         return [
