@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broky.durable.consumer_relays import SpreadConsumer, owners_of
+from broky.durable.consumer_parts import owners_of
+from broky.durable.consumer_relays import SpreadConsumer
 from broky.durable.forwarding import Forwarder
 from broky.durable.subscription_deletes import SpreadDeletion
 from broky.protocol.codec import encode_frame

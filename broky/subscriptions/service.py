@@ -20,7 +20,7 @@ with ``SubscriptionRefused`` naming those workers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -85,6 +85,15 @@ class SubscriptionService:
             nursery.start_soon(self.watch.run)
             self._nursery = nursery
             task_status.started()
+
+    def start_soon(self, task: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``task`` beside the subscriptions until the service stops (a
+        spread consumer's re-attach, broky.durable.consumer_relays); False
+        when the service is not running."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(task)
+        return True
 
     def forget_counters(self, name: str) -> None:
         """``name`` was deleted: a subscription recreated under it counts from 0."""
@@ -357,7 +366,7 @@ class SubscriptionService:
             )
             return
         now = trio.current_time()
-        stale = 0
+        stale = unconfirmed = 0
         touched: dict[int, PartitionSubscriptions] = {}
         name = link.subscription
         for number, first, last in zip(
@@ -369,12 +378,16 @@ class SubscriptionService:
                 continue  # not this consumer's partition: nothing it could settle
             tracker = dispatcher.tracker
             offsets = range(max(first, tracker.cursor), min(last + 1, tracker.read_position))
+            # Offsets not read since this worker started: delivered before a
+            # restart (a consumer spread over workers outlives its owners);
+            # they come again, and the receipt says so.
+            unconfirmed += max(0, last + 1 - max(first, tracker.read_position))
             stale += self._apply(dispatcher, link, frame, offsets, now)
             touched[number] = partition
             partition.changed(name, len(offsets) if frame.kind is SettleKind.ACK else 0)
         self._pump(link)
         if frame.sequence:
-            self._receipt(link, frame.sequence, stale, list(touched.values()))
+            self._receipt(link, frame.sequence, stale, unconfirmed, list(touched.values()))
 
     def _apply(
         self,
@@ -405,19 +418,20 @@ class SubscriptionService:
         link: ConsumerLink,
         sequence: int,
         stale: int,
+        unconfirmed: int,
         partitions: list[PartitionSubscriptions],
     ) -> None:
         """Send ``Settled`` once every touched partition committed."""
         waiting = len(partitions)
         if not waiting:
-            link.settled(sequence, stale)
+            link.settled(sequence, stale, unconfirmed)
             return
 
         def one_committed() -> None:
             nonlocal waiting
             waiting -= 1
             if not waiting:
-                link.settled(sequence, stale)
+                link.settled(sequence, stale, unconfirmed)
 
         for partition in partitions:
             partition.committer.after_commit(one_committed)

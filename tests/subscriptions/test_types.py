@@ -451,3 +451,21 @@ async def test_a_dead_letter_topic_must_be_a_durable_topic_the_subscription_does
                 assert refused.code == ErrorCode.SUBSCRIPTION_REFUSED
                 assert words in refused.message
                 assert repr(topic) in refused.message
+
+
+async def test_a_receipt_counts_settled_offsets_never_read_as_unconfirmed(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Offsets the broker has not read since it started (a delivery from
+    before an owner's restart) cannot be acked: the receipt says so."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=1))
+        assert broker.address is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            consumer = Consumer(a)
+            assert isinstance(await consumer.consume("u", start=StartKind.EARLIEST), Subscribed)
+            await publish(client, 3)
+            got = await consumer.take(3)
+            beyond = [Delivery(0, 100 + n, 1, "orders.k", b"", b"", ()) for n in range(5)]
+            settled = await consumer.receipt(await consumer.settle(got + beyond, receipt=True))
+            assert (settled.stale, settled.unconfirmed) == (0, 5)
