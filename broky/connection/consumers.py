@@ -94,14 +94,7 @@ class ConsumerRequests:
         if (existing is not None and not existing.closed) or stream in self._outlet.subscriptions:
             self._error(ErrorCode.DUPLICATE_STREAM, f"stream {stream} is already open", stream)
             return
-        try:
-            validate_pattern(frame.pattern)
-        except RemoteProtocolError as exc:
-            self._error(exc.code, f"subscription {frame.subscription!r}: {exc}", stream)
-            return
-        refusal = self._refusal(frame.pattern)
-        if refusal is not None:
-            self._error(ErrorCode.PERMISSION_DENIED, refusal, stream)
+        if not self._readable(frame.subscription, frame.pattern, stream):
             return
         kind = self._outlet.kind
         owners = owners_of(service, frame.pattern)
@@ -115,6 +108,20 @@ class ConsumerRequests:
             frame, self._outlet, own_only=kind is LinkKind.DURABLE
         )
 
+    def _readable(self, subscription: str, pattern: bytes, stream: int) -> bool:
+        """Whether ``pattern`` is valid and the principal may read it (else
+        the stream error is sent)."""
+        try:
+            validate_pattern(pattern)
+        except RemoteProtocolError as exc:
+            self._error(exc.code, f"subscription {subscription!r}: {exc}", stream)
+            return False
+        refusal = self._refusal(pattern)
+        if refusal is not None:
+            self._error(ErrorCode.PERMISSION_DENIED, refusal, stream)
+            return False
+        return True
+
     def _delete(self, frame: DeleteSubscription) -> None:
         service = self._service
         stream = frame.stream
@@ -125,15 +132,9 @@ class ConsumerRequests:
                 stream,
             )
             return
-        if frame.pattern:
-            try:
-                validate_pattern(frame.pattern)
-            except RemoteProtocolError as exc:
-                self._error(exc.code, f"subscription {frame.subscription!r}: {exc}", stream)
-                return
-        refusal = self._refusal(frame.pattern or b">")
-        if refusal is not None:
-            self._error(ErrorCode.PERMISSION_DENIED, refusal, stream)
+        # No pattern: it may be any subscription, so the principal must be
+        # allowed to read every key.
+        if not self._readable(frame.subscription, frame.pattern or b">", stream):
             return
         if self._outlet.kind is LinkKind.DURABLE:
             # Another worker asks for this worker's share: answer it as is.

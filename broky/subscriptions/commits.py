@@ -16,7 +16,7 @@ dispatchers are only touched on the trio thread, before and after it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import trio
@@ -180,3 +180,22 @@ class GroupCommitter:
                 transaction.save_definition(subscription, definition)
             for (subscription, topic, partition), blob in rows:
                 transaction.save_image(subscription, topic, partition, blob)
+
+
+async def all_committed(committers: Sequence[GroupCommitter]) -> None:
+    """Wait until every one of ``committers`` committed what changed so far
+    (a new subscription's start, a deletion: both answered only once durable)."""
+    if not committers:
+        return
+    committed = trio.Event()
+    waiting = len(committers)
+
+    def one_committed() -> None:
+        nonlocal waiting
+        waiting -= 1
+        if not waiting:
+            committed.set()
+
+    for committer in committers:
+        committer.after_commit(one_committed)
+    await committed.wait()

@@ -25,9 +25,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import attrs
-import trio
 
 from broky.protocol.constants import ErrorCode
+from broky.subscriptions.commits import all_committed
 from broky.subscriptions.consumers import Refused
 
 if TYPE_CHECKING:
@@ -74,17 +74,5 @@ async def delete_subscription(
     for partition in partitions:
         partition.remove(name)
     service.forget_counters(name)
-    if partitions:
-        committed = trio.Event()
-        waiting = len(partitions)
-
-        def one_committed() -> None:
-            nonlocal waiting
-            waiting -= 1
-            if not waiting:
-                committed.set()
-
-        for partition in partitions:
-            partition.committer.after_commit(one_committed)
-        await committed.wait()
+    await all_committed([partition.committer for partition in partitions])
     return Deletion(len(partitions), len(links))

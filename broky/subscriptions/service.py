@@ -32,6 +32,7 @@ from broky.protocol.frames import Consume, Settle
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
 from broky.storage.errors import StorageError
+from broky.subscriptions.commits import all_committed
 from broky.subscriptions.consumers import (
     ConsumerAnswers,
     ConsumerLink,
@@ -291,18 +292,7 @@ class SubscriptionService:
         for partition in new:
             cursor = await partition.owner.call(partition.start_position(definition))
             partition.create(definition, cursor)
-        committed = trio.Event()
-        waiting = len(new)
-
-        def one_committed() -> None:
-            nonlocal waiting
-            waiting -= 1
-            if not waiting:
-                committed.set()
-
-        for partition in new:
-            partition.committer.after_commit(one_committed)
-        await committed.wait()
+        await all_committed([partition.committer for partition in new])
         log.info(
             "subscription %r created on %d partition(s) (%s, start %s)",
             definition.name,
