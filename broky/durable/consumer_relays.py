@@ -36,10 +36,10 @@ counts added up.
 attached, the consumer lives on with the other parts and re-attaches that
 owner's part by itself: it polls the channel (it reconnects within 0.25 s
 of the owner's return) and sends the ``Consume`` again, retrying on
-retriable refusals (the restarted owner not serving yet), for at most
-``REATTACH_SECONDS``; only then, or on another refusal (an exclusive
-subscription taken meanwhile, the subscription deleted), does the consumer
-end with that error. Meanwhile the runs of that owner that waited in the
+refusals (the restarted owner not serving yet, an exclusive subscription
+whose old part a merely stalled owner has not detached yet), for at most
+``REATTACH_SECONDS``; only then does the consumer end, with
+``OwnerUnavailable`` or the last refusal. Meanwhile the runs of that owner that waited in the
 gate are dropped and its credit forgotten (the owner redelivers what it had
 not seen acked: it detached its part when the channel closed, or it was
 killed and restarts from its state store), settles for it are not sent
@@ -95,9 +95,17 @@ REATTACH_SECONDS: Final = 15.0
 #: Seconds between re-attach attempts (the channel's own reconnect backoff
 #: is at most 0.25 s).
 REATTACH_POLL: Final = 0.1
-#: Refusals of a re-attach that a restarting owner gives before it serves.
+#: Refusals of a re-attach that a restarting owner gives before it serves,
+#: and ``SubscriptionRefused``: an owner that only stalled may not have
+#: detached the old part of an exclusive subscription yet. Retried until
+#: the deadline, which then ends the consumer with the last refusal.
 RETRIABLE: Final = frozenset(
-    (ErrorCode.OWNER_UNAVAILABLE, ErrorCode.SERVER_SHUTDOWN, ErrorCode.STORAGE_FAILURE)
+    (
+        ErrorCode.OWNER_UNAVAILABLE,
+        ErrorCode.SERVER_SHUTDOWN,
+        ErrorCode.STORAGE_FAILURE,
+        ErrorCode.SUBSCRIPTION_REFUSED,
+    )
 )
 
 
@@ -147,6 +155,8 @@ class SpreadConsumer:
         self._lost: dict[int, float] = {}
         #: Owners whose part was sent again and is not confirmed yet.
         self._reattaching: set[int] = set()
+        #: The last refusal of each lost owner's re-attach (ends it at the deadline).
+        self._refusals: dict[int, tuple[ErrorCode, str]] = {}
 
     # --- the client's requests ----------------------------------------------------
 
@@ -252,6 +262,7 @@ class SpreadConsumer:
         if owner in self._reattaching:
             self._reattaching.discard(owner)
             del self._lost[owner]
+            self._refusals.pop(owner, None)
             self.gate.held[owner] = 0
             log.info(
                 "consumer of %r: worker %d is back, its part re-attached",
@@ -324,6 +335,7 @@ class SpreadConsumer:
         owner = part.owner
         if owner in self._reattaching and self._remote.get(owner) is part and code in RETRIABLE:
             part.channel.consumer_parts.pop(part.stream, None)
+            self._refusals[owner] = (code, message)
             self._lose(owner)
             return
         self.fail(code, message)
@@ -351,20 +363,21 @@ class SpreadConsumer:
         """Send ``owner``'s part again once its channel is up; give up at its deadline."""
         while not self.closed and owner in self._lost and owner not in self._remote:
             await trio.sleep(REATTACH_POLL)
-            channel = self._forwarder.channels.get(owner)
-            if self.closed or owner in self._remote:
-                return
-            if channel is not None and channel.connected:
-                self._reattaching.add(owner)
-                self._attach_part(owner, channel)
+            if self.closed or owner not in self._lost or owner in self._remote:
                 return
             if trio.current_time() >= self._lost[owner]:
-                self.fail(
+                code, message = self._refusals.get(owner) or (
                     ErrorCode.OWNER_UNAVAILABLE,
                     f"worker {owner}, owner of some partitions of subscription "
                     f"{self.subscription!r}, did not come back within {REATTACH_SECONDS:g} s; "
                     "its unacked messages are redelivered once it is back: consume again",
                 )
+                self.fail(code, message)
+                return
+            channel = self._forwarder.channels.get(owner)
+            if channel is not None and channel.connected:
+                self._reattaching.add(owner)
+                self._attach_part(owner, channel)
                 return
 
     def fail(self, code: ErrorCode, message: str) -> None:
