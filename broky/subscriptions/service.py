@@ -189,6 +189,7 @@ class SubscriptionService:
                 deletion.partitions,
                 deletion.consumers,
             )
+            self.watch.deleted(name, deletion.partitions, deletion.consumers)
         done(deletion)
 
     def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:

@@ -4,6 +4,7 @@ a plain deletion and are ended by a forced one, and the name starts fresh."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -73,7 +74,12 @@ async def test_consumers_block_a_deletion_unless_forced_then_they_end(
     with trio.fail_after(TIMEOUT):
         broker = await start_broker(subscriptions_config(tmp_path))
         assert broker.address is not None
-        async with broker.connect() as client, connect(broker.address) as raw:
+        async with (
+            broker.connect() as client,
+            client.subscription("$SYS.events.subscription.deleted") as events,
+            connect(broker.address) as raw,
+        ):
+            await client.flush()
             consumer = Consumer(raw)
             assert isinstance(await consumer.consume("busy", start=StartKind.EARLIEST), Subscribed)
             with pytest.raises(BrokyError) as other_pattern:
@@ -89,6 +95,9 @@ async def test_consumers_block_a_deletion_unless_forced_then_they_end(
             assert sorted(numbers(await consumer.take(2))) == [0, 1]
             deleted = await client.delete_subscription("busy", force=True)
             assert deleted == SubscriptionDeletion(partitions=2, consumers=1)
+            advisory = json.loads((await anext(events)).payload)
+            fields = (advisory["subscription"], advisory["partitions"], advisory["consumers_ended"])
+            assert fields == ("busy", 2, 1)
             with trio.move_on_after(5):
                 while not consumer.errors:
                     await consumer.next()
