@@ -39,17 +39,17 @@ of the owner's return) and sends the ``Consume`` again, retrying on
 refusals (the restarted owner not serving yet, an exclusive subscription
 whose old part a merely stalled owner has not detached yet), for at most
 ``REATTACH_SECONDS``; only then does the consumer end, with
-``OwnerUnavailable`` or the last refusal. Meanwhile the runs of that owner that waited in the
-gate are dropped and its credit forgotten (the owner redelivers what it had
-not seen acked: it detached its part when the channel closed, or it was
-killed and restarts from its state store), settles for it are not sent
-(acks the owner never saw come back as redeliveries), and receipts awaited
-from it are answered with those offsets counted as ``unconfirmed``
-(``Settled``): the client learns which acks may not hold. A failure while
-attaching still ends the attach with ``OwnerUnavailable`` (all or nothing).
-When the client leaves (disconnect or ``Unsubscribe``) every part is
-detached at once; messages that waited in the gate are redelivered by their
-owners.
+``OwnerUnavailable`` or the last refusal. Meanwhile the runs of that owner
+that waited in the gate are dropped and its credit forgotten (the owner
+redelivers what it had not seen acked: it detached its part when the
+channel closed, or it was killed and restarts from its state store),
+settles for it are not sent (acks the owner never saw come back as
+redeliveries), and receipts awaited from it are answered with those
+offsets counted as ``unconfirmed`` (``Settled``): the client learns which
+acks may not hold. A failure while attaching still ends the attach with
+``OwnerUnavailable`` (all or nothing). When the client leaves (disconnect
+or ``Unsubscribe``) every part is detached at once; messages that waited in
+the gate are redelivered by their owners.
 """
 
 from __future__ import annotations
