@@ -31,13 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -53,41 +50,10 @@ from benchmarks.bench_durable import (
 )
 from broky import Start
 from broky.client.consumer_options import ConsumerSettings
-from broky.loadtest import jetstream
-from broky.loadtest.servers import _free_ports, cpu_seconds
+from broky.loadtest import jetstream, peers
+from broky.loadtest.servers import cpu_seconds
 
 CONSUMERS = 4
-
-
-@contextmanager
-def jetstream_server(root: Path) -> Iterator[tuple[int, tuple[str, int]]]:
-    """``nats-server -js`` with its store under ``root``: (pid, address)."""
-    executable = shutil.which("nats-server")
-    if executable is None:
-        raise SystemExit(
-            "nats-server is not installed (make installs it: apt-get install nats-server)"
-        )
-    port = _free_ports(1)
-    store = root / "jetstream"
-    process = subprocess.Popen(
-        [executable, "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise SystemExit("nats-server -js did not start") from None
-                time.sleep(0.05)
-        yield process.pid, ("127.0.0.1", port)
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def subjects(mix: str) -> Callable[[int], list[bytes]]:
@@ -180,7 +146,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as name:
         root = Path(name)
-        with jetstream_server(root) as (pid, address):
+        if shutil.which("nats-server") is None:
+            raise SystemExit("nats-server is not installed (make installs it with apt-get)")
+        with peers.peer_server("nats", jetstream=True) as (pid, address):
             baseline = {
                 mix: jetstream_publish(pid, address, mix, args.duration) for mix in ("one", "many")
             }

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broky.loadtest import jetstream
+from broky.loadtest import jetstream, peers
 from broky.loadtest.natsproto import (
     Err,
     Info,
@@ -80,14 +79,10 @@ def test_pub_lines() -> None:
 
 
 @pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server is not installed")
-async def test_jetstream_publishes_are_acked_and_a_pull_consumer_acks_them_all(
-    tmp_path: Path,
-) -> None:
+async def test_jetstream_publishes_are_acked_and_a_pull_consumer_acks_them_all() -> None:
     """Against a real ``nats-server -js``: every publish acked, every message
     delivered once and acked, the consumer's ack floor at the last one."""
-    from benchmarks.bench_jetstream import jetstream_server  # noqa: PLC0415
-
-    with jetstream_server(tmp_path) as (_, address):
+    with peers.peer_server("nats", jetstream=True) as (_, address):
         await jetstream.recreate_stream(address)
         published, acked, _ = await jetstream.publish(
             address, 3, lambda index: [b"bench.k%d" % n for n in range(100)], b"x" * 10,
