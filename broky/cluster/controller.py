@@ -16,25 +16,28 @@ Duties, on every membership change (and every ``RECHECK_INTERVAL``):
   map of a new cluster (broky.cluster.placement) with every replica in sync;
 - apply broky.cluster.state.after_membership to every vbucket: dead or
   restarted nodes leave the ISR, vbuckets whose leader left get a new one
-  from the ISR with epoch + 1.
-
-Moving replicas onto joining nodes needs the data path (a new replica must
-catch up before it counts), so the map of a running cluster is not
-rebalanced yet.
+  from the ISR with epoch + 1;
+- rebalance (broky.cluster.moves): take the next step of every move in
+  progress, and start moves towards the balanced map when a node joined or
+  was removed for good (``decommissioned/``), a few vbuckets at a time.
+  While moves are in progress it also wakes on vbucket changes, since a
+  move advances when a leader adds a caught-up replica to its ISR.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
 import trio
 
+from broky.cluster.decommission import decommissioned_of
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import Compare, EtcdError, EventType, Get, Put
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.membership import Membership
+from broky.cluster.moves import DEFAULT_MAX_MOVES, next_step, plan_moves
 from broky.cluster.placement import place
 from broky.cluster.settings import ClusterSettings
 from broky.cluster.state import VbucketState, after_membership, initial_state
@@ -53,6 +56,9 @@ RECHECK_INTERVAL = 5.0
 
 #: Pause before retrying after etcd failed a request.
 RETRY_DELAY = 0.1
+
+#: Returns after the next change of something the controller follows.
+Wait = Callable[[], Awaitable[None]]
 
 
 @attrs.frozen
@@ -99,17 +105,33 @@ class Controller:
         lease: int,
         settings: ClusterSettings,
         membership: Membership,
+        *,
+        vbuckets_changed: Wait | None = None,
+        marks_changed: Wait | None = None,
+        max_moves: int = DEFAULT_MAX_MOVES,
     ) -> None:
+        """``vbuckets_changed`` and ``marks_changed`` return after the next
+        change of the vbucket states and of the decommission marks (the
+        node's etcd views), so moves start and advance promptly; without
+        them the controller notices within RECHECK_INTERVAL."""
         self.client = client
         self.keys = keys
         self.node_id = node_id
         self.lease = lease
         self.settings = settings
         self.membership = membership
+        self.vbuckets_changed = vbuckets_changed
+        self.marks_changed = marks_changed
+        self.max_moves = max_moves
         #: The controller epoch while this node is the controller, else None.
         self.epoch: int | None = None
         #: Leader changes this node wrote as controller (one per vbucket).
         self.elections = 0
+        #: Moves this node started and completed as controller.
+        self.moves_started = 0
+        self.moves_completed = 0
+        #: Vbuckets moving after the last reconcile (while > 0, ``wakes`` count).
+        self.moving = 0
 
     async def run(self) -> None:
         """Campaign, lead while elected, campaign again; until cancelled."""
@@ -151,22 +173,33 @@ class Controller:
     async def _lead(self, epoch: int) -> None:
         while True:
             await self.reconcile(epoch)
+            waits = [self.membership.changed, self.marks_changed]
+            if self.moving:
+                waits.append(self.vbuckets_changed)
             with trio.move_on_after(RECHECK_INTERVAL):
-                await self.membership.changed()
+                async with trio.open_nursery() as waiters:
+                    for wait in waits:
+                        if wait is not None:
+                            waiters.start_soon(_first, wait, waiters.cancel_scope)
 
     async def reconcile(self, epoch: int) -> None:
         """Bring every vbucket in line with the current membership."""
         while True:
             live = {node: member.epoch for node, member in self.membership.members().items()}
-            found = await self.client.get_prefix(self.keys.vbuckets)
-            stored = states_of(self.keys, {kv.key: kv for kv in found.kvs})
-            writes = self._plan(stored, live)
+            found = await self.client.txn(
+                [], [Get.prefix(self.keys.vbuckets), Get.prefix(self.keys.decommissioned)]
+            )
+            vbuckets, marks = found.ranges
+            stored = states_of(self.keys, {kv.key: kv for kv in vbuckets})
+            writes = self._plan(stored, live, decommissioned_of(self.keys, marks))
             if not writes:
                 return
             if await self._write(epoch, writes):
                 return
 
-    def _plan(self, stored: dict[int, StoredState], live: dict[str, int]) -> list[Write]:
+    def _plan(
+        self, stored: dict[int, StoredState], live: dict[str, int], decommissioned: set[str]
+    ) -> list[Write]:
         """Every change to make, with the mod_revision to compare."""
         writes: list[Write] = []
         missing = [v for v in range(self.settings.vbuckets) if v not in stored]
@@ -179,8 +212,27 @@ class Controller:
             writes.extend(Write(v, 0, None, initial_state(target[v], live)) for v in missing)
         for vbucket, entry in sorted(stored.items()):
             changed = after_membership(entry.state, live)
+            if changed is None:
+                changed = next_step(entry.state, live)
             if changed is not None:
                 writes.append(Write(vbucket, entry.kv.mod_revision, entry.state, changed))
+        written = {write.vbucket for write in writes}
+        starts = plan_moves(
+            {v: entry.state for v, entry in stored.items() if v not in written},
+            live,
+            decommissioned,
+            self.settings.vbuckets,
+            self.settings.replication_factor,
+            self.max_moves,
+        )
+        for vbucket, started in sorted(starts.items()):
+            entry = stored[vbucket]
+            # The first step (adding the new replicas) goes in the same write.
+            state = next_step(started, live) or started
+            writes.append(Write(vbucket, entry.kv.mod_revision, entry.state, state))
+        self.moving = sum(
+            1 for v, entry in stored.items() if entry.state.target and v not in written
+        ) + sum(1 for write in writes if write.state.target)
         return writes
 
     async def _write(self, epoch: int, writes: Sequence[Write]) -> bool:
@@ -211,6 +263,10 @@ class Controller:
                     continue
                 if write.old.leader != write.state.leader:
                     self.elections += 1
+                if write.state.target and not write.old.target:
+                    self.moves_started += 1
+                elif write.old.target and not write.state.target:
+                    self.moves_completed += 1
                 log.info("vbucket %d: %s", write.vbucket, describe(write.state))
         return True
 
@@ -219,4 +275,11 @@ def describe(state: VbucketState) -> str:
     """A vbucket state in one short line, for logs."""
     isr = ",".join(node for node, _ in state.isr)
     leader = state.leader or "OFFLINE"
-    return f"leader {leader} epoch {state.epoch} isr [{isr}] replicas [{','.join(state.replicas)}]"
+    line = f"leader {leader} epoch {state.epoch} isr [{isr}] replicas [{','.join(state.replicas)}]"
+    return f"{line} moving to [{','.join(state.target)}]" if state.target else line
+
+
+async def _first(wait: Wait, scope: trio.CancelScope) -> None:
+    """Wait, then end the waits of ``scope`` (the first change wins)."""
+    await wait()
+    scope.cancel()

@@ -22,7 +22,11 @@ The rules, each the answer to a known failure:
 4. **A follower is added back only once it holds everything below the
    HW**, so adding it never lowers the HW; one that has not caught up to
    the leader's log end for ``replica_lag_max`` is proposed for removal.
-5. **``acks = "all"`` needs ``min_insync`` replicas in the committed ISR**,
+5. **A replica that leaves the ISR, or the replica set, is forgotten**:
+   what it held may be gone (a replica dropped by a move deletes its copy,
+   broky.cluster.moves), so it is known again only from its next acks, and
+   the fsynced end a follower outside the ISR reports is taken as it is.
+6. **``acks = "all"`` needs ``min_insync`` replicas in the committed ISR**,
    checked before appending (NOT_ENOUGH_REPLICAS) and again when the HW
    covers the publish (NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank
    below it meanwhile: the data is safe on the smaller ISR but was not
@@ -185,7 +189,11 @@ class LeaderIsr:
             follower = _Follower(0, -float("inf"), self.log_end, now)
             self._followers[entry] = follower
             self._lives[node] = node_epoch
-        follower.durable = max(follower.durable, durable)
+        # An ISR member's fsynced end only grows, so a late ack must not
+        # lower it (the HW never goes back); outside the ISR the latest
+        # report is the truth, even if lower (its copy was deleted).
+        in_isr = entry in self.maximal_isr()
+        follower.durable = max(follower.durable, durable) if in_isr else durable
         if follower.durable >= self.log_end:
             follower.caught_up_at = now
         elif follower.durable >= follower.previous_log_end:
@@ -202,9 +210,27 @@ class LeaderIsr:
         for entry in isr:
             if entry not in self.committed_isr and self._durable_of(entry) < self.high_watermark:
                 raise IsrRuleError(f"{entry} joins the ISR without the data below the HW")
+        for entry in self.committed_isr:
+            if entry not in isr:
+                self._forget(entry)
         self.committed_isr = isr
         self.pending_isr = None
         self._advance()
+
+    def replicas_changed(self, replicas: Iterable[str]) -> None:
+        """etcd's replica set changed (a move added or dropped replicas):
+        acks from added ones count from now on; dropped ones that are not in
+        the ISR any more are forgotten (rule 5)."""
+        self.replicas = tuple(replicas)
+        members = {node for node, _ in self.maximal_isr()}
+        for entry in list(self._followers):
+            if entry[0] not in self.replicas and entry[0] not in members:
+                self._forget(entry)
+
+    def _forget(self, entry: IsrEntry) -> None:
+        self._followers.pop(entry, None)
+        if self._lives.get(entry[0]) == entry[1]:
+            del self._lives[entry[0]]
 
     def isr_failed(self) -> None:
         """The ISR change was not committed (a race, or this leader was
@@ -228,19 +254,24 @@ class LeaderIsr:
         for entry in self.committed_isr:
             if entry == self.leader:
                 continue
-            if self._lives[entry[0]] != entry[1]:
+            follower = self._followers.get(entry)
+            if self._lives.get(entry[0]) != entry[1] or follower is None:
                 continue  # that life ended: its acks no longer come
-            follower = self._followers[entry]
+            if entry[0] not in self.replicas:
+                continue  # dropped by a move
             lagging = follower.durable < self.log_end and now - follower.caught_up_at > lag_max
             if not lagging:
                 keep.append(entry)
         members = {node for node, _ in keep}
         for node, life in sorted(self._lives.items()):
             entry = (node, life)
-            follower = self._followers[entry]
+            follower = self._followers.get(entry)
+            if follower is None:
+                continue
             caught_up = follower.durable >= self.log_end or now - follower.caught_up_at <= lag_max
             if (
-                node not in members
+                node in self.replicas
+                and node not in members
                 and entry not in self.committed_isr
                 and follower.durable >= self.high_watermark
                 and caught_up

@@ -29,6 +29,7 @@ from broky.cluster.membership import (
     Registration,
     register,
 )
+from broky.cluster.mirror import PrefixMirror
 from broky.cluster.settings import ClusterSettings
 from broky.cluster.vbuckets import VbucketTable
 
@@ -89,6 +90,8 @@ class ClusterNode:
         self.register_wait = register_wait
         self.membership = Membership(client, keys)
         self.vbuckets = VbucketTable(client, keys)
+        #: The decommission marks (broky.cluster.decommission), for the controller.
+        self.marks = PrefixMirror(client, keys.decommissioned)
         #: This life's registration (None between lives).
         self.registration: Registration | None = None
         self.controller: Controller | None = None
@@ -132,6 +135,7 @@ class ClusterNode:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.membership.run)
             await nursery.start(self.vbuckets.run)
+            await nursery.start(self.marks.run)
             delay = REJOIN_DELAY
             while True:
                 lives = self.lives
@@ -164,7 +168,14 @@ class ClusterNode:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(LeaseKeeper(self.client, lease).run)
                 self.controller = Controller(
-                    self.client, self.keys, self.node_id, lease.id, self.settings, self.membership
+                    self.client,
+                    self.keys,
+                    self.node_id,
+                    lease.id,
+                    self.settings,
+                    self.membership,
+                    vbuckets_changed=self.vbuckets.changed,
+                    marks_changed=self.marks.changed,
                 )
                 nursery.start_soon(self.controller.run)
                 task_status.started()

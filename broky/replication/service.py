@@ -36,10 +36,12 @@ from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
 from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.cluster.vbuckets import StoredState
 from broky.durable.owner import PartitionOwner
 from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore
 from broky.replication import epochfile
+from broky.replication.dropped import DroppedReplicas
 from broky.replication.events import (
     Advise,
     PartitionReplication,
@@ -103,6 +105,8 @@ class ReplicationService:
         self.switch = LinkSwitch()
         #: Leader changes, ISR changes, under-replication: counters and advisories.
         self.events = ReplicationEvents(node.node_id, advise)
+        #: This node's copies that moves dropped, deleted once each move ends.
+        self.dropped = DroppedReplicas(node.node_id)
 
     def statistics(self) -> ReplicationStatistics:
         """Every partition's role, log end, high watermark, ISR and follower
@@ -226,10 +230,21 @@ class ReplicationService:
                     replica, role.leader_address, role.epoch, role.node_epoch, self.switch
                 )
                 nursery.start_soon(_scoped, follower.run, scope)
+        self._delete_dropped(states, vbuckets)
+
+    def _delete_dropped(self, states: dict[int, StoredState], vbuckets: int) -> None:
+        """Delete the copies completed moves took off this node; after the
+        roles above, so a dropped partition's follower is already cancelled."""
+        for key, replica in self.replicas.items():
+            stored = states.get(vbucket_of(key[0], key[1], vbuckets))
+            if self.dropped.dropped(key, None if stored is None else stored.state):
+                self.dropped.delete(replica)
 
     def _sync_isr(self, replica: PartitionReplica, state: VbucketState) -> None:
         """Take an ISR the controller changed (a dead follower removed)."""
         leading = replica.leading
+        if leading is not None and leading.isr.replicas != state.replicas:
+            leading.isr.replicas_changed(state.replicas)  # a move added or dropped one
         if leading is None or leading.isr.pending_isr is not None:
             return
         before = leading.isr.committed_isr
