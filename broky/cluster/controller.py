@@ -37,10 +37,10 @@ from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import Compare, EtcdError, EventType, Get, Put
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.membership import Membership
-from broky.cluster.moves import DEFAULT_MAX_MOVES, next_step, plan_moves
+from broky.cluster.moves import DEFAULT_MAX_MOVES, changes
 from broky.cluster.placement import place
 from broky.cluster.settings import ClusterSettings
-from broky.cluster.state import VbucketState, after_membership, initial_state
+from broky.cluster.state import VbucketState, initial_state
 from broky.cluster.vbuckets import StoredState, states_of
 
 log = logging.getLogger(__name__)
@@ -210,29 +210,21 @@ class Controller:
             ]
             target = place(current, live, self.settings.vbuckets, self.settings.replication_factor)
             writes.extend(Write(v, 0, None, initial_state(target[v], live)) for v in missing)
-        for vbucket, entry in sorted(stored.items()):
-            changed = after_membership(entry.state, live)
-            if changed is None:
-                changed = next_step(entry.state, live)
-            if changed is not None:
-                writes.append(Write(vbucket, entry.kv.mod_revision, entry.state, changed))
-        written = {write.vbucket for write in writes}
-        starts = plan_moves(
-            {v: entry.state for v, entry in stored.items() if v not in written},
+        placed = {v: entry.state for v, entry in stored.items()}
+        settings = self.settings
+        changed = changes(
+            placed,
             live,
             decommissioned,
-            self.settings.vbuckets,
-            self.settings.replication_factor,
+            settings.vbuckets,
+            settings.replication_factor,
             self.max_moves,
         )
-        for vbucket, started in sorted(starts.items()):
-            entry = stored[vbucket]
-            # The first step (adding the new replicas) goes in the same write.
-            state = next_step(started, live) or started
-            writes.append(Write(vbucket, entry.kv.mod_revision, entry.state, state))
-        self.moving = sum(
-            1 for v, entry in stored.items() if entry.state.target and v not in written
-        ) + sum(1 for write in writes if write.state.target)
+        writes.extend(
+            Write(v, stored[v].kv.mod_revision, placed[v], state)
+            for v, state in sorted(changed.items())
+        )
+        self.moving = sum(1 for v, state in placed.items() if changed.get(v, state).target)
         return writes
 
     async def _write(self, epoch: int, writes: Sequence[Write]) -> bool:

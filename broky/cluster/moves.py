@@ -40,7 +40,7 @@ from collections.abc import Collection, Mapping
 import attrs
 
 from broky.cluster.placement import place
-from broky.cluster.state import VbucketState
+from broky.cluster.state import VbucketState, after_membership
 
 #: Vbuckets moving at once: each new replica fetches its vbucket's whole
 #: log from the leader, so a few at a time keep catch-up traffic (and the
@@ -104,7 +104,7 @@ def plan_moves(
         for v in range(vbuckets)
     ]
     goal = place(current, nodes, vbuckets, replication_factor)
-    moving = sum(1 for v, s in states.items() if s.target and v not in replanned)
+    moving = sum(1 for s in states.values() if s.target)
     started: dict[int, VbucketState] = {}
     for vbucket in range(vbuckets):
         state = states[vbucket]
@@ -113,7 +113,6 @@ def plan_moves(
         wanted = goal[vbucket]
         if vbucket in replanned:
             started[vbucket] = attrs.evolve(state, target=wanted)
-            moving += 1
             continue
         if wanted == state.replicas or moving >= max_moves:
             continue
@@ -122,3 +121,28 @@ def plan_moves(
         started[vbucket] = attrs.evolve(state, target=wanted)
         moving += 1
     return started
+
+
+def changes(
+    states: Mapping[int, VbucketState],
+    live: Mapping[str, int],
+    decommissioned: Collection[str],
+    vbuckets: int,
+    replication_factor: int,
+    max_moves: int = DEFAULT_MAX_MOVES,
+) -> dict[int, VbucketState]:
+    """Everything the controller writes for a placed map, one new state per
+    vbucket: membership first (broky.cluster.state.after_membership: dead
+    nodes leave the ISR, failovers), else the next step of its move; then
+    the moves to start, whose first step (adding the new replicas) goes in
+    the same write."""
+    written: dict[int, VbucketState] = {}
+    for vbucket, state in states.items():
+        changed = after_membership(state, live) or next_step(state, live)
+        if changed is not None:
+            written[vbucket] = changed
+    unchanged = {v: s for v, s in states.items() if v not in written}
+    starts = plan_moves(unchanged, live, decommissioned, vbuckets, replication_factor, max_moves)
+    for vbucket, started in starts.items():
+        written[vbucket] = next_step(started, live) or started
+    return written
