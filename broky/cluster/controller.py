@@ -27,7 +27,8 @@ Duties, on every membership change (and every ``RECHECK_INTERVAL``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import trio
@@ -57,8 +58,16 @@ RECHECK_INTERVAL = 5.0
 #: Pause before retrying after etcd failed a request.
 RETRY_DELAY = 0.1
 
-#: Returns after the next change of something the controller follows.
-Wait = Callable[[], Awaitable[None]]
+
+class View(Protocol):
+    """A live copy of etcd keys the controller follows (broky.cluster.mirror)."""
+
+    @property
+    def revision(self) -> int:
+        """The etcd revision of the last change applied."""
+
+    async def changed(self) -> None:
+        """Return after the next change applied."""
 
 
 @attrs.frozen
@@ -106,22 +115,21 @@ class Controller:
         settings: ClusterSettings,
         membership: Membership,
         *,
-        vbuckets_changed: Wait | None = None,
-        marks_changed: Wait | None = None,
+        vbuckets: View | None = None,
+        marks: View | None = None,
         max_moves: int = DEFAULT_MAX_MOVES,
     ) -> None:
-        """``vbuckets_changed`` and ``marks_changed`` return after the next
-        change of the vbucket states and of the decommission marks (the
-        node's etcd views), so moves start and advance promptly; without
-        them the controller notices within RECHECK_INTERVAL."""
+        """``vbuckets`` and ``marks``: the node's views of the vbucket states
+        and the decommission marks, so that moves start and advance as soon
+        as those change; without them, within RECHECK_INTERVAL."""
         self.client = client
         self.keys = keys
         self.node_id = node_id
         self.lease = lease
         self.settings = settings
         self.membership = membership
-        self.vbuckets_changed = vbuckets_changed
-        self.marks_changed = marks_changed
+        self.vbuckets = vbuckets
+        self.marks = marks
         self.max_moves = max_moves
         #: The controller epoch while this node is the controller, else None.
         self.epoch: int | None = None
@@ -172,18 +180,27 @@ class Controller:
 
     async def _lead(self, epoch: int) -> None:
         while True:
+            seen = {id(view): view.revision for view in self._views(moving=True)}
             await self.reconcile(epoch)
-            waits = [self.membership.changed, self.marks_changed]
-            if self.moving:
-                waits.append(self.vbuckets_changed)
+            views = self._views(moving=self.moving > 0)
+            if any(view.revision != seen[id(view)] for view in views):
+                continue  # it changed while we planned: plan again at once
             with trio.move_on_after(RECHECK_INTERVAL):
                 async with trio.open_nursery() as waiters:
-                    for wait in waits:
-                        if wait is not None:
-                            waiters.start_soon(_first, wait, waiters.cancel_scope)
+                    for view in views:
+                        waiters.start_soon(_first, view, waiters.cancel_scope)
+
+    def _views(self, moving: bool) -> list[View]:
+        """What the controller follows: membership and removals, and the
+        vbucket states while something moves (a move advances when a
+        leader adds a caught-up replica to its ISR)."""
+        views = [self.membership, self.marks, self.vbuckets if moving else None]
+        return [view for view in views if view is not None]
 
     async def reconcile(self, epoch: int) -> None:
-        """Bring every vbucket in line with the current membership."""
+        """Bring every vbucket in line with the current membership: plan and
+        write until a plan has nothing to write (a move's completion lets
+        the next one start; a race lost means re-reading)."""
         while True:
             live = {node: member.epoch for node, member in self.membership.members().items()}
             found = await self.client.txn(
@@ -194,8 +211,7 @@ class Controller:
             writes = self._plan(stored, live, decommissioned_of(self.keys, marks))
             if not writes:
                 return
-            if await self._write(epoch, writes):
-                return
+            await self._write(epoch, writes)
 
     def _plan(
         self, stored: dict[int, StoredState], live: dict[str, int], decommissioned: set[str]
@@ -271,7 +287,7 @@ def describe(state: VbucketState) -> str:
     return f"{line} moving to [{','.join(state.target)}]" if state.target else line
 
 
-async def _first(wait: Wait, scope: trio.CancelScope) -> None:
-    """Wait, then end the waits of ``scope`` (the first change wins)."""
-    await wait()
+async def _first(view: View, scope: trio.CancelScope) -> None:
+    """Wait for ``view`` to change, then end the waits of ``scope``."""
+    await view.changed()
     scope.cancel()

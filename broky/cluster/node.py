@@ -174,8 +174,8 @@ class ClusterNode:
                     lease.id,
                     self.settings,
                     self.membership,
-                    vbuckets_changed=self.vbuckets.changed,
-                    marks_changed=self.marks.changed,
+                    vbuckets=self.vbuckets,
+                    marks=self.marks,
                 )
                 nursery.start_soon(self.controller.run)
                 task_status.started()

@@ -57,9 +57,11 @@ class LocalNode:
         replica_lag_max: float = 1.0,
         *,
         standalone: bool = False,
+        replication_factor: int = 3,
     ) -> None:
         """``standalone``: a plain single broker with the same topic (no
-        cluster, no replication), the baseline benchmarks compare with."""
+        cluster, no replication), the baseline benchmarks compare with.
+        ``replication_factor`` counts if this node creates the cluster."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
@@ -102,6 +104,8 @@ class LocalNode:
             cluster,
             "--vbuckets",
             str(VBUCKETS),
+            "--replication-factor",
+            str(replication_factor),
             "--replication-listen",
             f"127.0.0.1:{self.replication_port}",
         ]

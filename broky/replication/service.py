@@ -42,6 +42,7 @@ from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore
 from broky.replication import epochfile
 from broky.replication.dropped import DroppedReplicas
+from broky.replication.empty import sync_empty_vbuckets
 from broky.replication.events import (
     Advise,
     PartitionReplication,
@@ -157,6 +158,9 @@ class ReplicationService:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
+            vbuckets = self.node.settings.vbuckets
+            with_data = {vbucket_of(topic, p, vbuckets) for topic, p in self.replicas}
+            nursery.start_soon(sync_empty_vbuckets, self.node, with_data)
             if LinkSwitch.enabled():
                 nursery.start_soon(self.switch.follow_signals)
             task_status.started()

@@ -1,0 +1,142 @@
+"""Rebalancing end to end: etcd + ``broky serve`` processes under acked load.
+
+Three nodes with replication factor 2; a fourth joins and takes its share
+(replicas caught up before they count, leaderships handed over); then
+``broky cluster remove-node`` removes one of the first three for good: its
+replicas are re-created on the others and its copies deleted. All along,
+clients publish with acks = "all"; at the end every acked publish is on
+every in-sync replica of its partition at its acked offset, and replicas
+agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import trio
+
+from broky.cluster.etcd import EtcdClient
+from broky.cluster.keys import ClusterKeys
+from broky.cluster.status import ClusterStatus
+from broky.replication.local_cluster import VBUCKETS, LocalNode, partition_vbuckets
+from tests.cluster import jepsen
+from tests.cluster.history import check
+from tests.cluster.replicated import TOPIC, wait_status
+
+#: Bound for each phase to settle (start, join, removal) on a loaded CI box.
+SETTLE = 60.0
+CLIENTS = 2
+
+
+@pytest.fixture
+def cluster_name(prefix: bytes) -> str:
+    return "m" + prefix.decode().strip("/").replace("/", "-")
+
+
+def settled(status: ClusterStatus, nodes: set[str]) -> bool:
+    """Every vbucket placed on ``nodes`` only, balanced, led, fully in sync
+    (each replica in the life etcd registers for it now), nothing moving."""
+    if len(status.vbuckets) != VBUCKETS or status.moving():
+        return False
+    lives = {node: member.epoch for node, member in status.members.items()}
+    copies: Counter[str] = Counter()
+    for stored in status.vbuckets.values():
+        state = stored.state
+        copies.update(state.replicas)
+        if state.leader is None or set(state.replicas) - nodes:
+            return False
+        if {n for n, _ in state.isr} != set(state.replicas):
+            return False
+        if any(lives.get(node) != life for node, life in state.isr):
+            return False
+    counts = [copies[node] for node in nodes]
+    return min(counts) > 0 and max(counts) - min(counts) <= 1
+
+
+async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_replicas_over(
+    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path
+) -> None:
+    keys = ClusterKeys.for_cluster(cluster_name)
+    nodes = [
+        LocalNode(etcd_url, cluster_name, f"n{i}", tmp_path / f"n{i}", TOPIC, replication_factor=2)
+        for i in range(1, 5)
+    ]
+    first, joining = nodes[:3], nodes[3]
+    report = jepsen.Report()
+    acks: dict[int, list[float]] = {p: [] for p in range(TOPIC.partitions)}
+    try:
+        for node in first:
+            node.start()
+        with trio.fail_after(SETTLE * 3 + 30):
+            await wait_status(etcd, keys, lambda s: settled(s, {"n1", "n2", "n3"}), SETTLE)
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                for client in range(CLIENTS):
+                    nursery.start_soon(jepsen._publisher, first, client, stop, report, acks)
+                await trio.sleep(2.0)  # the new replicas have a log to catch up
+                joining.start()
+                after_join = await wait_status(
+                    etcd, keys, lambda s: settled(s, {"n1", "n2", "n3", "n4"}), SETTLE
+                )
+                acked_at_join = len(report.acked)
+                await trio.sleep(1.0)
+                await _remove_node(etcd_url, cluster_name, "n1")
+                final = await wait_status(
+                    etcd, keys, lambda s: settled(s, {"n2", "n3", "n4"}), SETTLE
+                )
+                await trio.sleep(1.0)
+                stop.set()
+            await trio.sleep(0.5)  # the last fetches carry the final high watermark
+        leads = Counter(s.state.leader for s in after_join.vbuckets.values())
+        assert leads["n4"] >= VBUCKETS // 4 - 1, leads  # it leads its share
+        assert "n1" in final.decommissioned
+        for node in nodes:
+            node.stop(signal.SIGTERM)
+        held = {node.node_id: node.records(TOPIC.name) for node in nodes}
+    finally:
+        for node in nodes:
+            node.stop(signal.SIGKILL)
+    # The removed node deleted every copy once its moves had ended.
+    assert not any(held["n1"].values()), {p: len(r) for p, r in held["n1"].items()}
+    duplicates = 0
+    on_n4 = 0
+    for partition, vbucket in partition_vbuckets(TOPIC).items():
+        in_sync = [node for node, _ in final.vbuckets[vbucket].state.isr]
+        on_n4 += "n4" in in_sync
+        verdict = check(
+            [a for a in report.acked if a.partition == partition],
+            {node: {partition: records.get(partition, [])} for node, records in held.items()},
+            in_sync,
+        )
+        assert verdict.ok, (partition, verdict)
+        duplicates += verdict.duplicates
+    print(
+        f"acked {len(report.acked)} ({acked_at_join} before the join settled), "
+        f"duplicates {duplicates}, indeterminate batches {report.indeterminate}, "
+        f"client retries {report.retries}; n4 holds {on_n4} of {TOPIC.partitions} partitions"
+    )
+    assert len(report.acked) > acked_at_join > 0
+
+
+async def _remove_node(etcd_url: str, cluster_name: str, node_id: str) -> None:
+    """``broky cluster remove-node`` as an operator runs it."""
+    done = await trio.run_process(
+        [
+            sys.executable,
+            "-m",
+            "broky",
+            "cluster",
+            "remove-node",
+            node_id,
+            "--etcd",
+            etcd_url,
+            "--cluster-name",
+            cluster_name,
+        ],
+        capture_stdout=True,
+    )
+    assert f"node {node_id} removed for good" in done.stdout.decode()
