@@ -227,15 +227,7 @@ class Controller:
             target = place(current, live, self.settings.vbuckets, self.settings.replication_factor)
             writes.extend(Write(v, 0, None, initial_state(target[v], live)) for v in missing)
         placed = {v: entry.state for v, entry in stored.items()}
-        settings = self.settings
-        changed = changes(
-            placed,
-            live,
-            decommissioned,
-            settings.vbuckets,
-            settings.replication_factor,
-            self.max_moves,
-        )
+        changed = changes(placed, live, decommissioned, self.settings, self.max_moves)
         writes.extend(
             Write(v, stored[v].kv.mod_revision, placed[v], state)
             for v, state in sorted(changed.items())

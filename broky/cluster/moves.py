@@ -40,6 +40,7 @@ from collections.abc import Collection, Mapping
 import attrs
 
 from broky.cluster.placement import place
+from broky.cluster.settings import ClusterSettings
 from broky.cluster.state import VbucketState, after_membership
 
 #: Vbuckets moving at once: each new replica fetches its vbucket's whole
@@ -82,8 +83,7 @@ def plan_moves(
     states: Mapping[int, VbucketState],
     live: Mapping[str, int],
     decommissioned: Collection[str],
-    vbuckets: int,
-    replication_factor: int,
+    settings: ClusterSettings,
     max_moves: int = DEFAULT_MAX_MOVES,
 ) -> dict[int, VbucketState]:
     """Moves to start or re-plan now: the new state (with its ``target``)
@@ -91,10 +91,11 @@ def plan_moves(
     moving in all. Nothing while the map is incomplete (the first
     placement comes first) or while too few nodes would remain to keep
     ``replication_factor`` copies (a removal then waits for a new node)."""
+    vbuckets = settings.vbuckets
     if len(states) < vbuckets:
         return {}
     nodes = usable_nodes(states, live, decommissioned)
-    if len(nodes) < replication_factor:
+    if len(nodes) < settings.replication_factor:
         return {}
     # Moves in flight count at their target, unless it names a node that
     # may no longer be used: that move is planned again.
@@ -103,7 +104,7 @@ def plan_moves(
         states[v].target if states[v].target and v not in replanned else states[v].replicas
         for v in range(vbuckets)
     ]
-    goal = place(current, nodes, vbuckets, replication_factor)
+    goal = place(current, nodes, vbuckets, settings.replication_factor)
     moving = sum(1 for s in states.values() if s.target)
     started: dict[int, VbucketState] = {}
     for vbucket in range(vbuckets):
@@ -127,8 +128,7 @@ def changes(
     states: Mapping[int, VbucketState],
     live: Mapping[str, int],
     decommissioned: Collection[str],
-    vbuckets: int,
-    replication_factor: int,
+    settings: ClusterSettings,
     max_moves: int = DEFAULT_MAX_MOVES,
 ) -> dict[int, VbucketState]:
     """Everything the controller writes for a placed map, one new state per
@@ -142,7 +142,7 @@ def changes(
         if changed is not None:
             written[vbucket] = changed
     unchanged = {v: s for v, s in states.items() if v not in written}
-    starts = plan_moves(unchanged, live, decommissioned, vbuckets, replication_factor, max_moves)
+    starts = plan_moves(unchanged, live, decommissioned, settings, max_moves)
     for vbucket, started in starts.items():
         written[vbucket] = next_step(started, live) or started
     return written

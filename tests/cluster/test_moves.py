@@ -10,9 +10,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from broky.cluster.moves import changes, next_step, plan_moves, usable_nodes
 from broky.cluster.placement import place
+from broky.cluster.settings import ClusterSettings
 from broky.cluster.state import VbucketState, initial_state
 
 LIVE = {"a": 1, "b": 2, "c": 3, "d": 4}
+SIXTEEN = ClusterSettings(vbuckets=16, replication_factor=2)
 
 
 def test_a_move_adds_waits_hands_over_leadership_then_drops() -> None:
@@ -49,24 +51,24 @@ def three_node_map(vbuckets: int = 16) -> dict[int, VbucketState]:
 
 def test_a_joining_node_gets_moves_a_few_at_a_time_and_only_it_gains() -> None:
     states = three_node_map()
-    started = plan_moves(states, LIVE, (), 16, 2, max_moves=3)
+    started = plan_moves(states, LIVE, (), SIXTEEN, max_moves=3)
     assert len(started) == 3
     for vbucket, state in started.items():
         assert state.target
         assert set(state.target) - set(states[vbucket].replicas) <= {"d"}
     # With three moving, nothing more starts.
     moving = {**states, **started}
-    assert plan_moves(moving, LIVE, (), 16, 2, max_moves=3) == {}
+    assert plan_moves(moving, LIVE, (), SIXTEEN, max_moves=3) == {}
 
 
 def test_a_down_node_keeps_its_replicas_a_removed_one_loses_them() -> None:
     states = three_node_map()
     down = {"a": 1, "b": 2}
     assert usable_nodes(states, down, ()) == {"a", "b", "c"}
-    assert plan_moves(states, down, (), 16, 2) == {}
-    assert changes(states, {"a": 1, "b": 2, "c": 3}, (), 16, 2) == {}
+    assert plan_moves(states, down, (), SIXTEEN) == {}
+    assert changes(states, {"a": 1, "b": 2, "c": 3}, (), SIXTEEN) == {}
     # c removed for good: its replicas move to a and b (both live).
-    started = plan_moves(states, down, {"c"}, 16, 2, max_moves=16)
+    started = plan_moves(states, down, {"c"}, SIXTEEN, max_moves=16)
     assert started
     assert all("c" not in state.target for state in started.values())
     assert {v for v, s in states.items() if "c" in s.replicas} == set(started)
@@ -74,7 +76,7 @@ def test_a_down_node_keeps_its_replicas_a_removed_one_loses_them() -> None:
 
 def test_no_move_leaves_fewer_nodes_than_the_replication_factor() -> None:
     states = three_node_map()
-    assert plan_moves(states, {"a": 1, "b": 2}, {"b", "c"}, 16, 2) == {}
+    assert plan_moves(states, {"a": 1, "b": 2}, {"b", "c"}, SIXTEEN) == {}
 
 
 def test_a_move_towards_a_removed_node_is_planned_again() -> None:
@@ -88,7 +90,7 @@ def test_a_move_towards_a_removed_node_is_planned_again() -> None:
         states[vbucket].isr,
         target=("d", second),
     )
-    replanned = plan_moves(states, LIVE, {"d"}, 16, 2)
+    replanned = plan_moves(states, LIVE, {"d"}, SIXTEEN)
     assert "d" not in replanned[vbucket].target
     # The next steps drop d without ever leaving the ISR short.
     state = replanned[vbucket]
@@ -121,9 +123,8 @@ class Rebalancing(RuleBasedStateMachine):
 
     def _apply(self) -> None:
         before = dict(self.states)
-        written = changes(
-            self.states, self.live, self.removed, self.VBUCKETS, self.RF, self.MAX_MOVES
-        )
+        layout = ClusterSettings(self.VBUCKETS, self.RF)
+        written = changes(self.states, self.live, self.removed, layout, self.MAX_MOVES)
         for vbucket, state in written.items():
             old = before[vbucket]
             state.check()
