@@ -208,7 +208,7 @@ class LeaderIsr:
         if self.leader not in isr:
             raise IsrRuleError(f"committed ISR {isr} lacks the leader {self.leader}")
         for entry in isr:
-            if entry not in self.committed_isr and self._durable_of(entry) < self.high_watermark:
+            if entry not in self.committed_isr and self.durable_of(entry) < self.high_watermark:
                 raise IsrRuleError(f"{entry} joins the ISR without the data below the HW")
         for entry in self.committed_isr:
             if entry not in isr:
@@ -231,6 +231,34 @@ class LeaderIsr:
         self._followers.pop(entry, None)
         if self._lives.get(entry[0]) == entry[1]:
             del self._lives[entry[0]]
+
+    def hold(self, entries: Iterable[IsrEntry]) -> None:
+        """Count ``entries`` as pending additions (the HW waits for them)
+        while another partition of the vbucket proposes them to etcd: the
+        vbucket has one ISR, so each of its partitions must hold them back
+        from its HW before etcd names them in sync (broky.replication.
+        vbucket_isr). Each must hold everything below the HW already;
+        ``isr_committed`` or ``isr_failed`` ends the hold."""
+        if self.pending_isr is not None:
+            raise IsrRuleError("an ISR change is already pending")
+        added = tuple(entry for entry in entries if entry not in self.committed_isr)
+        for entry in added:
+            if self.durable_of(entry) < self.high_watermark:
+                raise IsrRuleError(f"{entry} lacks data below the HW")
+        if added:
+            self.pending_isr = self.committed_isr + added
+            self._advance()
+
+    def narrow(self, proposal: Iterable[IsrEntry]) -> None:
+        """Replace the pending proposal by ``proposal``, which drops some of
+        its additions (another partition of the vbucket refused them); the
+        HW can only go up."""
+        pending = self.pending_isr
+        proposal = tuple(proposal)
+        if pending is None or not set(proposal) <= set(pending):
+            raise IsrRuleError(f"{proposal} does not narrow the pending {pending}")
+        self.pending_isr = proposal
+        self._advance()
 
     def isr_failed(self) -> None:
         """The ISR change was not committed (a race, or this leader was
@@ -316,7 +344,7 @@ class LeaderIsr:
             lags[node] = self.log_end - (0 if follower is None else follower.durable)
         return lags
 
-    def _durable_of(self, entry: IsrEntry) -> int:
+    def durable_of(self, entry: IsrEntry) -> int:
         """What ``entry`` (a node in one life) is known to have fsynced."""
         if entry == self.leader:
             return self.leader_durable
@@ -328,4 +356,4 @@ class LeaderIsr:
         # (IsrRuleError) or cannot happen (durable offsets only grow; a
         # member joins only holding everything below the HW). The property
         # tests check that the minimum itself never goes back.
-        self.high_watermark = min(self._durable_of(entry) for entry in self.maximal_isr())
+        self.high_watermark = min(self.durable_of(entry) for entry in self.maximal_isr())

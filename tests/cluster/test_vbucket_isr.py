@@ -1,0 +1,72 @@
+"""A vbucket's partitions agree on ISR additions (broky.replication.vbucket_isr)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broky.cluster.isr import Acks, IsrRuleError, IsrSettings, LeaderIsr
+from broky.replication.vbucket_isr import agree, release, settle
+
+LEADER = ("L", 1)
+NEW = ("N", 4)
+EPOCH = 2
+
+
+def partition(log_end: int) -> LeaderIsr:
+    """One partition of the vbucket, led by L with follower F in sync up
+    to ``log_end``; N is a replica being added (a move's new replica)."""
+    isr = LeaderIsr(
+        LEADER, EPOCH, ("L", "F", "N"), [LEADER, ("F", 1)], 0, 0, 0.0, IsrSettings(2, 1.0)
+    )
+    if log_end:
+        isr.appended(log_end, "t", Acks.ALL)
+        isr.synced(log_end)
+        isr.follower_ack("F", 1, EPOCH, log_end, 0.0)
+    assert isr.high_watermark == log_end
+    return isr
+
+
+def test_a_replica_caught_up_on_one_partition_only_is_not_added() -> None:
+    busy, idle = partition(100), partition(5)
+    idle.follower_ack("N", 4, EPOCH, 5, 0.1)
+    busy.follower_ack("N", 4, EPOCH, 60, 0.1)
+    proposal = idle.propose(0.1)
+    assert proposal is not None
+    assert NEW in proposal
+    assert agree(idle, proposal, [busy]) is None
+    assert idle.pending_isr is None
+    assert busy.pending_isr is None
+
+
+def test_an_agreed_addition_holds_every_partitions_high_watermark() -> None:
+    busy, idle = partition(100), partition(5)
+    idle.follower_ack("N", 4, EPOCH, 5, 0.1)
+    busy.follower_ack("N", 4, EPOCH, 100, 0.1)
+    proposal = idle.propose(0.1)
+    assert proposal is not None
+    agreed = agree(idle, proposal, [busy])
+    assert agreed == proposal
+    # While etcd has not answered, the busy partition's HW waits for N.
+    busy.appended(120, "u", Acks.ALL)
+    busy.synced(120)
+    busy.follower_ack("F", 1, EPOCH, 120, 0.2)
+    assert busy.high_watermark == 100
+    assert settle([busy], agreed) == [(busy, (LEADER, ("F", 1)))]
+    assert NEW in busy.committed_isr
+    busy.follower_ack("N", 4, EPOCH, 120, 0.3)
+    assert busy.high_watermark == 120
+
+
+def test_a_failed_proposal_releases_the_hold() -> None:
+    busy, idle = partition(100), partition(5)
+    idle.follower_ack("N", 4, EPOCH, 5, 0.1)
+    busy.follower_ack("N", 4, EPOCH, 100, 0.1)
+    proposal = idle.propose(0.1)
+    assert proposal is not None
+    assert agree(idle, proposal, [busy]) is not None
+    assert busy.pending_isr is not None
+    with pytest.raises(IsrRuleError):
+        busy.hold([NEW])  # one proposal at a time
+    release([busy])
+    assert busy.pending_isr is None
+    assert NEW not in busy.maximal_isr()
