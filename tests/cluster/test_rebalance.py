@@ -21,8 +21,13 @@ import trio
 
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
-from broky.cluster.status import ClusterStatus
-from broky.replication.local_cluster import VBUCKETS, LocalNode, TopicSpec, partition_vbuckets
+from broky.replication.local_cluster import (
+    VBUCKETS,
+    LocalNode,
+    TopicSpec,
+    balanced,
+    partition_vbuckets,
+)
 from tests.cluster import jepsen
 from tests.cluster.history import check
 from tests.cluster.replicated import wait_status
@@ -42,26 +47,6 @@ def cluster_name(prefix: bytes) -> str:
     return "m" + prefix.decode().strip("/").replace("/", "-")
 
 
-def settled(status: ClusterStatus, nodes: set[str]) -> bool:
-    """Every vbucket placed on ``nodes`` only, balanced, led, fully in sync
-    (each replica in the life etcd registers for it now), nothing moving."""
-    if len(status.vbuckets) != VBUCKETS or status.moving():
-        return False
-    lives = {node: member.epoch for node, member in status.members.items()}
-    copies: Counter[str] = Counter()
-    for stored in status.vbuckets.values():
-        state = stored.state
-        copies.update(state.replicas)
-        if state.leader is None or set(state.replicas) - nodes:
-            return False
-        if {n for n, _ in state.isr} != set(state.replicas):
-            return False
-        if any(lives.get(node) != life for node, life in state.isr):
-            return False
-    counts = [copies[node] for node in nodes]
-    return min(counts) > 0 and max(counts) - min(counts) <= 1
-
-
 async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_replicas_over(
     etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path
 ) -> None:
@@ -77,7 +62,7 @@ async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_repli
         for node in first:
             node.start()
         with trio.fail_after(SETTLE * 3 + 30):
-            await wait_status(etcd, keys, lambda s: settled(s, {"n1", "n2", "n3"}), SETTLE)
+            await wait_status(etcd, keys, lambda s: balanced(s, {"n1", "n2", "n3"}), SETTLE)
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
                 for client in range(CLIENTS):
@@ -85,13 +70,13 @@ async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_repli
                 await trio.sleep(2.0)  # the new replicas have a log to catch up
                 joining.start()
                 after_join = await wait_status(
-                    etcd, keys, lambda s: settled(s, {"n1", "n2", "n3", "n4"}), SETTLE
+                    etcd, keys, lambda s: balanced(s, {"n1", "n2", "n3", "n4"}), SETTLE
                 )
                 acked_at_join = len(report.acked)
                 await trio.sleep(1.0)
                 await _remove_node(etcd_url, cluster_name, "n1")
                 final = await wait_status(
-                    etcd, keys, lambda s: settled(s, {"n2", "n3", "n4"}), SETTLE
+                    etcd, keys, lambda s: balanced(s, {"n2", "n3", "n4"}), SETTLE
                 )
                 await trio.sleep(1.0)
                 stop.set()
