@@ -67,6 +67,11 @@ class ClusterNodeStatistics:
     members: int
     vbuckets: int
     vbuckets_led: int
+    #: Vbuckets a move is taking elsewhere (broky.cluster.moves), as seen here.
+    vbuckets_moving: int
+    #: Moves this node started and completed while controller, in its current life.
+    moves_started: int
+    moves_completed: int
 
 
 class ClusterNode:
@@ -116,6 +121,9 @@ class ClusterNode:
             members=len(self.membership.members()),
             vbuckets=len(self.vbuckets.states()),
             vbuckets_led=len(self.terms()),
+            vbuckets_moving=sum(1 for s in self.vbuckets.states().values() if s.state.target),
+            moves_started=0 if controller is None else controller.moves_started,
+            moves_completed=0 if controller is None else controller.moves_completed,
         )
 
     def terms(self) -> dict[int, Term]:

@@ -69,15 +69,19 @@ async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_repli
                     nursery.start_soon(jepsen._publisher, first, client, stop, report, acks, KEYS)
                 await trio.sleep(2.0)  # the new replicas have a log to catch up
                 joining.start()
+                join_started = trio.current_time()
                 after_join = await wait_status(
                     etcd, keys, lambda s: balanced(s, {"n1", "n2", "n3", "n4"}), SETTLE
                 )
+                join_took = trio.current_time() - join_started
                 acked_at_join = len(report.acked)
                 await trio.sleep(1.0)
+                remove_started = trio.current_time()
                 await _remove_node(etcd_url, cluster_name, "n1")
                 final = await wait_status(
                     etcd, keys, lambda s: balanced(s, {"n2", "n3", "n4"}), SETTLE
                 )
+                remove_took = trio.current_time() - remove_started
                 await trio.sleep(1.0)
                 stop.set()
             await trio.sleep(0.5)  # the last fetches carry the final high watermark
@@ -105,6 +109,7 @@ async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_repli
         assert verdict.ok, (partition, verdict)
         duplicates += verdict.duplicates
     print(
+        f"join balanced in {join_took:.2f} s, removal in {remove_took:.2f} s; "
         f"acked {len(report.acked)} ({acked_at_join} before the join settled), "
         f"duplicates {duplicates}, indeterminate batches {report.indeterminate}, "
         f"client retries {report.retries}; n4 holds {on_n4} of {TOPIC.partitions} partitions"
