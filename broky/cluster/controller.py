@@ -138,7 +138,7 @@ class Controller:
         #: Moves this node started and completed as controller.
         self.moves_started = 0
         self.moves_completed = 0
-        #: Vbuckets moving after the last reconcile (while > 0, ``wakes`` count).
+        #: Vbuckets moving after the last plan (while > 0, vbucket changes wake us).
         self.moving = 0
 
     async def run(self) -> None:
@@ -235,9 +235,10 @@ class Controller:
         self.moving = sum(1 for v, state in placed.items() if changed.get(v, state).target)
         return writes
 
-    async def _write(self, epoch: int, writes: Sequence[Write]) -> bool:
-        """Write ``writes`` in CAS txns; False if one lost a race (re-read and
-        plan again); NotController if our epoch is over."""
+    async def _write(self, epoch: int, writes: Sequence[Write]) -> None:
+        """Write ``writes`` in CAS txns, stopping at the first that lost a
+        race (the caller re-reads and plans again); NotController if our
+        epoch is over."""
         guard = Compare.created(self.keys.controller, epoch)
         for start in range(0, len(writes), KEYS_PER_TXN):
             batch = writes[start : start + KEYS_PER_TXN]
@@ -256,7 +257,8 @@ class Controller:
                 holders = result.ranges[0]
                 if not holders or holders[0].create_revision != epoch:
                     raise NotController("the controller key changed")
-                return False
+                log.debug("a vbucket changed while the controller planned; re-reading")
+                return
             for write in batch:
                 if write.old is None:
                     log.debug("vbucket %d placed: %s", write.vbucket, describe(write.state))
@@ -268,7 +270,6 @@ class Controller:
                 elif write.old.target and not write.state.target:
                     self.moves_completed += 1
                 log.info("vbucket %d: %s", write.vbucket, describe(write.state))
-        return True
 
 
 def describe(state: VbucketState) -> str:

@@ -239,9 +239,9 @@ class LeaderIsr:
         from its HW before etcd names them in sync (broky.replication.
         vbucket_isr). Each must hold everything below the HW already;
         ``isr_committed`` or ``isr_failed`` ends the hold."""
-        if self.pending_isr is not None:
-            raise IsrRuleError("an ISR change is already pending")
         added = tuple(entry for entry in entries if entry not in self.committed_isr)
+        if added and self.pending_isr is not None:
+            raise IsrRuleError("an ISR change is already pending")
         for entry in added:
             if self.durable_of(entry) < self.high_watermark:
                 raise IsrRuleError(f"{entry} lacks data below the HW")

@@ -54,7 +54,11 @@ def agree(
         entry
         for entry in additions
         for sibling in siblings
-        if entry not in sibling.committed_isr and sibling.durable_of(entry) < sibling.high_watermark
+        if entry not in sibling.committed_isr
+        and (
+            # A sibling with a change of its own pending cannot hold this one.
+            sibling.pending_isr is not None or sibling.durable_of(entry) < sibling.high_watermark
+        )
     }
     if refused:
         proposal = tuple(entry for entry in proposal if entry not in refused)

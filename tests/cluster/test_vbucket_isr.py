@@ -70,3 +70,13 @@ def test_a_failed_proposal_releases_the_hold() -> None:
     release([busy])
     assert busy.pending_isr is None
     assert NEW not in busy.maximal_isr()
+
+
+def test_a_sibling_with_a_change_of_its_own_pending_refuses_additions() -> None:
+    first, second = partition(5), partition(5)
+    for isr in (first, second):
+        isr.follower_ack("N", 4, EPOCH, 5, 0.1)
+    assert second.propose(0.1) is not None  # pending in the second
+    proposal = first.propose(0.1)
+    assert proposal is not None
+    assert agree(first, proposal, [second]) is None
