@@ -64,11 +64,11 @@ def test_a_failed_proposal_releases_the_hold() -> None:
     proposal = idle.propose(0.1)
     assert proposal is not None
     assert agree(idle, proposal, [busy]) is not None
-    assert busy.pending_isr is not None
+    assert NEW in busy.maximal_isr()
     with pytest.raises(IsrRuleError):
         busy.hold([NEW])  # one proposal at a time
     release([busy])
-    assert busy.pending_isr is None
+    assert busy.maximal_isr() == busy.committed_isr
     assert NEW not in busy.maximal_isr()
 
 
