@@ -55,6 +55,13 @@ def four_nodes(etcd_url: str, cluster_name: str, directory: Path) -> list[LocalN
     ]
 
 
+def stop_and_read(nodes: list[LocalNode]) -> dict[str, dict[int, list[Record]]]:
+    """Stop every node cleanly, then read its files."""
+    for node in nodes:
+        node.stop(signal.SIGTERM)
+    return {node.node_id: node.records(TOPIC.name) for node in nodes}
+
+
 def verify(
     report: jepsen.Report,
     held: dict[str, dict[int, list[Record]]],
@@ -116,9 +123,7 @@ async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_repli
         leads = Counter(s.state.leader for s in after_join.vbuckets.values())
         assert leads["n4"] >= VBUCKETS // 4 - 1, leads  # it leads its share
         assert "n1" in final.decommissioned
-        for node in nodes:
-            node.stop(signal.SIGTERM)
-        held = {node.node_id: node.records(TOPIC.name) for node in nodes}
+        held = stop_and_read(nodes)
     finally:
         for node in nodes:
             node.stop(signal.SIGKILL)
@@ -175,9 +180,7 @@ async def test_moves_carry_on_after_the_controller_and_the_new_node_are_killed(
                 await trio.sleep(1.0)
                 stop.set()
             await trio.sleep(0.5)  # the last fetches carry the final high watermark
-        for node in nodes:
-            node.stop(signal.SIGTERM)
-        held = {node.node_id: node.records(TOPIC.name) for node in nodes}
+        held = stop_and_read(nodes)
     finally:
         for node in nodes:
             node.stop(signal.SIGKILL)

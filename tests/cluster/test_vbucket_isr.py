@@ -26,24 +26,29 @@ def partition(log_end: int) -> LeaderIsr:
     return isr
 
 
-def test_a_replica_caught_up_on_one_partition_only_is_not_added() -> None:
+def idle_proposes_n(
+    busy_durable: int,
+) -> tuple[LeaderIsr, LeaderIsr, tuple[tuple[str, int], ...]]:
+    """A busy partition (HW 100) where N has fsynced ``busy_durable``, and
+    an idle one (HW 5) where N caught up and which proposes adding it."""
     busy, idle = partition(100), partition(5)
     idle.follower_ack("N", 4, EPOCH, 5, 0.1)
-    busy.follower_ack("N", 4, EPOCH, 60, 0.1)
+    busy.follower_ack("N", 4, EPOCH, busy_durable, 0.1)
     proposal = idle.propose(0.1)
     assert proposal is not None
     assert NEW in proposal
+    return busy, idle, proposal
+
+
+def test_a_replica_caught_up_on_one_partition_only_is_not_added() -> None:
+    busy, idle, proposal = idle_proposes_n(60)
     assert agree(idle, proposal, [busy]) is None
     assert idle.pending_isr is None
     assert busy.pending_isr is None
 
 
 def test_an_agreed_addition_holds_every_partitions_high_watermark() -> None:
-    busy, idle = partition(100), partition(5)
-    idle.follower_ack("N", 4, EPOCH, 5, 0.1)
-    busy.follower_ack("N", 4, EPOCH, 100, 0.1)
-    proposal = idle.propose(0.1)
-    assert proposal is not None
+    busy, idle, proposal = idle_proposes_n(100)
     agreed = agree(idle, proposal, [busy])
     assert agreed == proposal
     # While etcd has not answered, the busy partition's HW waits for N.
@@ -58,11 +63,7 @@ def test_an_agreed_addition_holds_every_partitions_high_watermark() -> None:
 
 
 def test_a_failed_proposal_releases_the_hold() -> None:
-    busy, idle = partition(100), partition(5)
-    idle.follower_ack("N", 4, EPOCH, 5, 0.1)
-    busy.follower_ack("N", 4, EPOCH, 100, 0.1)
-    proposal = idle.propose(0.1)
-    assert proposal is not None
+    busy, idle, proposal = idle_proposes_n(100)
     assert agree(idle, proposal, [busy]) is not None
     assert NEW in busy.maximal_isr()
     with pytest.raises(IsrRuleError):
