@@ -9,7 +9,8 @@ holding a view is always safe, it only keeps that buffer alive.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+import os
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 
@@ -62,11 +63,33 @@ class EncodedRun:
     Not frozen: a frozen attrs class pays an ``object.__setattr__`` per field
     on construction, and on short runs one of these is built per message.
     Nothing mutates one after it is built.
+
+    This is the pure-Python class (``EncodedRunPure``); where the compiled
+    hot path is built, ``EncodedRun`` is its twin ``broky.protocol._runs``
+    (same fields, equality and repr), which the compiled reader and fan-out
+    fill and read as C fields.
     """
 
     key: bytes
     count: int
     chunk: bytes
+
+
+EncodedRunPure = EncodedRun
+
+
+def _compiled_encoded_run() -> type[EncodedRun] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.protocol._runs import EncodedRun as compiled  # noqa: PLC0415
+    except ImportError:
+        return None
+    return compiled  # type: ignore[return-value]  # the twin, not a subclass
+
+
+if not TYPE_CHECKING:
+    EncodedRun = _compiled_encoded_run() or EncodedRunPure
 
 
 @attrs.frozen(slots=True)
@@ -299,6 +322,8 @@ class Consume:
     priority: int = 0
     start_time: int = 0
     start_offsets: tuple[int, ...] = ()
+    #: The ``[[durable]]`` topic for dead letters ("": the default).
+    dead_letter_topic: str = ""
 
 
 @attrs.frozen(slots=True)
@@ -335,6 +360,27 @@ class Settled:
     stream: int
     sequence: int
     stale: int = 0
+    #: Settled offsets whose owner went down before confirming them.
+    unconfirmed: int = 0
+
+
+@attrs.frozen(slots=True)
+class DeleteSubscription:
+    """Delete a durable subscription (see ``DeleteSubscription`` in the schema)."""
+
+    stream: int
+    subscription: str
+    pattern: bytes = b""
+    force: bool = False
+
+
+@attrs.frozen(slots=True)
+class DeletedSubscription:
+    """The answer to ``DeleteSubscription``: the subscription is gone."""
+
+    stream: int
+    partitions: int = 0
+    consumers: int = 0
 
 
 Frame: TypeAlias = (
@@ -359,6 +405,8 @@ Frame: TypeAlias = (
     | Redelivered
     | Settle
     | Settled
+    | DeleteSubscription
+    | DeletedSubscription
 )
 #: What a ProtocolMachine hands over: wire frames, and on a server that asks
 #: for it, Publish frames to forward as they came (ForwardPublish).

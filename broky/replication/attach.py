@@ -19,7 +19,8 @@ from broky.cluster.keys import ClusterKeys
 from broky.cluster.lease_relay import RelayedLease
 from broky.cluster.settings import ClusterSettings
 from broky.config import Config
-from broky.replication.service import Member, ReplicationService
+from broky.replication.member import Member
+from broky.replication.service import ReplicationService
 from broky.replication.worker_member import WorkerMember, worker_listen
 from broky.server import Broker
 

@@ -24,6 +24,7 @@ import trio
 from broky.cluster.controller import load_settings
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
+from broky.cluster.leadership import Term
 from broky.cluster.lease_relay import RelayedLease
 from broky.cluster.membership import Membership
 from broky.cluster.settings import ClusterSettings
@@ -67,6 +68,18 @@ class WorkerMember:
 
     def lease_valid(self) -> bool:
         return self.lease.lease_valid()
+
+    def terms(self) -> dict[int, Term]:
+        """The vbuckets this node leads in its current life (ClusterNode.terms)."""
+        epoch = self.node_epoch()
+        if epoch == 0:
+            return {}
+        terms = {}
+        for vbucket, stored in self.vbuckets.states().items():
+            term = Term(vbucket, stored.state.epoch, self.node_id, epoch)
+            if term.holds(stored.state):
+                terms[vbucket] = term
+        return terms
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow etcd until cancelled; started once the tables are loaded."""
