@@ -293,6 +293,9 @@ def main() -> None:
     parser.add_argument("--redeliveries", type=int, default=200)
     parser.add_argument("--dir", default=None, help="where brokers keep data (default: temp)")
     parser.add_argument("--client-only", action="store_true", help="only client_consume_ack")
+    parser.add_argument(
+        "--only", default=None, help="run only this broker scenario (e.g. shared_x4, to profile it)"
+    )
     parser.add_argument("--credit", type=int, default=20_000, help="per consumer")
     parser.add_argument("--max-in-flight", type=int, default=50_000, help="per consumer")
     parser.add_argument("--ack-interval", type=float, default=ACK_INTERVAL, help="seconds")
@@ -312,6 +315,8 @@ def main() -> None:
             ("shared_x4", 8, "shared"),
             ("key_shared_1000_keys", 1000, "key-shared"),
         ):
+            if args.only not in (None, name):
+                continue
             _against_broker(
                 root, name, consume_rate, args.messages, keys, kind, args.duration, settings
             )
@@ -319,7 +324,8 @@ def main() -> None:
         async def nack(address: str, pid: int) -> dict[str, object]:
             return await nack_latency(address, args.redeliveries)
 
-        _against_broker(root, "nack_redelivery", nack)
+        if args.only in (None, "nack_redelivery"):
+            _against_broker(root, "nack_redelivery", nack)
 
 
 if __name__ == "__main__":

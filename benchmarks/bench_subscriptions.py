@@ -33,7 +33,10 @@ import statistics
 import tempfile
 import time
 
+from broky.protocol.message import encode_message, pack_sizes
+from broky.storage.batch import StoredBatch
 from broky.storage.state import StateStore
+from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Deliver, Dispatcher, Options, SubscriptionType
 from broky.subscriptions.image import encode_image
 from broky.subscriptions.slots import slot_of
@@ -87,6 +90,72 @@ def _run(
         "messages_per_cpu_second": round(messages / (elapsed / 1e9)),
         "cursor": dispatcher.tracker.cursor,
         "slot_spread": dispatcher.table.spread(),
+    }
+
+
+def _stored(messages: int, keys: int) -> list[StoredBatch]:
+    """One stored run per 100-byte message, keys alternating: how a log
+    holds messages published with changing keys (every run one message)."""
+    blob = encode_message(b"x" * 100)
+    sizes = memoryview(pack_sizes([len(blob)]))
+    body = memoryview(blob)
+    names = [f"bench.k{key}".encode() for key in range(keys)]
+    return [
+        StoredBatch(offset, 1, names[offset % keys], 1, 1, sizes, body, 64 + len(blob))
+        for offset in range(messages)
+    ]
+
+
+def _rounds(messages: int) -> dict[str, object]:
+    """A partition driver's rounds without the sockets: read batches in
+    hand, ``queue`` and ``pump`` (shared, 4 consumers), Deliver frames laid
+    out per consumer (``delivery_frames``), each consumer's deliveries acked
+    back as the ranges its client would send, an image per 4,096 acks."""
+    batches = _stored(messages, 8)
+    dispatcher = Dispatcher(Options(), SubscriptionImage(0), messages)
+    for consumer in range(1, 5):
+        dispatcher.attach(consumer, 0.0, credit=10**9, max_in_flight=20_000)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    acked = since_commit = frames = 0
+    start = time.process_time_ns()
+    while acked < messages:
+        position = dispatcher.tracker.read_position
+        read = batches[position : position + dispatcher.wants()]
+        cache = BatchCache()
+        cache.add(read)
+        for batch in read:
+            dispatcher.queue(batch.base_offset, batch.next_offset)
+        dispatcher.pump(0.0)
+        events, dispatcher.events = dispatcher.events, []
+        per_consumer: dict[int, list[tuple[int, int]]] = {}
+        for event in events:
+            if isinstance(event, Deliver):
+                per_consumer.setdefault(event.consumer, []).append((event.offset, event.count))
+        for consumer, deliveries in per_consumer.items():
+            sent, _ = delivery_frames(
+                consumer, "bench", 0, deliveries, cache, 1 << 20, name_topic=False
+            )
+            frames += len(sent)
+            offsets = sorted(offset for offset, _ in deliveries)
+            first = previous = offsets[0]
+            for offset in [*offsets[1:], -1]:
+                if offset != previous + 1:
+                    dispatcher.ack(consumer, range(first, previous + 1), 0.0)
+                    first = offset
+                previous = offset
+            acked += len(offsets)
+            since_commit += len(offsets)
+        if since_commit >= COMMIT_EVERY or not per_consumer:
+            image = dispatcher.tracker.image()
+            encode_image(image)
+            dispatcher.committed(image, 0.0)
+            since_commit = 0
+    elapsed = time.process_time_ns() - start
+    return {
+        "messages": messages,
+        "ns_per_message": round(elapsed / messages, 1),
+        "deliver_frames": frames,
+        "cursor": dispatcher.tracker.cursor,
     }
 
 
@@ -153,6 +222,7 @@ def main() -> None:
             "scenario": "key_shared_1000_keys",
             **_run(SubscriptionType.KEY_SHARED, messages, 1000, messages // 2),
         },
+        {"scenario": "shared_x4_rounds", **_rounds(messages)},
         {"scenario": "nack_redelivery", **_nack(messages)},
         {"scenario": "group_commit_sqlite", **_group_commit(arguments.commit_rounds)},
     ]

@@ -22,7 +22,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from broky.durable.owner import located_chunk
+from broky.protocol.chunks import encode_located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
@@ -106,7 +106,9 @@ def delivery_frames(
         nonlocal run_batch, used
         if run_batch is not None:
             part = run_batch.slice(run_start, run_stop)
-            chunk = located_chunk(part.run, partition, part.base_offset)
+            chunk = encode_located_chunk(
+                part.key, part.ts_broker, part.sizes, part.messages, partition, part.base_offset
+            )
             chunks.append(chunk)
             used += len(chunk)
             run_batch = None
