@@ -68,7 +68,7 @@ def _run(
         events, dispatcher.events = dispatcher.events, []
         for event in events:
             if isinstance(event, Deliver):
-                held.setdefault(event.consumer, []).append(event.offset)
+                held.setdefault(event.consumer, []).extend(range(event.offset, event.stop))
         progressed = False
         for consumer, offsets in held.items():
             while offsets:
@@ -127,24 +127,29 @@ def _rounds(messages: int) -> dict[str, object]:
             dispatcher.queue(batch.base_offset, batch.next_offset)
         dispatcher.pump(0.0)
         events, dispatcher.events = dispatcher.events, []
-        per_consumer: dict[int, list[tuple[int, int]]] = {}
+        per_consumer: dict[int, list[tuple[int, int, int]]] = {}
         for event in events:
             if isinstance(event, Deliver):
-                per_consumer.setdefault(event.consumer, []).append((event.offset, event.count))
+                per_consumer.setdefault(event.consumer, []).append(
+                    (event.offset, event.stop, event.count)
+                )
         for consumer, deliveries in per_consumer.items():
             sent, _ = delivery_frames(
                 consumer, "bench", 0, deliveries, cache, 1 << 20, name_topic=False
             )
             frames += len(sent)
-            offsets = sorted(offset for offset, _ in deliveries)
-            first = previous = offsets[0]
-            for offset in [*offsets[1:], -1]:
-                if offset != previous + 1:
-                    dispatcher.ack(consumer, range(first, previous + 1), 0.0)
-                    first = offset
-                previous = offset
-            acked += len(offsets)
-            since_commit += len(offsets)
+            # What the consumer's client settles: its offsets as ranges.
+            spans = sorted((first, stop) for first, stop, _ in deliveries)
+            first, stop = spans[0]
+            for span_first, span_stop in spans[1:]:
+                if span_first != stop:
+                    dispatcher.ack(consumer, range(first, stop), 0.0)
+                    first = span_first
+                stop = span_stop
+            dispatcher.ack(consumer, range(first, stop), 0.0)
+            delivered = sum(stop - first for first, stop in spans)
+            acked += delivered
+            since_commit += delivered
         if since_commit >= COMMIT_EVERY or not per_consumer:
             image = dispatcher.tracker.image()
             encode_image(image)

@@ -60,20 +60,32 @@ class BatchCache:
         batch = self._batches[index]
         return batch if offset < batch.next_offset else None
 
-    def missing(self, offsets: Iterable[int], gap: int = 0) -> list[tuple[int, int]]:
-        """The ranges ``[first, stop)`` of ``offsets`` not held, merged, and
-        merged across up to ``gap`` offsets between them: every log read
-        refills a read window (a ``pread`` of up to a MiB), so key-shared
-        deliveries scattered over many keys are cheaper read as a few spans
-        than one read each."""
+    def next_base(self, offset: int) -> int | None:
+        """The first offset after ``offset`` that a held batch begins at."""
+        index = bisect_right(self._bases, offset)
+        return self._bases[index] if index < len(self._bases) else None
+
+    def missing(self, spans: Iterable[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
+        """The ranges ``[first, stop)`` of the offsets of ``spans`` (each
+        ``[first, stop)``) not held, merged, and merged across up to ``gap``
+        offsets between them: every log read refills a read window (a
+        ``pread`` of up to a MiB), so key-shared deliveries scattered over
+        many keys are cheaper read as a few spans than one read each. Costs
+        a bisection per held batch or missing range, not per offset."""
         ranges: list[tuple[int, int]] = []
-        for offset in sorted(set(offsets)):
-            if self.find(offset) is not None:
-                continue
-            if ranges and offset - ranges[-1][1] <= gap:
-                ranges[-1] = (ranges[-1][0], offset + 1)
-            else:
-                ranges.append((offset, offset + 1))
+        for first, stop in sorted(spans):
+            offset = first
+            while offset < stop:
+                batch = self.find(offset)
+                if batch is not None:
+                    offset = batch.next_offset
+                    continue
+                upto = min(stop, self.next_base(offset) or stop)
+                if ranges and offset - ranges[-1][1] <= gap:
+                    ranges[-1] = (ranges[-1][0], max(ranges[-1][1], upto))
+                else:
+                    ranges.append((offset, upto))
+                offset = upto
         return ranges
 
 
@@ -81,15 +93,16 @@ def delivery_frames(
     stream: int,
     topic: str,
     partition: int,
-    deliveries: Sequence[tuple[int, int]],
+    deliveries: Sequence[tuple[int, int, int]],
     cache: BatchCache,
     max_frame_bytes: int,
     *,
     name_topic: bool,
 ) -> tuple[list[bytes], list[int]]:
-    """The frames carrying ``deliveries`` (``(offset, delivery count)`` in
-    delivery order) to ``stream``, and the offsets the cache did not hold
-    (trimmed from the log by retention: the caller acks them away).
+    """The frames carrying ``deliveries`` (``(first, stop, delivery count)``:
+    offsets ``[first, stop)`` in delivery order) to ``stream``, and the
+    offsets the cache did not hold (trimmed from the log by retention: the
+    caller acks them away). Costs a step per stored run, not per offset.
 
     ``name_topic``: the stream's last ``Redelivered`` named another topic
     (or none yet), so the first frame must name ``topic``."""
@@ -136,20 +149,26 @@ def delivery_frames(
         counts.clear()
         used = 0
 
-    for offset, count in deliveries:
-        batch = cache.find(offset)
-        if batch is None:
-            lost.append(offset)
-            continue
-        if run_batch is batch and offset == run_stop:
-            run_stop += 1
-        else:
-            close_run()
-            if used >= budget:
-                close_frame()
-            run_batch, run_start, run_stop = batch, offset, offset + 1
-        if count > 1:
-            counts.append((offset, count))
+    for first, stop, count in deliveries:
+        offset = first
+        while offset < stop:
+            batch = cache.find(offset)
+            if batch is None:
+                upto = min(stop, cache.next_base(offset) or stop)
+                lost.extend(range(offset, upto))
+                offset = upto
+                continue
+            upto = min(stop, batch.next_offset)
+            if run_batch is batch and offset == run_stop:
+                run_stop = upto
+            else:
+                close_run()
+                if used >= budget:
+                    close_frame()
+                run_batch, run_start, run_stop = batch, offset, upto
+            if count > 1:
+                counts.extend((redelivered, count) for redelivered in range(offset, upto))
+            offset = upto
     close_frame()
     return frames, lost
 

@@ -244,12 +244,12 @@ class PartitionSubscriptions:
             dispatcher.events = []
         retry, self.dead_letter_retry = self.dead_letter_retry, []
         needed = [
-            event.offset
+            (event.offset, event.stop if isinstance(event, Deliver) else event.offset + 1)
             for batch in events.values()
             for event in batch
             if isinstance(event, Deliver | DeadLetter)
         ]
-        needed.extend(event.offset for _, event in retry)
+        needed.extend((event.offset, event.offset + 1) for _, event in retry)
         missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
@@ -307,10 +307,12 @@ class PartitionSubscriptions:
     ) -> None:
         """Send deliveries (per consumer, in decision order), dead letters, evictions."""
         service = self.service
-        per_consumer: dict[int, list[tuple[int, int]]] = {}
+        per_consumer: dict[int, list[tuple[int, int, int]]] = {}
         for event in events:
             if isinstance(event, Deliver):
-                per_consumer.setdefault(event.consumer, []).append((event.offset, event.count))
+                per_consumer.setdefault(event.consumer, []).append(
+                    (event.offset, event.stop, event.count)
+                )
             elif isinstance(event, DeadLetter):
                 service.dead_letters.send(self, name, event, cache)
             else:
@@ -318,8 +320,10 @@ class PartitionSubscriptions:
         counters = service.counters(name)
         for consumer, deliveries in per_consumer.items():
             link = service.consumers.get(consumer)
-            counters.delivered += len(deliveries)
-            counters.redelivered += sum(1 for _, count in deliveries if count > 1)
+            counters.delivered += sum(stop - first for first, stop, _ in deliveries)
+            counters.redelivered += sum(
+                stop - first for first, stop, count in deliveries if count > 1
+            )
             if link is None:
                 continue  # gone meanwhile: its detach released these
             frames, lost = delivery_frames(
