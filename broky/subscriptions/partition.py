@@ -283,23 +283,35 @@ class PartitionSubscriptions:
                 dispatcher.skip(skipped)
             self.service.counters(name).lost_to_retention += len(gap)
         key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
+        # Shared: consecutive matching batches are queued as one range (a
+        # stored run is often one message long).
+        queued_from = queued_to = position
         for batch in batches:
             offset = batch.base_offset
             if not matcher.match(batch.key):
+                if queued_to > queued_from:
+                    dispatcher.queue(queued_from, queued_to)
+                queued_from = queued_to = batch.next_offset
                 for skipped in range(offset, batch.next_offset):
                     dispatcher.skip(skipped)
                 continue
+            if not dispatcher.ordered:
+                if offset != queued_to:
+                    if queued_to > queued_from:
+                        dispatcher.queue(queued_from, queued_to)
+                    queued_from = offset
+                queued_to = batch.next_offset
+                continue
             if not key_shared:
-                if dispatcher.ordered:
-                    for fed in range(offset, batch.next_offset):
-                        dispatcher.feed(fed, 0, now)
-                else:
-                    dispatcher.queue(offset, batch.next_offset)
+                for fed in range(offset, batch.next_offset):
+                    dispatcher.feed(fed, 0, now)
                 continue
             for index, view in enumerate(message_views(batch.run)):
                 sticky = key_partition(view) or batch.key
                 dispatcher.feed(offset + index, slot_of(sticky), now)
         if not dispatcher.ordered:
+            if queued_to > queued_from:
+                dispatcher.queue(queued_from, queued_to)
             dispatcher.pump(now)  # deal what ``queue`` took, in slices
 
     def _carry_out(
