@@ -32,13 +32,16 @@ import os
 import statistics
 import tempfile
 import time
+from itertools import chain, starmap
 
 from broky.protocol.message import encode_message, pack_sizes
+from broky.router.matcher import SubscriptionIndex
 from broky.storage.batch import StoredBatch
 from broky.storage.state import StateStore
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Deliver, Dispatcher, Options, SubscriptionType
 from broky.subscriptions.image import encode_image
+from broky.subscriptions.partition import feed_batches
 from broky.subscriptions.slots import slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -106,13 +109,16 @@ def _stored(messages: int, keys: int) -> list[StoredBatch]:
     ]
 
 
-def _rounds(messages: int) -> dict[str, object]:
+def _rounds(messages: int, kind: SubscriptionType, keys: int) -> dict[str, object]:
     """A partition driver's rounds without the sockets: read batches in
-    hand, ``queue`` and ``pump`` (shared, 4 consumers), Deliver frames laid
-    out per consumer (``delivery_frames``), each consumer's deliveries acked
-    back as the ranges its client would send, an image per 4,096 acks."""
-    batches = _stored(messages, 8)
-    dispatcher = Dispatcher(Options(), SubscriptionImage(0), messages)
+    hand fed as the driver feeds them (``feed_batches``), 4 consumers,
+    Deliver frames laid out per consumer (``delivery_frames``), each
+    consumer's deliveries acked back as the ranges its client would send,
+    an image per 4,096 acks."""
+    batches = _stored(messages, keys)
+    dispatcher = Dispatcher(Options(type=kind), SubscriptionImage(0), messages)
+    matcher: SubscriptionIndex[int] = SubscriptionIndex()
+    matcher.add(b"bench.>", 0)
     for consumer in range(1, 5):
         dispatcher.attach(consumer, 0.0, credit=10**9, max_in_flight=20_000)
     dispatcher.committed(dispatcher.tracker.image(), 0.0)
@@ -123,9 +129,7 @@ def _rounds(messages: int) -> dict[str, object]:
         read = batches[position : position + dispatcher.wants()]
         cache = BatchCache()
         cache.add(read)
-        for batch in read:
-            dispatcher.queue(batch.base_offset, batch.next_offset)
-        dispatcher.pump(0.0)
+        feed_batches(dispatcher, matcher, read, 0.0)
         events, dispatcher.events = dispatcher.events, []
         per_consumer: dict[int, list[tuple[int, int, int]]] = {}
         for event in events:
@@ -138,15 +142,10 @@ def _rounds(messages: int) -> dict[str, object]:
                 consumer, "bench", 0, deliveries, cache, 1 << 20, name_topic=False
             )
             frames += len(sent)
-            # What the consumer's client settles: its offsets as ranges.
+            # What the consumer's client settles: its offsets as ranges, in
+            # one Settle (applied as one ack per partition).
             spans = sorted((first, stop) for first, stop, _ in deliveries)
-            first, stop = spans[0]
-            for span_first, span_stop in spans[1:]:
-                if span_first != stop:
-                    dispatcher.ack(consumer, range(first, stop), 0.0)
-                    first = span_first
-                stop = span_stop
-            dispatcher.ack(consumer, range(first, stop), 0.0)
+            dispatcher.ack(consumer, chain.from_iterable(starmap(range, spans)), 0.0)
             delivered = sum(stop - first for first, stop in spans)
             acked += delivered
             since_commit += delivered
@@ -227,7 +226,11 @@ def main() -> None:
             "scenario": "key_shared_1000_keys",
             **_run(SubscriptionType.KEY_SHARED, messages, 1000, messages // 2),
         },
-        {"scenario": "shared_x4_rounds", **_rounds(messages)},
+        {"scenario": "shared_x4_rounds", **_rounds(messages, SubscriptionType.SHARED, 8)},
+        {
+            "scenario": "key_shared_1000_keys_rounds",
+            **_rounds(messages, SubscriptionType.KEY_SHARED, 1000),
+        },
         {"scenario": "nack_redelivery", **_nack(messages)},
         {"scenario": "group_commit_sqlite", **_group_commit(arguments.commit_rounds)},
     ]

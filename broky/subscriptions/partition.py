@@ -36,13 +36,12 @@ import trio
 
 from broky.durable.owner import PartitionOwner
 from broky.protocol.constants import StartKind
-from broky.protocol.message import message_views
 from broky.router.matcher import SubscriptionIndex
 from broky.storage.batch import StoredBatch
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
-from broky.storage.topics import key_partition
+from broky.storage.topics import sticky_keys
 from broky.subscriptions.commits import GroupCommitter
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
@@ -282,37 +281,7 @@ class PartitionSubscriptions:
             for skipped in gap:
                 dispatcher.skip(skipped)
             self.service.counters(name).lost_to_retention += len(gap)
-        key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
-        # Shared: consecutive matching batches are queued as one range (a
-        # stored run is often one message long).
-        queued_from = queued_to = position
-        for batch in batches:
-            offset = batch.base_offset
-            if not matcher.match(batch.key):
-                if queued_to > queued_from:
-                    dispatcher.queue(queued_from, queued_to)
-                queued_from = queued_to = batch.next_offset
-                for skipped in range(offset, batch.next_offset):
-                    dispatcher.skip(skipped)
-                continue
-            if not dispatcher.ordered:
-                if offset != queued_to:
-                    if queued_to > queued_from:
-                        dispatcher.queue(queued_from, queued_to)
-                    queued_from = offset
-                queued_to = batch.next_offset
-                continue
-            if not key_shared:
-                for fed in range(offset, batch.next_offset):
-                    dispatcher.feed(fed, 0, now)
-                continue
-            for index, view in enumerate(message_views(batch.run)):
-                sticky = key_partition(view) or batch.key
-                dispatcher.feed(offset + index, slot_of(sticky), now)
-        if not dispatcher.ordered:
-            if queued_to > queued_from:
-                dispatcher.queue(queued_from, queued_to)
-            dispatcher.pump(now)  # deal what ``queue`` took, in slices
+        feed_batches(dispatcher, matcher, batches, now)
 
     def _carry_out(
         self, name: str, events: list[Deliver | DeadLetter | Evict], cache: BatchCache
@@ -375,6 +344,47 @@ class PartitionSubscriptions:
         """Messages of ``name`` not acked yet, up to the log's end."""
         dispatcher = self.dispatchers[name]
         return dispatcher.tracker.unacked_below(max(dispatcher.end_offset, self.owner.end_offset))
+
+
+def feed_batches(
+    dispatcher: Dispatcher, matcher: SubscriptionIndex[int], batches: list[StoredBatch], now: float
+) -> None:
+    """Feed ``batches`` (read from ``dispatcher.tracker.read_position``, in
+    offset order) to ``dispatcher``: runs whose key ``matcher`` rejects are
+    skipped; shared subscriptions queue consecutive runs as one range (a
+    stored run is often one message long) and deal them at once; ordered
+    types take message by message, key-shared by each message's slot."""
+    position = dispatcher.tracker.read_position
+    key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
+    # Shared: consecutive matching batches are queued as one range (a
+    # stored run is often one message long).
+    queued_from = queued_to = position
+    for batch in batches:
+        offset = batch.base_offset
+        if not matcher.match(batch.key):
+            if queued_to > queued_from:
+                dispatcher.queue(queued_from, queued_to)
+            queued_from = queued_to = batch.next_offset
+            for skipped in range(offset, batch.next_offset):
+                dispatcher.skip(skipped)
+            continue
+        if not dispatcher.ordered:
+            if offset != queued_to:
+                if queued_to > queued_from:
+                    dispatcher.queue(queued_from, queued_to)
+                queued_from = offset
+            queued_to = batch.next_offset
+            continue
+        if not key_shared:
+            for fed in range(offset, batch.next_offset):
+                dispatcher.feed(fed, 0, now)
+            continue
+        for index, sticky in enumerate(sticky_keys(batch.key, batch.sizes, batch.messages)):
+            dispatcher.feed(offset + index, slot_of(sticky), now)
+    if not dispatcher.ordered:
+        if queued_to > queued_from:
+            dispatcher.queue(queued_from, queued_to)
+        dispatcher.pump(now)  # deal what ``queue`` took, in slices
 
 
 def _read_new(
