@@ -193,18 +193,23 @@ def test_ack_timeout_redelivers_and_stale_ack_is_accepted() -> None:
 
 
 def test_key_shared_moved_slot_waits_only_for_its_own_messages() -> None:
-    slots = [10, 40000, 10, 40000]
+    # Which slots a second consumer takes is the table's to choose: ask one.
+    probe = SlotTable()
+    probe.join(1)
+    probe.join(2)
+    moving, staying = probe.slots_of(2)[0], probe.slots_of(1)[0]
+    slots = [moving, staying, moving, staying]
     dispatcher = ready(SubscriptionType.KEY_SHARED, 4)
     dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
     feed(dispatcher, slots)
     assert deliveries(dispatcher) == [(1, 0, 1), (1, 1, 1), (1, 2, 1), (1, 3, 1)]
-    dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)  # takes the low slots: slot 10
-    assert dispatcher.owner_of(10) == 2
+    dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)
+    assert (dispatcher.owner_of(moving), dispatcher.owner_of(staying)) == (2, 1)
     dispatcher.ack(1, [0], 0.0)
     assert deliveries(dispatcher) == []
     dispatcher.end_offset = 6
-    dispatcher.feed(4, 10, 0.0)  # slot 10 still has offset 2 at consumer 1: parked
-    dispatcher.feed(5, 40000, 0.0)  # slot 40000 stays with 1 and flows
+    dispatcher.feed(4, moving, 0.0)  # its slot still has offset 2 at consumer 1: parked
+    dispatcher.feed(5, staying, 0.0)  # this slot stays with 1 and flows
     assert deliveries(dispatcher) == [(1, 5, 1)]
     dispatcher.ack(1, [2], 0.0)  # the drain ends: 4 goes to the new owner
     assert deliveries(dispatcher) == [(2, 4, 1)]
