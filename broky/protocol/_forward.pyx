@@ -23,7 +23,8 @@ from libc.string cimport memcmp, memcpy, memset
 from broky.protocol.chunks import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
 from broky.protocol.located import LOCATED_VTABLE
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
-from broky.protocol.frames import EncodedRun, ForwardPublish, Run
+from broky.protocol._runs cimport EncodedRun
+from broky.protocol.frames import ForwardPublish, Run
 
 if sys.byteorder != "little":
     raise ImportError("the compiled forwarding reader assumes a little-endian host")
@@ -241,15 +242,15 @@ cdef class _Group:
         if self.n == 0:
             return 0
         first = &self.chunks[0]
-        key = PyBytes_FromStringAndSize(<const char*>first.key, first.key_len)
+        cdef EncodedRun run = EncodedRun.__new__(EncodedRun)
+        run.key = PyBytes_FromStringAndSize(<const char*>first.key, first.key_len)
         if self.n == 1:
-            into.append(EncodedRun(
-                key, first.count, PyBytes_FromStringAndSize(<const char*>first.start, first.length)
-            ))
+            run.count = first.count
+            run.chunk = PyBytes_FromStringAndSize(<const char*>first.start, first.length)
         else:
-            into.append(EncodedRun(
-                key, self.count, _coalesced_chunk(self.chunks, self.n, self.count, self.messages_len)
-            ))
+            run.count = self.count
+            run.chunk = _coalesced_chunk(self.chunks, self.n, self.count, self.messages_len)
+        into.append(run)
         self.n = 0
         self.messages_len = 0
         self.count = 0
