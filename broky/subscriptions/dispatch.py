@@ -559,7 +559,7 @@ class Dispatcher:
                 if not tracker.may_deliver(offset):
                     blocked.append(offset)
                     continue
-                if offset in counts:  # a redelivery (or a dead letter): one by one
+                if offset in counts or share == 1:  # a redelivery, a dead letter, or one
                     self._hand(state, offset, 0, now)
                     share -= 1
                     continue

@@ -124,6 +124,16 @@ class AckedRanges:
             return
         first = max(first, self.cursor)
         firsts, lasts = self._firsts, self._lasts
+        if first == self.cursor:  # the usual shared case: the cursor moves
+            self.cursor = last + 1
+            while firsts and firsts[0] <= self.cursor:
+                self.cursor = max(self.cursor, lasts[0] + 1)
+                del firsts[0], lasts[0]
+            return
+        if not lasts or first > lasts[-1] + 1:  # above every range
+            firsts.append(first)
+            lasts.append(last)
+            return
         # The ranges touching [first - 1, last + 1] merge with it.
         low = bisect_left(lasts, first - 1)
         high = bisect_right(firsts, last + 1)
@@ -249,9 +259,12 @@ class AckTracker:
             self._persist[offset] = count
             self.dirty = True
         self.due.pop(offset, None)
-        pending = Pending(consumer, count, now + self.ack_timeout, slot)
+        deadline = now + self.ack_timeout
+        pending = Pending(consumer, count, deadline, slot)
         self.pending[offset] = pending
-        self._arm(pending, offset, offset + 1)
+        heapq.heappush(
+            self._deadlines, (deadline, offset, next(self._sequence), offset + 1, pending)
+        )
         if offset >= self.read_position:
             self.read_position = offset + 1
         return pending
@@ -309,10 +322,16 @@ class AckTracker:
         first = previous = done[0]
         for offset in itertools.islice(done, 1, None):
             if offset != previous + 1:
-                acked.add_range(first, previous)
+                if first == previous:
+                    acked.add(first)
+                else:
+                    acked.add_range(first, previous)
                 first = offset
             previous = offset
-        acked.add_range(first, previous)
+        if first == previous:
+            acked.add(first)
+        else:
+            acked.add_range(first, previous)
         for side in (due, self.errors, self._persist):
             if side:
                 for offset in done:
