@@ -313,21 +313,21 @@ class Dispatcher:
         state = self.consumers.get(consumer)
         if state is not None:
             state.last_progress = now
-        ended, waiting = self.tracker.ack_delivered(offsets)
+        ended, deliveries, waiting = self.tracker.ack_delivered(offsets)
         for offset in waiting:
             slot = self._slot_waiting(offset)
             if slot is not None:
                 self._unwait(slot, offset)
                 stale += 1
         if self.ordered:
-            for offset, pending in ended:
+            for offset, pending in zip(ended, deliveries, strict=True):
                 if pending.consumer != consumer:
                     stale += 1
                 self._forget(offset, pending)
         else:
             # Nothing per slot to free: only each holder's in-flight count.
             freed: dict[int, int] = {}
-            for _, pending in ended:
+            for pending in deliveries:
                 holder = pending.consumer
                 freed[holder] = freed.get(holder, 0) + 1
             for holder, count in freed.items():

@@ -291,17 +291,19 @@ class AckTracker:
         if offset >= self.read_position:
             self.read_position = offset + 1
 
-    def ack_delivered(self, offsets: Iterable[int]) -> tuple[list[tuple[int, Pending]], list[int]]:
+    def ack_delivered(self, offsets: Iterable[int]) -> tuple[list[int], list[Pending], list[int]]:
         """Mark acked every offset of ``offsets`` that was delivered and is
         not acked yet (the others are skipped: an ack of a message never
-        delivered acks nothing). Returns the pending deliveries that ended,
-        by offset, and the acked offsets that were waiting for a redelivery
-        (``due``, not pending).
+        delivered acks nothing). Returns the offsets whose pending delivery
+        ended and those deliveries (parallel lists: no tuple per offset),
+        and the acked offsets that were waiting for a redelivery (``due``,
+        not pending).
 
         Per offset this is two dict pops; the acked ranges take one splice
         per consecutive run of ``offsets`` (a settled range is one)."""
         counts, pending, due = self.counts, self.pending, self.due
-        ended: list[tuple[int, Pending]] = []
+        ended: list[int] = []
+        deliveries: list[Pending] = []
         waiting: list[int] = []
         done: list[int] = []
         for offset in offsets:
@@ -313,10 +315,11 @@ class AckTracker:
                     waiting.append(offset)
             else:
                 held.live -= 1
-                ended.append((offset, held))
+                ended.append(offset)
+                deliveries.append(held)
             done.append(offset)
         if not done:
-            return ended, waiting
+            return ended, deliveries, waiting
         self.dirty = True
         acked = self.acked
         first = previous = done[0]
@@ -336,7 +339,7 @@ class AckTracker:
             if side:
                 for offset in done:
                     side.pop(offset, None)
-        return ended, waiting
+        return ended, deliveries, waiting
 
     def release(self, offset: int, due: float, error: str = "") -> Pending | None:
         """Take ``offset`` back from its consumer, due again at ``due``."""
