@@ -19,7 +19,7 @@ First deliveries of the topic a stream last named cost nothing extra.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from broky.protocol.chunks import encode_located_chunk
@@ -60,10 +60,26 @@ class BatchCache:
         batch = self._batches[index]
         return batch if offset < batch.next_offset else None
 
-    def next_base(self, offset: int) -> int | None:
-        """The first offset after ``offset`` that a held batch begins at."""
-        index = bisect_right(self._bases, offset)
-        return self._bases[index] if index < len(self._bases) else None
+    def cover(self, first: int, stop: int) -> Iterator[tuple[StoredBatch | None, int, int]]:
+        """``[first, stop)`` in offset order as ``(batch, start, upto)``
+        pieces: the held batch covering ``[start, upto)``, or None over a
+        stretch no held batch covers. One bisection per call, then a step
+        per piece (a span of one-message runs is one piece per message)."""
+        bases, batches = self._bases, self._batches
+        count = len(batches)
+        index = bisect_right(bases, first) - 1
+        offset = first
+        while offset < stop:
+            if index >= 0 and offset < batches[index].next_offset:
+                batch: StoredBatch | None = batches[index]
+                upto = min(stop, batches[index].next_offset)
+            else:
+                batch = None
+                upto = min(stop, bases[index + 1]) if index + 1 < count else stop
+            yield batch, offset, upto
+            offset = upto
+            if index + 1 < count and bases[index + 1] <= offset:
+                index += 1
 
     def missing(self, spans: Iterable[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
         """The ranges ``[first, stop)`` of the offsets of ``spans`` (each
@@ -74,18 +90,13 @@ class BatchCache:
         a bisection per held batch or missing range, not per offset."""
         ranges: list[tuple[int, int]] = []
         for first, stop in sorted(spans):
-            offset = first
-            while offset < stop:
-                batch = self.find(offset)
+            for batch, offset, upto in self.cover(first, stop):
                 if batch is not None:
-                    offset = batch.next_offset
                     continue
-                upto = min(stop, self.next_base(offset) or stop)
                 if ranges and offset - ranges[-1][1] <= gap:
                     ranges[-1] = (ranges[-1][0], max(ranges[-1][1], upto))
                 else:
                     ranges.append((offset, upto))
-                offset = upto
         return ranges
 
 
@@ -150,15 +161,10 @@ def delivery_frames(
         used = 0
 
     for first, stop, count in deliveries:
-        offset = first
-        while offset < stop:
-            batch = cache.find(offset)
+        for batch, offset, upto in cache.cover(first, stop):
             if batch is None:
-                upto = min(stop, cache.next_base(offset) or stop)
                 lost.extend(range(offset, upto))
-                offset = upto
                 continue
-            upto = min(stop, batch.next_offset)
             if run_batch is batch and offset == run_stop:
                 run_stop = upto
             else:
@@ -168,7 +174,6 @@ def delivery_frames(
                 run_batch, run_start, run_stop = batch, offset, upto
             if count > 1:
                 counts.extend((redelivered, count) for redelivered in range(offset, upto))
-            offset = upto
     close_frame()
     return frames, lost
 
