@@ -68,9 +68,12 @@ class Pending:
     live: int = 1
 
 
-#: A timer: (deadline, first offset, sequence, stop, the delivery); the
-#: sequence keeps entries with equal deadline and offset apart.
-_Timer = tuple[float, int, int, int, Pending]
+#: A timer: (deadline, first offset, sequence, stop). Numbers only, so the
+#: garbage collector untracks it (a timer per pending message holding its
+#: delivery made every collection walk them all); a span's delivery is
+#: found by sequence in ``AckTracker._spans``, one offset's in ``pending``.
+#: The sequence keeps entries with equal deadline and offset apart.
+_Timer = tuple[float, int, int, int]
 
 
 def backoff_delay(backoff: Sequence[float], count: int) -> float:
@@ -203,6 +206,8 @@ class AckTracker:
         self.errors: dict[int, str] = {}
         self._deadlines: list[_Timer] = []
         self._sequence = itertools.count()
+        #: The delivery of each span timer still in ``_deadlines``, by sequence.
+        self._spans: dict[int, Pending] = {}
         #: The counts an image must carry (see ``image``), kept incrementally.
         self._persist: dict[int, int] = {}
         stored = dict(image.counts)
@@ -262,9 +267,7 @@ class AckTracker:
         deadline = now + self.ack_timeout
         pending = Pending(consumer, count, deadline, slot)
         self.pending[offset] = pending
-        heapq.heappush(
-            self._deadlines, (deadline, offset, next(self._sequence), offset + 1, pending)
-        )
+        heapq.heappush(self._deadlines, (deadline, offset, next(self._sequence), offset + 1))
         if offset >= self.read_position:
             self.read_position = offset + 1
         return pending
@@ -277,13 +280,11 @@ class AckTracker:
         span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first)
         self.counts.update(dict.fromkeys(offsets, 1))
         self.pending.update(dict.fromkeys(offsets, span))
-        self._arm(span, first, stop)
+        sequence = next(self._sequence)
+        self._spans[sequence] = span
+        heapq.heappush(self._deadlines, (span.deadline, first, sequence, stop))
         self.read_position = max(self.read_position, stop)
         return span
-
-    def _arm(self, pending: Pending, first: int, stop: int) -> None:
-        timer = (pending.deadline, first, next(self._sequence), stop, pending)
-        heapq.heappush(self._deadlines, timer)
 
     def skip_read(self, offset: int) -> None:
         """The read position passes ``offset`` without a delivery (acked, or
@@ -369,7 +370,8 @@ class AckTracker:
             pending = Pending(consumer, pending.count, 0.0, pending.slot)
             self.pending[offset] = pending
         pending.deadline = now + self.ack_timeout
-        self._arm(pending, offset, offset + 1)
+        timer = (pending.deadline, offset, next(self._sequence), offset + 1)
+        heapq.heappush(self._deadlines, timer)
         return True
 
     def expired(self, now: float) -> Iterator[tuple[int, Pending]]:
@@ -379,18 +381,29 @@ class AckTracker:
         deadlines = self._deadlines
         pending = self.pending
         while deadlines and deadlines[0][0] <= now:
-            deadline, first, _, stop, held = heapq.heappop(deadlines)
-            if held.live and held.deadline == deadline:
+            deadline, first, sequence, stop = heapq.heappop(deadlines)
+            held = self._delivery(first, sequence, stop)
+            self._spans.pop(sequence, None)
+            if held is not None and held.deadline == deadline:
                 yield from ((o, held) for o in range(first, stop) if pending.get(o) is held)
 
     def next_deadline(self) -> float | None:
         deadlines = self._deadlines
         while deadlines:
-            deadline, _, _, _, held = deadlines[0]
-            if held.live and held.deadline == deadline:
+            deadline, first, sequence, stop = deadlines[0]
+            held = self._delivery(first, sequence, stop)
+            if held is not None and held.deadline == deadline:
                 return deadline
             heapq.heappop(deadlines)
+            self._spans.pop(sequence, None)
         return None
+
+    def _delivery(self, first: int, sequence: int, stop: int) -> Pending | None:
+        """The live delivery a timer is for (None: the timer is void)."""
+        if stop == first + 1:
+            return self.pending.get(first)
+        span = self._spans.get(sequence)
+        return span if span is not None and span.live else None
 
     # --- durability -----------------------------------------------------------------
 
