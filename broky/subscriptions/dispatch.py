@@ -90,9 +90,15 @@ class Options:
 
 @attrs.frozen(slots=True)
 class Deliver:
+    """Deliver offsets ``[offset, stop)`` to ``consumer``, each for the
+    ``count``-th time. A shared dispatcher deals consecutive offsets never
+    delivered before as one span (one event, one pending delivery, one
+    timer); every other delivery is one offset (``stop == offset + 1``)."""
+
     consumer: int
     offset: int
     count: int
+    stop: int
 
 
 @attrs.frozen(slots=True)
@@ -286,6 +292,13 @@ class Dispatcher:
         Deliver frame, acked back as one range) instead of every n-th
         message, as ``feed`` one by one would."""
         assert not self.ordered
+        tracker = self.tracker
+        if first == tracker.read_position and not tracker.acked.reaches(first):
+            # The common case, read right at the position with nothing acked
+            # ahead of it: nothing to check per offset.
+            self._ready.extend(range(first, stop))
+            tracker.skip_read(stop - 1)
+            return
         ready = self._ready
         for offset in range(first, stop):
             if self._take_read(offset):
@@ -305,26 +318,36 @@ class Dispatcher:
     # --- acknowledgements ---------------------------------------------------------------
 
     def ack(self, consumer: int, offsets: Iterable[int], now: float) -> int:
-        """Ack ``offsets``; returns how many were stale (held by another consumer
-        or already taken back: accepted anyway, the work was done)."""
-        tracker = self.tracker
+        """Ack ``offsets`` (those never delivered, or acked already, are
+        skipped); returns how many were stale (held by another consumer or
+        already taken back: accepted anyway, the work was done)."""
         stale = 0
         state = self.consumers.get(consumer)
         if state is not None:
             state.last_progress = now
-        for offset in offsets:
-            if not tracker.count(offset):
-                continue  # never delivered (or acked already): nothing to ack
-            waiting_slot = self._slot_waiting(offset)
-            pending = tracker.ack(offset)
-            if pending is None:
-                if waiting_slot is not None:
-                    self._unwait(waiting_slot, offset)
-                    stale += 1
-                continue
-            if pending.consumer != consumer:
+        ended, deliveries, waiting = self.tracker.ack_delivered(offsets)
+        for offset in waiting:
+            slot = self._slot_waiting(offset)
+            if slot is not None:
+                self._unwait(slot, offset)
                 stale += 1
-            self._forget(pending)
+        if self.ordered:
+            for offset, pending in zip(ended, deliveries, strict=True):
+                if pending.consumer != consumer:
+                    stale += 1
+                self._forget(offset, pending)
+        else:
+            # Nothing per slot to free: only each holder's in-flight count.
+            freed: dict[int, int] = {}
+            for pending in deliveries:
+                holder = pending.consumer
+                freed[holder] = freed.get(holder, 0) + 1
+            for holder, count in freed.items():
+                if holder != consumer:
+                    stale += count
+                held_by = self.consumers.get(holder)
+                if held_by is not None:
+                    held_by.in_flight -= count
         self.stale_acks += stale
         self.pump(now)
         return stale
@@ -359,7 +382,7 @@ class Dispatcher:
                 continue
             tracker.errors[offset] = reason
             tracker.release(offset, now, reason)
-            self._forget(pending)
+            self._forget(offset, pending)
             self._dead_letter(offset, pending.count)
         self.pump(now)
 
@@ -379,9 +402,9 @@ class Dispatcher:
     def tick(self, now: float) -> None:
         """Time passed: expire ack deadlines, evict stuck consumers, deliver what is due."""
         tracker = self.tracker
-        for pending in list(tracker.expired(now)):
+        for offset, pending in list(tracker.expired(now)):
             wait = backoff_delay(tracker.backoff, pending.count)
-            self._release(pending.offset, now + wait, "ack timeout")
+            self._release(offset, now + wait, "ack timeout")
         evict_after = 2 * self.options.ack_timeout
         if self.ordered and evict_after > 0:
             for state in list(self.consumers.values()):
@@ -407,10 +430,10 @@ class Dispatcher:
     # --- internals -------------------------------------------------------------------------
 
     def _slot_waiting(self, offset: int) -> int | None:
-        if offset in self.tracker.due and self.tracker.pending.get(offset) is None:
-            for slot, waiting in self._waiting.items():
-                if offset in waiting:
-                    return slot
+        """The slot whose waiting list holds ``offset`` (ordered types)."""
+        for slot, waiting in self._waiting.items():
+            if offset in waiting:
+                return slot
         return None
 
     def _unwait(self, slot: int, offset: int) -> None:
@@ -420,15 +443,16 @@ class Dispatcher:
         if not waiting:
             del self._waiting[slot]
 
-    def _forget(self, pending: Pending) -> None:
-        """A pending delivery ended (acked, released): free its consumer and slot."""
+    def _forget(self, offset: int, pending: Pending) -> None:
+        """``offset``'s pending delivery ended (acked, released): free its
+        consumer and slot."""
         state = self.consumers.get(pending.consumer)
         if state is not None:
             state.in_flight -= 1
         if self.ordered:
             held = self._held.get(pending.slot)
             if held is not None:
-                held.pop(pending.offset, None)
+                held.pop(offset, None)
                 if not held:
                     del self._held[pending.slot]
                     del self._holder[pending.slot]
@@ -440,7 +464,7 @@ class Dispatcher:
         pending = tracker.release(offset, due, error)
         if pending is None:
             return
-        self._forget(pending)
+        self._forget(offset, pending)
         self.redelivered += 1
         self._requeue(offset, pending.slot, due)
         if self.ordered:
@@ -448,7 +472,7 @@ class Dispatcher:
             for other in later:
                 taken = tracker.release(other, due)
                 if taken is not None:
-                    self._forget(taken)
+                    self._forget(other, taken)
                     self._requeue(other, taken.slot, due)
 
     def _requeue(self, offset: int, slot: int, due: float) -> None:
@@ -496,7 +520,7 @@ class Dispatcher:
         if self.ordered:
             self._holder[slot] = state.id
             self._held.setdefault(slot, {})[offset] = None
-        self.events.append(Deliver(state.id, offset, pending.count))
+        self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
         return True
 
     def pump(self, now: float) -> None:
@@ -534,21 +558,43 @@ class Dispatcher:
         # room (rounded up): consecutive offsets travel as one run.
         count = len(ready)
         total = sum(max(0, state.room) for state in self.consumers.values())
+        counts = tracker.counts
         while ready:
             state = self._next_with_room()
             if state is None:
                 break
-            share = -(-count * state.room // total)
-            while ready and share and state.room > 0:
+            share = min(-(-count * state.room // total), state.room)
+            while ready and share > 0:
                 offset = ready.popleft()
                 if offset in tracker.acked or offset in tracker.pending:
                     continue
                 if not tracker.may_deliver(offset):
                     blocked.append(offset)
                     continue
-                self._hand(state, offset, 0, now)
-                share -= 1
+                if offset in counts or share == 1:  # a redelivery, a dead letter, or one
+                    self._hand(state, offset, 0, now)
+                    share -= 1
+                    continue
+                # Never delivered: it and the never-delivered offsets right
+                # after it go as one span (queued reads are such runs).
+                stop = offset + 1
+                end = min(offset + share, tracker.durable_limit)
+                while stop < end and ready and ready[0] == stop and stop not in counts:
+                    ready.popleft()
+                    stop += 1
+                self._hand_span(state, offset, stop, now)
+                share -= stop - offset
         ready.extendleft(reversed(blocked))
+
+    def _hand_span(self, state: Consumer, first: int, stop: int, now: float) -> None:
+        """Deliver the never-delivered offsets ``[first, stop)`` as one span."""
+        self.tracker.deliver_span(first, stop, state.id, now)
+        if not state.in_flight:
+            state.last_progress = now
+        taken = stop - first
+        state.in_flight += taken
+        state.credit -= taken
+        self.events.append(Deliver(state.id, first, 1, stop))
 
     def _next_with_room(self) -> Consumer | None:
         consumers: Sequence[Consumer] = list(self.consumers.values())
