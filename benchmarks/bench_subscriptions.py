@@ -39,8 +39,9 @@ from broky.router.matcher import SubscriptionIndex
 from broky.storage.batch import StoredBatch
 from broky.storage.state import StateStore
 from broky.subscriptions.delivery import BatchCache, delivery_frames
-from broky.subscriptions.dispatch import Deliver, Dispatcher, Options, SubscriptionType
+from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.image import encode_image
+from broky.subscriptions.model import Deliver, Options, SubscriptionType
 from broky.subscriptions.partition import feed_batches
 from broky.subscriptions.slots import slot_of
 from broky.subscriptions.tracker import SubscriptionImage

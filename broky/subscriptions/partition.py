@@ -45,13 +45,8 @@ from broky.storage.topics import sticky_keys
 from broky.subscriptions.commits import GroupCommitter
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
-from broky.subscriptions.dispatch import (
-    DeadLetter,
-    Deliver,
-    Dispatcher,
-    Evict,
-    SubscriptionType,
-)
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
 from broky.subscriptions.slots import NOBODY, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 

@@ -43,7 +43,8 @@ from broky.subscriptions.consumers import (
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.deletion import Deletion, delete_subscription
-from broky.subscriptions.dispatch import Consumer, DeadLetter, Dispatcher, SubscriptionBusy
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.watch import SubscriptionStatus, Watch
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broky.subscriptions.dispatch import (
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import (
     DeadLetter,
     Deliver,
-    Dispatcher,
     Options,
     SubscriptionBusy,
     SubscriptionType,

@@ -25,10 +25,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broky.subscriptions.dispatch import (
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import (
     DeadLetter,
     Deliver,
-    Dispatcher,
     Evict,
     Options,
     SubscriptionBusy,
