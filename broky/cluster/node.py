@@ -12,6 +12,7 @@ revokes the lease, so the others fail over at once instead of after a TTL.
 from __future__ import annotations
 
 import logging
+import math
 
 import attrs
 import trio
@@ -29,6 +30,7 @@ from broky.cluster.membership import (
     Registration,
     register,
 )
+from broky.cluster.mirror import PrefixMirror
 from broky.cluster.settings import ClusterSettings
 from broky.cluster.vbuckets import VbucketTable
 
@@ -66,6 +68,11 @@ class ClusterNodeStatistics:
     members: int
     vbuckets: int
     vbuckets_led: int
+    #: Vbuckets a move is taking elsewhere (broky.cluster.moves), as seen here.
+    vbuckets_moving: int
+    #: Moves this node started and completed while controller, in its current life.
+    moves_started: int
+    moves_completed: int
 
 
 class ClusterNode:
@@ -89,11 +96,15 @@ class ClusterNode:
         self.register_wait = register_wait
         self.membership = Membership(client, keys)
         self.vbuckets = VbucketTable(client, keys)
+        #: The decommission marks (broky.cluster.decommission), for the controller.
+        self.marks = PrefixMirror(client, keys.decommissioned)
         #: This life's registration (None between lives).
         self.registration: Registration | None = None
         self.controller: Controller | None = None
         #: Lives so far (1 + times the lease was lost and the node re-registered).
         self.lives = 0
+        #: This life's lease renewals (None between lives).
+        self._keeper: LeaseKeeper | None = None
         #: Revoke the lease when stopped, so others fail over at once. False
         #: leaves it to expire, as after a crash (fault tests use it).
         self.revoke_on_exit = True
@@ -101,6 +112,23 @@ class ClusterNode:
     @property
     def node_id(self) -> str:
         return self.info.node_id
+
+    def node_epoch(self) -> int:
+        """This life's node epoch; 0 between lives."""
+        registration = self.registration
+        return 0 if registration is None else registration.epoch
+
+    def lease_deadline(self) -> float:
+        """The last accepted renewal's send time + TTL (LeaseKeeper.valid_until,
+        trio time): a lower bound of the lease's expiry; -inf between lives."""
+        keeper = self._keeper
+        return -math.inf if keeper is None else keeper.valid_until
+
+    def lease_valid(self) -> bool:
+        """Whether this life's lease is surely still alive in etcd (before
+        ``lease_deadline``). Leaders ack nothing past it, because from then
+        on etcd may have elected another leader (broky.replication.gate)."""
+        return trio.current_time() < self.lease_deadline()
 
     def statistics(self) -> ClusterNodeStatistics:
         registration, controller = self.registration, self.controller
@@ -113,6 +141,9 @@ class ClusterNode:
             members=len(self.membership.members()),
             vbuckets=len(self.vbuckets.states()),
             vbuckets_led=len(self.terms()),
+            vbuckets_moving=sum(1 for s in self.vbuckets.states().values() if s.state.target),
+            moves_started=0 if controller is None else controller.moves_started,
+            moves_completed=0 if controller is None else controller.moves_completed,
         )
 
     def terms(self) -> dict[int, Term]:
@@ -132,6 +163,7 @@ class ClusterNode:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.membership.run)
             await nursery.start(self.vbuckets.run)
+            await nursery.start(self.marks.run)
             delay = REJOIN_DELAY
             while True:
                 lives = self.lives
@@ -162,15 +194,24 @@ class ClusterNode:
         )
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(LeaseKeeper(self.client, lease).run)
+                self._keeper = LeaseKeeper(self.client, lease)
+                nursery.start_soon(self._keeper.run)
                 self.controller = Controller(
-                    self.client, self.keys, self.node_id, lease.id, self.settings, self.membership
+                    self.client,
+                    self.keys,
+                    self.node_id,
+                    lease.id,
+                    self.settings,
+                    self.membership,
+                    vbuckets=self.vbuckets,
+                    marks=self.marks,
                 )
                 nursery.start_soon(self.controller.run)
                 task_status.started()
         finally:
             self.registration = None
             self.controller = None
+            self._keeper = None
             if self.revoke_on_exit:
                 await self._revoke(lease.id)
 

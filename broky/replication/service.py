@@ -33,13 +33,15 @@ from broky.cluster.epochs import EpochHistory
 from broky.cluster.etcd_wire import EtcdError
 from broky.cluster.isr import IsrRuleError, IsrSettings, LeaderIsr
 from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
-from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.cluster.vbuckets import StoredState
 from broky.durable.owner import PartitionOwner
 from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore
-from broky.replication import epochfile
+from broky.replication import epochfile, vbucket_isr
+from broky.replication.dropped import DroppedReplicas
+from broky.replication.empty import sync_empty_vbuckets
 from broky.replication.events import (
     Advise,
     PartitionReplication,
@@ -50,14 +52,19 @@ from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
 from broky.replication.link import ReplicationLink
+from broky.replication.member import Member
 from broky.replication.wire import (
     EpochEnd,
     Fetch,
     Message,
+    PartitionProgress,
+    Progress,
+    ProgressRequest,
     RefusalReason,
     Refused,
     ReplicationProtocolError,
 )
+from broky.replication.worker_member import owner_address
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
@@ -88,7 +95,7 @@ class ReplicationService:
     def __init__(
         self,
         store: DurableStore,
-        node: ClusterNode,
+        node: Member,
         listen: str,
         settings: IsrSettings,
         advise: Advise | None = None,
@@ -103,6 +110,10 @@ class ReplicationService:
         self.switch = LinkSwitch()
         #: Leader changes, ISR changes, under-replication: counters and advisories.
         self.events = ReplicationEvents(node.node_id, advise)
+        #: Serializes the ISR proposals of each vbucket's partitions.
+        self.vbucket_locks = vbucket_isr.VbucketLocks()
+        #: This node's copies that moves dropped, deleted once each move ends.
+        self.dropped = DroppedReplicas(node.node_id)
 
     def statistics(self) -> ReplicationStatistics:
         """Every partition's role, log end, high watermark, ISR and follower
@@ -141,11 +152,32 @@ class ReplicationService:
             tuple(partitions), events.leader_changes, events.isr_shrinks, events.isr_expands
         )
 
+    def progress(self) -> Progress:
+        """This node's answer to ``broky cluster status`` (broky.cluster.progress)."""
+        return Progress(
+            self.node.node_id,
+            self.node.node_epoch(),
+            tuple(
+                PartitionProgress(
+                    p.topic,
+                    p.partition,
+                    p.role,
+                    p.epoch,
+                    p.log_end,
+                    p.high_watermark,
+                    p.follower_lag,
+                )
+                for p in self.statistics().partitions
+            ),
+        )
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; started once every partition has its replica."""
         for key, owner in self.store.owners.items():
             history, fence = await owner.call(_load)
-            replica = PartitionReplica(owner, self.node.node_id, history, fence)
+            replica = PartitionReplica(
+                owner, self.node.node_id, history, fence, self.node.lease_valid
+            )
             owner.replica = replica
             self.replicas[key] = replica
         host, _, port = self.listen.rpartition(":")
@@ -153,6 +185,15 @@ class ReplicationService:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
+            vbuckets = self.node.settings.vbuckets
+            # Every partition of the node's topics, not only this worker's:
+            # another worker's partition is data all the same.
+            with_data = {
+                vbucket_of(topic.name, p, vbuckets)
+                for topic in self.store.policies.policies
+                for p in range(topic.partitions)
+            }
+            nursery.start_soon(sync_empty_vbuckets, self.node, with_data)
             if LinkSwitch.enabled():
                 nursery.start_soon(self.switch.follow_signals)
             task_status.started()
@@ -173,7 +214,7 @@ class ReplicationService:
                     waiters.start_soon(first, self.node.membership.changed)
 
     def _apply_roles(self, nursery: trio.Nursery) -> None:
-        registration = self.node.registration
+        node_epoch = self.node.node_epoch()
         states = self.node.vbuckets.states()
         members = self.node.membership.members()
         vbuckets = self.node.settings.vbuckets
@@ -186,17 +227,17 @@ class ReplicationService:
                 leader = members.get(state.leader)
                 if leader is not None:
                     hint = f"leader {state.leader} at {leader.info.address} (epoch {state.epoch})"
-                if registration is not None and state.leader == self.node.node_id:
+                if node_epoch and state.leader == self.node.node_id:
                     term = Term(
                         vbucket_of(key[0], key[1], vbuckets),
                         state.epoch,
                         self.node.node_id,
-                        registration.epoch,
+                        node_epoch,
                     )
                     if term.holds(state):
                         role = _Role("lead", term)
                 elif (
-                    registration is not None
+                    node_epoch
                     and self.node.node_id in state.replicas
                     and leader is not None
                     and leader.info.replication_address
@@ -204,12 +245,17 @@ class ReplicationService:
                     role = _Role(
                         "follow",
                         None,
-                        leader.info.replication_address,
+                        owner_address(
+                            leader.info.replication_address, key[0], key[1], leader.info.workers
+                        ),
                         state.epoch,
-                        registration.epoch,
+                        node_epoch,
                     )
             current = self._roles.get(key)
             if current is not None and current[0] == role:
+                # A node outside the replica set keeps the role "none" while
+                # moves change the leader: its NotLeader must name the new one.
+                replica.leader_hint = hint
                 if role.kind == "lead" and state is not None:
                     self._sync_isr(replica, state)
                 continue
@@ -226,10 +272,21 @@ class ReplicationService:
                     replica, role.leader_address, role.epoch, role.node_epoch, self.switch
                 )
                 nursery.start_soon(_scoped, follower.run, scope)
+        self._delete_dropped(states, vbuckets)
+
+    def _delete_dropped(self, states: dict[int, StoredState], vbuckets: int) -> None:
+        """Delete the copies completed moves took off this node; after the
+        roles above, so a dropped partition's follower is already cancelled."""
+        for key, replica in self.replicas.items():
+            stored = states.get(vbucket_of(key[0], key[1], vbuckets))
+            if self.dropped.dropped(key, None if stored is None else stored.state):
+                self.dropped.delete(replica)
 
     def _sync_isr(self, replica: PartitionReplica, state: VbucketState) -> None:
         """Take an ISR the controller changed (a dead follower removed)."""
         leading = replica.leading
+        if leading is not None and leading.isr.replicas != state.replicas:
+            leading.isr.replicas_changed(state.replicas)  # a move added or dropped one
         if leading is None or leading.isr.pending_isr is not None:
             return
         before = leading.isr.committed_isr
@@ -287,28 +344,58 @@ class ReplicationService:
             try:
                 while True:
                     await trio.sleep(ISR_CHECK)
-                    proposal = self._proposal(isr)
-                    replica.settle()
-                    if proposal is None:
-                        continue
-                    try:
-                        changed = await change_isr(self.node.client, self.node.keys, term, proposal)
-                    except Fenced as exc:
-                        log.warning("%s: %s", replica.name, exc)
-                        replica.step_down(f"deposed at epoch {term.epoch}")
-                        return
-                    except (IsrConflict, EtcdError, StateError, OSError) as exc:
-                        log.warning("%s: ISR change failed: %s", replica.name, exc)
-                        isr.isr_failed()
-                        continue
-                    log.info("%s: ISR now %s", replica.name, changed.isr)
-                    before = isr.committed_isr
-                    isr.isr_committed(changed.isr)
-                    self._isr_changed(replica, isr, before, "leader")
-                    replica.settle()
+                    async with self.vbucket_locks.lock(term.vbucket):
+                        if not await self._review_isr(replica, isr, term):
+                            return
             finally:
-                replica.step_down(hint)
+                # Cancelled by a role change, this runs after _apply_roles
+                # stepped down with the new leader's hint: keep that one.
+                replica.step_down(replica.leader_hint)
                 self.events.stopped_leading(owner.topic.name, owner.partition)
+
+    async def _review_isr(self, replica: PartitionReplica, isr: LeaderIsr, term: Term) -> bool:
+        """One ISR review of a led partition, under its vbucket's lock:
+        propose a change, agreed with the vbucket's other partitions
+        (broky.replication.vbucket_isr). False once deposed."""
+        proposal = self._proposal(isr)
+        replica.settle()
+        if proposal is None:
+            return True
+        siblings = {
+            id(other.leading.isr): other
+            for other in self.replicas.values()
+            if other is not replica and other.leading is not None and other.leading.term == term
+        }
+        held = [sibling.leading.isr for sibling in siblings.values() if sibling.leading]
+        agreed = vbucket_isr.agree(isr, proposal, held)
+        if agreed is None:
+            return True
+        committed = False
+        try:
+            changed = await change_isr(self.node.client, self.node.keys, term, agreed)
+            committed = True
+        except Fenced as exc:
+            log.warning("%s: %s", replica.name, exc)
+            replica.step_down(f"deposed at epoch {term.epoch}")
+            return False
+        except (IsrConflict, EtcdError, StateError, OSError) as exc:
+            log.warning("%s: ISR change failed: %s", replica.name, exc)
+            isr.isr_failed()
+            return True
+        finally:
+            if not committed:
+                vbucket_isr.release(held)
+            for sibling in siblings.values():
+                sibling.settle()
+        log.info("%s: ISR now %s", replica.name, changed.isr)
+        before = isr.committed_isr
+        isr.isr_committed(changed.isr)
+        self._isr_changed(replica, isr, before, "leader")
+        for sibling_isr, sibling_before in vbucket_isr.settle(held, changed.isr):
+            self._isr_changed(siblings[id(sibling_isr)], sibling_isr, sibling_before, "leader")
+            siblings[id(sibling_isr)].settle()
+        replica.settle()
+        return True
 
     def _isr_changed(
         self,
@@ -367,6 +454,8 @@ class ReplicationService:
                 return
 
     async def _answer(self, request: Message) -> Message:
+        if isinstance(request, ProgressRequest):
+            return self.progress()
         if not isinstance(request, Fetch | EpochEnd):
             raise ReplicationProtocolError(f"{type(request).__name__} is not a request")
         replica = self.replicas.get((request.topic, request.partition))

@@ -16,7 +16,7 @@ dispatchers are only touched on the trio thread, before and after it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import trio
@@ -55,6 +55,9 @@ class GroupCommitter:
         self._dirty: dict[ImageKey, Dispatcher] = {}
         #: Subscription definitions to write with the next round.
         self._definitions: dict[str, str] = {}
+        #: Subscriptions to delete with the next round (before its writes, so
+        #: a subscription recreated meanwhile under the name is kept).
+        self._deleted: set[str] = set()
         self._callbacks: list[Callable[[], None]] = []
         #: Called after every committed round, once the dispatchers' gates
         #: opened (their ``events`` may hold new deliveries then).
@@ -85,6 +88,15 @@ class GroupCommitter:
         self._definitions[subscription] = definition
         self._wake.set()
 
+    def forget(self, subscription: str) -> None:
+        """Delete every row of ``subscription`` with the next round, and drop
+        what was waiting to be written of it (``after_commit`` tells when
+        the deletion is durable)."""
+        self._dirty = {key: d for key, d in self._dirty.items() if key[0] != subscription}
+        self._definitions.pop(subscription, None)
+        self._deleted.add(subscription)
+        self._wake.set()
+
     def load_definitions(self) -> dict[str, str]:
         """Every saved definition by subscription (blocking, like ``load``)."""
         return dict(self._store.load_definitions())
@@ -104,7 +116,7 @@ class GroupCommitter:
                 await self.commit_now()
         finally:
             with trio.CancelScope(shield=True):
-                if self._dirty or self._callbacks or self._definitions:
+                if self._dirty or self._callbacks or self._definitions or self._deleted:
                     await self.commit_now()
 
     async def commit_now(self) -> None:
@@ -115,17 +127,27 @@ class GroupCommitter:
         dirty, self._dirty = self._dirty, {}
         callbacks, self._callbacks = self._callbacks, []
         definitions, self._definitions = self._definitions, {}
+        deleted, self._deleted = self._deleted, set()
         images = {key: dispatcher.tracker.image() for key, dispatcher in dirty.items()}
         rows = [(key, encode_image(image)) for key, image in images.items()]
         try:
-            await trio.to_thread.run_sync(self._write, rows, definitions)
+            await trio.to_thread.run_sync(self._write, rows, definitions, deleted)
         except StorageError as exc:
             # Nothing was promised yet: keep everything for the next round.
             log.error("subscription state commit failed: %s", exc)
             self.failures += 1
+            # Deleted meanwhile: its old images must not come back.
+            forgotten = self._deleted
             for key, dispatcher in dirty.items():
-                self._dirty.setdefault(key, dispatcher)
-            self._definitions = {**definitions, **self._definitions}
+                if key[0] not in forgotten:
+                    self._dirty.setdefault(key, dispatcher)
+            self._definitions = {
+                **{name: text for name, text in definitions.items() if name not in forgotten},
+                **self._definitions,
+            }
+            # Deletions run first in a round, so retrying one is right even if
+            # the name was recreated meanwhile (its new rows follow it).
+            self._deleted |= deleted
             self._callbacks[:0] = callbacks
             self._wake.set()
             await trio.sleep(self.interval)
@@ -143,11 +165,37 @@ class GroupCommitter:
         """Close the state store (after ``run`` ended: nothing is pending)."""
         self._store.close()
 
-    def _write(self, rows: list[tuple[ImageKey, bytes]], definitions: dict[str, str]) -> None:
-        if not (rows or definitions):
+    def _write(
+        self,
+        rows: list[tuple[ImageKey, bytes]],
+        definitions: dict[str, str],
+        deleted: set[str],
+    ) -> None:
+        if not (rows or definitions or deleted):
             return
         with self._store.transaction() as transaction:
+            for subscription in deleted:
+                transaction.delete(subscription)
             for subscription, definition in definitions.items():
                 transaction.save_definition(subscription, definition)
             for (subscription, topic, partition), blob in rows:
                 transaction.save_image(subscription, topic, partition, blob)
+
+
+async def all_committed(committers: Sequence[GroupCommitter]) -> None:
+    """Wait until every one of ``committers`` committed what changed so far
+    (a new subscription's start, a deletion: both answered only once durable)."""
+    if not committers:
+        return
+    committed = trio.Event()
+    waiting = len(committers)
+
+    def one_committed() -> None:
+        nonlocal waiting
+        waiting -= 1
+        if not waiting:
+            committed.set()
+
+    for committer in committers:
+        committer.after_commit(one_committed)
+    await committed.wait()

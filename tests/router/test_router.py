@@ -29,9 +29,10 @@ from broky.protocol.constants import (
 from broky.protocol.frames import Deliver, Error, Frame, Notice, Publish, Run, Subscribed
 from broky.protocol.framing import FrameReader
 from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
+from broky.router.durable_runs import DurableEncodedRun
 from broky.router.fanout import ADMIT_EVERY
 from broky.router.limits import RouterLimits
-from broky.router.outbox import DurableEncodedRun, Subscription
+from broky.router.outbox import Subscription
 from broky.router.router import Router
 
 DISCONNECT = SlowConsumerPolicy.DISCONNECT
