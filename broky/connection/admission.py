@@ -11,6 +11,8 @@ and what a reload changes, and acts on the answers (Error frames, closes).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
+from typing import Final
 
 import trio
 
@@ -22,6 +24,8 @@ from broky.router.matcher import validate_pattern
 from broky.security.acl import PublishGate
 from broky.security.auth import FAILED, TRUSTED, AuthenticationFailed, Authenticator, Principal
 from broky.security.quotas import QuotaLedger, TokenBucket
+
+_MESSAGES: Final = attrgetter("messages")
 
 #: Why a request is refused: the error code and the message the peer reads.
 Refusal = tuple[ErrorCode, str]
@@ -214,8 +218,10 @@ class Admission:
         by the principal's permissions, each message within ``limit`` bytes
         (max_message_bytes; 0: none). None when all are (the common case,
         decided without a per-run step when there is neither gate nor bound)."""
-        if self.gate is None and (not limit or not any(len(run.messages) > limit for run in runs)):
-            return None
+        if self.gate is None and (
+            not limit or not runs or max(map(len, map(_MESSAGES, runs))) <= limit
+        ):
+            return None  # one C-level pass: a frame often holds a run per message
         kept: list[Run] = []
         refused: Refusal | None = None
         rejected = 0

@@ -96,18 +96,10 @@ class DurableRequests:
                 acks.release()
                 return
         ticket = acks.open(frame.stream, producer, frame.first_sequence) if frame.ack else None
-        ephemeral: list[Run] = []
-        stamp = 0
-        for index, run in enumerate(runs):
-            topic = store.match(run.key) if store is not None else None
-            if topic is None or store is None:
-                ephemeral.append(run)
-                continue
-            stamp = stamp or store.now()
-            identity = identities[index] if identities is not None else None
-            if identity is not None and not identity[0]:
-                identity = None
-            store.append(topic, run, stamp, ticket, acks if ticket else None, index, identity)
+        if store is None:
+            ephemeral = list(runs)
+        else:
+            ephemeral = store.append_frame(runs, ticket, acks if ticket else None, identities)
         if self._forwarder is not None:
             self._forwarder.flush()
         if ephemeral:
@@ -122,7 +114,7 @@ class DurableRequests:
         are unless one of them belongs to a durable topic; then the runs
         are read back from their chunks and take the durable path, in order."""
         store = self.store
-        if store is None or not any(store.match(run.key) for run in runs):
+        if store is None or not store.any_durable(runs):
             self._router.publish(runs, self._outlet, stream)
             return
         decoded = []

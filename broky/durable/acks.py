@@ -42,7 +42,14 @@ class AckTicket:
     code: ErrorCode = ErrorCode.STORAGE_FAILURE
 
     def done(self, run_index: int, partition: int, first: int, last: int) -> None:
+        """One pending part finished: a run stored at ``first`` to ``last``."""
         self.entries.append((run_index, partition, first, last))
+        self.remaining -= 1
+
+    def completed(self, entries: list[tuple[int, int, int, int]]) -> None:
+        """One pending part finished: its runs' ``(run index, partition,
+        first, last)`` entries (broky.durable.parts: a part of many runs)."""
+        self.entries.extend(entries)
         self.remaining -= 1
 
     def failed(self, reason: str, code: ErrorCode = ErrorCode.STORAGE_FAILURE) -> None:
@@ -58,6 +65,9 @@ class AckTicket:
         self.code = code
         self.failure = reason
 
+
+#: The columns of an ack without entries (a frame with no durable run).
+_EMPTY: tuple[tuple[int, ...], ...] = ((), (), (), ())
 
 #: Who waits for a queued run's durability: the acked frame's ticket, its
 #: connection's ack queue and the run's index in the frame.
@@ -112,16 +122,19 @@ class AckQueue:
             if ticket.failure:
                 outlet.send_control(encode_frame(Error(ticket.code, ticket.failure, ticket.stream)))
                 continue
+            # Sorted by run index (a part's entries come sorted: timsort
+            # merges the parts), then turned into columns in one C pass.
             entries = sorted(ticket.entries)
+            runs, partitions, firsts, lasts = zip(*entries, strict=True) if entries else _EMPTY
             outlet.send_control(
                 encode_frame(
                     PublishAck(
                         stream=ticket.stream,
                         sequence=ticket.sequence,
-                        runs=tuple(entry[0] for entry in entries),
-                        partitions=tuple(entry[1] for entry in entries),
-                        first_offsets=tuple(entry[2] for entry in entries),
-                        last_offsets=tuple(entry[3] for entry in entries),
+                        runs=runs,
+                        partitions=partitions,
+                        first_offsets=firsts,
+                        last_offsets=lasts,
                     )
                 )
             )

@@ -15,14 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
-from broky.durable.acks import AckQueue, AckSlot, AckTicket
+from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.rounds import RoundPlan
-from broky.protocol.chunks import durable_chunk
+from broky.protocol.chunks import durable_chunk, durable_chunk_sizes
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.durable_runs import DurableEncodedRun
@@ -36,6 +39,8 @@ if TYPE_CHECKING:  # the store creates owners; an owner only reads its bounds
     from broky.durable.store import DurableStore
 
 log = logging.getLogger("broky.durable")
+
+_KEY: Final = attrgetter("key")
 
 #: Seconds between ``tick()`` calls of an idle partition (interval fsync,
 #: time rolls, retention): a fraction of the default 1 s fsync interval.
@@ -90,16 +95,10 @@ class PartitionOwner:
         #: Cached after each round, for ListPartitions without a thread hop.
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
-        # The runs queued for the next round, in parallel lists: a short run
-        # costs a few list appends here, not an object.
-        self._runs: list[Run] = []
-        self._stamps: list[int] = []
-        self._acks: list[AckSlot | None] = []
-        #: Each queued run's producer identity (None: not idempotent).
-        self._identities: list[Identity | None] = []
-        #: Queued runs with an identity (0: the round skips deduplication).
-        self._idempotent = 0
-        #: Message bytes of the queued runs (what they add to ``pending_bytes``).
+        #: The parts queued for the next round (broky.durable.parts): a
+        #: frame's runs for this partition come as one.
+        self._parts: list[Part] = []
+        #: Message bytes of the queued parts (what they add to ``pending_bytes``).
         self._queued_bytes = 0
         #: The idempotent producers' runs appended here (broky.durable.producers).
         self.producers = ProducerWindow()
@@ -131,20 +130,24 @@ class PartitionOwner:
         ts_broker: int | None = None,
         identity: Identity | None = None,
     ) -> None:
-        """Queue a run for the next round (never waits), to be stored with
+        """Queue one run for the next round (never waits), to be stored with
         ``ts_broker`` (default: the run's own); ``identity`` makes it
         idempotent (stored once whatever the number of retries)."""
-        self._runs.append(run)
-        self._stamps.append(run.ts_broker if ts_broker is None else ts_broker)
-        self._acks.append(None if ticket is None or acks is None else (ticket, acks, run_index))
-        self._identities.append(identity)
-        if identity is not None:
-            self._idempotent += 1
-        nbytes = len(run.messages)
+        stamp = run.ts_broker if ts_broker is None else ts_broker
+        producer, sequence = identity or (0, 0)
+        part = Part(stamp, ticket, acks, producer)
+        part.add(run, run_index, sequence)
+        self.append_part(part)
+
+    def append_part(self, part: Part) -> None:
+        """Queue a part (a frame's runs for this partition) for the next
+        round, never waiting; its ticket, if any, counts it as pending."""
+        nbytes = part.nbytes
+        self._parts.append(part)
         self._queued_bytes += nbytes
         store = self.store
         store.pending_bytes += nbytes
-        store.pending_runs += 1
+        store.pending_runs += len(part.runs)
         wake = self._wake
         if not wake.is_set():
             wake.set()
@@ -189,43 +192,32 @@ class PartitionOwner:
         """Serve rounds until cancelled; a round in a thread is not interrupted."""
         next_tick = time.monotonic()
         while True:
-            if not (self._runs or self._requests):
+            if not (self._parts or self._requests):
                 with trio.move_on_at(trio.current_time() + TICK_SECONDS):
                     await self._wake.wait()
             self._wake = trio.Event()
-            runs, stamps, acks = self._runs, self._stamps, self._acks
-            self._runs, self._stamps, self._acks = [], [], []
-            identities, self._identities = self._identities, []
+            parts, self._parts = self._parts, []
             nbytes, self._queued_bytes = self._queued_bytes, 0
             requests, self._requests = self._requests, []
             tick = time.monotonic() >= next_tick
-            if not (tick or runs or requests):
+            if not (tick or parts or requests):
                 continue
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
-            refusal = self.replica.refusal() if runs and self.replica is not None else None
+            refusal = self.replica.refusal() if parts and self.replica is not None else None
             plan: RoundPlan | None = None
-            producers: list[Identity] | None = None
-            if refusal is not None:
-                # Checked per round, on this thread: once a follower's
-                # truncation is queued, no client run can land after it.
-                stored_runs, stamps_to_store = [], []
-                self._idempotent = 0
-            else:
-                if self._idempotent:
-                    self._idempotent = 0
-                    plan = RoundPlan(
-                        self.producers, self.end_offset, runs, stamps, acks, identities
-                    )
-                    runs, stamps, acks = plan.runs, plan.stamps, plan.acks
-                    producers = plan.identities
-                    nbytes -= plan.answered_bytes
-                stored_runs, stamps_to_store = runs, stamps
+            if refusal is None and parts:
+                plan = RoundPlan(self.producers, self.end_offset, parts)
+                parts = plan.parts
+                nbytes -= plan.answered_bytes
+            runs, stamps, producers = _columns(parts)
+            # Checked per round, on this thread: once a follower's
+            # truncation is queued, no client run can land after it.
             outcome, results = await trio.to_thread.run_sync(
-                self._round, stored_runs, stamps_to_store, producers, requests, tick
+                self._round, [] if refusal else runs, stamps, producers, requests, tick
             )
-            self._finish(runs, stamps, acks, refusal or outcome, nbytes)
-            if plan is not None:
+            self._finish(parts, runs, stamps, refusal or outcome, nbytes)
+            if plan is not None and plan.answered:
                 self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
@@ -271,9 +263,9 @@ class PartitionOwner:
 
     def _finish(
         self,
+        parts: list[Part],
         runs: list[Run],
         stamps: list[int],
-        acks: list[AckSlot | None],
         outcome: int | Exception | tuple[ErrorCode, str] | None,
         nbytes: int,
     ) -> None:
@@ -288,17 +280,17 @@ class PartitionOwner:
         if replica is not None and isinstance(outcome, int):
 
             def fail(code: ErrorCode, reason: str) -> None:
-                self._settle(runs, stamps, acks, (code, reason), nbytes)
+                self._settle(parts, runs, stamps, (code, reason), nbytes)
 
             replica.hold(
                 outcome,
                 runs,
                 stamps,
-                partial(self._settle, runs, stamps, acks, outcome, nbytes),
+                partial(self._settle, parts, runs, stamps, outcome, nbytes),
                 fail,
             )
             return
-        self._settle(runs, stamps, acks, outcome, nbytes)
+        self._settle(parts, runs, stamps, outcome, nbytes)
 
     def _answer(self, plan: RoundPlan, outcome: int | Exception | None) -> None:
         """Answer the runs the round's plan kept out of the append: retries
@@ -308,7 +300,7 @@ class PartitionOwner:
         never acknowledged before its original is."""
         store = self.store
         store.pending_bytes -= plan.answered_bytes
-        store.pending_runs -= len(plan.answered)
+        store.pending_runs -= plan.answered_runs
         store.room_changed()
         where = f"{self.topic.name}/{self.partition}"
         replica = self.replica
@@ -329,24 +321,23 @@ class PartitionOwner:
 
     def _settle(
         self,
+        parts: list[Part],
         runs: list[Run],
         stamps: list[int],
-        acks: list[AckSlot | None],
         outcome: int | Exception | tuple[ErrorCode, str] | None,
         nbytes: int,
     ) -> None:
         """Fan the appended runs out, release acks (or fail them).
 
-        Once per run of the round, so kept to a chunk, a router entry and a
-        ticket update each: ack queues are collected as they change (one
-        connection's runs usually come together), not per run.
+        Fan-out is per run (a chunk and a router entry each); acks are per
+        part (broky.durable.parts), one ticket update for all its runs.
         """
         store = self.store
         store.pending_bytes -= nbytes
         store.pending_runs -= len(runs)
         store.room_changed()
         queues: set[AckQueue] = set()
-        last_queue: AckQueue | None = None
+        queue: AckQueue | None
         if not isinstance(outcome, int):
             code, reason = (
                 outcome
@@ -356,31 +347,74 @@ class PartitionOwner:
                     f"could not store {self.topic.name}/{self.partition}: {outcome}",
                 )
             )
-            for slot in acks:
-                if slot is not None:
-                    slot[0].failed(reason, code)
-                    queues.add(slot[1])
+            for part in parts:
+                queue = part.fail(reason, code)
+                if queue is not None:
+                    queues.add(queue)
         else:
             offset = outcome
             partition = self.partition
-            encoded: list[EncodedRun] = []
-            for run, stamp, slot in zip(runs, stamps, acks, strict=True):
-                count = run.count
-                chunk = durable_chunk(run, stamp, partition, offset)
-                encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
-                if slot is not None:
-                    ticket, queue, run_index = slot
-                    ticket.done(run_index, partition, offset, offset + count - 1)
-                    if queue is not last_queue:
-                        queues.add(queue)
-                        last_queue = queue
-                offset += count
-            store.router.publish(encoded)
+            router = store.router
+            for part in parts:
+                queue = part.settle(partition, offset)
+                if queue is not None:
+                    queues.add(queue)
+                offset += part.messages
+            keys = list(map(_KEY, runs))
+            wanted = router.wanted(keys)
+            if wanted is None:  # no live subscriber: no chunk to build
+                counts = list(chain.from_iterable(part.counts for part in parts))
+                router.count_unrouted(keys, counts, durable_chunk_sizes(runs))
+            else:
+                self._fan_out(parts, wanted, outcome)
             if self.on_append is not None:
                 self.on_append(offset)
         for queue in queues:
             queue.release()
 
+    def _fan_out(self, parts: list[Part], wanted: list[bool], offset: int) -> None:
+        """Publish the stored runs of ``parts`` from ``offset`` that some
+        subscription wants (their chunks), count the others as unrouted."""
+        partition = self.partition
+        encoded: list[EncodedRun] = []
+        unrouted: list[Run] = []
+        position = 0
+        for part in parts:
+            stamp = part.stamp
+            for run in part.runs:
+                count = run.count
+                if wanted[position]:
+                    chunk = durable_chunk(run, stamp, partition, offset)
+                    encoded.append(DurableEncodedRun(run.key, count, chunk, self, offset))
+                else:
+                    unrouted.append(run)
+                offset += count
+                position += 1
+        router = self.store.router
+        router.publish(encoded)
+        if unrouted:
+            router.count_unrouted(
+                list(map(_KEY, unrouted)),
+                [run.count for run in unrouted],
+                durable_chunk_sizes(unrouted),
+            )
+
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""
         self._log.close()
+
+
+def _columns(parts: list[Part]) -> tuple[list[Run], list[int], list[Identity] | None]:
+    """The runs of ``parts`` in order, each one's stamp, and each one's
+    producer identity (None when no part has a producer: a version 2 batch)."""
+    runs: list[Run] = []
+    stamps: list[int] = []
+    for part in parts:
+        runs.extend(part.runs)
+        stamps.extend([part.stamp] * len(part.runs))
+    if not any(part.producer for part in parts):
+        return runs, stamps, None
+    producers: list[Identity] = []
+    for part in parts:
+        producers.extend(part.identities())
+    return runs, stamps, producers

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
+from itertools import accumulate
 from typing import Final
 
 import attrs
@@ -129,8 +130,31 @@ class ProducerWindow:
         self.record(producer, sequence, count, first_offset)
         return None
 
+    def admit_all(
+        self, producer: int, sequences: list[int], counts: list[int], first_offset: int
+    ) -> bool:
+        """Record runs of ``producer`` (increasing ``sequences``, stored one
+        after the other from ``first_offset``) if they are all new, i.e. the
+        first is past every sequence stored of the producer: one lookup for
+        the whole group (broky.durable.parts). False, recording nothing, if
+        not: the caller then ``admit``s them one by one."""
+        runs = self._producers.get(producer)
+        if runs is not None and sequences[0] < runs.next_sequence:
+            return False
+        offsets = list(accumulate(counts, initial=first_offset))
+        offsets.pop()
+        self._record(producer, sequences, counts, offsets)
+        return True
+
     def record(self, producer: int, sequence: int, count: int, first_offset: int) -> None:
         """Remember an appended run (a new one: past every remembered sequence)."""
+        self._record(producer, [sequence], [count], [first_offset])
+
+    def _record(
+        self, producer: int, sequences: list[int], counts: list[int], offsets: list[int]
+    ) -> None:
+        """Remember appended runs, new ones in increasing order, and forget
+        what falls out of the window."""
         producers = self._producers
         runs = producers.get(producer)
         if runs is None:
@@ -140,17 +164,19 @@ class ProducerWindow:
         elif producer != self._last:
             producers.move_to_end(producer)
         self._last = producer
-        runs.sequences.append(sequence)
-        runs.counts.append(count)
-        runs.offsets.append(first_offset)
-        runs.next_sequence = sequence + count
+        runs.sequences.extend(sequences)
+        runs.counts.extend(counts)
+        runs.offsets.extend(offsets)
+        runs.next_sequence = sequences[-1] + counts[-1]
         floor = runs.next_sequence - self.window
-        sequences = runs.sequences
-        start = runs.start
-        while sequences[start] + runs.counts[start] <= floor:
+        stored = runs.sequences
+        # Runs never overlap, so every run before the last one starting below
+        # ``floor`` ends at or below it: one search instead of a step per run.
+        start = max(bisect_left(stored, floor, runs.start) - 1, runs.start)
+        if stored[start] + runs.counts[start] <= floor:
             start += 1
-        if start > 1024 and start * 2 > len(sequences):
-            del sequences[:start], runs.counts[:start], runs.offsets[:start]
+        if start > 1024 and start * 2 > len(stored):
+            del stored[:start], runs.counts[:start], runs.offsets[:start]
             start = 0
         runs.start = start
 

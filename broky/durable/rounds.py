@@ -1,16 +1,22 @@
-"""A group-commit round's idempotent runs: sorted before the append, answered after.
+"""A group-commit round's parts: sorted before the append, answered after.
 
-Sans-IO, used by a partition's owner (broky.durable.store) for rounds that
-hold runs of idempotent producers. Before the append, each such run is
-checked against the partition's :class:`ProducerWindow`: new runs go to the
-append, retries of stored runs and runs out of order are kept out of it.
-The window is told about the new runs at once, at the offsets the append
-will give them (the owner is the only writer, so they follow the log's end
-offset), so a second copy of a run in the same round is a duplicate too.
-After the append, ``settle`` answers the runs kept out; if the append did
-not store the round where the window was told (a failed write), the round's
-producers are forgotten (their next runs count as new) and duplicates of
-the round's own runs fail like the runs themselves.
+Sans-IO, used by a partition's owner (broky.durable.owner) for every round.
+Before the append, each part of an idempotent producer (broky.durable.parts)
+is checked against the partition's :class:`ProducerWindow`: a part whose
+first sequence is past what the partition stored of its producer is new as
+a whole (one lookup, the usual case); any other part is checked run by run,
+its new runs go to the append and its retries and runs out of order are
+kept out of it (an *answered* part). The window is told about the new runs
+at once, at the offsets the append will give them (the owner is the only
+writer, so they follow the log's end offset), so a second copy of a run in
+the same round is a duplicate too. After the append, ``settle`` answers the
+runs kept out; if the append did not store the round where the window was
+told (a failed write), the round's producers are forgotten (their next runs
+count as new) and duplicates of the round's own runs fail like the runs
+themselves.
+
+Acks: a part is one of its ticket's pending pieces. A part split into
+appended and answered runs becomes two, so its ticket waits for one more.
 """
 
 from __future__ import annotations
@@ -19,66 +25,86 @@ from collections.abc import Sequence
 
 import attrs
 
-from broky.durable.acks import AckQueue, AckSlot
-from broky.durable.producers import Duplicate, Identity, OutOfOrder, ProducerWindow
+from broky.durable.acks import AckQueue
+from broky.durable.parts import Part
+from broky.durable.producers import Duplicate, OutOfOrder, ProducerWindow
 from broky.protocol.constants import ErrorCode
-from broky.protocol.frames import Run
 
 
 @attrs.frozen(slots=True)
 class Answered:
-    """A run kept out of the append: who waits, its size and the verdict."""
+    """The runs of one part kept out of the append, with their verdicts:
+    ``(run index, message count, verdict)`` each."""
 
-    slot: AckSlot | None
+    part: Part
+    verdicts: list[tuple[int, int, Duplicate | OutOfOrder]]
     nbytes: int
-    count: int
-    verdict: Duplicate | OutOfOrder
+    runs: int
 
 
 class RoundPlan:
-    """The runs of one round to append (``runs``, ``stamps``, ``acks``,
-    ``identities``: parallel lists, (0, 0) for runs without a producer) and
-    those to answer without appending (``answered``)."""
+    """The parts of one round to append (``parts``) and the runs to answer
+    without appending (``answered``)."""
 
-    def __init__(
-        self,
-        window: ProducerWindow,
-        end_offset: int,
-        runs: Sequence[Run],
-        stamps: Sequence[int],
-        acks: Sequence[AckSlot | None],
-        identities: Sequence[Identity | None],
-    ) -> None:
+    def __init__(self, window: ProducerWindow, end_offset: int, parts: Sequence[Part]) -> None:
         self._window = window
         #: Where the append must put the first kept run.
         self.first_offset = end_offset
         self.answered: list[Answered] = []
-        answered_at: set[int] = set()
+        self.parts: list[Part] = []
+        #: Producers of the kept parts (forgotten if the append fails).
+        self._producers: set[int] = set()
         offset = end_offset
-        admit = window.admit
-        for index, (run, identity) in enumerate(zip(runs, identities, strict=True)):
-            if identity is not None:
-                verdict = admit(identity[0], identity[1], run.count, offset)
-                if verdict is not None:
-                    answered_at.add(index)
-                    self.answered.append(
-                        Answered(acks[index], len(run.messages), run.count, verdict)
-                    )
-                    continue
-            offset += run.count
-        # The usual round has every run new: its lists are taken as they are.
-        kept = [i for i in range(len(runs)) if i not in answered_at] if answered_at else None
-        self.runs = list(runs) if kept is None else [runs[i] for i in kept]
-        self.stamps = list(stamps) if kept is None else [stamps[i] for i in kept]
-        self.acks = list(acks) if kept is None else [acks[i] for i in kept]
-        chosen = identities if kept is None else [identities[i] for i in kept]
-        self.identities: list[Identity] = [
-            (0, 0) if identity is None else identity for identity in chosen
-        ]
+        for part in parts:
+            kept = self._admit(part, offset)
+            if kept is not None:
+                self.parts.append(kept)
+                offset += kept.messages
+
+    def _admit(self, part: Part, offset: int) -> Part | None:
+        """The runs of ``part`` to append from ``offset`` (None: none),
+        answering the others."""
+        producer = part.producer
+        if not producer:
+            return part
+        if self._window.admit_all(producer, part.sequences, part.counts, offset):
+            self._producers.add(producer)
+            return part
+        kept = self._sort(part, offset)
+        if kept is not None:
+            self._producers.add(producer)
+        return kept
+
+    def _sort(self, part: Part, offset: int) -> Part | None:
+        """Check ``part`` run by run; the part of its new runs (None: none)."""
+        admit = self._window.admit
+        kept: list[int] = []
+        verdicts: list[tuple[int, int, Duplicate | OutOfOrder]] = []
+        nbytes = 0
+        for position, (run, sequence) in enumerate(zip(part.runs, part.sequences, strict=True)):
+            verdict = admit(part.producer, sequence, run.count, offset)
+            if verdict is None:
+                kept.append(position)
+                offset += run.count
+            else:
+                verdicts.append((part.indexes[position], run.count, verdict))
+                nbytes += len(run.messages)
+        if not verdicts:
+            return part
+        self.answered.append(Answered(part, verdicts, nbytes, len(verdicts)))
+        if not kept:
+            return None
+        if part.ticket is not None:
+            part.ticket.remaining += 1  # settled twice: appended and answered
+        return part.split(kept)
 
     @property
     def answered_bytes(self) -> int:
         return sum(answer.nbytes for answer in self.answered)
+
+    @property
+    def answered_runs(self) -> int:
+        return sum(answer.runs for answer in self.answered)
 
     def fail(self, code: ErrorCode, reason: str) -> set[AckQueue]:
         """Fail the tickets of the answered runs (a replicated partition's
@@ -86,30 +112,42 @@ class RoundPlan:
         the ack queues to release."""
         queues: set[AckQueue] = set()
         for answer in self.answered:
-            if answer.slot is not None:
-                ticket, queue, _ = answer.slot
-                ticket.failed(reason, code)
+            queue = answer.part.fail(reason, code)
+            if queue is not None:
                 queues.add(queue)
         return queues
 
     def settle(self, outcome: int | Exception | None, partition: int, where: str) -> set[AckQueue]:
         """Complete the tickets of the answered runs, given the append's
         outcome (its first offset, or the exception); the ack queues to release."""
-        stored = not self.runs or outcome == self.first_offset
+        stored = not self.parts or outcome == self.first_offset
         if not stored:
-            self._window.forget({producer for producer, _ in self.identities if producer})
+            self._window.forget(self._producers)
         queues: set[AckQueue] = set()
         for answer in self.answered:
-            if answer.slot is None:
+            part = answer.part
+            ticket = part.ticket
+            if ticket is None or part.acks is None:
                 continue
-            ticket, queue, run_index = answer.slot
-            queues.add(queue)
-            verdict = answer.verdict
-            if isinstance(verdict, OutOfOrder):
-                ticket.failed(f"{where}: {verdict.reason}", ErrorCode.OUT_OF_ORDER_SEQUENCE)
-            elif stored:
-                first = verdict.first_offset
-                ticket.done(run_index, partition, first, first + answer.count - 1)
+            queues.add(part.acks)
+            entries = []
+            failure: tuple[str, ErrorCode] | None = None
+            for run_index, count, verdict in answer.verdicts:
+                if isinstance(verdict, OutOfOrder):
+                    failure = failure or (
+                        f"{where}: {verdict.reason}",
+                        ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                    )
+                elif not stored:
+                    failure = failure or (
+                        f"could not store {where}: {outcome}",
+                        ErrorCode.STORAGE_FAILURE,
+                    )
+                else:
+                    first = verdict.first_offset
+                    entries.append((run_index, partition, first, first + count - 1))
+            if failure is not None:
+                ticket.failed(*failure)
             else:
-                ticket.failed(f"could not store {where}: {outcome}", ErrorCode.STORAGE_FAILURE)
+                ticket.completed(entries)
         return queues

@@ -32,6 +32,8 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Final
 
 import attrs
@@ -40,14 +42,15 @@ import trio
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.owner import PartitionOwner
 from broky.durable.ownership import PartitionLock, partition_owner
+from broky.durable.parts import Part
 from broky.durable.producers import Identity
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Run
+from broky.protocol.frames import EncodedRun, Run
 from broky.router.router import Router
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
-from broky.storage.topics import TopicPolicies, TopicPolicy, partition_run
+from broky.storage.topics import TopicPolicies, TopicPolicy, partition_for, partition_run
 
 log = logging.getLogger("broky.durable")
 
@@ -62,6 +65,10 @@ DEFAULT_PENDING_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_PENDING_RUNS: Final = 32 * 1024
 #: Keys whose durable topic (or none) ``match`` remembers: ~100 bytes each.
 TOPIC_CACHE_KEYS: Final = 65_536
+
+#: What ``any_durable`` reads of each run, and its answer for a key not seen yet.
+_KEY: Final = attrgetter("key")
+_UNKNOWN: Final = object()
 
 #: The built-in topic of dead letters, and a key it must hold (its pattern
 #: is ``_dlq.>``: ``_dlq.<subscription>.<topic>``).
@@ -138,8 +145,9 @@ class DurableStore:
         #: path); None for a partition another worker owns.
         self._partition_owners: dict[str, list[PartitionOwner | None]] = {}
         self._nursery: trio.Nursery | None = None
-        #: ``match``'s answers by key; the policies never change after start.
-        self._topic_of: dict[bytes, TopicPolicy | None] = {}
+        #: ``locate``'s answers by key; the policies never change after start
+        #: (a reload does not touch ``[[durable]]``: broky.reload).
+        self._located: dict[bytes, tuple[TopicPolicy, int] | None] = {}
 
     def open(self) -> None:
         """Open (and recover) every partition log this worker owns, each under
@@ -202,53 +210,112 @@ class DurableStore:
 
     def match(self, key: bytes) -> TopicPolicy | None:
         """The durable topic of ``key``, or None (ephemeral; invalid keys too,
-        so that the router answers them as it always has). Remembered per
-        key (bounded like the router's route cache): it is asked once per run."""
-        topics = self._topic_of
-        if key in topics:
-            return topics[key]
+        so that the router answers them as it always has)."""
+        located = self.locate(key)
+        return None if located is None else located[0]
+
+    def locate(self, key: bytes) -> tuple[TopicPolicy, int] | None:
+        """The durable topic of ``key`` and the partition of its messages
+        without a ``key_partition``, or None (ephemeral; invalid keys too).
+        Remembered per key (bounded like the router's route cache): it is
+        asked once per run, and the hash is the same every time."""
+        located = self._located
+        if key in located:
+            return located[key]
         try:
             topic = self.policies.match(key)
         except RemoteProtocolError:
             topic = None
-        if len(topics) >= TOPIC_CACHE_KEYS:
-            topics.clear()
-        topics[key] = topic
-        return topic
+        found = None if topic is None else (topic, partition_for(key, topic.partitions))
+        if len(located) >= TOPIC_CACHE_KEYS:
+            located.clear()
+        located[key] = found
+        return found
 
-    def append(
+    def any_durable(self, runs: Sequence[EncodedRun]) -> bool:
+        """Whether some of ``runs`` belong to a durable topic. Keys already
+        seen cost one C-level dict lookup each, so ephemeral traffic on a
+        broker with durable topics pays next to nothing for the question."""
+        answers = list(map(self._located.get, map(_KEY, runs), repeat(_UNKNOWN)))
+        if _UNKNOWN in answers:
+            answers = [self.locate(run.key) for run in runs]
+        return any(answers)
+
+    def append_frame(
         self,
-        topic: TopicPolicy,
-        run: Run,
-        stamp: int,
+        runs: Sequence[Run],
         ticket: AckTicket | None,
         acks: AckQueue | None,
-        run_index: int,
-        identity: Identity | None = None,
-    ) -> None:
-        """Queue a published run for its partitions, stamped with ``stamp``;
-        ``identity`` (an idempotent producer's run) goes with each part, with
-        the sequence of the part's first message."""
-        if not run.count:
-            return  # nothing to store (and a batch holds at least one message)
-        owners = self._partition_owners.get(topic.name)
-        parts = partition_run(run, topic.partitions)
-        for partition, part in parts:
-            if ticket is not None:
-                ticket.remaining += 1
-            owner = owners[partition] if owners is not None else None
-            if owner is not None:
-                owner.append(part, ticket, acks, run_index, stamp, identity)
-            elif self.forward is not None:
-                # The owner stamps ts_broker: a whole run goes as it arrived.
-                self.forward(topic, partition, part, ticket, acks, run_index, identity)
-            elif ticket is not None and acks is not None:
-                ticket.failed(
-                    f"worker {self.worker} does not own {topic.name}/{partition}",
-                    ErrorCode.OWNER_UNAVAILABLE,
-                )
-            if identity is not None:
-                identity = (identity[0], identity[1] + part.count)
+        identities: Sequence[Identity | None] | None = None,
+    ) -> list[Run]:
+        """Queue a Publish frame's durable runs for their partitions and
+        return the others (ephemeral: the caller routes them).
+
+        The runs bound for one partition this worker owns go as one
+        :class:`Part` (broky.durable.parts), queued when the frame is done;
+        a run split by ``key_partition`` adds a piece to each partition it
+        touches, each with the sequence of its first message. Runs for other
+        workers' partitions go to ``forward`` one by one. ``identities``
+        gives each run's ``(producer, first sequence)`` (None: not
+        idempotent); ``ticket`` counts one pending piece per part and per
+        forwarded or refused run.
+        """
+        if acks is None:
+            ticket = None
+        cache = self._located
+        ephemeral: list[Run] = []
+        parts: dict[PartitionOwner, Part] = {}
+        stamp = 0
+        for index, run in enumerate(runs):
+            key = run.key
+            located = cache[key] if key in cache else self.locate(key)
+            if located is None:
+                ephemeral.append(run)
+                continue
+            if not run.count:
+                continue  # nothing to store (and a batch holds at least one message)
+            topic, default = located
+            stamp = stamp or self._clock()
+            identity = identities[index] if identities is not None else None
+            producer, sequence = identity or (0, 0)
+            owners = self._partition_owners.get(topic.name)
+            for partition, piece in partition_run(run, topic.partitions, default):
+                owner = owners[partition] if owners is not None else None
+                if owner is not None:
+                    part = parts.get(owner)
+                    if part is None or not (  # Part.accepts, inlined: once per run
+                        part.producer == producer
+                        and (not producer or sequence >= part.next_sequence)
+                    ):
+                        if part is not None:
+                            owner.append_part(part)  # parts of one owner stay in order
+                        part = parts[owner] = Part(stamp, ticket, acks, producer)
+                        if ticket is not None:
+                            ticket.remaining += 1
+                    part.add(piece, index, sequence)
+                else:
+                    if ticket is not None:
+                        ticket.remaining += 1
+                    if self.forward is not None:
+                        # The owner stamps ts_broker: a whole run goes as it arrived.
+                        self.forward(
+                            topic,
+                            partition,
+                            piece,
+                            ticket,
+                            acks,
+                            index,
+                            (producer, sequence) if producer else None,
+                        )
+                    elif ticket is not None:
+                        ticket.failed(
+                            f"worker {self.worker} does not own {topic.name}/{partition}",
+                            ErrorCode.OWNER_UNAVAILABLE,
+                        )
+                sequence += piece.count
+        for owner, part in parts.items():
+            owner.append_part(part)
+        return ephemeral
 
     def now(self) -> int:
         """The broker time stamped on durable runs (``ts_broker``)."""

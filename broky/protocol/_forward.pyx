@@ -18,6 +18,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -370,6 +371,38 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
     return frames, position
 
 
+# A Run built field by field: ``Run`` is a frozen attrs class, whose
+# ``__init__`` sets each of its eight slots through a bound
+# ``object.__setattr__`` call (about half of what decoding a one-message run
+# costs). PyObject_GenericSetAttr stores through the same slot descriptors
+# without the Python-level calls; every field is set, as ``__init__`` would.
+cdef object _RUN_NEW = Run.__new__
+cdef str _KEY = "key"
+cdef str _TS_BROKER = "ts_broker"
+cdef str _COUNT = "count"
+cdef str _SIZES = "sizes"
+cdef str _MESSAGES = "messages"
+cdef str _PARTITION = "partition"
+cdef str _BASE_OFFSET = "base_offset"
+cdef str _CHUNK = "chunk"
+cdef object _ZERO = 0
+cdef object _NO_OFFSET = -1
+
+
+cdef object _new_run(object key, int64_t ts_broker, int64_t count, object sizes,
+                     object messages, object chunk):
+    cdef object run = _RUN_NEW(Run)
+    PyObject_GenericSetAttr(run, _KEY, key)
+    PyObject_GenericSetAttr(run, _TS_BROKER, ts_broker)
+    PyObject_GenericSetAttr(run, _COUNT, count)
+    PyObject_GenericSetAttr(run, _SIZES, sizes)
+    PyObject_GenericSetAttr(run, _MESSAGES, messages)
+    PyObject_GenericSetAttr(run, _PARTITION, _ZERO)
+    PyObject_GenericSetAttr(run, _BASE_OFFSET, _NO_OFFSET)
+    PyObject_GenericSetAttr(run, _CHUNK, chunk)
+    return run
+
+
 def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
     """Compiled twin of ``broky.protocol.located.read_chunk_runs_pure``: for
     each of the ``count`` runs whose uoffsets start at ``start`` (known to lie
@@ -396,14 +429,12 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                 whole = view[chunk_start : chunk_start + chunk.length]
                 messages_at = chunk.messages - chunk.start
                 runs.append(
-                    Run(
+                    _new_run(
                         PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
                         whole[44 : 44 + 4 * chunk.count],
                         whole[messages_at : messages_at + chunk.messages_len],
-                        0,
-                        -1,
                         whole,
                     )
                 )

@@ -260,7 +260,9 @@ def _runs_at(buf: Buffer, start: int, count: int) -> tuple[Run, ...]:
     ``buf``): each read as a chunk when it is laid out as one (all at once,
     ``read_chunk_runs``), else through its vtable."""
     runs = read_chunk_runs(memoryview(buf), start, count)
-    if None not in runs:
+    # ``all``, not ``None not in runs``: a Run is always true, and ``in``
+    # would call the attrs-generated ``__eq__`` of every run (a Python call).
+    if all(runs):
         return tuple(runs)  # type: ignore[arg-type]  # no None left
     slot = start
     decoded = []

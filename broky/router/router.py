@@ -23,7 +23,7 @@ from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
-from broky.router.fanout import fan_out
+from broky.router.fanout import ADMIT_EVERY, fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.limits import RouterLimits
 from broky.router.matcher import SubscriptionIndex, validate_pattern
@@ -400,12 +400,7 @@ class Router:
                     if stream == 0:
                         break
                     continue
-                cached_bytes = self._route_key_bytes[source] + len(key)
-                if len(routes) >= ROUTE_CACHE_SIZE or cached_bytes > ROUTE_CACHE_KEY_BYTES:
-                    routes.clear()
-                    cached_bytes = len(key)
-                self._route_key_bytes[source] = cached_bytes
-                routes[key] = subscriptions
+                self._remember(routes, source, key, subscriptions)
             count = run.count
             size = len(run.chunk)
             if topics is not None:
@@ -423,6 +418,76 @@ class Router:
         if from_peer:
             counters.from_links += published_messages
         return published_messages
+
+    def _remember(
+        self,
+        routes: dict[bytes, tuple[Receiver, ...]],
+        source: LinkKind,
+        key: bytes,
+        subscriptions: tuple[Receiver, ...],
+    ) -> None:
+        """Cache a key's route, within the cache's bounds (entries and key bytes)."""
+        cached_bytes = self._route_key_bytes[source] + len(key)
+        if len(routes) >= ROUTE_CACHE_SIZE or cached_bytes > ROUTE_CACHE_KEY_BYTES:
+            routes.clear()
+            cached_bytes = len(key)
+        self._route_key_bytes[source] = cached_bytes
+        routes[key] = subscriptions
+
+    def wanted(self, keys: list[bytes]) -> list[bool] | None:
+        """Whether a client's run on each of ``keys`` would reach any
+        subscription (the route ``publish`` would use, cached the same way),
+        or None when none would: one C-level pass over the cache for the
+        usual answer. A durable topic's owner builds a stored run's chunk
+        only for a wanted key and counts the others with ``count_unrouted``
+        (broky.durable.owner)."""
+        if self._routes_generation != self._index.generation:
+            self._clear_routes()
+        routes = self._routes[LinkKind.CLIENT]
+        found = list(map(routes.get, keys))
+        if None not in found and not any(found):
+            return None
+        wanted = [
+            bool(subscriptions) if subscriptions is not None else self._client_route(routes, key)
+            for key, subscriptions in zip(keys, found, strict=True)
+        ]
+        return wanted if any(wanted) else None
+
+    def _client_route(self, routes: dict[bytes, tuple[Receiver, ...]], key: bytes) -> bool:
+        """Route a client's key into the cache; whether it is wanted (an
+        invalid key is, so that ``publish`` answers it as it answers any)."""
+        try:
+            subscriptions = self._route(key, LinkKind.CLIENT)
+        except RemoteProtocolError:
+            return True
+        self._remember(routes, LinkKind.CLIENT, key, subscriptions)
+        return bool(subscriptions)
+
+    def count_unrouted(self, keys: list[bytes], counts: list[int], sizes: list[int]) -> None:
+        """Count runs no subscription wanted (``wanted``), which the caller
+        did not publish, as ``publish`` counts such runs: published, dropped
+        for want of a subscriber, and in the busiest keys' figures, where a
+        key not tracked yet is admitted once in ``ADMIT_EVERY`` runs as
+        ``fan_out`` does (``publish`` also admits a key on its first route:
+        within the figures' stated accuracy, broky.observability.topics)."""
+        messages = sum(counts)
+        counters = self.counters
+        counters.published_runs += len(keys)
+        counters.published_messages += messages
+        counters.dropped_no_subscriber += messages
+        topics = self.topics
+        table, passed = topics.table, topics.passed
+        for key, count, size, figures in zip(
+            keys, counts, sizes, map(table.get, keys), strict=True
+        ):
+            if figures is not None:
+                figures[0] += count
+                figures[1] += size
+            elif passed[0] < ADMIT_EVERY - 1:
+                passed[0] += 1
+            else:
+                passed[0] = 0
+                topics.count(key, count, size)
 
     def publish_to_group(self, runs: list[EncodedRun], interest: bytes, source: LinkKind) -> int:
         """Hand runs a peer router chose this router for, on the queue group

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate, chain
+from operator import attrgetter
 from typing import Final, cast
 
 import attrs
@@ -88,48 +90,53 @@ class RunColumns:
     the keys, the size tables and the messages back to back. A stored batch
     of many runs (``broky.storage.batch.RecordBatch``) becomes one of these
     without a Python step per run, which is what keeps a log written one
-    message per key as fast to read as one written in long runs.
+    message per key as fast to read as one written in long runs. The
+    per-run columns stay Python sequences (a batch's are the tuples its run
+    table unpacked to) and become numpy arrays once per Arrow batch in
+    :func:`_to_batch`: a log written in small group commits (a busy broker
+    with ``fsync = "always"`` stores a few dozen runs per batch) then costs
+    no numpy setup per stored batch.
     """
 
-    counts: npt.NDArray[np.int64]
-    bases: npt.NDArray[np.int64]
-    ts_brokers: npt.NDArray[np.int64]
-    key_lengths: npt.NDArray[np.int64]
+    counts: Sequence[int]
+    bases: Sequence[int]
+    ts_brokers: Sequence[int]
+    key_lengths: Sequence[int]
     keys: bytes
     sizes: bytes
     messages: bytes
-
-    @property
-    def rows(self) -> int:
-        return int(self.counts.sum())
+    #: Messages of all the runs (the sum of ``counts``).
+    rows: int
 
     @classmethod
     def of_runs(cls, runs: Sequence[Run]) -> RunColumns:
         """Runs that each carry their ``base_offset``."""
         keys = [bytes(run.key) for run in runs]
+        counts = [run.count for run in runs]
         return cls(
-            np.array([run.count for run in runs], np.int64),
-            np.array([run.base_offset for run in runs], np.int64),
-            np.array([run.ts_broker for run in runs], np.int64),
-            np.array([len(key) for key in keys], np.int64),
+            counts,
+            [run.base_offset for run in runs],
+            [run.ts_broker for run in runs],
+            [len(key) for key in keys],
             b"".join(keys),
             b"".join([bytes(run.sizes) for run in runs]),
             b"".join([bytes(run.messages) for run in runs]),
+            sum(counts),
         )
 
     @classmethod
     def of_batch(cls, batch: RecordBatch) -> RunColumns:
         """Every run of a stored batch."""
-        counts = np.array(batch.counts, np.int64)
-        bases = np.cumsum(counts) - counts + batch.base_offset
+        counts = batch.counts
         return cls(
             counts,
-            bases,
-            np.array(batch.ts_brokers, np.int64),
-            np.array(batch.key_lengths, np.int64),
+            list(accumulate(counts[:-1], initial=batch.base_offset)),
+            batch.ts_brokers,
+            batch.key_lengths,
             bytes(batch.keys),
             bytes(batch.sizes),
             bytes(batch.messages),
+            batch.count,
         )
 
 
@@ -141,8 +148,8 @@ def _to_batch(topic: bytes, partition: int, pieces: Sequence[RunColumns]) -> pa.
     large ones; messages not in the fast layout are decoded one by one and
     their payloads appended after the others.
     """
-    counts = np.concatenate([piece.counts for piece in pieces])
-    run_ts = np.concatenate([piece.ts_brokers for piece in pieces])
+    counts = _column(pieces, _COUNTS)
+    run_ts = _column(pieces, _TS_BROKERS)
     rows = int(counts.sum())
     sizes = np.frombuffer(b"".join([piece.sizes for piece in pieces]), "<u4").astype(np.int64)
     # Zero padding lets the head gather below run past a short last message.
@@ -198,7 +205,7 @@ def _to_batch(topic: bytes, partition: int, pieces: Sequence[RunColumns]) -> pa.
     )
     # Each run's offsets count up from its base: base - (rows before it) + row.
     run_firsts = np.cumsum(counts) - counts
-    bases = np.concatenate([piece.bases for piece in pieces])
+    bases = _column(pieces, _BASES)
     offsets = np.repeat(bases - run_firsts, counts) + np.arange(rows, dtype=np.int64)
     columns = [
         _repeated_text([topic], [rows]),
@@ -215,11 +222,24 @@ def _to_batch(topic: bytes, partition: int, pieces: Sequence[RunColumns]) -> pa.
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
+def _column(
+    pieces: Sequence[RunColumns], field: attrgetter[Sequence[int]]
+) -> npt.NDArray[np.int64]:
+    """One per-run column of every piece, as one array."""
+    return np.fromiter(chain.from_iterable(map(field, pieces)), np.int64)
+
+
+_COUNTS: Final = attrgetter("counts")
+_BASES: Final = attrgetter("bases")
+_TS_BROKERS: Final = attrgetter("ts_brokers")
+_KEY_LENGTHS: Final = attrgetter("key_lengths")
+
+
 def _keys(pieces: Sequence[RunColumns], run_of_row: npt.NDArray[np.int64], rows: int) -> pa.Array:
     """The key column: each run's key on each of its rows, built from the
     keys' buffer (one gather, not a string per row)."""
     keys = b"".join([piece.keys for piece in pieces])
-    key_lengths = np.concatenate([piece.key_lengths for piece in pieces])
+    key_lengths = _column(pieces, _KEY_LENGTHS)
     if not keys.isascii():
         # Keys are UTF-8 on the wire; a broken one must not break the column.
         starts = (np.cumsum(key_lengths) - key_lengths).tolist()

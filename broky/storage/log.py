@@ -29,6 +29,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
+from operator import itemgetter
 from typing import Final
 
 import attrs
@@ -63,6 +64,8 @@ _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
 #: middle of a batch (a replay position, ``last``) verifies little it does
 #: not return, and that a batch stays within one read window.
 BATCH_TARGET_BYTES: Final = 256 * 1024
+#: The producer id of a ``(producer, sequence)`` entry (read in C, once per run).
+_PRODUCER: Final = itemgetter(0)
 #: A batch's bytes besides its runs: the header and at most three paddings.
 _BATCH_OVERHEAD: Final = BATCH_HEADER_BYTES + 3 * 7
 
@@ -221,7 +224,7 @@ class PartitionLog:
             group = runs[start:stop]
             stamps = None if ts_brokers is None else ts_brokers[start:stop]
             identities = None if producers is None else producers[start:stop]
-            if identities is not None and not any(producer for producer, _ in identities):
+            if identities is not None and not any(map(_PRODUCER, identities)):
                 identities = None  # no idempotent run: a version 2 batch
             count = sum(run.count for run in group)
             encoded.append((offset, count, encode_runs(offset, now, group, stamps, identities)))

@@ -188,7 +188,7 @@ def _has_key_partition(messages: Buffer, position: int) -> bool:
         return True  # let the validated path say what is wrong
 
 
-def partition_run(run: Run, partitions: int) -> list[tuple[int, Run]]:
+def partition_run(run: Run, partitions: int, default: int | None = None) -> list[tuple[int, Run]]:
     """Split a run into per-partition runs, keeping message order.
 
     Consecutive messages bound for one partition stay one run, so the usual
@@ -196,17 +196,20 @@ def partition_run(run: Run, partitions: int) -> list[tuple[int, Run]]:
     returns the run itself. With one partition no message is looked at;
     otherwise each message's ``key_partition`` field is read (a vtable
     lookup, not a decode). The parts are views of the run's bytes.
+    ``default`` is the partition of the run's key when the caller knows it
+    (a cached ``partition_for``: the hash is then not computed again).
     """
     if partitions == 1:
         return [(0, run)]
+    if default is None:
+        default = partition_for(run.key, partitions)
     if run.count == 1:  # the many-keys case: one message per run
         messages = run.messages
         if _has_key_partition(messages, 0):
             partition_key = key_partition(memoryview(messages))
             if partition_key:
                 return [(partition_for(partition_key, partitions), run)]
-        return [(partition_for(run.key, partitions), run)]
-    default = partition_for(run.key, partitions)
+        return [(default, run)]
     targets = []
     messages = memoryview(run.messages)
     sizes = u32_array(memoryview(run.sizes))

@@ -117,7 +117,7 @@ class DeadLetters:
         run = dead_letter_run(batch, event.offset, key, tags)
         ticket = self._appends.open(0)
         self._waiting[ticket.sequence] = (partition, name, partition.dispatchers[name], event)
-        store.append(topic, run, store.now(), ticket, self._appends, 0)
+        store.append_frame([run], ticket, self._appends)
         self._appends.release()  # a refusal is known at once
 
     def appended(self, ticket: AckTicket) -> None:

@@ -11,9 +11,13 @@ import itertools
 import random
 from collections.abc import Sequence
 
+import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from broky.protocol.codec import decode_frame
+from broky.protocol.chunks import durable_chunk, durable_chunk_sizes
+from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     MAX_KEY_BYTES,
@@ -22,9 +26,11 @@ from broky.protocol.constants import (
     NoticeKind,
     SlowConsumerPolicy,
 )
-from broky.protocol.frames import Deliver, Error, Frame, Notice, Run, Subscribed
+from broky.protocol.frames import Deliver, Error, Frame, Notice, Publish, Run, Subscribed
 from broky.protocol.framing import FrameReader
 from broky.protocol.message import Message, decode_run, encode_message, pack_sizes
+from broky.router.durable_runs import DurableEncodedRun
+from broky.router.fanout import ADMIT_EVERY
 from broky.router.limits import RouterLimits
 from broky.router.outbox import Subscription
 from broky.router.router import Router
@@ -798,3 +804,64 @@ def test_a_refused_request_on_stream_0_fails_the_connection(request_kind: str) -
     assert failure is not None
     assert failure[0] in (ErrorCode.MALFORMED_FRAME, ErrorCode.UNKNOWN_STREAM)
     assert not peer.outlet.subscriptions
+
+
+# --- stored runs of durable topics (broky.durable.owner) -------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(picks=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4)), min_size=1, max_size=150))
+def test_count_unrouted_counts_as_publish_counts_runs_no_one_wants(
+    picks: list[tuple[int, int]],
+) -> None:
+    """An owner that skips the chunks of runs ``wanted`` says no one takes
+    leaves the router's counters as publishing them would have, and the
+    busiest keys' figures never above what the keys carried (a key enters
+    them by the same one-in-ADMIT_EVERY sampling, though not on its first
+    route as in ``publish``)."""
+    runs = [make_run(b"stored.k%d" % key, numbered(0, count)) for key, count in picks]
+    published, counted = Router(), Router()
+    for router in (published, counted):
+        subscribed_peer(router, (1, b"elsewhere.>"))
+    encoded = [
+        DurableEncodedRun(run.key, run.count, durable_chunk(run, 5, 0, 0), None, 0) for run in runs
+    ]
+    published.publish(encoded)
+    keys = [run.key for run in runs]
+    assert counted.wanted(keys) is None
+    counted.count_unrouted(keys, [run.count for run in runs], durable_chunk_sizes(runs))
+    assert attrs.evolve(counted.statistics(), top_topics=()) == attrs.evolve(
+        published.statistics(), top_topics=()
+    )
+    carried: dict[bytes, list[int]] = {}
+    for run, size in zip(runs, durable_chunk_sizes(runs), strict=True):
+        figures = carried.setdefault(run.key, [0, 0])
+        figures[0] += run.count
+        figures[1] += size
+    for key, (messages, size) in counted.topics.table.items():
+        assert messages <= carried[key][0]
+        assert size <= carried[key][1]
+    assert (
+        sum(messages for messages, _ in counted.topics.table.values())
+        >= (len(runs) - len(set(carried))) // ADMIT_EVERY
+    )
+
+
+def test_wanted_names_the_keys_a_subscription_takes() -> None:
+    router = Router()
+    subscribed_peer(router, (1, b"stored.a"))
+    assert router.wanted([b"stored.b", b"stored.a", b"stored.c"]) == [False, True, False]
+    assert router.wanted([b"stored.b"]) is None
+    assert router.wanted([b"stored.b", b"bad..key"]) == [False, True]  # publish answers it
+
+
+def test_durable_chunk_sizes_are_the_chunks_lengths() -> None:
+    decoded = decode_frame(
+        memoryview(encode_frame(Publish(1, (make_run(b"a.b", numbered(0, 3)),))))[4:]
+    )
+    assert isinstance(decoded, Publish)
+    runs = [*decoded.runs, make_run(b"c", [b"built in memory"])]
+    assert decoded.runs[0].chunk is not None
+    assert runs[-1].chunk is None
+    for run in (runs, runs[:1]):
+        assert durable_chunk_sizes(run) == [len(durable_chunk(r, 9, 2, 40)) for r in run]
