@@ -190,6 +190,7 @@ class Follower:
         history = self.replica.history
         saved = False
         contiguous: list[Run] = []
+        producers: list[tuple[int, int]] = []
         end = partition_log.end_offset
         for run in runs:
             if run.base_offset != end:
@@ -199,10 +200,16 @@ class Follower:
                 history.assign(run.epoch, run.base_offset)
                 saved = True
             contiguous.append(Run(run.key, run.ts_broker, run.count, run.sizes, run.messages))
+            producers.append((run.producer, run.sequence))
             end += run.count
         if contiguous:
-            # One write for the whole answer, as the leader's group commit.
-            partition_log.append(contiguous, [run.ts_broker for run in contiguous])
+            # One write for the whole answer, as the leader's group commit;
+            # with the producer columns, which a new leader's window needs.
+            partition_log.append(
+                contiguous,
+                [run.ts_broker for run in contiguous],
+                producers if any(producer for producer, _ in producers) else None,
+            )
         partition_log.sync()
         if saved:
             epochfile.save(partition_log.directory, history, self.replica.fence)

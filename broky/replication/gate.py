@@ -26,6 +26,7 @@ from broky.cluster.epochs import EpochHistory
 from broky.cluster.isr import Acks, LeaderIsr, Outcome
 from broky.cluster.leadership import Term
 from broky.durable.owner import PartitionOwner
+from broky.durable.producers import Identity
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.replication.epochfile import epoch_at
@@ -68,8 +69,15 @@ class _Leading:
         self.recent: deque[ReplicatedRun] = deque()
         self.recent_bytes = 0
 
-    def remember(self, offset: int, runs: Sequence[Run], stamps: Sequence[int]) -> None:
-        for run, stamp in zip(runs, stamps, strict=True):
+    def remember(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        producers: Sequence[Identity] | None,
+    ) -> None:
+        identities = producers or [(0, 0)] * len(runs)
+        for run, stamp, (producer, sequence) in zip(runs, stamps, identities, strict=True):
             copy = ReplicatedRun(
                 self.term.epoch,
                 offset,
@@ -78,6 +86,8 @@ class _Leading:
                 stamp,
                 bytes(run.sizes),
                 bytes(run.messages),
+                producer,
+                sequence,
             )
             self.recent.append(copy)
             self.recent_bytes += len(copy.messages)
@@ -151,6 +161,7 @@ class PartitionReplica:
         stamps: Sequence[int],
         deliver: Callable[[], None],
         fail: Callable[[ErrorCode, str], None],
+        producers: Sequence[Identity] | None = None,
     ) -> None:
         end = offset + sum(run.count for run in runs)
         leading = self.leading
@@ -161,7 +172,7 @@ class PartitionReplica:
             )
             return
         leading.tokens.append((deliver, fail))
-        leading.remember(offset, runs, stamps)
+        leading.remember(offset, runs, stamps, producers)
         leading.isr.appended(end, len(leading.tokens), self.acks)
         leading.isr.synced(end)
         self.settle()
@@ -267,6 +278,8 @@ class PartitionReplica:
                     batch.ts_broker,
                     bytes(batch.sizes),
                     bytes(batch.messages),
+                    batch.producer,
+                    batch.sequence,
                 )
                 for batch in partition_log.read(request.offset, FETCH_MAX_BYTES)
             ]

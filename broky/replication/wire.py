@@ -86,7 +86,11 @@ class EpochEnd:
 @attrs.frozen
 class ReplicatedRun:
     """One run of the leader's log: its offsets, key, stamp and the epoch it
-    was written in; ``sizes`` and ``messages`` as stored."""
+    was written in; ``sizes`` and ``messages`` as stored; the idempotent
+    producer that published it and the sequence of its first message (0, 0:
+    none), which the follower stores with it: a follower that takes the lead
+    rebuilds its deduplication window from them (broky.durable.producers), so
+    a retry of a publish the deposed leader stored is not stored again."""
 
     epoch: int
     base_offset: int
@@ -95,6 +99,8 @@ class ReplicatedRun:
     ts_broker: int
     sizes: bytes
     messages: bytes
+    producer: int = 0
+    sequence: int = 0
 
 
 @attrs.frozen
@@ -143,6 +149,7 @@ def encode(message: Message) -> bytes:
                     r.ts_broker,
                     len(r.sizes),
                     len(r.messages),
+                    *((r.producer, r.sequence) if r.producer else ()),
                 ]
                 for r in message.runs
             ],
@@ -211,9 +218,12 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
         runs = []
         position = 0
         for entry in header["runs"]:
-            if not isinstance(entry, list) or len(entry) != 7:
+            if not isinstance(entry, list) or len(entry) not in (7, 9):
                 raise ReplicationProtocolError(f"not a run entry: {entry!r:.60}")
-            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry
+            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry[:7]
+            producer, sequence = (_int(entry[7]), _int(entry[8])) if len(entry) == 9 else (0, 0)
+            if not (0 < producer < 1 << 64 and 0 <= sequence < 1 << 64) and len(entry) == 9:
+                raise ReplicationProtocolError(f"not a producer identity: {entry[7:]!r:.60}")
             count, sizes_length, messages_length = (
                 _int(count),
                 _int(sizes_length),
@@ -236,6 +246,8 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
                 _int(ts_broker),
                 bytes(payload[position:sizes_end]),
                 bytes(payload[sizes_end:messages_end]),
+                producer,
+                sequence,
             )
             try:
                 check_sizes(run.sizes, run.messages)

@@ -183,3 +183,16 @@ async def test_acks_leader_acks_at_the_leaders_fsync_with_too_small_an_isr() -> 
     replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
     assert outcomes.delivered == 2
     assert replica.high_watermark == 0  # n2 has not fetched it yet
+
+
+async def test_fetched_runs_carry_their_producer() -> None:
+    """What a follower stores must name each run's idempotent producer, or
+    a new leader would store a retry of it again."""
+    replica, owner = _leading()
+    owner.end_offset = 3
+    replica.hold(
+        0, [_run(2), _run(1)], [7, 8], _Outcomes().deliver, _Outcomes().fail, [(0xAB, 5), (0, 0)]
+    )
+    answer = await replica.fetch(_fetch(durable=0))
+    assert isinstance(answer, Fetched)
+    assert [(run.producer, run.sequence) for run in answer.runs] == [(0xAB, 5), (0, 0)]

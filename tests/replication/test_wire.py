@@ -25,7 +25,7 @@ from broky.replication.wire import (
 )
 
 runs = st.builds(
-    lambda epoch, base, sizes, key, ts: ReplicatedRun(
+    lambda epoch, base, sizes, key, ts, producer, sequence: ReplicatedRun(
         epoch,
         base,
         len(sizes),
@@ -33,12 +33,16 @@ runs = st.builds(
         ts,
         b"".join(s.to_bytes(4, "little") for s in sizes),
         b"m" * sum(sizes),
+        producer,
+        sequence if producer else 0,
     ),
     st.integers(0, 2**31),
     st.integers(0, 2**40),
     st.lists(st.integers(0, 50), min_size=1, max_size=5),
     st.binary(min_size=1, max_size=20),
     st.integers(0, 2**62),
+    st.sampled_from([0, 1, 2**64 - 1]),
+    st.integers(0, 2**64 - 1),
 )
 messages = st.one_of(
     st.builds(
