@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import trio
 
@@ -39,6 +40,7 @@ from broky.replication.wire import (
     RefusalReason,
     Refused,
     ReplicatedRun,
+    StateUpdate,
 )
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import PartitionLog
@@ -55,6 +57,24 @@ FETCH_WAIT = 0.2
 RECENT_BYTES = 4 * 1024 * 1024
 
 _Token = tuple[Callable[[], None], Callable[[ErrorCode, str], None]]
+
+
+class SubscriptionRole(Protocol):
+    """What the partition's durable subscriptions do with its role
+    (broky.subscriptions.replica): their state moves with the partition."""
+
+    async def lead(self, epoch: int) -> None:
+        """Serve the subscriptions from the state stored here (before the
+        partition takes publishes as leader of ``epoch``)."""
+
+    def step_down(self) -> None:
+        """Stop serving them (this node no longer leads)."""
+
+    def state_since(self, epoch: int, version: int) -> StateUpdate | None:
+        """As leader: the state a follower at ``(epoch, version)`` lacks."""
+
+    async def store(self, update: StateUpdate) -> None:
+        """As follower: store the leader's ``update`` durably."""
 
 
 class _Leading:
@@ -135,6 +155,8 @@ class PartitionReplica:
         #: The topic's acks setting: "leader" acks at this node's fsync
         #: (lost if it fails before a follower has it), "all" at the HW.
         self.acks = Acks(owner.topic.acks)
+        #: The partition's durable subscriptions (None: none attached yet).
+        self.subscriptions: SubscriptionRole | None = None
         self._changed = trio.Event()
 
     @property
@@ -193,6 +215,8 @@ class PartitionReplica:
         may or may not survive the failover)."""
         self.leader_hint = hint
         leading, self.leading = self.leading, None
+        if self.subscriptions is not None:
+            self.subscriptions.step_down()
         if leading is None:
             return
         reason = f"{self.node_id} stopped leading {self.name} at epoch {leading.term.epoch}; {hint}"
@@ -220,6 +244,10 @@ class PartitionReplica:
             f"{self.name}: {len(leading.isr.committed_isr)} replicas in sync, "
             f"{leading.isr.settings.min_insync} needed; retry shortly"
         )
+
+    def state_changed(self) -> None:
+        """The subscriptions committed new state: followers fetch it now."""
+        self._wake()
 
     def _wake(self) -> None:
         self._changed.set()
@@ -261,11 +289,12 @@ class PartitionReplica:
             return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
         if request.offset < self.owner.start_offset:
             return self._before_start(leading, request.offset)
-        if request.offset == self.owner.end_offset:
+        if request.offset == self.owner.end_offset and self._state_for(request) is None:
             with trio.move_on_after(FETCH_WAIT):
                 await self._changed.wait()
         if self.leading is not leading:
             return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
+        state = self._state_for(request)
         history = self.history
 
         def read(partition_log: PartitionLog) -> list[ReplicatedRun]:
@@ -291,7 +320,13 @@ class PartitionReplica:
             except OffsetOutOfRangeError:
                 # Retention ran between the check above and the read.
                 return self._before_start(leading, request.offset)
-        return Fetched(leading.term.epoch, self.high_watermark, tuple(runs))
+        return Fetched(leading.term.epoch, self.high_watermark, tuple(runs), state)
+
+    def _state_for(self, request: Fetch) -> StateUpdate | None:
+        subscriptions = self.subscriptions
+        if subscriptions is None:
+            return None
+        return subscriptions.state_since(request.state_epoch, request.state_version)
 
     def _before_start(self, leading: _Leading, offset: int) -> Refused:
         """Retention deleted ``offset``: without this answer the follower

@@ -21,6 +21,8 @@ from broky.replication.wire import (
     Refused,
     ReplicatedRun,
     ReplicationProtocolError,
+    StateEntry,
+    StateUpdate,
     encode,
 )
 
@@ -44,6 +46,22 @@ runs = st.builds(
     st.sampled_from([0, 1, 2**64 - 1]),
     st.integers(0, 2**64 - 1),
 )
+states = st.builds(
+    StateUpdate,
+    st.integers(0, 99),
+    st.integers(0, 2**40),
+    st.none() | st.lists(st.text(max_size=8), max_size=3).map(tuple),
+    st.lists(
+        st.builds(
+            StateEntry,
+            st.integers(1, 2**40),
+            st.text(max_size=8),
+            st.text(max_size=20),
+            st.binary(max_size=20),
+        ),
+        max_size=3,
+    ).map(tuple),
+)
 messages = st.one_of(
     st.builds(
         Fetch,
@@ -54,6 +72,8 @@ messages = st.one_of(
         st.integers(0, 99),
         st.integers(0, 2**40),
         st.integers(0, 2**40),
+        st.integers(-1, 99),
+        st.integers(-1, 2**40),
     ),
     st.builds(
         EpochEnd, st.text(max_size=10), st.integers(0, 99), st.integers(0, 99), st.integers(-1, 99)
@@ -71,7 +91,11 @@ messages = st.one_of(
         st.integers(0, 2**40),
     ),
     st.builds(
-        Fetched, st.integers(0, 99), st.integers(0, 2**40), st.lists(runs, max_size=4).map(tuple)
+        Fetched,
+        st.integers(0, 99),
+        st.integers(0, 2**40),
+        st.lists(runs, max_size=4).map(tuple),
+        st.none() | states,
     ),
 )
 
