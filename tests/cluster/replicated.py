@@ -19,11 +19,11 @@ TOPIC = TopicSpec()
 
 @contextmanager
 def local_nodes(
-    etcd_url: str, cluster: str, directory: Path, count: int = 3
+    etcd_url: str, cluster: str, directory: Path, count: int = 3, topic: TopicSpec = TOPIC
 ) -> Iterator[list[LocalNode]]:
     """``count`` started nodes, SIGKILLed (by PID) at the end whatever happened."""
     nodes = [
-        LocalNode(etcd_url, cluster, f"n{i}", directory / f"n{i}", TOPIC)
+        LocalNode(etcd_url, cluster, f"n{i}", directory / f"n{i}", topic)
         for i in range(1, count + 1)
     ]
     try:
