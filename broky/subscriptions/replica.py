@@ -41,6 +41,7 @@ import trio
 
 from broky.protocol.constants import ErrorCode
 from broky.replication.wire import StateUpdate
+from broky.storage.errors import StorageError
 from broky.subscriptions.commits import ImageKey
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.image import encode_image
@@ -82,7 +83,17 @@ class SubscriptionReplica:
         async with self._leading:
             self.step_down()
             partition = self.partition
-            images, definitions = await partition.committer.reload()
+            try:
+                images, definitions = await partition.committer.reload()
+            except StorageError as exc:
+                # Not serving: consumers are refused until the next leadership.
+                log.error(
+                    "%s/%d: subscription state unreadable, not serving it: %s",
+                    partition.topic,
+                    partition.partition,
+                    exc,
+                )
+                return
             leading = self.replica.leading
             if leading is None or leading.term.epoch != epoch:
                 return  # deposed while reading: the next role serves
