@@ -73,6 +73,11 @@ class SubscriptionRole(Protocol):
     def state_since(self, epoch: int, version: int) -> StateUpdate | None:
         """As leader: the state a follower at ``(epoch, version)`` lacks."""
 
+    def readable(self, high_watermark: int) -> None:
+        """As leader: the high watermark moved. Rounds this node stored as
+        leader announce themselves when acked; what it took over from the
+        previous leader becomes readable only this way."""
+
     async def store(self, update: StateUpdate) -> None:
         """As follower: store the leader's ``update`` durably."""
 
@@ -237,6 +242,8 @@ class PartitionReplica:
                 fail(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading))
         if leading.isr.high_watermark != self.high_watermark:
             self.high_watermark = leading.isr.high_watermark
+            if self.subscriptions is not None:
+                self.subscriptions.readable(self.high_watermark)
             self._wake()
 
     def _too_few(self, leading: _Leading) -> str:

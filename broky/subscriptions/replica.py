@@ -139,6 +139,10 @@ class SubscriptionReplica:
         journal = self.journal
         return None if journal is None else journal.since(epoch, version)
 
+    def readable(self, high_watermark: int) -> None:
+        if self.journal is not None:
+            self.partition.appended(high_watermark)
+
     async def store(self, update: StateUpdate) -> None:
         partition = self.partition
         await partition.committer.store_rows(update, partition.topic, partition.partition)
