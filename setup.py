@@ -1,7 +1,8 @@
 """Build the optional C extension of the hot path; everything else is in pyproject.toml.
 
-``broky.protocol._forward``, ``broky.protocol._vectors`` and
-``broky.router._fanout`` (Cython) are the compiled twins of
+``broky.protocol._runs``, ``broky.protocol._forward``,
+``broky.protocol._vectors`` and ``broky.router._fanout`` (Cython) are the
+compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
 and ``broky.router.fanout.fan_out_pure``. Each is optional twice over: the
 build continues without it when compiling fails (``optional=True``), and
@@ -19,6 +20,7 @@ else:
         [
             Extension(name, [name.replace(".", "/") + ".pyx"], optional=True)
             for name in (
+                "broky.protocol._runs",
                 "broky.protocol._forward",
                 "broky.protocol._vectors",
                 "broky.router._fanout",

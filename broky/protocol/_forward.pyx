@@ -14,14 +14,16 @@ Little-endian hosts only: elsewhere the import is refused.
 import sys
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from broky.protocol.chunks import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
-from broky.protocol.frames import EncodedRun, ForwardPublish, Run
+from broky.protocol._runs cimport EncodedRun
+from broky.protocol.frames import ForwardPublish, Run
 
 if sys.byteorder != "little":
     raise ImportError("the compiled forwarding reader assumes a little-endian host")
@@ -186,6 +188,34 @@ cdef bytes _coalesced_chunk(Chunk* group, int n, int64_t count, int64_t messages
     return chunk
 
 
+#: Key objects seen lately, by a hash of their bytes (slots: _KEY_SLOTS).
+#: Why: on short runs every run's key was a new bytes object, allocated,
+#: hashed (siphash) by the route lookup, compared by value and freed; a key
+#: that comes round again is now the same object, whose hash is cached and
+#: which the router's dicts find by identity. A slot holds one key, so a
+#: stream of ever-new keys only costs a hash and a compare per run.
+DEF _KEY_SLOTS = 4096
+cdef list _keys = [None] * _KEY_SLOTS
+
+
+cdef bytes _key(const uint8_t* key, int64_t key_len):
+    cdef uint64_t h = 14695981039346656037ULL  # FNV-1a
+    cdef int64_t i
+    for i in range(key_len):
+        h = (h ^ key[i]) * 1099511628211ULL
+    cdef Py_ssize_t slot = <Py_ssize_t>((h ^ (h >> 29)) & (_KEY_SLOTS - 1))
+    cdef object seen = <object>PyList_GET_ITEM(_keys, slot)
+    if (
+        seen is not None
+        and PyBytes_GET_SIZE(seen) == key_len
+        and memcmp(PyBytes_AS_STRING(seen), key, key_len) == 0
+    ):
+        return <bytes>seen
+    fresh = PyBytes_FromStringAndSize(<const char*>key, key_len)
+    _keys[slot] = fresh
+    return fresh
+
+
 cdef class _Group:
     """Runs gathered for coalescing (see forward._Coalescer)."""
     cdef Chunk* chunks
@@ -207,15 +237,15 @@ cdef class _Group:
         if self.n == 0:
             return 0
         first = &self.chunks[0]
-        key = PyBytes_FromStringAndSize(<const char*>first.key, first.key_len)
+        cdef EncodedRun run = EncodedRun.__new__(EncodedRun)
+        run.key = _key(first.key, first.key_len)
         if self.n == 1:
-            into.append(EncodedRun(
-                key, first.count, PyBytes_FromStringAndSize(<const char*>first.start, first.length)
-            ))
+            run.count = first.count
+            run.chunk = PyBytes_FromStringAndSize(<const char*>first.start, first.length)
         else:
-            into.append(EncodedRun(
-                key, self.count, _coalesced_chunk(self.chunks, self.n, self.count, self.messages_len)
-            ))
+            run.count = self.count
+            run.chunk = _coalesced_chunk(self.chunks, self.n, self.count, self.messages_len)
+        into.append(run)
         self.n = 0
         self.messages_len = 0
         self.count = 0

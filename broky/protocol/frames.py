@@ -9,7 +9,8 @@ holding a view is always safe, it only keeps that buffer alive.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+import os
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 
@@ -62,11 +63,33 @@ class EncodedRun:
     Not frozen: a frozen attrs class pays an ``object.__setattr__`` per field
     on construction, and on short runs one of these is built per message.
     Nothing mutates one after it is built.
+
+    This is the pure-Python class (``EncodedRunPure``); where the compiled
+    hot path is built, ``EncodedRun`` is its twin ``broky.protocol._runs``
+    (same fields, equality and repr), which the compiled reader and fan-out
+    fill and read as C fields.
     """
 
     key: bytes
     count: int
     chunk: bytes
+
+
+EncodedRunPure = EncodedRun
+
+
+def _compiled_encoded_run() -> type[EncodedRun] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.protocol._runs import EncodedRun as compiled  # noqa: PLC0415
+    except ImportError:
+        return None
+    return compiled  # type: ignore[return-value]  # the twin, not a subclass
+
+
+if not TYPE_CHECKING:
+    EncodedRun = _compiled_encoded_run() or EncodedRunPure
 
 
 @attrs.frozen(slots=True)

@@ -1,10 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Compiled twin of ``broky.router.fanout.fan_out_pure`` (see that module)."""
 
+from cpython cimport array
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, Py_SIZE
 from cpython.ref cimport Py_INCREF, Py_DECREF
+
+from broky.protocol._runs cimport EncodedRun
+
+#: The run type this module reads as C fields; the Python side uses it only
+#: if it is the one ``broky.protocol.frames`` hands out.
+RUN_TYPE = EncodedRun
 
 
 cdef inline void _add(list figures, Py_ssize_t index, Py_ssize_t amount) except *:
@@ -37,9 +44,10 @@ def fan_out(runs, Py_ssize_t start, routes, topics, list passed):
     cdef dict topic_table = topics
     cdef dict route_table = routes
     cdef bint counting = topics is not None
-    cdef list figures
+    cdef array.array figures
+    cdef EncodedRun run
     for position in range(start, stop):
-        run = runs[position]
+        run = <EncodedRun?>runs[position]
         key = run.key
         found = PyDict_GetItem(route_table, key)
         if found is NULL:
@@ -51,9 +59,11 @@ def fan_out(runs, Py_ssize_t start, routes, topics, list passed):
         if counting:
             found = PyDict_GetItem(topic_table, key)
             if found is not NULL:
-                figures = <list>found
-                _add(figures, 0, count)
-                _add(figures, 1, size)
+                figures = <array.array?><object>found
+                if figures.ob_descr.typecode != b'q' or Py_SIZE(figures) < 2:
+                    raise TypeError("topic figures must be array('q') pairs")
+                figures.data.as_longlongs[0] += count
+                figures.data.as_longlongs[1] += size
             elif <Py_ssize_t>passed[0] < ADMIT_EVERY - 1:
                 _add(passed, 0, 1)
             else:
@@ -85,10 +95,12 @@ def sweep(runs, Py_ssize_t budget, Py_ssize_t frame_room):
     cdef list chunks = []
     cdef Py_ssize_t taken_bytes = 0, taken_messages = 0, count, index
     cdef bytes chunk
-    for run in runs:
+    cdef EncodedRun run
+    for item in runs:
+        run = <EncodedRun?>item
         chunk = run.chunk
         taken_bytes += len(chunk)
-        taken_messages += <Py_ssize_t>run.count
+        taken_messages += run.count
         chunks.append(chunk)
         if taken_bytes >= budget:
             break

@@ -3,8 +3,8 @@
 ``fan_out(runs, start, routes, topics, passed)`` walks ``runs`` from
 ``start`` while each run's key has a cached route (``routes``: key -> tuple
 of receivers). Unless ``topics`` is None it also counts each run into the
-busiest-keys table (``topics``: key -> [messages, bytes], added to in
-place). Consecutive runs with the same route tuple (the router interns
+busiest-keys table (``topics``: key -> array [messages, bytes], added
+to in place). Consecutive runs with the same route tuple (the router interns
 them, so identity tells) are handed to each of its receivers as one
 ``push_many``. It stops at the first run that needs the router's own
 attention, having queued everything before it, and returns ``(stop, runs,
@@ -28,6 +28,7 @@ equal.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
@@ -35,7 +36,7 @@ from broky.protocol.frames import EncodedRun
 from broky.router.queues import Receiver
 
 Routes = Mapping[bytes, tuple[Receiver, ...]]
-Topics = dict[bytes, list[int]]
+Topics = dict[bytes, "array[int]"]
 FanOut = Callable[
     [Sequence[EncodedRun], int, Routes, "Topics | None", list[int]], tuple[int, int, int, int]
 ]
@@ -105,6 +106,8 @@ def _compiled() -> FanOut | None:
         from broky.router import _fanout  # noqa: PLC0415
     except ImportError:
         return None
+    if getattr(_fanout, "RUN_TYPE", None) is not EncodedRun:
+        return None  # built from older sources (a stale editable build): not this run type
     return _fanout.fan_out
 
 

@@ -55,6 +55,8 @@ def _compiled() -> Sweep | None:
         from broky.router import _fanout  # noqa: PLC0415
     except ImportError:
         return None
+    if getattr(_fanout, "RUN_TYPE", None) is not EncodedRun:
+        return None  # built from older sources (a stale editable build): not this run type
     return _fanout.sweep
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from array import array
 from collections import deque
 from typing import Any
 
@@ -48,7 +49,7 @@ def _run(
     a, b = Recorder("a", log), Recorder("b", log)
     shared = ((a,), (a, b), (b,), ())  # interned route tuples, as the router keeps them
     routes = {key: shared[number] for key, number in route_numbers.items()}
-    topics = {key: [count, 0] for key, count in topic_counts.items()}
+    topics = {key: array("q", (count, 0)) for key, count in topic_counts.items()}
     passed = [passed_before]
     result = implementation(runs, min(start, len(runs)), routes, topics, passed)
     without_topics = implementation(runs, min(start, len(runs)), routes, None, [0])
@@ -73,11 +74,11 @@ def test_consecutive_runs_of_one_route_go_as_one_batch_and_a_miss_stops() -> Non
     route = (a,)
     runs = [EncodedRun(key, 1, b"xx") for key in (b"k1", b"k2", b"k3", b"new", b"k1")]
     routes: Any = {b"k1": route, b"k2": route, b"k3": route}
-    topics = {b"k1": [0, 0], b"k2": [0, 0], b"k3": [0, 0], b"new": [0, 0]}
+    topics = {key: array("q", (0, 0)) for key in (b"k1", b"k2", b"k3", b"new")}
     assert fanout.fan_out(runs, 0, routes, topics, [0]) == (3, 3, 3, 0)
     assert log == [("a", [b"k1", b"k2", b"k3"], 3, 6)]
-    assert topics[b"k1"] == [1, 2]
-    assert topics[b"new"] == [0, 0]  # not walked: its route is not cached
+    assert topics[b"k1"].tolist() == [1, 2]
+    assert topics[b"new"].tolist() == [0, 0]  # not walked: its route is not cached
 
 
 @pytest.mark.parametrize("implementation", ["pure", "compiled"])
@@ -91,13 +92,13 @@ def test_untracked_keys_are_passed_and_one_in_admit_every_stops_for_admission(
     route = (Recorder("a", log),)
     runs = [EncodedRun(b"k%d" % n, 1, b"x") for n in range(200)]
     routes: Any = {run.key: route for run in runs}
-    topics = {b"k0": [0, 0]}
+    topics = {b"k0": array("q", (0, 0))}
     passed = [0]
     # k0 is counted; k1..k63 pass uncounted; k64, the 64th untracked, stops
     # (the router admits it and carries on from k65).
     assert fanout.ADMIT_EVERY == 64
     assert fan_out(runs, 0, routes, topics, passed) == (64, 64, 64, 0)
-    assert (topics[b"k0"], passed) == ([1, 1], [0])
+    assert (topics[b"k0"].tolist(), passed) == ([1, 1], [0])
     assert fan_out(runs, 65, routes, topics, passed) == (128, 63, 63, 0)
     assert passed == [0]
     assert sum(messages for _, _, messages, _ in log) == 64 + 63
