@@ -6,7 +6,7 @@ honest.
 
 from broky.client.client import Client
 from broky.client.consumer import Consumer, ConsumerStatistics, Delivery
-from broky.client.durable import AckedRun, PartitionInfo, Start
+from broky.client.durable import AckedRun, PartitionInfo, Start, SubscriptionDeletion
 from broky.client.errors import (
     AuthenticationError,
     BrokyError,
@@ -50,6 +50,7 @@ __all__ = [
     "SlowConsumerPolicy",
     "Start",
     "Subscription",
+    "SubscriptionDeletion",
     "SubscriptionError",
     "SubscriptionStatistics",
     "connect",

@@ -40,6 +40,12 @@ def add_consumer_flags(parser: argparse.ArgumentParser) -> None:
         help="where a new subscription starts (default latest)",
     )
     parser.add_argument(
+        "--dead-letter-topic",
+        default="",
+        help="with --subscription: the durable topic (its [[durable]] name) that receives "
+        "the new subscription's dead letters (default: the _dlq topic)",
+    )
+    parser.add_argument(
         "--show-offsets",
         action="store_true",
         help="prefix each line with topic/partition@offset and the delivery count",
@@ -60,6 +66,7 @@ async def consume(
             subscription=args.subscription,
             type=cast(SubscriptionType, args.type),
             start=STARTS[args.start](),
+            dead_letter_topic=args.dead_letter_topic,
         ) as consumer,
     ):
         print(

@@ -11,6 +11,10 @@ of every node's in a cluster), ``--workers`` distinct ones, or ``--wait``
 passes, then adds up each
 subscription's figures over the workers and prints one row per
 subscription. ``merge`` and ``render`` are pure, for tests.
+
+``broky subs delete NAME`` deletes a subscription on every worker
+(``Client.delete_subscription``): refused while consumers are attached
+unless ``--force``, which ends them.
 """
 
 from __future__ import annotations
@@ -156,8 +160,49 @@ async def list_subscriptions(
     return 0
 
 
+async def delete_subscription(
+    args: argparse.Namespace,
+    tls: ssl.SSLContext | None = None,
+    credentials: Credentials = ANONYMOUS,
+) -> int:
+    """Delete ``args.name``; print what was deleted (errors raise BrokyError)."""
+    async with credentials.connect(args.address, "broky-subs", tls) as client:
+        deleted = await client.delete_subscription(
+            args.name, args.pattern or None, force=args.force
+        )
+    print(
+        f"deleted subscription {args.name}: {deleted.partitions} partition(s), "
+        f"{deleted.consumers} consumer(s) ended"
+    )
+    return 0
+
+
+def _add_delete_parser(subs: argparse.ArgumentParser) -> None:
+    actions = subs.add_subparsers(dest="subs_command", metavar="{delete}")
+    delete = actions.add_parser(
+        "delete", help="delete a durable subscription (its acks and counts) on every worker"
+    )
+    delete.add_argument("name", help="the subscription")
+    delete.add_argument(
+        "--pattern", default="", help="delete only if the subscription reads this pattern"
+    )
+    delete.add_argument(
+        "--force",
+        action="store_true",
+        help="delete even with consumers attached (they end with SubscriptionDeleted)",
+    )
+    delete.add_argument("--address", default=f"127.0.0.1:{DEFAULT_PORT}", help="broker HOST:PORT")
+    add_client_tls_flags(delete)
+    add_client_auth_flags(delete)
+    delete.set_defaults(
+        handler=lambda args: trio.run(
+            delete_subscription, args, client_tls_context(args), client_credentials(args)
+        )
+    )
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``broky subs``."""
+    """``broky subs`` and ``broky subs delete``."""
     subs = commands.add_parser(
         "subs", help="list durable subscriptions: backlog (lag), in flight, consumers"
     )
@@ -183,3 +228,4 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             list_subscriptions, args, client_tls_context(args), client_credentials(args)
         )
     )
+    _add_delete_parser(subs)

@@ -49,6 +49,7 @@ HOMES = {
     "ProtocolError": broky.protocol.errors,
     "SlowConsumerPolicy": broky.protocol.constants,
     "Subscription": broky.client.subscription,
+    "SubscriptionDeletion": broky.client.durable,
     "SubscriptionError": broky.client.errors,
     "SubscriptionStatistics": broky.client.subscription,
     "connect": broky.client.tcp,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import trio
 
-from broky import Config, Start
+from broky import BrokyError, Config, Start
 from broky.cli import build_parser
-from broky.subs_cli import list_subscriptions, merge, render
+from broky.subs_cli import delete_subscription, list_subscriptions, merge, render
 from tests.conftest import StartBroker, address_of
 
 
@@ -114,3 +114,26 @@ async def test_broky_subs_shows_backlog_in_flight_and_consumers_of_a_real_broker
         )
         assert int(backlog) == 9
         assert 0 < int(in_flight) <= 9
+
+
+async def test_broky_subs_delete_deletes_and_says_why_it_refuses(
+    tmp_path: Path, start_broker: StartBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = {"name": "orders", "pattern": "orders.>", "partitions": 2}
+    config = Config.from_mapping({"port": 0, "data_dir": str(tmp_path), "durable": [table]})
+    broker = await start_broker(config)
+    address = address_of(broker)
+    parser = build_parser()
+    plain = parser.parse_args(["subs", "delete", "billing", "--address", address])
+    forced = parser.parse_args(["subs", "delete", "billing", "--force", "--address", address])
+    with trio.fail_after(15):
+        async with (
+            broker.connect() as client,
+            client.consumer("orders.>", subscription="billing"),
+        ):
+            with pytest.raises(BrokyError, match="force"):
+                await delete_subscription(plain)
+            assert await delete_subscription(forced) == 0
+    assert "deleted subscription billing: 2 partition(s), 1 consumer(s) ended" in (
+        capsys.readouterr().out
+    )

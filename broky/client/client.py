@@ -26,7 +26,7 @@ import trio
 
 from broky.client.consumer import Consumer, open_consumer
 from broky.client.consumer_options import ConsumerSettings, SubscriptionType, consumer_options
-from broky.client.durable import PartitionInfo, Start
+from broky.client.durable import PartitionInfo, Start, SubscriptionDeletion
 from broky.client.errors import (
     AuthenticationError,
     BrokyError,
@@ -43,6 +43,8 @@ from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, ErrorCode, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
+    DeletedSubscription,
+    DeleteSubscription,
     Deliver,
     Error,
     Fetch,
@@ -227,6 +229,22 @@ class Client(Publisher):
                 strict=True,
             )
         ]
+
+    async def delete_subscription(
+        self, name: str, pattern: str | None = None, *, force: bool = False
+    ) -> SubscriptionDeletion:
+        """Delete durable subscription ``name`` (with ``pattern``: only if it
+        reads exactly that), on every worker; returns once it is durably gone.
+        Refused (``BrokyError``, ``SubscriptionRefused``) while consumers are
+        attached unless ``force`` (they end with ``SubscriptionDeleted``);
+        ``UnknownSubscription`` if there is none. Consuming the name again
+        creates a new subscription."""
+        wire_pattern = b"" if pattern is None else encode_key(pattern, ErrorCode.INVALID_PATTERN)
+        answer = await self._request(
+            lambda stream: DeleteSubscription(stream, name, wire_pattern, force)
+        )
+        assert isinstance(answer, DeletedSubscription)
+        return SubscriptionDeletion(answer.partitions, answer.consumers)
 
     async def fetch(
         self, topic: str, partition: int, offset: int, max_bytes: int = 0
@@ -465,7 +483,11 @@ class Client(Publisher):
             consumer = self._subscriptions.get(frame.stream)
             if isinstance(consumer, Consumer):
                 consumer._receive(frame)
-        elif type(frame) is Fetched or type(frame) is Partitions:
+        elif (
+            type(frame) is Fetched
+            or type(frame) is Partitions
+            or type(frame) is DeletedSubscription
+        ):
             self._answer(frame.stream, frame)
         elif type(frame) is Error:
             self._handle_error(frame)

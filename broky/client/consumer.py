@@ -155,6 +155,9 @@ class ConsumerStatistics:
     termed: int
     #: Acked offsets the broker had meanwhile redelivered to another consumer.
     stale_acks: int
+    #: Settled offsets the broker could not confirm (their owner worker
+    #: restarted first): they are delivered again.
+    unconfirmed_settles: int
     #: Outcomes recorded but not sent yet, and frames sent without a receipt yet.
     pending_settles: int
     unreceipted_frames: int
@@ -193,6 +196,7 @@ class Consumer(BufferedRuns[Delivery]):
         self._receipt = trio.Event()
         self._outcomes = dict.fromkeys(SettleKind, 0)
         self._stale = 0
+        self._unconfirmed = 0
 
     # called by the client's reader task --------------------------------------
 
@@ -209,6 +213,14 @@ class Consumer(BufferedRuns[Delivery]):
         if isinstance(frame, Settled):
             self._unreceipted.discard(frame.sequence)
             self._stale += frame.stale
+            if frame.unconfirmed:
+                self._unconfirmed += frame.unconfirmed
+                log.info(
+                    "consumer %d: %d settled messages were not confirmed (an owner worker "
+                    "restarted): they will be delivered again",
+                    self.stream,
+                    frame.unconfirmed,
+                )
             self._receipt.set()
             return
         self._next_topic = topic = frame.topic
@@ -292,7 +304,9 @@ class Consumer(BufferedRuns[Delivery]):
     async def flush(self) -> None:
         """Send every recorded outcome now and wait until the broker has
         committed all settles sent so far (its ``Settled`` receipts): from
-        then on a broker crash does not undo these acks.
+        then on a broker crash does not undo these acks (but for those the
+        receipts counted as unconfirmed, ``statistics().unconfirmed_settles``:
+        an owner worker restarted before it saw them, and they come again).
 
         Raises the consumer's error if it failed (the connection closed, the
         broker ended the consumer) before every receipt arrived.
@@ -349,6 +363,7 @@ class Consumer(BufferedRuns[Delivery]):
             nacked=self._outcomes[SettleKind.NACK],
             termed=self._outcomes[SettleKind.TERM],
             stale_acks=self._stale,
+            unconfirmed_settles=self._unconfirmed,
             pending_settles=self._batcher.pending,
             unreceipted_frames=len(self._unreceipted),
             buffered_messages=self.buffered_messages,

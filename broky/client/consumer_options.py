@@ -62,6 +62,9 @@ class ConsumerSettings(TypedDict, total=False):
     max_deliveries: int
     #: Failover: the higher, the sooner this consumer is the active one.
     priority: int
+    #: The ``[[durable]]`` topic that receives dead letters (fixed when the
+    #: subscription is created; "" or absent: the default ``_dlq`` keys).
+    dead_letter_topic: str
     #: Seconds an ack may wait in the client before it is sent.
     ack_interval: float
     #: Outcomes that make a batch be sent at once.
@@ -82,6 +85,7 @@ class ConsumerOptions:
     backoff_ms: tuple[int, ...]
     max_deliveries: int
     priority: int
+    dead_letter_topic: str
     ack_interval: float
     ack_batch: int
 
@@ -101,6 +105,7 @@ class ConsumerOptions:
             priority=self.priority,
             start_time=self.start.time_ns,
             start_offsets=self.start.offsets,
+            dead_letter_topic=self.dead_letter_topic,
         )
 
 
@@ -114,6 +119,23 @@ def _count(value: int, what: str, least: int) -> int:
     if not least <= value < 2**32:
         raise ValueError(f"{what} must be between {least} and {2**32 - 1}, got {value}")
     return value
+
+
+def _priority(value: int) -> int:
+    if not -(2**31) <= value < 2**31:
+        raise ValueError(f"priority must fit in 32 bits (the wire's int32), got {value}")
+    return value
+
+
+def _topic_name(name: str) -> str:
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_SUBSCRIPTION_BYTES or (
+        name and not name.isprintable()
+    ):
+        raise ValueError(
+            f"dead_letter_topic must be a durable topic's name (printable, at most "
+            f"{MAX_SUBSCRIPTION_BYTES} bytes), got {name!r}"
+        )
+    return name
 
 
 def consumer_options(
@@ -149,7 +171,8 @@ def consumer_options(
         ack_timeout_ms=ack_timeout_ms,
         backoff_ms=tuple(_milliseconds(delay, "backoff") for delay in settings.get("backoff", ())),
         max_deliveries=_count(settings.get("max_deliveries", 10), "max_deliveries", 0),
-        priority=settings.get("priority", 0),
+        priority=_priority(settings.get("priority", 0)),
+        dead_letter_topic=_topic_name(settings.get("dead_letter_topic", "")),
         ack_interval=ack_interval,
         ack_batch=_count(settings.get("ack_batch", ACK_BATCH), "ack_batch", 1),
     )

@@ -67,3 +67,12 @@ class PartitionInfo(NamedTuple):
     partition: int
     start_offset: int
     end_offset: int
+
+
+class SubscriptionDeletion(NamedTuple):
+    """What ``Client.delete_subscription`` deleted, summed over the owner workers."""
+
+    #: Partition state stores the subscription was removed from.
+    partitions: int
+    #: Consumers a forced deletion ended.
+    consumers: int

@@ -16,28 +16,32 @@ Duties, on every membership change (and every ``RECHECK_INTERVAL``):
   map of a new cluster (broky.cluster.placement) with every replica in sync;
 - apply broky.cluster.state.after_membership to every vbucket: dead or
   restarted nodes leave the ISR, vbuckets whose leader left get a new one
-  from the ISR with epoch + 1.
-
-Moving replicas onto joining nodes needs the data path (a new replica must
-catch up before it counts), so the map of a running cluster is not
-rebalanced yet.
+  from the ISR with epoch + 1;
+- rebalance (broky.cluster.moves): take the next step of every move in
+  progress, and start moves towards the balanced map when a node joined or
+  was removed for good (``decommissioned/``), a few vbuckets at a time.
+  While moves are in progress it also wakes on vbucket changes, since a
+  move advances when a leader adds a caught-up replica to its ISR.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import trio
 
+from broky.cluster.decommission import decommissioned_of
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import Compare, EtcdError, EventType, Get, Put
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.membership import Membership
+from broky.cluster.moves import DEFAULT_MAX_MOVES, changes
 from broky.cluster.placement import place
 from broky.cluster.settings import ClusterSettings
-from broky.cluster.state import VbucketState, after_membership, initial_state
+from broky.cluster.state import VbucketState, initial_state
 from broky.cluster.vbuckets import StoredState, states_of
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,17 @@ RECHECK_INTERVAL = 5.0
 
 #: Pause before retrying after etcd failed a request.
 RETRY_DELAY = 0.1
+
+
+class View(Protocol):
+    """A live copy of etcd keys the controller follows (broky.cluster.mirror)."""
+
+    @property
+    def revision(self) -> int:
+        """The etcd revision of the last change applied."""
+
+    async def changed(self) -> None:
+        """Return after the next change applied."""
 
 
 @attrs.frozen
@@ -99,17 +114,32 @@ class Controller:
         lease: int,
         settings: ClusterSettings,
         membership: Membership,
+        *,
+        vbuckets: View | None = None,
+        marks: View | None = None,
+        max_moves: int = DEFAULT_MAX_MOVES,
     ) -> None:
+        """``vbuckets`` and ``marks``: the node's views of the vbucket states
+        and the decommission marks, so that moves start and advance as soon
+        as those change; without them, within RECHECK_INTERVAL."""
         self.client = client
         self.keys = keys
         self.node_id = node_id
         self.lease = lease
         self.settings = settings
         self.membership = membership
+        self.vbuckets = vbuckets
+        self.marks = marks
+        self.max_moves = max_moves
         #: The controller epoch while this node is the controller, else None.
         self.epoch: int | None = None
         #: Leader changes this node wrote as controller (one per vbucket).
         self.elections = 0
+        #: Moves this node started and completed as controller.
+        self.moves_started = 0
+        self.moves_completed = 0
+        #: Vbuckets moving after the last plan (while > 0, vbucket changes wake us).
+        self.moving = 0
 
     async def run(self) -> None:
         """Campaign, lead while elected, campaign again; until cancelled."""
@@ -150,23 +180,42 @@ class Controller:
 
     async def _lead(self, epoch: int) -> None:
         while True:
+            seen = {id(view): view.revision for view in self._views(moving=True)}
             await self.reconcile(epoch)
+            views = self._views(moving=self.moving > 0)
+            if any(view.revision != seen[id(view)] for view in views):
+                continue  # it changed while we planned: plan again at once
             with trio.move_on_after(RECHECK_INTERVAL):
-                await self.membership.changed()
+                async with trio.open_nursery() as waiters:
+                    for view in views:
+                        waiters.start_soon(_first, view, waiters.cancel_scope)
+
+    def _views(self, moving: bool) -> list[View]:
+        """What the controller follows: membership and removals, and the
+        vbucket states while something moves (a move advances when a
+        leader adds a caught-up replica to its ISR)."""
+        views = [self.membership, self.marks, self.vbuckets if moving else None]
+        return [view for view in views if view is not None]
 
     async def reconcile(self, epoch: int) -> None:
-        """Bring every vbucket in line with the current membership."""
+        """Bring every vbucket in line with the current membership: plan and
+        write until a plan has nothing to write (a move's completion lets
+        the next one start; a race lost means re-reading)."""
         while True:
             live = {node: member.epoch for node, member in self.membership.members().items()}
-            found = await self.client.get_prefix(self.keys.vbuckets)
-            stored = states_of(self.keys, {kv.key: kv for kv in found.kvs})
-            writes = self._plan(stored, live)
+            found = await self.client.txn(
+                [], [Get.prefix(self.keys.vbuckets), Get.prefix(self.keys.decommissioned)]
+            )
+            vbuckets, marks = found.ranges
+            stored = states_of(self.keys, {kv.key: kv for kv in vbuckets})
+            writes = self._plan(stored, live, decommissioned_of(self.keys, marks))
             if not writes:
                 return
-            if await self._write(epoch, writes):
-                return
+            await self._write(epoch, writes)
 
-    def _plan(self, stored: dict[int, StoredState], live: dict[str, int]) -> list[Write]:
+    def _plan(
+        self, stored: dict[int, StoredState], live: dict[str, int], decommissioned: set[str]
+    ) -> list[Write]:
         """Every change to make, with the mod_revision to compare."""
         writes: list[Write] = []
         missing = [v for v in range(self.settings.vbuckets) if v not in stored]
@@ -177,15 +226,19 @@ class Controller:
             ]
             target = place(current, live, self.settings.vbuckets, self.settings.replication_factor)
             writes.extend(Write(v, 0, None, initial_state(target[v], live)) for v in missing)
-        for vbucket, entry in sorted(stored.items()):
-            changed = after_membership(entry.state, live)
-            if changed is not None:
-                writes.append(Write(vbucket, entry.kv.mod_revision, entry.state, changed))
+        placed = {v: entry.state for v, entry in stored.items()}
+        changed = changes(placed, live, decommissioned, self.settings, self.max_moves)
+        writes.extend(
+            Write(v, stored[v].kv.mod_revision, placed[v], state)
+            for v, state in sorted(changed.items())
+        )
+        self.moving = sum(1 for v, state in placed.items() if changed.get(v, state).target)
         return writes
 
-    async def _write(self, epoch: int, writes: Sequence[Write]) -> bool:
-        """Write ``writes`` in CAS txns; False if one lost a race (re-read and
-        plan again); NotController if our epoch is over."""
+    async def _write(self, epoch: int, writes: Sequence[Write]) -> None:
+        """Write ``writes`` in CAS txns, stopping at the first that lost a
+        race (the caller re-reads and plans again); NotController if our
+        epoch is over."""
         guard = Compare.created(self.keys.controller, epoch)
         for start in range(0, len(writes), KEYS_PER_TXN):
             batch = writes[start : start + KEYS_PER_TXN]
@@ -204,19 +257,30 @@ class Controller:
                 holders = result.ranges[0]
                 if not holders or holders[0].create_revision != epoch:
                     raise NotController("the controller key changed")
-                return False
+                log.debug("a vbucket changed while the controller planned; re-reading")
+                return
             for write in batch:
                 if write.old is None:
                     log.debug("vbucket %d placed: %s", write.vbucket, describe(write.state))
                     continue
                 if write.old.leader != write.state.leader:
                     self.elections += 1
+                if write.state.target and not write.old.target:
+                    self.moves_started += 1
+                elif write.old.target and not write.state.target:
+                    self.moves_completed += 1
                 log.info("vbucket %d: %s", write.vbucket, describe(write.state))
-        return True
 
 
 def describe(state: VbucketState) -> str:
     """A vbucket state in one short line, for logs."""
     isr = ",".join(node for node, _ in state.isr)
     leader = state.leader or "OFFLINE"
-    return f"leader {leader} epoch {state.epoch} isr [{isr}] replicas [{','.join(state.replicas)}]"
+    line = f"leader {leader} epoch {state.epoch} isr [{isr}] replicas [{','.join(state.replicas)}]"
+    return f"{line} moving to [{','.join(state.target)}]" if state.target else line
+
+
+async def _first(view: View, scope: trio.CancelScope) -> None:
+    """Wait for ``view`` to change, then end the waits of ``scope``."""
+    await view.changed()
+    scope.cancel()

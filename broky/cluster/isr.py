@@ -22,7 +22,11 @@ The rules, each the answer to a known failure:
 4. **A follower is added back only once it holds everything below the
    HW**, so adding it never lowers the HW; one that has not caught up to
    the leader's log end for ``replica_lag_max`` is proposed for removal.
-5. **``acks = "all"`` needs ``min_insync`` replicas in the committed ISR**,
+5. **A replica that leaves the ISR, or the replica set, is forgotten**:
+   what it held may be gone (a replica dropped by a move deletes its copy,
+   broky.cluster.moves), so it is known again only from its next acks, and
+   the fsynced end a follower outside the ISR reports is taken as it is.
+6. **``acks = "all"`` needs ``min_insync`` replicas in the committed ISR**,
    checked before appending (NOT_ENOUGH_REPLICAS) and again when the HW
    covers the publish (NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank
    below it meanwhile: the data is safe on the smaller ISR but was not
@@ -185,7 +189,11 @@ class LeaderIsr:
             follower = _Follower(0, -float("inf"), self.log_end, now)
             self._followers[entry] = follower
             self._lives[node] = node_epoch
-        follower.durable = max(follower.durable, durable)
+        # An ISR member's fsynced end only grows, so a late ack must not
+        # lower it (the HW never goes back); outside the ISR the latest
+        # report is the truth, even if lower (its copy was deleted).
+        in_isr = entry in self.maximal_isr()
+        follower.durable = max(follower.durable, durable) if in_isr else durable
         if follower.durable >= self.log_end:
             follower.caught_up_at = now
         elif follower.durable >= follower.previous_log_end:
@@ -200,10 +208,56 @@ class LeaderIsr:
         if self.leader not in isr:
             raise IsrRuleError(f"committed ISR {isr} lacks the leader {self.leader}")
         for entry in isr:
-            if entry not in self.committed_isr and self._durable_of(entry) < self.high_watermark:
+            if entry not in self.committed_isr and self.durable_of(entry) < self.high_watermark:
                 raise IsrRuleError(f"{entry} joins the ISR without the data below the HW")
+        for entry in self.committed_isr:
+            if entry not in isr:
+                self._forget(entry)
         self.committed_isr = isr
         self.pending_isr = None
+        self._advance()
+
+    def replicas_changed(self, replicas: Iterable[str]) -> None:
+        """etcd's replica set changed (a move added or dropped replicas):
+        acks from added ones count from now on; dropped ones that are not in
+        the ISR any more are forgotten (rule 5)."""
+        self.replicas = tuple(replicas)
+        members = {node for node, _ in self.maximal_isr()}
+        for entry in list(self._followers):
+            if entry[0] not in self.replicas and entry[0] not in members:
+                self._forget(entry)
+
+    def _forget(self, entry: IsrEntry) -> None:
+        self._followers.pop(entry, None)
+        if self._lives.get(entry[0]) == entry[1]:
+            del self._lives[entry[0]]
+
+    def hold(self, entries: Iterable[IsrEntry]) -> None:
+        """Count ``entries`` as pending additions (the HW waits for them)
+        while another partition of the vbucket proposes them to etcd: the
+        vbucket has one ISR, so each of its partitions must hold them back
+        from its HW before etcd names them in sync (broky.replication.
+        vbucket_isr). Each must hold everything below the HW already;
+        ``isr_committed`` or ``isr_failed`` ends the hold."""
+        added = tuple(entry for entry in entries if entry not in self.committed_isr)
+        if added and self.pending_isr is not None:
+            raise IsrRuleError("an ISR change is already pending")
+        for entry in added:
+            if self.durable_of(entry) < self.high_watermark:
+                raise IsrRuleError(f"{entry} lacks data below the HW")
+        if added:
+            self.pending_isr = self.committed_isr + added
+            self._advance()
+
+    def narrow(self, proposal: Iterable[IsrEntry]) -> None:
+        """Replace the pending proposal by ``proposal``, which drops some of
+        its additions (another partition of the vbucket refused them); the
+        HW can only go up."""
+        pending = self.pending_isr
+        proposal = tuple(proposal)
+        if pending is None or not set(proposal) <= set(pending):
+            raise IsrRuleError(f"{proposal} does not narrow the pending {pending}")
+        self.pending_isr = proposal
         self._advance()
 
     def isr_failed(self) -> None:
@@ -228,19 +282,24 @@ class LeaderIsr:
         for entry in self.committed_isr:
             if entry == self.leader:
                 continue
-            if self._lives[entry[0]] != entry[1]:
+            follower = self._followers.get(entry)
+            if self._lives.get(entry[0]) != entry[1] or follower is None:
                 continue  # that life ended: its acks no longer come
-            follower = self._followers[entry]
+            if entry[0] not in self.replicas:
+                continue  # dropped by a move
             lagging = follower.durable < self.log_end and now - follower.caught_up_at > lag_max
             if not lagging:
                 keep.append(entry)
         members = {node for node, _ in keep}
         for node, life in sorted(self._lives.items()):
             entry = (node, life)
-            follower = self._followers[entry]
+            follower = self._followers.get(entry)
+            if follower is None:
+                continue
             caught_up = follower.durable >= self.log_end or now - follower.caught_up_at <= lag_max
             if (
-                node not in members
+                node in self.replicas
+                and node not in members
                 and entry not in self.committed_isr
                 and follower.durable >= self.high_watermark
                 and caught_up
@@ -285,7 +344,7 @@ class LeaderIsr:
             lags[node] = self.log_end - (0 if follower is None else follower.durable)
         return lags
 
-    def _durable_of(self, entry: IsrEntry) -> int:
+    def durable_of(self, entry: IsrEntry) -> int:
         """What ``entry`` (a node in one life) is known to have fsynced."""
         if entry == self.leader:
             return self.leader_durable
@@ -297,4 +356,4 @@ class LeaderIsr:
         # (IsrRuleError) or cannot happen (durable offsets only grow; a
         # member joins only holding everything below the HW). The property
         # tests check that the minimum itself never goes back.
-        self.high_watermark = min(self._durable_of(entry) for entry in self.maximal_isr())
+        self.high_watermark = min(self.durable_of(entry) for entry in self.maximal_isr())

@@ -9,7 +9,9 @@
 - ``controller``: the elected controller, attached to its lease; its
   ``create_revision`` is the controller epoch that guards its writes;
 - ``vb/<vbucket>``: a vbucket's replicas, leader, leader epoch and ISR
-  (broky.cluster.state), changed only by compare-and-swap.
+  (broky.cluster.state), changed only by compare-and-swap;
+- ``decommissioned/<node_id>``: a node removed for good (``broky cluster
+  remove-node``): the controller moves its replicas to the other nodes.
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ class ClusterKeys:
     def vbucket(self, vbucket: int) -> bytes:
         # Zero-padded so a prefix read returns vbuckets in order.
         return self.vbuckets + b"%05d" % vbucket
+
+    @property
+    def decommissioned(self) -> bytes:
+        return self.root + b"decommissioned/"
+
+    def decommission(self, node_id: str) -> bytes:
+        return self.decommissioned + node_id.encode()
+
+    def decommissioned_id(self, key: bytes) -> str:
+        """The node id of a ``decommissioned/<id>`` key."""
+        return key[len(self.decommissioned) :].decode()
 
     def vbucket_of(self, key: bytes) -> int:
         """The vbucket number of a ``vb/<n>`` key."""

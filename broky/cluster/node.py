@@ -29,6 +29,7 @@ from broky.cluster.membership import (
     Registration,
     register,
 )
+from broky.cluster.mirror import PrefixMirror
 from broky.cluster.settings import ClusterSettings
 from broky.cluster.vbuckets import VbucketTable
 
@@ -66,6 +67,11 @@ class ClusterNodeStatistics:
     members: int
     vbuckets: int
     vbuckets_led: int
+    #: Vbuckets a move is taking elsewhere (broky.cluster.moves), as seen here.
+    vbuckets_moving: int
+    #: Moves this node started and completed while controller, in its current life.
+    moves_started: int
+    moves_completed: int
 
 
 class ClusterNode:
@@ -89,6 +95,8 @@ class ClusterNode:
         self.register_wait = register_wait
         self.membership = Membership(client, keys)
         self.vbuckets = VbucketTable(client, keys)
+        #: The decommission marks (broky.cluster.decommission), for the controller.
+        self.marks = PrefixMirror(client, keys.decommissioned)
         #: This life's registration (None between lives).
         self.registration: Registration | None = None
         self.controller: Controller | None = None
@@ -113,6 +121,9 @@ class ClusterNode:
             members=len(self.membership.members()),
             vbuckets=len(self.vbuckets.states()),
             vbuckets_led=len(self.terms()),
+            vbuckets_moving=sum(1 for s in self.vbuckets.states().values() if s.state.target),
+            moves_started=0 if controller is None else controller.moves_started,
+            moves_completed=0 if controller is None else controller.moves_completed,
         )
 
     def terms(self) -> dict[int, Term]:
@@ -132,6 +143,7 @@ class ClusterNode:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.membership.run)
             await nursery.start(self.vbuckets.run)
+            await nursery.start(self.marks.run)
             delay = REJOIN_DELAY
             while True:
                 lives = self.lives
@@ -164,7 +176,14 @@ class ClusterNode:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(LeaseKeeper(self.client, lease).run)
                 self.controller = Controller(
-                    self.client, self.keys, self.node_id, lease.id, self.settings, self.membership
+                    self.client,
+                    self.keys,
+                    self.node_id,
+                    lease.id,
+                    self.settings,
+                    self.membership,
+                    vbuckets=self.vbuckets,
+                    marks=self.marks,
                 )
                 nursery.start_soon(self.controller.run)
                 task_status.started()

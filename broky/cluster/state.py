@@ -36,23 +36,28 @@ class StateError(ValueError):
 
 @attrs.frozen
 class VbucketState:
-    """``replicas`` in preference order; ``leader`` None means offline."""
+    """``replicas`` in preference order; ``leader`` None means offline.
+
+    ``target`` is the replica set a move is taking the vbucket to (empty:
+    no move; broky.cluster.moves). It is stored with the state so that a
+    new controller carries on a move its predecessor began."""
 
     replicas: tuple[str, ...]
     leader: str | None
     epoch: int
     isr: tuple[IsrEntry, ...]
+    target: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "replicas": list(self.replicas),
-                "leader": self.leader,
-                "epoch": self.epoch,
-                "isr": [list(entry) for entry in self.isr],
-            },
-            sort_keys=True,
-        ).encode()
+        fields: dict[str, object] = {
+            "replicas": list(self.replicas),
+            "leader": self.leader,
+            "epoch": self.epoch,
+            "isr": [list(entry) for entry in self.isr],
+        }
+        if self.target:
+            fields["target"] = list(self.target)
+        return json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> VbucketState:
@@ -61,8 +66,9 @@ class VbucketState:
             replicas = tuple(str(node) for node in fields["replicas"])
             leader = fields["leader"]
             isr = tuple((str(node), int(epoch)) for node, epoch in fields["isr"])
+            target = tuple(str(node) for node in fields.get("target", ()))
             state = cls(
-                replicas, None if leader is None else str(leader), int(fields["epoch"]), isr
+                replicas, None if leader is None else str(leader), int(fields["epoch"]), isr, target
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StateError(f"not a vbucket state: {data[:200]!r} ({exc})") from exc
@@ -71,9 +77,11 @@ class VbucketState:
 
     def check(self) -> None:
         """Raise StateError unless the invariants hold: distinct replicas, an
-        ISR within them, a leader in the ISR."""
+        ISR within them, a leader in the ISR, a target of distinct nodes."""
         if len(set(self.replicas)) != len(self.replicas):
             raise StateError(f"replicas repeat a node: {self.replicas}")
+        if len(set(self.target)) != len(self.target):
+            raise StateError(f"target repeats a node: {self.target}")
         isr_nodes = [node for node, _ in self.isr]
         if len(set(isr_nodes)) != len(isr_nodes) or not set(isr_nodes) <= set(self.replicas):
             raise StateError(f"ISR {self.isr} is not a set of replicas {self.replicas}")
@@ -132,5 +140,7 @@ def _returning(state: VbucketState, live: Mapping[str, int]) -> VbucketState | N
     isr_nodes = {node for node, _ in state.isr}
     for node in state.replicas:
         if node in isr_nodes and node in live:
-            return VbucketState(state.replicas, node, state.epoch + 1, ((node, live[node]),))
+            return attrs.evolve(
+                state, leader=node, epoch=state.epoch + 1, isr=((node, live[node]),)
+            )
     return None

@@ -1,5 +1,7 @@
-"""``broky cluster status``: members, placement, leaders, epochs and ISR;
-``broky cluster etcd``: a local etcd to try a cluster with.
+"""``broky cluster status``: members, placement, leaders, epochs, ISR and
+moves in progress; ``broky cluster remove-node``: remove a node for good
+(broky.cluster.decommission); ``broky cluster etcd``: a local etcd to try a
+cluster with.
 
 One linearizable read of the cluster's keys in etcd (a txn of range reads,
 so every part is from the same revision), printed as a table or as JSON
@@ -20,6 +22,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
+from broky.cluster.decommission import decommissioned_of, remove_node, undo_remove
 from broky.cluster.etcd import EtcdClient, parse_endpoints
 from broky.cluster.etcd_wire import EtcdError, Get
 from broky.cluster.keys import ClusterKeys, check_name
@@ -40,6 +43,12 @@ class ClusterStatus:
     controller_epoch: int
     members: dict[str, Member]
     vbuckets: dict[int, StoredState]
+    #: Nodes removed for good (``broky cluster remove-node``).
+    decommissioned: frozenset[str] = frozenset()
+
+    def moving(self) -> dict[int, StoredState]:
+        """The vbuckets a move is taking to a new replica set."""
+        return {v: s for v, s in self.vbuckets.items() if s.state.target}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,9 +66,12 @@ class ClusterStatus:
                     "epoch": stored.state.epoch,
                     "isr": [node for node, _ in stored.state.isr],
                     "replicas": list(stored.state.replicas),
+                    "target": list(stored.state.target) or None,
                 }
                 for vbucket, stored in sorted(self.vbuckets.items())
             },
+            "moving": sorted(self.moving()),
+            "decommissioned": sorted(self.decommissioned),
         }
 
 
@@ -67,9 +79,15 @@ async def read_status(client: EtcdClient, keys: ClusterKeys) -> ClusterStatus:
     """Everything at one revision (a txn without compares always succeeds)."""
     result = await client.txn(
         [],
-        [Get(keys.config), Get(keys.controller), Get.prefix(keys.nodes), Get.prefix(keys.vbuckets)],
+        [
+            Get(keys.config),
+            Get(keys.controller),
+            Get.prefix(keys.nodes),
+            Get.prefix(keys.vbuckets),
+            Get.prefix(keys.decommissioned),
+        ],
     )
-    config, controller, nodes, vbuckets = result.ranges
+    config, controller, nodes, vbuckets, marks = result.ranges
     settings = ClusterSettings.from_json(config[0].value) if config else None
     return ClusterStatus(
         revision=result.revision,
@@ -78,6 +96,7 @@ async def read_status(client: EtcdClient, keys: ClusterKeys) -> ClusterStatus:
         controller_epoch=controller[0].create_revision if controller else 0,
         members=members_of(keys, {kv.key: kv for kv in nodes}),
         vbuckets=states_of(keys, {kv.key: kv for kv in vbuckets}),
+        decommissioned=frozenset(decommissioned_of(keys, marks)),
     )
 
 
@@ -119,11 +138,21 @@ def render(status: ClusterStatus, out: TextIO, topic: str = "", partitions: int 
     width = settings.replication_factor
     offline = [v for v, s in status.vbuckets.items() if s.state.leader is None]
     under = [v for v, s in status.vbuckets.items() if len(s.state.isr) < width]
+    moving = status.moving()
     print(
         f"\n{len(status.vbuckets)} vbuckets placed, {len(under)} under-replicated, "
-        f"{len(offline)} offline",
+        f"{len(offline)} offline, {len(moving)} moving",
         file=out,
     )
+    if status.decommissioned:
+        print(f"removed for good: {_nodes(sorted(status.decommissioned))}", file=out)
+    for vbucket, move in sorted(moving.items()):
+        before, target = move.state.replicas, move.state.target
+        waiting = [n for n in target if n not in {node for node, _ in move.state.isr}]
+        step = f"catching up: {_nodes(waiting)}" if waiting else "handing over"
+        print(
+            f"moving vbucket {vbucket}: [{_nodes(before)}] -> [{_nodes(target)}] ({step})", file=out
+        )
     shown = sorted(status.vbuckets)
     if topic:
         shown = sorted({vbucket_of(topic, p, settings.vbuckets) for p in range(partitions)})
@@ -199,17 +228,54 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     etcd.add_argument("--port", type=int, default=2379, help="client port (default 2379)")
     etcd.set_defaults(handler=_blocking_signals(run_local_etcd))
     status = actions.add_parser("status", help="members, placement, leaders, epochs and ISR")
-    status.add_argument(
-        "--etcd",
-        type=_etcd_url,
-        default="etcd://127.0.0.1:2379",
-        help="the cluster's etcd, etcd://HOST:PORT[,...] (default etcd://127.0.0.1:2379)",
-    )
-    status.add_argument("--cluster-name", type=_cluster_name, default="broky")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument("--topic", help="only the vbuckets of this topic's partitions")
     status.add_argument("--partitions", type=int, default=1, help="partitions of --topic")
     status.set_defaults(handler=lambda args: trio.run(status_command, args))
+    remove = actions.add_parser(
+        "remove-node",
+        help="remove a node for good: its replicas are re-created on the other nodes",
+    )
+    remove.add_argument("node_id", help="the node to remove")
+    remove.add_argument("--undo", action="store_true", help="take a removal back")
+    for command in (status, remove):
+        command.add_argument(
+            "--etcd",
+            type=_etcd_url,
+            default="etcd://127.0.0.1:2379",
+            help="the cluster's etcd, etcd://HOST:PORT[,...] (default etcd://127.0.0.1:2379)",
+        )
+        command.add_argument("--cluster-name", type=_cluster_name, default="broky")
+    remove.set_defaults(handler=lambda args: trio.run(remove_command, args))
+
+
+async def remove_command(args: argparse.Namespace) -> int:
+    """``broky cluster remove-node N``: write (or delete) the mark, then say
+    what the controller will do with it."""
+    keys = ClusterKeys.for_cluster(args.cluster_name)
+    try:
+        node = check_name("node id", args.node_id)
+    except ValueError as exc:
+        print(f"broky: {exc}", file=sys.stderr)
+        return 2
+    async with EtcdClient.from_url(args.etcd) as client:
+        try:
+            with trio.fail_after(10):
+                if args.undo:
+                    found = await undo_remove(client, keys, node)
+                    print(f"node {node}: " + ("removal taken back" if found else "was not removed"))
+                    return 0
+                await remove_node(client, keys, node)
+                status = await read_status(client, keys)
+        except (EtcdError, trio.TooSlowError) as exc:
+            print(f"broky: cannot write to the cluster at {args.etcd}: {exc}", file=sys.stderr)
+            return 1
+    held = sum(1 for s in status.vbuckets.values() if node in s.state.replicas)
+    print(
+        f"node {node} removed for good: the controller moves its {held} replica(s) to the "
+        "other nodes; `broky cluster status` shows the moves"
+    )
+    return 0
 
 
 def _blocking_signals(

@@ -41,6 +41,7 @@ from broky.protocol.constants import (
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Consume,
+    DeleteSubscription,
     EncodedRun,
     Error,
     Fetch,
@@ -514,7 +515,9 @@ class ServerConnection:
                 durable.fetch(frame)
             elif type(frame) is ListPartitions:
                 durable.list_partitions(frame)
-            elif type(frame) is Consume or type(frame) is Settle:
+            elif (
+                type(frame) is Consume or type(frame) is Settle or type(frame) is DeleteSubscription
+            ):
                 self._consumers.handle(frame)
             elif type(frame) is Flow:
                 if self._consumers.owns(frame.stream):

@@ -32,7 +32,7 @@ wait on credit an idle part holds, since each part has only its share.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -109,6 +109,15 @@ class CreditGate:
             count += run.count
         self.waiting_messages += count
         self.held[part] = max(0, self.held[part] - count)
+
+    def drop(self, part: int, owned: Callable[[Waiting], bool]) -> None:
+        """``part`` is gone (its owner went down): forget its credit and the
+        runs of it that wait here (``owned`` tells them; the owner
+        redelivers them). ``held[part] = 0`` brings it back."""
+        self.held.pop(part, None)
+        kept = deque(run for run in self.waiting if not owned(run))
+        self.waiting_messages = sum(run.count for run in kept)
+        self.waiting = kept
 
     def take(self) -> list[bytes]:
         """The frames to send the client now (its window allowing), in order:

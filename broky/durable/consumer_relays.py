@@ -32,26 +32,40 @@ one each): an owner only knows what it holds itself.
 client once every owner involved committed its share, with their stale
 counts added up.
 
-**Failure.** When an owner's channel goes down, the whole consumer ends
-with ``OwnerUnavailable`` (retriable: consume again). The owner detaches
-its part when it sees the channel close (at once), or it was killed: then
-its state store still holds what was in flight, and it is redelivered
-after its restart as after any crash. When the client leaves (disconnect
-or ``Unsubscribe``) every part is detached at once; messages that waited
-in the gate are redelivered by their owners.
+**Failure.** When an owner's channel goes down once the consumer is
+attached, the consumer lives on with the other parts and re-attaches that
+owner's part by itself: it polls the channel (it reconnects within 0.25 s
+of the owner's return) and sends the ``Consume`` again, retrying on
+refusals (the restarted owner not serving yet, an exclusive subscription
+whose old part a merely stalled owner has not detached yet), for at most
+``REATTACH_SECONDS``; only then does the consumer end, with
+``OwnerUnavailable`` or the last refusal. Meanwhile the runs of that owner
+that waited in the gate are dropped and its credit forgotten (the owner
+redelivers what it had not seen acked: it detached its part when the
+channel closed, or it was killed and restarts from its state store),
+settles for it are not sent (acks the owner never saw come back as
+redeliveries), and receipts awaited from it are answered with those
+offsets counted as ``unconfirmed`` (``Settled``): the client learns which
+acks may not hold. A failure while attaching still ends the attach with
+``OwnerUnavailable`` (all or nothing). When the client leaves (disconnect
+or ``Unsubscribe``) every part is detached at once; messages that waited in
+the gate are redelivered by their owners.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
+from functools import partial
+from typing import Final
 
 import attrs
+import trio
 
 from broky.durable.consumer_gate import CreditGate, Waiting
+from broky.durable.consumer_parts import Receipt, RemotePart, Share, waiting_runs
 from broky.durable.forwarding import Forwarder, OwnerChannel
-from broky.durable.relays import ConsumerFrame
-from broky.protocol.chunks import encode_chunk
 from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import (
@@ -60,11 +74,9 @@ from broky.protocol.frames import (
     Error,
     Flow,
     Redelivered,
-    Run,
     Settle,
     Settled,
     Subscribed,
-    Unsubscribe,
 )
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
@@ -72,96 +84,29 @@ from broky.subscriptions.consumers import ConsumerLink
 from broky.subscriptions.delivery import FRAME_SHARE
 from broky.subscriptions.service import SubscriptionService
 
+log = logging.getLogger("broky.subscriptions")
+
 #: Size prefix of an encoded frame.
 PREFIX_BYTES = 4
-
-
-def owners_of(service: SubscriptionService, pattern: bytes) -> set[int]:
-    """The workers owning partitions of the durable topics ``pattern`` (a
-    valid pattern) reaches."""
-    store = service.store
-    return {
-        store.owner_index(topic.name, partition)
-        for topic in store.policies.policies
-        if patterns_overlap(topic.pattern, pattern)
-        for partition in range(topic.partitions)
-    }
-
-
-def waiting_runs(
-    runs: Sequence[Run], counts: list[tuple[str, int, int, int]], topic: str
-) -> list[Waiting]:
-    """``runs`` of a Deliver of ``topic`` (the one the part's stream last
-    named) as gate entries, each with the delivery counts (``(topic,
-    partition, offset, count)`` from the Redelivered before it) of its
-    messages."""
-    found = []
-    for run in runs:
-        stop = run.base_offset + run.count
-        mine = [
-            (topic, offset, count)
-            for topic, partition, offset, count in counts
-            if partition == run.partition and run.base_offset <= offset < stop
-        ]
-        found.append(
-            Waiting(encode_chunk(run), run.count, run.partition, run.base_offset, mine, topic)
-        )
-    return found
-
-
-@attrs.define(slots=True, eq=False)
-class _Receipt:
-    """A client's Settle asking for a receipt, split over owners."""
-
-    sequence: int
-    waiting: int
-    stale: int = 0
-
-
-class RemotePart:
-    """One owner's part of a spread consumer: a stream of its channel."""
-
-    def __init__(self, consumer: SpreadConsumer, owner: int, channel: OwnerChannel) -> None:
-        self.consumer = consumer
-        self.owner = owner
-        self.channel = channel
-        self.stream = channel.new_stream()
-        self._counts: list[tuple[str, int, int, int]] = []
-        #: The topic this part's stream last named (Redelivered): its Delivers'.
-        self._topic = ""
-
-    def send(self, frame: Consume | Settle | Flow | Unsubscribe) -> None:
-        self.channel.send(encode_frame(attrs.evolve(frame, stream=self.stream)))
-
-    def receive(self, frame: ConsumerFrame) -> None:
-        """A frame the owner sent on this part's stream (the channel's reader)."""
-        consumer = self.consumer
-        if isinstance(frame, Redelivered):
-            entries = zip(frame.partitions, frame.offsets, frame.counts, strict=True)
-            self._counts.extend((frame.topic, p, o, c) for p, o, c in entries)
-            self._topic = frame.topic
-        elif isinstance(frame, Deliver):
-            counts, self._counts = self._counts, []
-            consumer.delivered(self.owner, waiting_runs(frame.runs, counts, self._topic))
-        elif isinstance(frame, Settled):
-            consumer.part_settled(frame.sequence, frame.stale)
-        elif isinstance(frame, Subscribed):
-            consumer.confirmed(self.owner)
-        else:
-            consumer.fail(frame.code, frame.message)
-
-    def down(self) -> None:
-        """The channel went down: the owner died, stalled or is restarting."""
-        self.consumer.fail(
-            ErrorCode.OWNER_UNAVAILABLE,
-            f"worker {self.owner}, owner of some partitions of subscription "
-            f"{self.consumer.subscription!r}, went down; its unacked messages are "
-            "redelivered once it is back: consume again shortly",
-        )
-
-    def detach(self) -> None:
-        if self.channel.consumer_parts.pop(self.stream, None) is not None:
-            self.send(Unsubscribe(self.stream))
+#: Seconds a spread consumer waits for a lost owner to come back before it
+#: ends with OwnerUnavailable: a supervised worker restarts and loads its
+#: subscriptions within a few seconds, even on a loaded machine.
+REATTACH_SECONDS: Final = 15.0
+#: Seconds between re-attach attempts (the channel's own reconnect backoff
+#: is at most 0.25 s).
+REATTACH_POLL: Final = 0.1
+#: Refusals of a re-attach that a restarting owner gives before it serves,
+#: and ``SubscriptionRefused``: an owner that only stalled may not have
+#: detached the old part of an exclusive subscription yet. Retried until
+#: the deadline, which then ends the consumer with the last refusal.
+RETRIABLE: Final = frozenset(
+    (
+        ErrorCode.OWNER_UNAVAILABLE,
+        ErrorCode.SERVER_SHUTDOWN,
+        ErrorCode.STORAGE_FAILURE,
+        ErrorCode.SUBSCRIPTION_REFUSED,
+    )
+)
 
 
 class SpreadConsumer:
@@ -202,15 +147,23 @@ class SpreadConsumer:
         self._remote: dict[int, RemotePart] = {}
         self._local: ConsumerLink | None = None
         self._confirmed: set[int] = set()
-        self._receipts: dict[int, _Receipt] = {}
+        self._receipts: dict[int, Share] = {}
         self._sequences = itertools.count(1)
+        #: What each part attaches with (no credit, its max_in_flight share).
+        self._part_frame = frame
+        #: Owners lost after the attach, with the time to give up on them.
+        self._lost: dict[int, float] = {}
+        #: Owners whose part was sent again and is not confirmed yet.
+        self._reattaching: set[int] = set()
+        #: The last refusal of each lost owner's re-attach (ends it at the deadline).
+        self._refusals: dict[int, tuple[ErrorCode, str]] = {}
 
     # --- the client's requests ----------------------------------------------------
 
     def start(self) -> None:
         """Attach a part on every owner, with no credit (module docstring)."""
         owners = sorted(self.gate.held)
-        frame = attrs.evolve(
+        frame = self._part_frame = attrs.evolve(
             self._frame, credit=0, max_in_flight=max(1, self._frame.max_in_flight // len(owners))
         )
         for owner in owners:
@@ -224,10 +177,7 @@ class SpreadConsumer:
                     "its partitions, is unavailable (restarting?); consume again shortly",
                 )
                 return
-            part = RemotePart(self, owner, channel)
-            self._remote[owner] = part
-            channel.consumer_parts[part.stream] = part
-            part.send(frame)
+            self._attach_part(owner, channel)
         if self._worker in owners:
             link = self._service.consume(frame, self.outlet, own_only=True, answers=self)
             self._local = link
@@ -263,15 +213,22 @@ class SpreadConsumer:
         ):
             if 0 <= number < topic.partitions:
                 shares.setdefault(owner_index(name, number), []).append((number, first, last))
-        receipt = _Receipt(frame.sequence, len(shares)) if frame.sequence else None
+        receipt = Receipt(frame.sequence, len(shares)) if frame.sequence else None
         if receipt is not None and not shares:
             self.outlet.send_control(encode_frame(Settled(self.stream, frame.sequence, 0)))
             return
         for owner, entries in shares.items():
+            offsets = sum(last + 1 - first for _, first, last in entries)
+            if owner in self._lost:
+                # Not sent: the owner is back with what it had committed, and
+                # redelivers the rest; a receipt counts these as unconfirmed.
+                if receipt is not None:
+                    self._answer(receipt, 0, offsets)
+                continue
             sequence = 0
             if receipt is not None:
                 sequence = next(self._sequences)
-                self._receipts[sequence] = receipt
+                self._receipts[sequence] = Share(receipt, owner, offsets)
             share = attrs.evolve(
                 frame,
                 sequence=sequence,
@@ -300,7 +257,21 @@ class SpreadConsumer:
 
     def confirmed(self, owner: int) -> None:
         """``owner`` attached its part: once all did, the client is told."""
-        if self.closed or self.active:
+        if self.closed:
+            return
+        if owner in self._reattaching:
+            self._reattaching.discard(owner)
+            del self._lost[owner]
+            self._refusals.pop(owner, None)
+            self.gate.held[owner] = 0
+            log.info(
+                "consumer of %r: worker %d is back, its part re-attached",
+                self.subscription,
+                owner,
+            )
+            self._pump()
+            return
+        if self.active:
             return
         self._confirmed.add(owner)
         if len(self._confirmed) == len(self.gate.held):
@@ -316,17 +287,98 @@ class SpreadConsumer:
         self.gate.arrive(owner, runs)
         self._pump()
 
-    def part_settled(self, sequence: int, stale: int) -> None:
+    def part_settled(self, sequence: int, stale: int, unconfirmed: int = 0) -> None:
         """An owner committed its share of a receipted settle."""
-        receipt = self._receipts.pop(sequence, None)
-        if receipt is None or self.closed:
+        share = self._receipts.pop(sequence, None)
+        if share is None or self.closed:
             return
+        self._answer(share.receipt, stale, unconfirmed)
+
+    def _answer(self, receipt: Receipt, stale: int, unconfirmed: int) -> None:
+        """One owner's share of ``receipt`` is answered; the last sends it."""
         receipt.stale += stale
+        receipt.unconfirmed += unconfirmed
         receipt.waiting -= 1
         if not receipt.waiting:
             self.outlet.send_control(
-                encode_frame(Settled(self.stream, receipt.sequence, receipt.stale))
+                encode_frame(
+                    Settled(self.stream, receipt.sequence, receipt.stale, receipt.unconfirmed)
+                )
             )
+
+    # --- a lost owner ---------------------------------------------------------------
+
+    def _attach_part(self, owner: int, channel: OwnerChannel) -> None:
+        part = RemotePart(self, owner, channel)
+        self._remote[owner] = part
+        channel.consumer_parts[part.stream] = part
+        part.send(self._part_frame)
+
+    def part_down(self, part: RemotePart) -> None:
+        """``part``'s channel went down (module docstring, "Failure")."""
+        owner = part.owner
+        if self.closed or self._remote.get(owner) is not part:
+            return
+        if not self.active:
+            self.fail(
+                ErrorCode.OWNER_UNAVAILABLE,
+                f"worker {owner}, owner of some partitions of subscription "
+                f"{self.subscription!r}, went down while the consumer attached; "
+                "consume again shortly",
+            )
+            return
+        self._lose(owner)
+
+    def part_error(self, part: RemotePart, code: ErrorCode, message: str) -> None:
+        """``part``'s owner refused or ended it: retried if it is a
+        re-attach the owner is not ready for, else the consumer ends."""
+        owner = part.owner
+        if owner in self._reattaching and self._remote.get(owner) is part and code in RETRIABLE:
+            part.channel.consumer_parts.pop(part.stream, None)
+            self._refusals[owner] = (code, message)
+            self._lose(owner)
+            return
+        self.fail(code, message)
+
+    def _lose(self, owner: int) -> None:
+        del self._remote[owner]
+        self._reattaching.discard(owner)
+        if owner not in self._lost:
+            self._lost[owner] = trio.current_time() + REATTACH_SECONDS
+            owner_index = self._service.store.owner_index
+            self.gate.drop(owner, lambda run: owner_index(run.topic, run.partition) == owner)
+            for sequence, share in list(self._receipts.items()):
+                if share.owner == owner:
+                    del self._receipts[sequence]
+                    self._answer(share.receipt, 0, share.offsets)
+            log.warning(
+                "consumer of %r: worker %d went down; re-attaching its part",
+                self.subscription,
+                owner,
+            )
+        if not self._service.start_soon(partial(self._reattach, owner)):
+            self.fail(ErrorCode.SERVER_SHUTDOWN, "the broker is shutting down")
+
+    async def _reattach(self, owner: int) -> None:
+        """Send ``owner``'s part again once its channel is up; give up at its deadline."""
+        while not self.closed and owner in self._lost and owner not in self._remote:
+            await trio.sleep(REATTACH_POLL)
+            if self.closed or owner not in self._lost or owner in self._remote:
+                return
+            if trio.current_time() >= self._lost[owner]:
+                code, message = self._refusals.get(owner) or (
+                    ErrorCode.OWNER_UNAVAILABLE,
+                    f"worker {owner}, owner of some partitions of subscription "
+                    f"{self.subscription!r}, did not come back within {REATTACH_SECONDS:g} s; "
+                    "its unacked messages are redelivered once it is back: consume again",
+                )
+                self.fail(code, message)
+                return
+            channel = self._forwarder.channels.get(owner)
+            if channel is not None and channel.connected:
+                self._reattaching.add(owner)
+                self._attach_part(owner, channel)
+                return
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """A part was refused, evicted or lost: the whole consumer ends."""
@@ -357,8 +409,8 @@ class SpreadConsumer:
     def failed(self, code: ErrorCode, message: str) -> None:
         self.fail(code, message)
 
-    def settled(self, sequence: int, stale: int) -> None:
-        self.part_settled(sequence, stale)
+    def settled(self, sequence: int, stale: int, unconfirmed: int) -> None:
+        self.part_settled(sequence, stale, unconfirmed)
 
     def delivered_frames(self, frames: Sequence[bytes]) -> None:
         counts: list[tuple[str, int, int, int]] = []

@@ -25,7 +25,7 @@ from broky.durable.rounds import RoundPlan
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import EncodedRun, Run
-from broky.router.outbox import DurableEncodedRun
+from broky.router.durable_runs import DurableEncodedRun
 from broky.storage.config import FsyncPolicy
 from broky.storage.errors import StorageError
 from broky.storage.log import LogStatistics, PartitionLog

@@ -25,6 +25,7 @@ from broky.durable.replay import queue_live
 from broky.protocol.chunks import encode_chunk
 from broky.protocol.constants import ErrorCode, SlowConsumerPolicy
 from broky.protocol.frames import (
+    DeletedSubscription,
     Deliver,
     EncodedRun,
     Error,
@@ -43,8 +44,9 @@ RELAY_START_CREDIT: Final = 8
 #: Most messages in flight per relay, however small they are.
 RELAY_MAX_CREDIT: Final = 8192
 
-#: What an owner sends on a relayed consumer's stream.
-ConsumerFrame = Deliver | Redelivered | Settled | Subscribed | Error
+#: What an owner sends on a relayed consumer's stream (or a relayed
+#: subscription deletion's, broky.durable.subscription_deletes).
+ConsumerFrame = Deliver | Redelivered | Settled | Subscribed | Error | DeletedSubscription
 
 
 class ChannelConsumer(Protocol):

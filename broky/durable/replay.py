@@ -29,8 +29,9 @@ from broky.durable.store import DurableStore
 from broky.protocol.codec import split_run_chunk
 from broky.protocol.constants import StartKind
 from broky.protocol.frames import EncodedRun
+from broky.router.durable_runs import DurableEncodedRun
 from broky.router.matcher import SubscriptionIndex, patterns_overlap
-from broky.router.outbox import DurableEncodedRun, Subscription
+from broky.router.outbox import Subscription
 from broky.storage.batch import StoredBatch
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog

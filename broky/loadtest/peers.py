@@ -48,12 +48,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def peer_server(name: str) -> Iterator[tuple[int, tuple[str, int]]]:
-    """Start ``name`` on a free 127.0.0.1 port; yield (pid, address); stop it by PID."""
+def peer_server(name: str, *, jetstream: bool = False) -> Iterator[tuple[int, tuple[str, int]]]:
+    """Start ``name`` on a free 127.0.0.1 port; yield (pid, address); stop it by PID.
+
+    ``jetstream``: nats-server with JetStream on, its file store in the
+    server's temporary directory (``benchmarks/bench_jetstream.py``)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix=f"broky-bench-{name}-") as workdir:
         if name == "nats":
             command = ["nats-server", "-a", "127.0.0.1", "-p", str(port)]
+            if jetstream:
+                command += ["-js", "-sd", workdir]
         elif name == "redis":
             command = [
                 "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",

@@ -76,6 +76,8 @@ class Advisory(enum.Enum):
     """A message went to its subscription's dead-letter topic."""
     SUBSCRIPTION_CONSUMER_EVICTED = "subscription.consumer_evicted"
     """A consumer held messages without progress for twice the ack timeout."""
+    SUBSCRIPTION_DELETED = "subscription.deleted"
+    """A worker deleted its share of a durable subscription (DeleteSubscription)."""
     CLUSTER_LEADER_CHANGED = "cluster.leader_changed"
     """This node started leading a replicated partition at a new epoch."""
     CLUSTER_ISR_SHRUNK = "cluster.isr_shrunk"

@@ -53,18 +53,14 @@ from broky.protocol.frames import (
     Buffer,
     Deliver,
     Error,
-    Fetch,
     Fetched,
     Flow,
     Frame,
     Hello,
-    ListPartitions,
     Notice,
-    Partitions,
     Ping,
     Pong,
     Publish,
-    PublishAck,
     Run,
     Subscribe,
     Subscribed,
@@ -72,8 +68,8 @@ from broky.protocol.frames import (
     Welcome,
 )
 from broky.protocol.producer_frames import producer_frame_parts
+from broky.protocol.storage_codec import STORAGE_BODIES, decode_storage_body, encode_storage_frame
 from broky.protocol.tables import (
-    check_parallel,
     finish_frame,
     malformed,
     numbers,
@@ -193,56 +189,7 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUint8Slot(1, frame.kind, 0)
         return finish_frame(builder, BodyType.NOTICE, builder.EndObject())
-    return _encode_storage_control(builder, frame)
-
-
-def _encode_storage_control(builder: flatbuffers.Builder, frame: Frame) -> bytes:
-    """The control frames of the durable-topic read and ack API."""
-    if isinstance(frame, PublishAck):
-        last = packed_vector(builder, frame.last_offsets, "q")
-        first = packed_vector(builder, frame.first_offsets, "q")
-        partitions = packed_vector(builder, frame.partitions, "I")
-        runs = packed_vector(builder, frame.runs, "I")
-        builder.StartObject(6)
-        builder.PrependUint64Slot(1, frame.sequence, 0)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        builder.PrependUOffsetTRelativeSlot(2, runs, 0)
-        builder.PrependUOffsetTRelativeSlot(3, partitions, 0)
-        builder.PrependUOffsetTRelativeSlot(4, first, 0)
-        builder.PrependUOffsetTRelativeSlot(5, last, 0)
-        return finish_frame(builder, BodyType.PUBLISH_ACK, builder.EndObject())
-    if isinstance(frame, ListPartitions):
-        topic = builder.CreateString(frame.topic)
-        builder.StartObject(2)
-        builder.PrependUOffsetTRelativeSlot(1, topic, 0)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        return finish_frame(builder, BodyType.LIST_PARTITIONS, builder.EndObject())
-    if isinstance(frame, Partitions):
-        names = [builder.CreateString(name) for name in frame.topics]
-        builder.StartVector(4, len(names), 4)
-        for name in reversed(names):
-            builder.PrependUOffsetTRelative(name)
-        topics = builder.EndVector()
-        ends = packed_vector(builder, frame.end_offsets, "q")
-        starts = packed_vector(builder, frame.start_offsets, "q")
-        partitions = packed_vector(builder, frame.partitions, "I")
-        builder.StartObject(5)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        builder.PrependUOffsetTRelativeSlot(1, topics, 0)
-        builder.PrependUOffsetTRelativeSlot(2, partitions, 0)
-        builder.PrependUOffsetTRelativeSlot(3, starts, 0)
-        builder.PrependUOffsetTRelativeSlot(4, ends, 0)
-        return finish_frame(builder, BodyType.PARTITIONS, builder.EndObject())
-    if isinstance(frame, Fetch):
-        topic = builder.CreateString(frame.topic)
-        builder.StartObject(5)
-        builder.PrependInt64Slot(3, frame.offset, 0)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        builder.PrependUOffsetTRelativeSlot(1, topic, 0)
-        builder.PrependUint32Slot(2, frame.partition, 0)
-        builder.PrependUint32Slot(4, frame.max_bytes, 0)
-        return finish_frame(builder, BodyType.FETCH, builder.EndObject())
-    encoded = encode_consumer_frame(frame)
+    encoded = encode_storage_frame(frame) or encode_consumer_frame(frame)
     if encoded is not None:
         return encoded
     raise LocalProtocolError(f"cannot encode {type(frame).__name__} as a control frame")
@@ -389,8 +336,8 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
         )
     if body_type in CONSUMER_BODIES:
         return decode_consumer_body(buf, body_type, table)
-    if body_type in _STORAGE_BODIES:
-        return _decode_storage_body(buf, body_type, table)
+    if body_type in STORAGE_BODIES:
+        return decode_storage_body(buf, body_type, table)
     if body_type in (BodyType.SUBSCRIBED, BodyType.UNSUBSCRIBE):
         (stream,) = table_fields(buf, table, 1)
         cls = Subscribed if body_type == BodyType.SUBSCRIBED else Unsubscribe
@@ -454,73 +401,6 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
             stream=scalar(_U32, buf, stream), kind=notice_kind, count=scalar(_U64, buf, count)
         )
     raise malformed(f"unknown frame body type {body_type}")
-
-
-_STORAGE_BODIES: Final = frozenset(
-    (BodyType.PUBLISH_ACK, BodyType.LIST_PARTITIONS, BodyType.PARTITIONS, BodyType.FETCH)
-)
-
-
-def _decode_storage_body(buf: Buffer, body_type: int, table: int) -> Frame:
-    if body_type == BodyType.PUBLISH_ACK:
-        stream, sequence, runs, partitions, first, last = table_fields(buf, table, 6)
-        ack = PublishAck(
-            stream=scalar(_U32, buf, stream),
-            sequence=scalar(_U64, buf, sequence),
-            runs=numbers(buf, runs, "I"),
-            partitions=numbers(buf, partitions, "I"),
-            first_offsets=numbers(buf, first, "q"),
-            last_offsets=numbers(buf, last, "q"),
-        )
-        check_parallel("publish ack", ack.runs, ack.partitions, ack.first_offsets, ack.last_offsets)
-        return ack
-    if body_type == BodyType.LIST_PARTITIONS:
-        stream, topic = table_fields(buf, table, 2)
-        return ListPartitions(stream=scalar(_U32, buf, stream), topic=read_text(buf, topic))
-    if body_type == BodyType.PARTITIONS:
-        stream, topics_field, partitions, starts, ends = table_fields(buf, table, 5)
-        names: list[str] = []
-        if topics_field:
-            start, count = vector(buf, topics_field, 4)
-            for slot in range(start, start + 4 * count, 4):
-                position = slot + _U32.unpack_from(buf, slot)[0]
-                names.append(_string_at(buf, position))
-        answer = Partitions(
-            stream=scalar(_U32, buf, stream),
-            topics=tuple(names),
-            partitions=numbers(buf, partitions, "I"),
-            start_offsets=numbers(buf, starts, "q"),
-            end_offsets=numbers(buf, ends, "q"),
-        )
-        check_parallel(
-            "partitions",
-            answer.topics,
-            answer.partitions,
-            answer.start_offsets,
-            answer.end_offsets,
-        )
-        return answer
-    stream, topic, partition, offset, max_bytes = table_fields(buf, table, 5)
-    return Fetch(
-        stream=scalar(_U32, buf, stream),
-        topic=read_text(buf, topic),
-        partition=scalar(_U32, buf, partition),
-        offset=scalar(_I64, buf, offset),
-        max_bytes=scalar(_U32, buf, max_bytes),
-    )
-
-
-def _string_at(buf: Buffer, position: int) -> str:
-    """The string whose length prefix is at ``position`` (a vector element)."""
-    if position + 4 > len(buf):
-        raise malformed("string offset out of bounds")
-    length = _U32.unpack_from(buf, position)[0]
-    if position + 4 + length > len(buf):
-        raise malformed("string runs past the end of the frame")
-    try:
-        return bytes(buf[position + 4 : position + 4 + length]).decode()
-    except UnicodeDecodeError as exc:
-        raise malformed("string is not valid UTF-8") from exc
 
 
 def decode_frame(buf: Buffer) -> Frame:

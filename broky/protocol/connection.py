@@ -29,6 +29,8 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.forward import receive_forwarding
 from broky.protocol.frames import (
     Consume,
+    DeletedSubscription,
+    DeleteSubscription,
     Deliver,
     Error,
     Fetch,
@@ -86,6 +88,7 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         ForwardPublish,
         Redelivered,
         Settled,
+        DeletedSubscription,
     ),
     Role.SERVER: (
         Publish,
@@ -100,6 +103,7 @@ _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
         ForwardPublish,
         Consume,
         Settle,
+        DeleteSubscription,
     ),
 }
 _HANDSHAKE_FRAME: Final[dict[Role, type]] = {Role.CLIENT: Welcome, Role.SERVER: Hello}

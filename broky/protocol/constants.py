@@ -50,6 +50,8 @@ class BodyType(enum.IntEnum):
     REDELIVERED = 19
     SETTLE = 20
     SETTLED = 21
+    DELETE_SUBSCRIPTION = 22
+    DELETED_SUBSCRIPTION = 23
 
 
 class ErrorCode(enum.IntEnum):
@@ -78,6 +80,8 @@ class ErrorCode(enum.IntEnum):
     NOT_LEADER = 20
     NOT_ENOUGH_REPLICAS = 21
     OUT_OF_ORDER_SEQUENCE = 22
+    UNKNOWN_SUBSCRIPTION = 23
+    SUBSCRIPTION_DELETED = 24
 
 
 class SlowConsumerPolicy(enum.IntEnum):

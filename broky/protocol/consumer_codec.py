@@ -1,6 +1,7 @@
 """Encoding and decoding of the durable-subscription control frames
-(``Consume``, ``Redelivered``, ``Settle``, ``Settled``; schema tables at the
-end of ``schemas/broky.fbs``).
+(``Consume``, ``Redelivered``, ``Settle``, ``Settled``,
+``DeleteSubscription``, ``DeletedSubscription``; schema tables at the end
+of ``schemas/broky.fbs``).
 
 Kept beside ``codec.py`` rather than in it: these frames are small control
 frames written with ``flatbuffers.Builder`` and read with the codec's
@@ -16,7 +17,16 @@ from typing import Final
 import flatbuffers
 
 from broky.protocol.constants import BodyType, SettleKind, StartKind, SubscriptionKind
-from broky.protocol.frames import Buffer, Consume, Frame, Redelivered, Settle, Settled
+from broky.protocol.frames import (
+    Buffer,
+    Consume,
+    DeletedSubscription,
+    DeleteSubscription,
+    Frame,
+    Redelivered,
+    Settle,
+    Settled,
+)
 from broky.protocol.tables import (
     check_parallel,
     finish_frame,
@@ -30,7 +40,14 @@ from broky.protocol.tables import (
 )
 
 CONSUMER_BODIES: Final = frozenset(
-    (BodyType.CONSUME, BodyType.REDELIVERED, BodyType.SETTLE, BodyType.SETTLED)
+    (
+        BodyType.CONSUME,
+        BodyType.REDELIVERED,
+        BodyType.SETTLE,
+        BodyType.SETTLED,
+        BodyType.DELETE_SUBSCRIPTION,
+        BodyType.DELETED_SUBSCRIPTION,
+    )
 )
 
 _U8 = struct.Struct("<B")
@@ -48,7 +65,10 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         backoff = packed_vector(builder, frame.backoff_ms, "I")
         pattern = builder.CreateString(frame.pattern)
         subscription = builder.CreateString(frame.subscription)
-        builder.StartObject(13)
+        dead_letters = (
+            builder.CreateString(frame.dead_letter_topic) if frame.dead_letter_topic else 0
+        )
+        builder.StartObject(14)
         builder.PrependInt64Slot(11, frame.start_time, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
@@ -61,6 +81,8 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         builder.PrependInt32Slot(10, frame.priority, 0)
         if starts:
             builder.PrependUOffsetTRelativeSlot(12, starts, 0)
+        if dead_letters:
+            builder.PrependUOffsetTRelativeSlot(13, dead_letters, 0)
         builder.PrependUint8Slot(3, frame.kind, 0)
         builder.PrependUint8Slot(4, frame.start, 0)
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
@@ -97,12 +119,37 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         builder.PrependUint8Slot(2, frame.kind, 0)
         return finish_frame(builder, BodyType.SETTLE, builder.EndObject())
     if isinstance(frame, Settled):
-        builder.StartObject(3)
+        builder.StartObject(4)
         builder.PrependUint64Slot(1, frame.sequence, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUint32Slot(2, frame.stale, 0)
+        builder.PrependUint32Slot(3, frame.unconfirmed, 0)
         return finish_frame(builder, BodyType.SETTLED, builder.EndObject())
+    if isinstance(frame, DeleteSubscription | DeletedSubscription):
+        return _encode_deletion(builder, frame)
     return None
+
+
+def _encode_deletion(
+    builder: flatbuffers.Builder, frame: DeleteSubscription | DeletedSubscription
+) -> bytes:
+    """The deletion request and its answer (kept apart: one return per frame
+    type in ``encode_consumer_frame`` is its limit)."""
+    if isinstance(frame, DeleteSubscription):
+        pattern = builder.CreateString(frame.pattern) if frame.pattern else 0
+        subscription = builder.CreateString(frame.subscription)
+        builder.StartObject(4)
+        builder.PrependUint32Slot(0, frame.stream, 0)
+        builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
+        if pattern:
+            builder.PrependUOffsetTRelativeSlot(2, pattern, 0)
+        builder.PrependBoolSlot(3, frame.force, False)
+        return finish_frame(builder, BodyType.DELETE_SUBSCRIPTION, builder.EndObject())
+    builder.StartObject(3)
+    builder.PrependUint32Slot(0, frame.stream, 0)
+    builder.PrependUint32Slot(1, frame.partitions, 0)
+    builder.PrependUint32Slot(2, frame.consumers, 0)
+    return finish_frame(builder, BodyType.DELETED_SUBSCRIPTION, builder.EndObject())
 
 
 def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, what: str) -> int:
@@ -115,7 +162,7 @@ def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, wha
 def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
     """Decode one of ``CONSUMER_BODIES``; RemoteProtocolError if malformed."""
     if body_type == BodyType.CONSUME:
-        fields = table_fields(buf, table, 13)
+        fields = table_fields(buf, table, 14)
         if not (fields[1] and fields[2]):
             raise malformed("Consume needs subscription and pattern")
         return Consume(
@@ -132,6 +179,7 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             priority=scalar(_I32, buf, fields[10]),
             start_time=scalar(_I64, buf, fields[11]),
             start_offsets=numbers(buf, fields[12], "q"),
+            dead_letter_topic=read_text(buf, fields[13]),
         )
     if body_type == BodyType.REDELIVERED:
         stream, partitions, offsets, counts, topic = table_fields(buf, table, 5)
@@ -163,9 +211,27 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
         if any(f > last for f, last in zip(settle.first_offsets, settle.last_offsets, strict=True)):
             raise malformed("a settle range ends before it starts")
         return settle
-    stream, sequence, stale = table_fields(buf, table, 3)
+    if body_type == BodyType.DELETE_SUBSCRIPTION:
+        stream, subscription, pattern, force = table_fields(buf, table, 4)
+        if not subscription:
+            raise malformed("DeleteSubscription needs subscription")
+        return DeleteSubscription(
+            stream=scalar(_U32, buf, stream),
+            subscription=read_text(buf, subscription),
+            pattern=read_bytes(buf, pattern),
+            force=bool(scalar(_U8, buf, force)),
+        )
+    if body_type == BodyType.DELETED_SUBSCRIPTION:
+        stream, partitions, consumers = table_fields(buf, table, 3)
+        return DeletedSubscription(
+            stream=scalar(_U32, buf, stream),
+            partitions=scalar(_U32, buf, partitions),
+            consumers=scalar(_U32, buf, consumers),
+        )
+    stream, sequence, stale, unconfirmed = table_fields(buf, table, 4)
     return Settled(
         stream=scalar(_U32, buf, stream),
         sequence=scalar(_U64, buf, sequence),
         stale=scalar(_U32, buf, stale),
+        unconfirmed=scalar(_U32, buf, unconfirmed),
     )

@@ -322,6 +322,8 @@ class Consume:
     priority: int = 0
     start_time: int = 0
     start_offsets: tuple[int, ...] = ()
+    #: The ``[[durable]]`` topic for dead letters ("": the default).
+    dead_letter_topic: str = ""
 
 
 @attrs.frozen(slots=True)
@@ -358,6 +360,27 @@ class Settled:
     stream: int
     sequence: int
     stale: int = 0
+    #: Settled offsets whose owner went down before confirming them.
+    unconfirmed: int = 0
+
+
+@attrs.frozen(slots=True)
+class DeleteSubscription:
+    """Delete a durable subscription (see ``DeleteSubscription`` in the schema)."""
+
+    stream: int
+    subscription: str
+    pattern: bytes = b""
+    force: bool = False
+
+
+@attrs.frozen(slots=True)
+class DeletedSubscription:
+    """The answer to ``DeleteSubscription``: the subscription is gone."""
+
+    stream: int
+    partitions: int = 0
+    consumers: int = 0
 
 
 Frame: TypeAlias = (
@@ -382,6 +405,8 @@ Frame: TypeAlias = (
     | Redelivered
     | Settle
     | Settled
+    | DeleteSubscription
+    | DeletedSubscription
 )
 #: What a ProtocolMachine hands over: wire frames, and on a server that asks
 #: for it, Publish frames to forward as they came (ForwardPublish).

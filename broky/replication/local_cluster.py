@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import attrs
@@ -57,9 +58,11 @@ class LocalNode:
         replica_lag_max: float = 1.0,
         *,
         standalone: bool = False,
+        replication_factor: int = 3,
     ) -> None:
         """``standalone``: a plain single broker with the same topic (no
-        cluster, no replication), the baseline benchmarks compare with."""
+        cluster, no replication), the baseline benchmarks compare with.
+        ``replication_factor`` counts if this node creates the cluster."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
@@ -102,6 +105,8 @@ class LocalNode:
             cluster,
             "--vbuckets",
             str(VBUCKETS),
+            "--replication-factor",
+            str(replication_factor),
             "--replication-listen",
             f"127.0.0.1:{self.replication_port}",
         ]
@@ -183,3 +188,24 @@ def fully_in_sync(status: ClusterStatus, topic: TopicSpec, nodes: int) -> bool:
         if len(isr) != nodes or any(lives.get(node) != epoch for node, epoch in isr):
             return False
     return True
+
+
+def balanced(status: ClusterStatus, nodes: set[str], vbuckets: int = VBUCKETS) -> bool:
+    """Every vbucket placed on ``nodes`` only, replica counts within one of
+    each other, led, fully in sync (each replica in the life etcd
+    registers for it now) and not moving: a rebalance has ended."""
+    if len(status.vbuckets) != vbuckets or status.moving():
+        return False
+    lives = {node: member.epoch for node, member in status.members.items()}
+    copies: Counter[str] = Counter()
+    for stored in status.vbuckets.values():
+        state = stored.state
+        copies.update(state.replicas)
+        if state.leader is None or set(state.replicas) - nodes:
+            return False
+        if {n for n, _ in state.isr} != set(state.replicas):
+            return False
+        if any(lives.get(node) != life for node, life in state.isr):
+            return False
+    counts = [copies[node] for node in nodes]
+    return min(counts) > 0 and max(counts) - min(counts) <= 1

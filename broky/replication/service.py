@@ -36,10 +36,13 @@ from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
 from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.cluster.vbuckets import StoredState
 from broky.durable.owner import PartitionOwner
 from broky.durable.producers import RECOVERY_TAIL_BYTES
 from broky.durable.store import DurableStore
-from broky.replication import epochfile
+from broky.replication import epochfile, vbucket_isr
+from broky.replication.dropped import DroppedReplicas
+from broky.replication.empty import sync_empty_vbuckets
 from broky.replication.events import (
     Advise,
     PartitionReplication,
@@ -103,6 +106,10 @@ class ReplicationService:
         self.switch = LinkSwitch()
         #: Leader changes, ISR changes, under-replication: counters and advisories.
         self.events = ReplicationEvents(node.node_id, advise)
+        #: Serializes the ISR proposals of each vbucket's partitions.
+        self.vbucket_locks = vbucket_isr.VbucketLocks()
+        #: This node's copies that moves dropped, deleted once each move ends.
+        self.dropped = DroppedReplicas(node.node_id)
 
     def statistics(self) -> ReplicationStatistics:
         """Every partition's role, log end, high watermark, ISR and follower
@@ -153,6 +160,9 @@ class ReplicationService:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
+            vbuckets = self.node.settings.vbuckets
+            with_data = {vbucket_of(topic, p, vbuckets) for topic, p in self.replicas}
+            nursery.start_soon(sync_empty_vbuckets, self.node, with_data)
             if LinkSwitch.enabled():
                 nursery.start_soon(self.switch.follow_signals)
             task_status.started()
@@ -210,6 +220,9 @@ class ReplicationService:
                     )
             current = self._roles.get(key)
             if current is not None and current[0] == role:
+                # A node outside the replica set keeps the role "none" while
+                # moves change the leader: its NotLeader must name the new one.
+                replica.leader_hint = hint
                 if role.kind == "lead" and state is not None:
                     self._sync_isr(replica, state)
                 continue
@@ -226,10 +239,21 @@ class ReplicationService:
                     replica, role.leader_address, role.epoch, role.node_epoch, self.switch
                 )
                 nursery.start_soon(_scoped, follower.run, scope)
+        self._delete_dropped(states, vbuckets)
+
+    def _delete_dropped(self, states: dict[int, StoredState], vbuckets: int) -> None:
+        """Delete the copies completed moves took off this node; after the
+        roles above, so a dropped partition's follower is already cancelled."""
+        for key, replica in self.replicas.items():
+            stored = states.get(vbucket_of(key[0], key[1], vbuckets))
+            if self.dropped.dropped(key, None if stored is None else stored.state):
+                self.dropped.delete(replica)
 
     def _sync_isr(self, replica: PartitionReplica, state: VbucketState) -> None:
         """Take an ISR the controller changed (a dead follower removed)."""
         leading = replica.leading
+        if leading is not None and leading.isr.replicas != state.replicas:
+            leading.isr.replicas_changed(state.replicas)  # a move added or dropped one
         if leading is None or leading.isr.pending_isr is not None:
             return
         before = leading.isr.committed_isr
@@ -290,28 +314,56 @@ class ReplicationService:
             try:
                 while True:
                     await trio.sleep(ISR_CHECK)
-                    proposal = self._proposal(isr)
-                    replica.settle()
-                    if proposal is None:
-                        continue
-                    try:
-                        changed = await change_isr(self.node.client, self.node.keys, term, proposal)
-                    except Fenced as exc:
-                        log.warning("%s: %s", replica.name, exc)
-                        replica.step_down(f"deposed at epoch {term.epoch}")
-                        return
-                    except (IsrConflict, EtcdError, StateError, OSError) as exc:
-                        log.warning("%s: ISR change failed: %s", replica.name, exc)
-                        isr.isr_failed()
-                        continue
-                    log.info("%s: ISR now %s", replica.name, changed.isr)
-                    before = isr.committed_isr
-                    isr.isr_committed(changed.isr)
-                    self._isr_changed(replica, isr, before, "leader")
-                    replica.settle()
+                    async with self.vbucket_locks.lock(term.vbucket):
+                        if not await self._review_isr(replica, isr, term):
+                            return
             finally:
                 replica.step_down(hint)
                 self.events.stopped_leading(owner.topic.name, owner.partition)
+
+    async def _review_isr(self, replica: PartitionReplica, isr: LeaderIsr, term: Term) -> bool:
+        """One ISR review of a led partition, under its vbucket's lock:
+        propose a change, agreed with the vbucket's other partitions
+        (broky.replication.vbucket_isr). False once deposed."""
+        proposal = self._proposal(isr)
+        replica.settle()
+        if proposal is None:
+            return True
+        siblings = {
+            id(other.leading.isr): other
+            for other in self.replicas.values()
+            if other is not replica and other.leading is not None and other.leading.term == term
+        }
+        held = [sibling.leading.isr for sibling in siblings.values() if sibling.leading]
+        agreed = vbucket_isr.agree(isr, proposal, held)
+        if agreed is None:
+            return True
+        committed = False
+        try:
+            changed = await change_isr(self.node.client, self.node.keys, term, agreed)
+            committed = True
+        except Fenced as exc:
+            log.warning("%s: %s", replica.name, exc)
+            replica.step_down(f"deposed at epoch {term.epoch}")
+            return False
+        except (IsrConflict, EtcdError, StateError, OSError) as exc:
+            log.warning("%s: ISR change failed: %s", replica.name, exc)
+            isr.isr_failed()
+            return True
+        finally:
+            if not committed:
+                vbucket_isr.release(held)
+            for sibling in siblings.values():
+                sibling.settle()
+        log.info("%s: ISR now %s", replica.name, changed.isr)
+        before = isr.committed_isr
+        isr.isr_committed(changed.isr)
+        self._isr_changed(replica, isr, before, "leader")
+        for sibling_isr, sibling_before in vbucket_isr.settle(held, changed.isr):
+            self._isr_changed(siblings[id(sibling_isr)], sibling_isr, sibling_before, "leader")
+            siblings[id(sibling_isr)].settle()
+        replica.settle()
+        return True
 
     def _isr_changed(
         self,

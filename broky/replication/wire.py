@@ -114,12 +114,17 @@ class ReplicatedRun:
 @attrs.frozen
 class StateEntry:
     """One durable subscription's state in the partition, as its leader
-    committed it: the definition (JSON) and image (broky.subscriptions.image)."""
+    committed it: the definition (JSON) and image (broky.subscriptions.image);
+    both empty for a subscription the leader deleted (a tombstone)."""
 
     version: int
     subscription: str
     definition: str
     image: bytes
+
+    @property
+    def deleted(self) -> bool:
+        return not self.definition
 
 
 @attrs.frozen

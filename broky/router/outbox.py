@@ -36,7 +36,9 @@ from broky.protocol.constants import (
     SlowConsumerPolicy,
 )
 from broky.protocol.frames import EncodedRun, Notice
+from broky.router.durable_runs import DurableEncodedRun
 from broky.router.pressure import MAX_WRITE_STALL_SECONDS, WRITE_STALL_SECONDS, Pressure
+from broky.router.statistics import RouterCounters
 from broky.router.sweep import sweep
 
 #: Bytes a Deliver frame adds besides 4 per run: size prefix, root, the
@@ -52,59 +54,6 @@ DEFAULT_OUTBOX_MESSAGES: Final = 100_000
 #: write's fixed cost (~12 us) is negligible per message, small enough that
 #: one connection's write does not hog the loop (~0.1 ms of memcpy).
 DEFAULT_WRITE_BATCH_BYTES: Final = 512 * 1024
-
-
-class DurableEncodedRun(EncodedRun):
-    """A run of a durable topic after its append: where it lives in the log.
-
-    ``log`` identifies the partition (its owner object), so that a replaying
-    subscription can tell which runs it already read from the log.
-
-    A plain class, not attrs: its base is the compiled ``EncodedRun`` where
-    that is built, whose fields attrs cannot see.
-    """
-
-    __slots__ = ("base_offset", "log")
-
-    def __init__(self, key: bytes, count: int, chunk: bytes, log: object, base_offset: int) -> None:
-        super().__init__(key, count, chunk)
-        self.log = log
-        self.base_offset = base_offset
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        assert isinstance(other, DurableEncodedRun)
-        return (self.key, self.count, self.chunk, self.log, self.base_offset) == (
-            other.key,
-            other.count,
-            other.chunk,
-            other.log,
-            other.base_offset,
-        )
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return (
-            f"DurableEncodedRun(key={self.key!r}, count={self.count!r}, chunk={self.chunk!r}, "
-            f"log={self.log!r}, base_offset={self.base_offset!r})"
-        )
-
-
-@attrs.define(slots=True, eq=False)
-class RouterCounters:
-    """Monotonic counters shared by a router and its outboxes (one owner thread)."""
-
-    published_messages: int = 0
-    published_runs: int = 0
-    delivered_messages: int = 0
-    dropped_no_subscriber: int = 0
-    dropped_slow_consumer: int = 0
-    slow_consumer_disconnects: int = 0
-    #: Messages of runs that came from peer routers (counted in
-    #: ``published_messages`` too): a node's own publishes are the rest.
-    from_links: int = 0
 
 
 @attrs.define(slots=True, eq=False)

@@ -27,11 +27,7 @@ from broky.router.fanout import fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.limits import RouterLimits
 from broky.router.matcher import SubscriptionIndex, validate_pattern
-from broky.router.outbox import (
-    Outlet,
-    RouterCounters,
-    Subscription,
-)
+from broky.router.outbox import Outlet, Subscription
 from broky.router.pressure import Pressure
 from broky.router.queues import (
     Groups,
@@ -41,7 +37,7 @@ from broky.router.queues import (
     split_interest,
     validate_queue,
 )
-from broky.router.statistics import LinkStatistics, RouterStatistics
+from broky.router.statistics import LinkStatistics, RouterCounters, RouterStatistics
 
 #: Which subscriptions a run may reach, by where the run came from (one hop
 #: per tier: see broky.router.interest).

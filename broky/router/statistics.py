@@ -1,4 +1,4 @@
-"""Snapshots of a router's state and counters, for metrics and ``$SYS``."""
+"""A router's live counters, and snapshots of its state and counters for metrics and ``$SYS``."""
 
 from __future__ import annotations
 
@@ -44,3 +44,18 @@ class LinkStatistics:
     queued_bytes: int
     forwarded_messages: int
     dropped_messages: int
+
+
+@attrs.define(slots=True, eq=False)
+class RouterCounters:
+    """Monotonic counters shared by a router and its outboxes (one owner thread)."""
+
+    published_messages: int = 0
+    published_runs: int = 0
+    delivered_messages: int = 0
+    dropped_no_subscriber: int = 0
+    dropped_slow_consumer: int = 0
+    slow_consumer_disconnects: int = 0
+    #: Messages of runs that came from peer routers (counted in
+    #: ``published_messages`` too): a node's own publishes are the rest.
+    from_links: int = 0

@@ -347,6 +347,16 @@ class PartitionLog:
             raise OffsetOutOfRangeError(start, self.end_offset, self.end_offset)
         if start == self.end_offset:
             return
+        self._replace(start)
+
+    def clear(self) -> None:
+        """Drop every record and continue, empty, at offset 0: the copy of a
+        replica this node no longer holds (broky.replication.dropped), so if
+        it is placed here again it fetches the whole log afresh."""
+        self._check_open()
+        self._replace(0)
+
+    def _replace(self, start: int) -> None:
         fresh = replace_segments(
             self._segments, self.directory, start, self.config.index_interval_bytes
         )

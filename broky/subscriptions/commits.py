@@ -18,7 +18,7 @@ dispatchers are only touched on the trio thread, before and after it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import trio
@@ -58,13 +58,17 @@ class GroupCommitter:
         self._dirty: dict[ImageKey, Dispatcher] = {}
         #: Subscription definitions to write with the next round.
         self._definitions: dict[str, str] = {}
+        #: Subscriptions to delete with the next round (before its writes, so
+        #: a subscription recreated meanwhile under the name is kept).
+        self._deleted: set[str] = set()
         self._callbacks: list[Callable[[], None]] = []
         #: Called after every committed round, once the dispatchers' gates
         #: opened (their ``events`` may hold new deliveries then).
         self.on_commit: Callable[[], None] | None = None
-        #: Called with the rows of every committed round (before its
-        #: callbacks): what a replicated partition's followers must copy.
-        self.on_rows: Callable[[list[tuple[ImageKey, bytes]]], None] | None = None
+        #: Called with the rows and the deleted subscriptions of every
+        #: committed round (before its callbacks): what a replicated
+        #: partition's followers must copy.
+        self.on_rows: Callable[[list[tuple[ImageKey, bytes]], set[str]], None] | None = None
         #: One sqlite call at a time (module docstring).
         self._store_lock = trio.Lock()
         self._acks = 0
@@ -93,6 +97,15 @@ class GroupCommitter:
         self._definitions[subscription] = definition
         self._wake.set()
 
+    def forget(self, subscription: str) -> None:
+        """Delete every row of ``subscription`` with the next round, and drop
+        what was waiting to be written of it (``after_commit`` tells when
+        the deletion is durable)."""
+        self._dirty = {key: d for key, d in self._dirty.items() if key[0] != subscription}
+        self._definitions.pop(subscription, None)
+        self._deleted.add(subscription)
+        self._wake.set()
+
     def load_definitions(self) -> dict[str, str]:
         """Every saved definition by subscription (blocking, like ``load``)."""
         return dict(self._store.load_definitions())
@@ -112,7 +125,7 @@ class GroupCommitter:
                 await self.commit_now()
         finally:
             with trio.CancelScope(shield=True):
-                if self._dirty or self._callbacks or self._definitions:
+                if self._dirty or self._callbacks or self._definitions or self._deleted:
                     await self.commit_now()
 
     async def commit_now(self) -> None:
@@ -123,25 +136,35 @@ class GroupCommitter:
         dirty, self._dirty = self._dirty, {}
         callbacks, self._callbacks = self._callbacks, []
         definitions, self._definitions = self._definitions, {}
+        deleted, self._deleted = self._deleted, set()
         images = {key: dispatcher.tracker.image() for key, dispatcher in dirty.items()}
         rows = [(key, encode_image(image)) for key, image in images.items()]
         try:
             async with self._store_lock:
-                await trio.to_thread.run_sync(self._write, rows, definitions)
+                await trio.to_thread.run_sync(self._write, rows, definitions, deleted)
         except StorageError as exc:
             # Nothing was promised yet: keep everything for the next round.
             log.error("subscription state commit failed: %s", exc)
             self.failures += 1
+            # Deleted meanwhile: its old images must not come back.
+            forgotten = self._deleted
             for key, dispatcher in dirty.items():
-                self._dirty.setdefault(key, dispatcher)
-            self._definitions = {**definitions, **self._definitions}
+                if key[0] not in forgotten:
+                    self._dirty.setdefault(key, dispatcher)
+            self._definitions = {
+                **{name: text for name, text in definitions.items() if name not in forgotten},
+                **self._definitions,
+            }
+            # Deletions run first in a round, so retrying one is right even if
+            # the name was recreated meanwhile (its new rows follow it).
+            self._deleted |= deleted
             self._callbacks[:0] = callbacks
             self._wake.set()
             await trio.sleep(self.interval)
             return
         self.commits += 1
-        if self.on_rows is not None and rows:
-            self.on_rows(rows)
+        if self.on_rows is not None and (rows or deleted):
+            self.on_rows(rows, deleted)
         now = trio.current_time()
         for key, image in images.items():
             dirty[key].committed(image, now)
@@ -155,6 +178,7 @@ class GroupCommitter:
         dropped); callbacks still run after the next round."""
         self._dirty.clear()
         self._definitions.clear()
+        self._deleted.clear()
 
     async def store_rows(self, update: StateUpdate, topic: str, partition: int) -> None:
         """Store a leader's rows of ``topic``/``partition`` (a follower's
@@ -176,6 +200,9 @@ class GroupCommitter:
                     if subscription not in kept:
                         transaction.delete(subscription)
             for entry in update.entries:
+                if entry.deleted:
+                    transaction.delete(entry.subscription)
+                    continue
                 transaction.save_definition(entry.subscription, entry.definition)
                 transaction.save_image(entry.subscription, topic, partition, entry.image)
 
@@ -183,11 +210,37 @@ class GroupCommitter:
         """Close the state store (after ``run`` ended: nothing is pending)."""
         self._store.close()
 
-    def _write(self, rows: list[tuple[ImageKey, bytes]], definitions: dict[str, str]) -> None:
-        if not (rows or definitions):
+    def _write(
+        self,
+        rows: list[tuple[ImageKey, bytes]],
+        definitions: dict[str, str],
+        deleted: set[str],
+    ) -> None:
+        if not (rows or definitions or deleted):
             return
         with self._store.transaction() as transaction:
+            for subscription in deleted:
+                transaction.delete(subscription)
             for subscription, definition in definitions.items():
                 transaction.save_definition(subscription, definition)
             for (subscription, topic, partition), blob in rows:
                 transaction.save_image(subscription, topic, partition, blob)
+
+
+async def all_committed(committers: Sequence[GroupCommitter]) -> None:
+    """Wait until every one of ``committers`` committed what changed so far
+    (a new subscription's start, a deletion: both answered only once durable)."""
+    if not committers:
+        return
+    committed = trio.Event()
+    waiting = len(committers)
+
+    def one_committed() -> None:
+        nonlocal waiting
+        waiting -= 1
+        if not waiting:
+            committed.set()
+
+    for committer in committers:
+        committer.after_commit(one_committed)
+    await committed.wait()

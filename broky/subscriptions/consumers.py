@@ -36,7 +36,7 @@ class ConsumerAnswers(Protocol):
 
     def delivered_frames(self, frames: Sequence[bytes]) -> None: ...
 
-    def settled(self, sequence: int, stale: int) -> None: ...
+    def settled(self, sequence: int, stale: int, unconfirmed: int) -> None: ...
 
 
 @attrs.define(slots=True, eq=False)
@@ -85,12 +85,24 @@ class ConsumerLink:
         else:
             self.outlet.send_control(encode_frame(Subscribed(self.stream)))
 
-    def settled(self, sequence: int, stale: int) -> None:
-        """A settle's receipt: its changes are committed."""
+    def settled(self, sequence: int, stale: int, unconfirmed: int = 0) -> None:
+        """A settle's receipt: its changes are committed (but for
+        ``unconfirmed`` offsets it could not apply)."""
         if self.answers is not None:
-            self.answers.settled(sequence, stale)
+            self.answers.settled(sequence, stale, unconfirmed)
         else:
-            self.outlet.send_control(encode_frame(Settled(self.stream, sequence, stale)))
+            self.outlet.send_control(
+                encode_frame(Settled(self.stream, sequence, stale, unconfirmed))
+            )
+
+
+class Refused(Exception):
+    """A Consume or a deletion is refused: ``code`` and a message saying
+    whose fault it is (sent as a stream error)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @attrs.define(slots=True)

@@ -2,8 +2,10 @@
 goes to its subscription's dead-letter topic, then is acked where it was.
 
 The order is what makes it safe: the copy is appended to the durable topic
-that holds ``_dlq.<subscription>.<topic>`` (a configured one, else the
-built-in ``_dlq`` topic) through the ordinary durable publish path, and
+the subscription chose at creation (``Consume.dead_letter_topic``, under a
+key its pattern matches, ``Definition.dead_letter_key``), else the one that
+holds ``_dlq.<subscription>.<topic>`` (a configured one, else the built-in
+``_dlq`` topic), through the ordinary durable publish path, and
 only once that append reached its durability point is the original acked
 (by the next group commit). A crash in between leaves the original unacked:
 it is dead-lettered again after the restart, so the dead-letter topic is
@@ -23,7 +25,7 @@ import trio
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.store import DurableStore
 from broky.subscriptions.delivery import BatchCache, dead_letter_run
-from broky.subscriptions.dispatch import DeadLetter
+from broky.subscriptions.dispatch import DeadLetter, Dispatcher
 
 if TYPE_CHECKING:
     from broky.subscriptions.partition import PartitionSubscriptions
@@ -75,7 +77,8 @@ class DeadLetters:
         self._store = store
         self._service = service
         self._appends = _Appends(self)
-        self._waiting: dict[int, tuple[PartitionSubscriptions, str, DeadLetter]] = {}
+        #: Appends in flight by ticket, with the dispatcher that decided them.
+        self._waiting: dict[int, tuple[PartitionSubscriptions, str, Dispatcher, DeadLetter]] = {}
 
     def send(
         self,
@@ -91,10 +94,15 @@ class DeadLetters:
             return
         store = self._store
         definition = partition.definitions[name]
-        key = definition.dead_letter_key(partition.topic)
-        topic = store.match(key)
+        chosen = definition.dead_letter_topic
+        if chosen:
+            topic = store.policies.named(chosen)
+            key = definition.dead_letter_key(partition.topic, topic.pattern if topic else b"")
+        else:
+            key = definition.dead_letter_key(partition.topic)
+            topic = store.match(key)
         if topic is None:
-            log.error("no durable topic holds %r: dead letters of %r wait", key, name)
+            log.error("no durable topic %r holds %r: dead letters of %r wait", chosen, key, name)
             partition.dead_letter_retry.append((name, event))
             return
         tags = (
@@ -107,16 +115,16 @@ class DeadLetters:
         )
         run = dead_letter_run(batch, event.offset, key, tags)
         ticket = self._appends.open(0)
-        self._waiting[ticket.sequence] = (partition, name, event)
+        self._waiting[ticket.sequence] = (partition, name, partition.dispatchers[name], event)
         store.append(topic, run, store.now(), ticket, self._appends, 0)
         self._appends.release()  # a refusal is known at once
 
     def appended(self, ticket: AckTicket) -> None:
         """A dead-letter append finished: ack the original, or retry."""
-        partition, name, event = self._waiting.pop(ticket.sequence)
+        partition, name, decided_by, event = self._waiting.pop(ticket.sequence)
         dispatcher = partition.dispatchers.get(name)
-        if dispatcher is None:
-            return
+        if dispatcher is not decided_by:
+            return  # the subscription was deleted (and maybe recreated) meanwhile
         if ticket.failure:
             log.error(
                 "dead letter of %s/%d@%d for %r not stored (%s): retried",

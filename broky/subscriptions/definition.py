@@ -68,6 +68,9 @@ class Definition:
     start: StartKind = StartKind.LATEST
     start_time: int = 0
     start_offsets: tuple[int, ...] = ()
+    #: The ``[[durable]]`` topic its dead letters go to ("": the default,
+    #: the topic holding ``_dlq.<subscription>.<topic>``).
+    dead_letter_topic: str = ""
 
     @classmethod
     def from_consume(cls, frame: Consume) -> Definition:
@@ -94,6 +97,7 @@ class Definition:
             frame.start,
             frame.start_time,
             frame.start_offsets,
+            frame.dead_letter_topic,
         )
 
     def mismatch(self, frame: Consume) -> str | None:
@@ -108,6 +112,12 @@ class Definition:
                 f"subscription {self.name!r} reads {self.pattern.decode(errors='replace')!r}, "
                 f"not {frame.pattern.decode(errors='replace')!r}"
             )
+        if frame.dead_letter_topic and frame.dead_letter_topic != self.dead_letter_topic:
+            return (
+                f"subscription {self.name!r} sends its dead letters to "
+                f"{self.dead_letter_topic or 'the default _dlq topic'!r}, not "
+                f"{frame.dead_letter_topic!r} (fixed at creation)"
+            )
         return None
 
     @property
@@ -115,9 +125,28 @@ class Definition:
         """The subscription's name as one key token (see ``_KEY_SAFE``)."""
         return _KEY_SAFE.sub("_", self.name)
 
-    def dead_letter_key(self, topic: str) -> bytes:
-        """Where this subscription's dead letters from ``topic`` are published."""
-        return f"{DEAD_LETTER_PREFIX}.{self.dead_letter_token}.{_KEY_SAFE.sub('_', topic)}".encode()
+    def dead_letter_key(self, topic: str, pattern: bytes = b"") -> bytes:
+        """Where this subscription's dead letters from ``topic`` are published.
+
+        With ``pattern`` (the chosen dead-letter topic's), a key that
+        pattern matches: its wildcards filled, in order, with the
+        subscription's token and the topic's (``*`` takes one, ``>`` the
+        rest; ``_`` once both are used), so ``dlq.>`` gives
+        ``dlq.<subscription>.<topic>`` as ``_dlq.>`` gives the default key.
+        """
+        fill = [self.dead_letter_token, _KEY_SAFE.sub("_", topic)]
+        if not pattern:
+            return ".".join((DEAD_LETTER_PREFIX, *fill)).encode()
+        tokens = []
+        for token in pattern.decode().split("."):
+            if token == "*":
+                tokens.append(fill.pop(0) if fill else "_")
+            elif token == ">":
+                tokens.extend(fill or ["_"])
+                fill = []
+            else:
+                tokens.append(token)
+        return ".".join(tokens).encode()
 
     def to_json(self) -> str:
         options = self.options
@@ -133,6 +162,7 @@ class Definition:
                 "ack_timeout": options.ack_timeout,
                 "backoff": list(options.backoff),
                 "max_deliveries": options.max_deliveries,
+                "dead_letter_topic": self.dead_letter_topic,
             },
             separators=(",", ":"),
         )
@@ -159,6 +189,7 @@ class Definition:
                 StartKind(data["start"]),
                 int(data["start_time"]),
                 tuple(int(offset) for offset in data["start_offsets"]),
+                str(data.get("dead_letter_topic", "")),  # absent before it existed
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise DefinitionError(f"unreadable subscription definition: {exc}") from exc

@@ -25,8 +25,11 @@ Types:
   timeout), the later messages of its slot that the same consumer holds are
   taken back too and redelivered after it, in offset order: a consumer sees
   ``n, n+1, ⟲ n, n+1``, never ``n+1, n``.
-- ``failover``: the owner of the one slot is the consumer with the highest
-  priority (earliest attach among equals); a switch waits for the old one to
+- ``failover``: the owner of the one slot is one of the consumers with the
+  highest priority: ranked by attach order, the one at ``spread`` (the
+  partition number) modulo their count, so a subscription's partitions are
+  spread over its consumers, as Pulsar does, instead of all going to the
+  first (``exclusive`` has one consumer); a switch waits for the old one to
   drain, never a blind delay (Pulsar #749/#6535).
 
 Flow control: a consumer receives while it has credit (granted by the
@@ -128,7 +131,9 @@ class Consumer:
 class Dispatcher:
     """See the module docstring."""
 
-    def __init__(self, options: Options, image: SubscriptionImage, end_offset: int = 0) -> None:
+    def __init__(
+        self, options: Options, image: SubscriptionImage, end_offset: int = 0, spread: int = 0
+    ) -> None:
         if options.type is SubscriptionType.KEY_SHARED and options.ack_timeout <= 0:
             raise ValueError("a key-shared subscription needs an ack timeout > 0")
         self.options = options
@@ -146,6 +151,9 @@ class Dispatcher:
         self.table = SlotTable()
         #: Failover/exclusive: the owner of the one slot.
         self.active = NOBODY
+        #: Failover: which of the top-priority consumers is active here (the
+        #: partition number, so a subscription's partitions spread over them).
+        self.spread = spread
         # Ordered types: per slot, the holder of its pending messages and how many.
         self._holder: dict[int, int] = {}
         self._held: dict[int, dict[int, None]] = {}
@@ -210,7 +218,11 @@ class Dispatcher:
     def _elect(self) -> None:
         if self.options.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
             ranked = sorted(self.consumers.values(), key=lambda c: (-c.priority, c.id))
-            self.active = ranked[0].id if ranked else NOBODY
+            if not ranked:
+                self.active = NOBODY
+                return
+            top = [c for c in ranked if c.priority == ranked[0].priority]
+            self.active = top[self.spread % len(top)].id
 
     def owner_of(self, slot: int) -> int:
         if self.options.type is SubscriptionType.KEY_SHARED:

@@ -11,12 +11,15 @@ partition, so a newer one replaces an older one: Kafka compacts
 ``(epoch, version)`` it has stored; ``since`` answers with the rows it lacks,
 oldest version first, cut at ``max_bytes`` (a cut is safe: the follower's
 version then names the last row it got, and every later one is sent next
-time). A follower of another leadership (or a new one, version -1) gets a
-*resync*: every subscription this leader has, and the names of all of them,
-so that it drops what the old leadership left behind.
+time). A deleted subscription leaves a tombstone row (no definition, no
+image) that makes followers delete it too. A follower of another leadership
+(or a new one, version -1) gets a *resync*: every subscription this leader
+has, and the names of all of them, so that it drops what the old leadership
+left behind (and any deleted one).
 
 Memory: one row per subscription of the partition (its definition and
-image, a few hundred bytes each), whatever the ack rate.
+image, a few hundred bytes each) and one small tombstone per subscription
+deleted during this leadership, whatever the ack rate.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ class StateJournal:
             latest.pop(subscription, None)  # keeps ``latest`` in version order
             latest[subscription] = StateEntry(self.version, subscription, definition, image)
 
+    def deleted(self, subscriptions: Iterable[str]) -> None:
+        """Subscriptions a group commit deleted here: a tombstone each
+        (before that commit's rows, as the commit deletes first)."""
+        latest = self._latest
+        for subscription in subscriptions:
+            self.version += 1
+            latest.pop(subscription, None)
+            latest[subscription] = StateEntry(self.version, subscription, "", b"")
+
     def since(
         self, epoch: int, version: int, max_bytes: int = STATE_MAX_BYTES
     ) -> StateUpdate | None:
@@ -64,12 +76,16 @@ class StateJournal:
         entries: list[StateEntry] = []
         size = 0
         for entry in self._latest.values():
-            if entry.version <= start:
+            if entry.version <= start or (resync and entry.deleted):
                 continue
             if entries and size + len(entry.image) + len(entry.definition) > max_bytes:
                 break
             entries.append(entry)
             size += len(entry.image) + len(entry.definition)
-        names = tuple(self._latest) if resync else None
+        names = (
+            tuple(name for name, entry in self._latest.items() if not entry.deleted)
+            if resync
+            else None
+        )
         last = entries[-1].version if entries else self.version
         return StateUpdate(self.epoch, last, names, tuple(entries))

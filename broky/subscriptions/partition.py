@@ -129,7 +129,7 @@ class PartitionSubscriptions:
     def add(self, definition: Definition, image: SubscriptionImage) -> Dispatcher:
         """Serve ``definition`` here from ``image`` (a loaded or a new one)."""
         owner = self.owner
-        dispatcher = Dispatcher(definition.options, image, owner.readable_end)
+        dispatcher = Dispatcher(definition.options, image, owner.readable_end, owner.partition)
         name = definition.name
         self.dispatchers[name] = dispatcher
         self.definitions[name] = definition
@@ -162,6 +162,18 @@ class PartitionSubscriptions:
         self.committer.define(definition.name, definition.to_json())
         self.changed(definition.name)
         return dispatcher
+
+    def remove(self, name: str) -> None:
+        """Stop serving ``name`` here and delete its state with the next
+        group commit (``committer.after_commit`` tells when that is durable).
+        Its consumers must be detached first. A round in progress drops
+        what it read for it (``_round`` checks the dispatcher it started with)."""
+        self.dispatchers.pop(name, None)
+        self.definitions.pop(name, None)
+        self._filters.pop(name, None)
+        self.dead_letter_retry = [entry for entry in self.dead_letter_retry if entry[0] != name]
+        self.committer.forget(name)
+        self.wake()
 
     def start_position(self, definition: Definition) -> Callable[[PartitionLog], int]:
         """Where ``definition`` starts in this partition (run by the owner)."""
@@ -248,9 +260,10 @@ class PartitionSubscriptions:
             if dispatcher.tracker.dirty:
                 self._commit_soon(name)
         cache = BatchCache()
+        serving = dict(self.dispatchers)
         wanted = {
             name: (dispatcher.tracker.read_position, count)
-            for name, dispatcher in self.dispatchers.items()
+            for name, dispatcher in serving.items()
             if (count := dispatcher.wants()) > 0
         }
         progressed = False
@@ -261,6 +274,8 @@ class PartitionSubscriptions:
                 return
             now = trio.current_time()
             for name, (log_start, batches) in reads.items():
+                if self.dispatchers.get(name) is not serving[name]:
+                    continue  # deleted (maybe recreated) while the log was read
                 cache.add(batches)
                 before = self.dispatchers[name].tracker.read_position
                 self._feed(name, log_start, wanted[name][1], batches, now)
@@ -289,9 +304,11 @@ class PartitionSubscriptions:
             if generation != self.generation:
                 return
         for name, batch in events.items():
-            self._carry_out(name, batch, cache)
+            if self.dispatchers.get(name) is serving.get(name):
+                self._carry_out(name, batch, cache)
         for name, event in retry:
-            self.service.dead_letters.send(self, name, event, cache)
+            if name in self.dispatchers:
+                self.service.dead_letters.send(self, name, event, cache)
         for name, dispatcher in self.dispatchers.items():
             if dispatcher.tracker.dirty:
                 self._commit_soon(name)

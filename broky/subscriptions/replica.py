@@ -149,10 +149,11 @@ class SubscriptionReplica:
 
     # --- the leader's commits ------------------------------------------------------------
 
-    def _committed(self, rows: list[tuple[ImageKey, bytes]]) -> None:
+    def _committed(self, rows: list[tuple[ImageKey, bytes]], deleted: set[str]) -> None:
         journal = self.journal
         if journal is None:
             return  # not leading: nothing of ours is followed
+        journal.deleted(sorted(deleted))
         definitions = self.partition.definitions
         journal.committed(
             (name, definitions[name].to_json(), image)

@@ -20,7 +20,7 @@ with ``SubscriptionRefused`` naming those workers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -33,9 +33,16 @@ from broky.replication.gate import PartitionReplica
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
 from broky.storage.errors import StorageError
-from broky.subscriptions.consumers import ConsumerAnswers, ConsumerLink, SubscriptionCounters
+from broky.subscriptions.commits import all_committed
+from broky.subscriptions.consumers import (
+    ConsumerAnswers,
+    ConsumerLink,
+    Refused,
+    SubscriptionCounters,
+)
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
+from broky.subscriptions.deletion import Deletion, delete_subscription
 from broky.subscriptions.dispatch import Consumer, DeadLetter, Dispatcher, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.replica import SubscriptionReplica
@@ -45,14 +52,6 @@ log = logging.getLogger("broky.subscriptions")
 
 #: ``advise(kind, payload)``: publish a ``$SYS.events.<kind>`` advisory.
 Advise = Callable[[str, dict[str, Any]], None]
-
-
-class Refused(Exception):
-    """A Consume is refused: ``code`` and a message saying whose fault it is."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class SubscriptionService:
@@ -98,6 +97,19 @@ class SubscriptionService:
             nursery.start_soon(self.watch.run)
             self._nursery = nursery
             task_status.started()
+
+    def start_soon(self, task: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``task`` beside the subscriptions until the service stops (a
+        spread consumer's re-attach, broky.durable.consumer_relays); False
+        when the service is not running."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(task)
+        return True
+
+    def forget_counters(self, name: str) -> None:
+        """``name`` was deleted: a subscription recreated under it counts from 0."""
+        self._counters.pop(name, None)
 
     def counters(self, name: str) -> SubscriptionCounters:
         counters = self._counters.get(name)
@@ -153,6 +165,44 @@ class SubscriptionService:
         if not link.closed:  # else closed (Unsubscribe, disconnect) while attaching
             link.subscribed()
 
+    def delete(
+        self,
+        name: str,
+        pattern: bytes,
+        force: bool,
+        done: Callable[[Deletion | Refused], None],
+    ) -> None:
+        """Start deleting ``name`` from this worker's partitions
+        (broky.subscriptions.deletion); ``done`` gets what was deleted once
+        it is committed, or why not."""
+        if self._nursery is None:
+            done(Refused(ErrorCode.SERVER_SHUTDOWN, "the broker is not serving subscriptions"))
+            return
+        self._nursery.start_soon(self._delete, name, pattern, force, done)
+
+    async def _delete(
+        self,
+        name: str,
+        pattern: bytes,
+        force: bool,
+        done: Callable[[Deletion | Refused], None],
+    ) -> None:
+        try:
+            async with self._attaching:
+                deletion = await delete_subscription(self, name, pattern, force)
+        except Refused as refused:
+            done(refused)
+            return
+        if deletion.partitions:
+            log.info(
+                "subscription %r deleted from %d partition(s), %d consumer(s) ended",
+                name,
+                deletion.partitions,
+                deletion.consumers,
+            )
+            self.watch.deleted(name, deletion.partitions, deletion.consumers)
+        done(deletion)
+
     def _partitions_for(self, pattern: bytes) -> list[tuple[str, int]]:
         return [
             (topic.name, partition)
@@ -167,6 +217,7 @@ class SubscriptionService:
             definition = Definition.from_consume(frame)
         except DefinitionError as exc:
             raise Refused(ErrorCode.SUBSCRIPTION_REFUSED, f"subscription {name!r}: {exc}") from exc
+        self._check_dead_letter_topic(definition)
         wanted = self._partitions_for(frame.pattern)
         if not wanted:
             raise Refused(
@@ -227,6 +278,30 @@ class SubscriptionService:
         for partition in partitions:
             partition.changed(name)
 
+    def _check_dead_letter_topic(self, definition: Definition) -> None:
+        """Refuse a dead-letter topic that is not a durable topic, or that the
+        subscription reads (its dead letters would come back to it)."""
+        chosen = definition.dead_letter_topic
+        if not chosen:
+            return
+        policies = self.store.policies
+        topic = policies.named(chosen)
+        name = definition.name
+        if topic is None:
+            known = ", ".join(sorted(policy.name for policy in policies.policies))
+            raise Refused(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {name!r}: dead-letter topic {chosen!r} is not a durable topic "
+                f"of this broker (its durable topics: {known})",
+            )
+        if patterns_overlap(topic.pattern, definition.pattern):
+            raise Refused(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {name!r}: dead-letter topic {chosen!r} is read by the "
+                f"subscription's own pattern {definition.pattern.decode(errors='replace')!r}: "
+                "its dead letters would be delivered to it again",
+            )
+
     async def _create_missing(
         self, definition: Definition, partitions: list[PartitionSubscriptions]
     ) -> None:
@@ -238,18 +313,7 @@ class SubscriptionService:
         for partition in new:
             cursor = await partition.owner.call(partition.start_position(definition))
             partition.create(definition, cursor)
-        committed = trio.Event()
-        waiting = len(new)
-
-        def one_committed() -> None:
-            nonlocal waiting
-            waiting -= 1
-            if not waiting:
-                committed.set()
-
-        for partition in new:
-            partition.committer.after_commit(one_committed)
-        await committed.wait()
+        await all_committed([partition.committer for partition in new])
         log.info(
             "subscription %r created on %d partition(s) (%s, start %s)",
             definition.name,
@@ -313,7 +377,7 @@ class SubscriptionService:
             )
             return
         now = trio.current_time()
-        stale = 0
+        stale = unconfirmed = 0
         touched: dict[int, PartitionSubscriptions] = {}
         name = link.subscription
         for number, first, last in zip(
@@ -325,12 +389,16 @@ class SubscriptionService:
                 continue  # not this consumer's partition: nothing it could settle
             tracker = dispatcher.tracker
             offsets = range(max(first, tracker.cursor), min(last + 1, tracker.read_position))
+            # Offsets not read since this worker started: delivered before a
+            # restart (a consumer spread over workers outlives its owners);
+            # they come again, and the receipt says so.
+            unconfirmed += max(0, last + 1 - max(first, tracker.read_position))
             stale += self._apply(dispatcher, link, frame, offsets, now)
             touched[number] = partition
             partition.changed(name, len(offsets) if frame.kind is SettleKind.ACK else 0)
         self._pump(link)
         if frame.sequence:
-            self._receipt(link, frame.sequence, stale, list(touched.values()))
+            self._receipt(link, frame.sequence, stale, unconfirmed, list(touched.values()))
 
     def _apply(
         self,
@@ -361,19 +429,20 @@ class SubscriptionService:
         link: ConsumerLink,
         sequence: int,
         stale: int,
+        unconfirmed: int,
         partitions: list[PartitionSubscriptions],
     ) -> None:
         """Send ``Settled`` once every touched partition committed."""
         waiting = len(partitions)
         if not waiting:
-            link.settled(sequence, stale)
+            link.settled(sequence, stale, unconfirmed)
             return
 
         def one_committed() -> None:
             nonlocal waiting
             waiting -= 1
             if not waiting:
-                link.settled(sequence, stale)
+                link.settled(sequence, stale, unconfirmed)
 
         for partition in partitions:
             partition.committer.after_commit(one_committed)

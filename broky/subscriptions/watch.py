@@ -16,7 +16,8 @@ delivers again. Reasons:
 
 Also advised: ``subscription.redelivery_storm`` (over 10 s, redeliveries
 exceed 20 % of deliveries, at least 20 of them), ``subscription.dead_lettered``
-(one per message) and ``subscription.consumer_evicted``. The same figures
+(one per message), ``subscription.consumer_evicted`` and
+``subscription.deleted`` (one per worker that deleted its share). The same figures
 feed the Prometheus families and the ``/subscriptions`` listing
 (``statuses``).
 """
@@ -54,8 +55,9 @@ RESUMED = "subscription.resumed"
 REDELIVERY_STORM = "subscription.redelivery_storm"
 DEAD_LETTERED = "subscription.dead_lettered"
 CONSUMER_EVICTED = "subscription.consumer_evicted"
+DELETED = "subscription.deleted"
 #: Every advisory kind this module raises (``$SYS.events.<kind>``).
-KINDS: Final = (STALLED, RESUMED, REDELIVERY_STORM, DEAD_LETTERED, CONSUMER_EVICTED)
+KINDS: Final = (STALLED, RESUMED, REDELIVERY_STORM, DEAD_LETTERED, CONSUMER_EVICTED, DELETED)
 
 
 @attrs.frozen(slots=True)
@@ -243,6 +245,13 @@ class Watch:
                 "dead_letter_partition": entries[0][1] if entries else -1,
                 "dead_letter_offset": entries[0][2] if entries else -1,
             },
+        )
+
+    def deleted(self, name: str, partitions: int, consumers: int) -> None:
+        """This worker deleted its share of ``name`` (one advisory per worker)."""
+        self.advise(
+            DELETED,
+            {"subscription": name, "partitions": partitions, "consumers_ended": consumers},
         )
 
     def evicted(self, link: ConsumerLink, message: str) -> None:

@@ -145,11 +145,13 @@ async def _publisher(
     stop: trio.Event,
     report: Report,
     acks: dict[int, list[float]],
+    keys: int = 8,
 ) -> None:
+    """Publish acked batches of ``keys`` keys (so partitions) until ``stop``."""
     seq = 0
     async with ClusterPublisher.open([n.address for n in nodes], name=f"c{client}") as publisher:
         while not stop.is_set():
-            key = f"orders.c{client}.k{seq % 8}"
+            key = f"orders.c{client}.k{seq % keys}"
             batch = [payload(client, seq + i) for i in range(BATCH)]
             try:
                 runs = await publisher.publish(key, batch)

@@ -161,3 +161,21 @@ def test_every_deliver_is_named_with_its_topic_as_the_client_reads_them() -> Non
     # Three switches of topic: three naming frames, none repeated.
     assert sum(isinstance(decode_frame(memoryview(d)[4:]), Redelivered) for d in frames) == 3
     assert gate.take() == []
+
+
+def test_a_lost_part_loses_its_waiting_runs_and_credit_until_it_is_back() -> None:
+    """Owner 1 went down: what waited of it is dropped (it redelivers them),
+    it gets no credit while lost, and owner 0's runs still flow in order."""
+    gate = CreditGate(5, [0, 1], 1 << 20)
+    gate.grant(4)
+    assert gate.shares() == {0: 2, 1: 2}
+    gate.arrive(0, [waiting(0, 0, 2)])
+    gate.arrive(1, [waiting(1, 0, 2)])
+    gate.window = 0  # the client has not granted more yet
+    gate.drop(1, lambda run: run.partition == 1)
+    assert (gate.waiting_messages, set(gate.held)) == (2, {0})
+    gate.grant(10)
+    assert received(gate.take())[0] == [(0, 0), (0, 1)]
+    assert set(gate.shares()) == {0}
+    gate.held[1] = 0  # re-attached
+    assert 1 in gate.shares()

@@ -11,7 +11,8 @@ from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Error, Publish, PublishAck
-from broky.router.outbox import Outlet, RouterCounters
+from broky.router.outbox import Outlet
+from broky.router.statistics import RouterCounters
 from tests.conftest import raw_run
 
 

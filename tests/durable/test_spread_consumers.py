@@ -281,7 +281,8 @@ class Ledger:
     deliveries: Counter[bytes] = attrs.field(factory=Counter)
     #: Deliveries of a message whose ack had been receipted (must stay 0).
     after_receipt: int = 0
-    #: Consumers ended with OwnerUnavailable (an owner worker was killed).
+    #: Consumers ended with OwnerUnavailable (an owner worker was killed
+    #: while they attached; once attached they re-attach by themselves).
     owner_unavailable: int = 0
     #: What each consumer is doing (for a failure's message).
     phases: dict[int, str] = attrs.field(factory=dict)
@@ -305,7 +306,9 @@ async def consume_until_cancelled(address: str, index: int, ledger: Ledger) -> N
                 pending: dict[int, list[bytes]] = {}
 
                 def receipted(settled: Settled, pending: dict[int, list[bytes]] = pending) -> None:
-                    ledger.receipted.update(pending.pop(settled.sequence, []))
+                    payloads = pending.pop(settled.sequence, [])
+                    if not settled.unconfirmed:  # else an owner restarted: they may come again
+                        ledger.receipted.update(payloads)
 
                 reader.on_settled = receipted
                 ledger.phases[index] = "consuming"

@@ -325,7 +325,7 @@ def _empty_table(builder: flatbuffers.Builder) -> int:
     return int(builder.EndObject())
 
 
-@pytest.mark.parametrize("body_type", [22, 200, 255])
+@pytest.mark.parametrize("body_type", [24, 200, 255])
 def test_unknown_body_type(body_type: int) -> None:
     error = _decode_error(_raw_frame(body_type, _empty_table))
     assert error.code == ErrorCode.MALFORMED_FRAME

@@ -41,6 +41,8 @@ from broky.protocol.constants import (
 )
 from broky.protocol.frames import (
     Consume,
+    DeletedSubscription,
+    DeleteSubscription,
     Deliver,
     Error,
     Fetch,
@@ -138,6 +140,7 @@ CONTROL_FRAMES: list[Frame] = [
         priority=-3,
         start_time=-7,
         start_offsets=(0, 2**62, -1),
+        dead_letter_topic="poison ✓",
     ),
     Redelivered(
         stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF), topic="ordérs"
@@ -154,7 +157,10 @@ CONTROL_FRAMES: list[Frame] = [
         topic="orders",
     ),
     Settle(stream=12, kind=SettleKind.IN_PROGRESS, delay_ms=0),
-    Settled(stream=11, sequence=2**63, stale=3),
+    Settled(stream=11, sequence=2**63, stale=3, unconfirmed=7),
+    DeleteSubscription(stream=13, subscription="billing ✓", pattern=b"orders.>", force=True),
+    DeleteSubscription(stream=14, subscription="b"),
+    DeletedSubscription(stream=13, partitions=8, consumers=0xFFFF_FFFF),
 ]
 
 #: Control frames whose fields all hold their schema defaults (omitted on the wire).
@@ -177,6 +183,8 @@ DEFAULT_CONTROL_FRAMES: list[Frame] = [
     Redelivered(stream=0),
     Settle(stream=0),
     Settled(stream=0, sequence=0),
+    DeleteSubscription(stream=0, subscription="s"),
+    DeletedSubscription(stream=0),
 ]
 
 MESSAGES: list[Message] = [
@@ -349,7 +357,14 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             offset=body.Offset(),
             max_bytes=body.MaxBytes(),
         )
-    if body_type in (BodyType.CONSUME, BodyType.REDELIVERED, BodyType.SETTLE, BodyType.SETTLED):
+    if body_type in (
+        BodyType.CONSUME,
+        BodyType.REDELIVERED,
+        BodyType.SETTLE,
+        BodyType.SETTLED,
+        BodyType.DELETE_SUBSCRIPTION,
+        BodyType.DELETED_SUBSCRIPTION,
+    ):
         return _read_consumer_frame(body_type, body)
     if body_type == BodyType.SUBSCRIBED:
         return Subscribed(stream=body.Stream())
@@ -409,6 +424,7 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             priority=body.Priority(),
             start_time=body.StartTime(),
             start_offsets=_numbers(body, "StartOffsets"),
+            dead_letter_topic=(body.DeadLetterTopic() or b"").decode(),
         )
     if body_type == BodyType.REDELIVERED:
         return Redelivered(
@@ -431,7 +447,24 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             reason=(body.Reason() or b"").decode(),
             topic=(body.Topic() or b"").decode(),
         )
-    return Settled(stream=body.Stream(), sequence=body.Sequence(), stale=body.Stale())
+    if body_type == BodyType.DELETE_SUBSCRIPTION:
+        _check_nul_terminated(body, 1)
+        return DeleteSubscription(
+            stream=body.Stream(),
+            subscription=body.Subscription().decode(),
+            pattern=body.Pattern() or b"",
+            force=body.Force(),
+        )
+    if body_type == BodyType.DELETED_SUBSCRIPTION:
+        return DeletedSubscription(
+            stream=body.Stream(), partitions=body.Partitions(), consumers=body.Consumers()
+        )
+    return Settled(
+        stream=body.Stream(),
+        sequence=body.Sequence(),
+        stale=body.Stale(),
+        unconfirmed=body.Unconfirmed(),
+    )
 
 
 def read_message_with_generated(gen: SimpleNamespace, data: bytes, key: str) -> Message:
@@ -608,7 +641,10 @@ def _build_body(  # noqa: PLR0911
         return int(gen.Notice.End(builder))
     if isinstance(frame, (PublishAck, ListPartitions, Partitions, Fetch)):
         return _build_storage_body(gen, builder, frame)
-    if isinstance(frame, (Consume, Redelivered, Settle, Settled)):
+    if isinstance(
+        frame,
+        (Consume, Redelivered, Settle, Settled, DeleteSubscription, DeletedSubscription),
+    ):
         return _build_consumer_body(gen, builder, frame)
     run_tables = [_build_run(gen, builder, run, omit_ts_broker) for run in frame.runs]
     module = getattr(gen, type(frame).__name__)
@@ -651,7 +687,7 @@ def _int_vector(builder: flatbuffers.Builder, start: Any, values: tuple[int, ...
 def _build_consumer_body(
     gen: SimpleNamespace,
     builder: flatbuffers.Builder,
-    frame: Consume | Redelivered | Settle | Settled,
+    frame: Consume | Redelivered | Settle | Settled | DeleteSubscription | DeletedSubscription,
 ) -> int:
     """flatc's builders, fields added in reverse order, empty vectors omitted."""
     if isinstance(frame, Consume):
@@ -659,7 +695,10 @@ def _build_consumer_body(
         backoff = _int_vector(builder, gen.Consume.StartBackoffMsVector, frame.backoff_ms)
         pattern = builder.CreateString(frame.pattern)
         name = builder.CreateString(frame.subscription)
+        dead = builder.CreateString(frame.dead_letter_topic) if frame.dead_letter_topic else 0
         gen.Consume.Start(builder)
+        if dead:
+            gen.Consume.AddDeadLetterTopic(builder, dead)
         if starts:
             gen.Consume.AddStartOffsets(builder, starts)
         gen.Consume.AddStartTime(builder, frame.start_time)
@@ -716,7 +755,24 @@ def _build_consumer_body(
         gen.Settle.AddSequence(builder, frame.sequence)
         gen.Settle.AddStream(builder, frame.stream)
         return int(gen.Settle.End(builder))
+    if isinstance(frame, DeleteSubscription):
+        pattern = builder.CreateString(frame.pattern) if frame.pattern else 0
+        name = builder.CreateString(frame.subscription)
+        gen.DeleteSubscription.Start(builder)
+        gen.DeleteSubscription.AddForce(builder, frame.force)
+        if pattern:
+            gen.DeleteSubscription.AddPattern(builder, pattern)
+        gen.DeleteSubscription.AddSubscription(builder, name)
+        gen.DeleteSubscription.AddStream(builder, frame.stream)
+        return int(gen.DeleteSubscription.End(builder))
+    if isinstance(frame, DeletedSubscription):
+        gen.DeletedSubscription.Start(builder)
+        gen.DeletedSubscription.AddConsumers(builder, frame.consumers)
+        gen.DeletedSubscription.AddPartitions(builder, frame.partitions)
+        gen.DeletedSubscription.AddStream(builder, frame.stream)
+        return int(gen.DeletedSubscription.End(builder))
     gen.Settled.Start(builder)
+    gen.Settled.AddUnconfirmed(builder, frame.unconfirmed)
     gen.Settled.AddStale(builder, frame.stale)
     gen.Settled.AddSequence(builder, frame.sequence)
     gen.Settled.AddStream(builder, frame.stream)

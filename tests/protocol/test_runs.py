@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broky.protocol import frames
-from broky.router.outbox import DurableEncodedRun
+from broky.router.durable_runs import DurableEncodedRun
 
 
 def _compiled() -> type[frames.EncodedRun]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from broky.storage.errors import StorageError
 from broky.storage.state import StateStore
-from broky.subscriptions.commits import GroupCommitter
+from broky.subscriptions.commits import GroupCommitter, all_committed
 from broky.subscriptions.dispatch import Deliver, Dispatcher, Options, SubscriptionType
 from broky.subscriptions.image import decode_image, encode_image
 from broky.subscriptions.tracker import AckedRanges, SubscriptionImage
@@ -93,4 +93,37 @@ async def test_a_full_batch_commits_before_the_interval(tmp_path: Path, acks: in
             await done.wait()
         nursery.cancel_scope.cancel()
     assert committer.commits == 1
+    store.close()
+
+
+async def test_a_forgotten_subscription_is_deleted_and_a_recreated_one_kept(
+    tmp_path: Path,
+) -> None:
+    """``forget`` deletes the name's rows with the next round, before that
+    round's writes: pending writes of the old one are dropped, a definition
+    written after the forget (the name recreated) survives."""
+    path = str(tmp_path / "state.db")
+    store = StateStore.open(path)
+    committer = GroupCommitter(store, interval=0.001)
+    old = Dispatcher(Options(), SubscriptionImage(7, limit=7))
+    other = Dispatcher(Options(), SubscriptionImage(3, limit=3))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(committer.run)
+        committer.define("gone", "{}")
+        committer.define("kept", "{}")
+        committer.changed(("gone", "orders", 0), old)
+        committer.changed(("kept", "orders", 0), other)
+        await all_committed([committer])
+        committer.changed(("gone", "orders", 0), old)  # pending when forgotten: dropped
+        committer.forget("gone")
+        await all_committed([committer])
+        assert set(committer.load()) == {("kept", "orders", 0)}
+        assert set(committer.load_definitions()) == {"kept"}
+        committer.forget("again")
+        committer.define("again", '{"new": 1}')
+        committer.changed(("again", "orders", 0), Dispatcher(Options(), SubscriptionImage(0)))
+        await all_committed([committer])
+        nursery.cancel_scope.cancel()
+    assert set(committer.load()) == {("kept", "orders", 0), ("again", "orders", 0)}
+    assert committer.load_definitions()["again"] == '{"new": 1}'
     store.close()

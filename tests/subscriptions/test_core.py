@@ -183,3 +183,26 @@ def test_a_redelivery_rewinds_the_later_messages_of_its_slot(kind: SubscriptionT
         assert again == [(1, 2), (3, 2)]  # slot 7 only; offset 2 (slot 9) stays out
     else:
         assert again == [(1, 2), (2, 2), (3, 2)]
+
+
+def test_failover_spreads_partitions_over_the_top_priority_consumers() -> None:
+    """As Pulsar: partition p's active consumer is the (p mod n)-th of the n
+    highest-priority consumers by attach order, not the first everywhere."""
+    partitions = []
+    for number in range(8):
+        dispatcher = Dispatcher(
+            Options(type=SubscriptionType.FAILOVER), SubscriptionImage(0), 0, spread=number
+        )
+        dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
+        dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)
+        dispatcher.attach(3, 0.0, credit=10, max_in_flight=10)
+        dispatcher.attach(4, 0.0, credit=10, max_in_flight=10, priority=-1)  # standby only
+        partitions.append(dispatcher)
+    assert [d.active for d in partitions] == [1, 2, 3, 1, 2, 3, 1, 2]
+    for dispatcher in partitions:
+        dispatcher.detach(2, 1.0)
+    assert [d.active for d in partitions] == [1, 3, 1, 3, 1, 3, 1, 3]
+    for dispatcher in partitions:
+        dispatcher.detach(1, 1.0)
+        dispatcher.detach(3, 1.0)
+    assert {d.active for d in partitions} == {4}  # the lower priority takes over

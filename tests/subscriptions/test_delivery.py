@@ -104,6 +104,10 @@ def test_definitions_round_trip_and_refuse_what_they_cannot_be() -> None:
     definition = Definition.from_consume(frame)
     assert Definition.from_json(definition.to_json()) == definition
     assert definition.dead_letter_key("orders") == b"_dlq.billing_v2.orders"
+    assert definition.dead_letter_key("orders", b"_dlq.>") == b"_dlq.billing_v2.orders"
+    assert definition.dead_letter_key("orders", b"dlq.*") == b"dlq.billing_v2"
+    assert definition.dead_letter_key("orders", b"a.*.*.*.b") == b"a.billing_v2.orders._.b"
+    assert definition.dead_letter_key("orders", b"dead") == b"dead"
     assert definition.options.backoff == (0.01, 2.0)
     assert definition.mismatch(frame) is None
     assert "fixed at creation" in (definition.mismatch(Consume(1, "billing v2", b"orders.>")) or "")

@@ -16,6 +16,7 @@ steps = st.lists(
     st.one_of(
         st.tuples(st.just("commit"), st.lists(st.tuples(names, st.binary(max_size=6)), max_size=4)),
         st.tuples(st.just("fetch"), st.integers(1, 40)),
+        st.tuples(st.just("delete"), st.lists(names, max_size=2)),
         st.tuples(st.just("new_leader"), st.just(0)),
     ),
     max_size=30,
@@ -32,7 +33,10 @@ class _Follower:
         if update.names is not None:
             self.rows = {name: row for name, row in self.rows.items() if name in update.names}
         for entry in update.entries:
-            self.rows[entry.subscription] = (entry.definition, entry.image)
+            if entry.deleted:
+                self.rows.pop(entry.subscription, None)
+            else:
+                self.rows[entry.subscription] = (entry.definition, entry.image)
         self.epoch, self.version = update.epoch, update.version
 
 
@@ -48,6 +52,11 @@ def test_a_follower_converges_to_the_leaders_latest_rows(script: list[tuple[str,
             rows = [(name, f"def-{name}", image) for name, image in argument]
             journal.committed(rows)
             latest.update({name: (definition, image) for name, definition, image in rows})
+        elif kind == "delete":
+            assert isinstance(argument, list)
+            journal.deleted(argument)
+            for name in argument:
+                latest.pop(name, None)
         elif kind == "fetch":
             assert isinstance(argument, int)
             update = journal.since(follower.epoch, follower.version, argument)
@@ -62,7 +71,7 @@ def test_a_follower_converges_to_the_leaders_latest_rows(script: list[tuple[str,
             )
             latest = dict(follower.rows)
             follower = _Follower()
-    for _ in range(len(latest) + 2):
+    for _ in range(len(latest) + 6):
         update = journal.since(follower.epoch, follower.version, 1)
         if update is None:
             break

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from broky import Broker, Client
+from broky import Broker, Client, Config
 from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import Error, Subscribed
 from tests.conftest import StartBroker
@@ -361,3 +361,111 @@ async def test_a_redelivery_waiting_for_credit_does_not_spin_the_driver(
             await consumer.flow(1)
             [again] = await consumer.take(1)
             assert (again.offset, again.count) == (held[1].offset, 2)
+
+
+async def test_failover_actives_spread_over_consumers_across_eight_partitions(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Three failover consumers of an 8-partition topic each get whole
+    partitions (one consumer per partition), and every one of them gets some."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=8))
+        assert broker.address is not None
+        kind = SubscriptionKind.FAILOVER
+        async with (
+            broker.connect() as client,
+            connect(broker.address) as a,
+            connect(broker.address) as b,
+            connect(broker.address) as c,
+        ):
+            consumers = [Consumer(a), Consumer(b), Consumer(c)]
+            for consumer in consumers:
+                assert isinstance(await consumer.consume("fo8", kind=kind), Subscribed)
+            await publish(client, 64, keys=64)
+            got = [await consumer.take_all(0.5) for consumer in consumers]
+            assert sorted(n for taken in got for n in numbers(taken)) == list(range(64))
+            owners = [{d.partition for d in taken} for taken in got]
+            assert all(owners), f"a consumer got no partition: {owners}"
+            every = set().union(*owners)
+            assert len(every) >= 6  # 64 keys hash to (nearly) every partition
+            assert sum(len(partitions) for partitions in owners) == len(every)  # one owner each
+
+
+def two_topics_config(tmp_path: Path) -> Config:
+    return Config.from_mapping(
+        {
+            "port": 0,
+            "data_dir": str(tmp_path),
+            "durable": [
+                {"name": "orders", "pattern": "orders.>", "partitions": 2},
+                {"name": "poison", "pattern": "poison.*.>", "partitions": 1},
+            ],
+        }
+    )
+
+
+async def test_dead_letters_go_to_the_topic_chosen_at_creation(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(two_topics_config(tmp_path))
+        assert broker.address is not None
+        async with (
+            broker.connect() as client,
+            client.subscription("poison.>") as dead,
+            client.subscription("_dlq.>") as default_dead,
+            connect(broker.address) as a,
+            connect(broker.address) as b,
+        ):
+            await client.flush()
+            consumer = Consumer(a)
+            subscribed = await consumer.consume("billing", dead_letter_topic="poison")
+            assert isinstance(subscribed, Subscribed)
+            # A later consumer naming another topic is refused; naming none joins.
+            other = Consumer(b)
+            refused = await other.consume("billing", dead_letter_topic="_dlq")
+            assert isinstance(refused, Error)
+            assert "fixed at creation" in refused.message
+            await publish_one(client)
+            [delivery] = await consumer.take(1)
+            await consumer.settle([delivery], SettleKind.TERM, reason="bad schema")
+            message = await anext(dead)
+            assert message.key == "poison.billing.orders"  # poison.*.> filled in
+            assert dict(message.tags)["dlq.error"] == "bad schema"
+            with trio.move_on_after(0.3):
+                await anext(default_dead)
+                raise AssertionError("a dead letter reached the default _dlq topic")
+
+
+async def test_a_dead_letter_topic_must_be_a_durable_topic_the_subscription_does_not_read(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(two_topics_config(tmp_path))
+        assert broker.address is not None
+        async with connect(broker.address) as a:
+            consumer = Consumer(a)
+            for topic, words in (("nope", "not a durable topic"), ("orders", "own pattern")):
+                refused = await consumer.consume("s", dead_letter_topic=topic)
+                assert isinstance(refused, Error), topic
+                assert refused.code == ErrorCode.SUBSCRIPTION_REFUSED
+                assert words in refused.message
+                assert repr(topic) in refused.message
+
+
+async def test_a_receipt_counts_settled_offsets_never_read_as_unconfirmed(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Offsets the broker has not read since it started (a delivery from
+    before an owner's restart) cannot be acked: the receipt says so."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=1))
+        assert broker.address is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            consumer = Consumer(a)
+            assert isinstance(await consumer.consume("u", start=StartKind.EARLIEST), Subscribed)
+            await publish(client, 3)
+            got = await consumer.take(3)
+            beyond = [Delivery(0, 100 + n, 1, "orders.k", b"", b"", ()) for n in range(5)]
+            settled = await consumer.receipt(await consumer.settle(got + beyond, receipt=True))
+            assert (settled.stale, settled.unconfirmed) == (0, 5)

@@ -125,6 +125,15 @@ class Consumer:
             found.extend(await self.next())
         return found
 
+    async def take_all(self, quiet: float) -> list[Delivery]:
+        """Every delivery until none came for ``quiet`` seconds."""
+        found: list[Delivery] = []
+        while True:
+            with trio.move_on_after(quiet) as waited:
+                found.extend(await self.next())
+            if waited.cancelled_caught:
+                return found
+
     async def settle(
         self,
         deliveries: Iterable[Delivery],
