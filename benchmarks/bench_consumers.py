@@ -10,7 +10,9 @@ sockets, the log reads and the client. Scenarios:
 - ``client_consume_ack`` (no broker): the client's own CPU per message to
   wrap delivered runs of 100-byte messages as ``Delivery`` objects, ack each
   one and fold the acks into range ``Settle`` frames: what a consumer
-  process pays per message, whatever the broker does.
+  process pays per message, whatever the broker does; with runs of 100
+  messages (one key) and of 1 (keys changing every message, as in the
+  broker scenarios below).
 - ``shared_x4``: ``--messages`` 100-byte messages are published (acked) to
   durable topic ``bench.>`` (8 partitions, ``fsync = "interval"``), then 4
   consumers of one ``shared`` subscription, each on its own connection,
@@ -87,22 +89,23 @@ class _Sink:
         pass
 
 
-async def client_consume_ack(messages: int) -> dict[str, object]:
-    """Client CPU per message: wrap, ack, fold into ranges (runs of 100)."""
+async def client_consume_ack(messages: int, per_run: int) -> dict[str, object]:
+    """Client CPU per message: wrap, ack, fold into ranges (runs of ``per_run``)."""
     sink = _Sink()
     options = consumer_options("bench.>", "bench", "shared", {"ack_batch": 1024})
     consumer = Consumer(sink, 1, options)
     blob = encode_message(PAYLOAD)
-    per_run = 100
     sizes = pack_sizes([len(blob)] * per_run)
     runs = [
-        Run(b"bench.k", 1, per_run, sizes, blob * per_run, partition % 8, base)
-        for partition, base in enumerate(range(0, messages, per_run))
+        # Over 8 partitions, each run's offsets following its partition's last.
+        Run(b"bench.k", 1, per_run, sizes, blob * per_run, index % 8, index // 8 * per_run)
+        for index in range(messages // per_run)
     ]
     start = time.process_time_ns()
     acked = 0
-    for first in range(0, len(runs), 50):
-        consumer._deliver(tuple(runs[first : first + 50]))
+    frame_runs = max(1, 5000 // per_run)  # 5,000 messages per Deliver frame
+    for first in range(0, len(runs), frame_runs):
+        consumer._deliver(tuple(runs[first : first + frame_runs]))
         while consumer.statistics().buffered_messages:
             batch = await consumer._next_batch(512)
             await consumer.settle_all(batch)
@@ -111,6 +114,7 @@ async def client_consume_ack(messages: int) -> dict[str, object]:
     elapsed = time.process_time_ns() - start
     return {
         "messages": acked,
+        "messages_per_run": per_run,
         "client_ns_per_message": round(elapsed / acked, 1),
         "settle_frames": sink.settles,
         "ranges_sent": sink.ranges,
@@ -293,6 +297,9 @@ def main() -> None:
     parser.add_argument("--redeliveries", type=int, default=200)
     parser.add_argument("--dir", default=None, help="where brokers keep data (default: temp)")
     parser.add_argument("--client-only", action="store_true", help="only client_consume_ack")
+    parser.add_argument(
+        "--only", default=None, help="run only this broker scenario (e.g. shared_x4, to profile it)"
+    )
     parser.add_argument("--credit", type=int, default=20_000, help="per consumer")
     parser.add_argument("--max-in-flight", type=int, default=50_000, help="per consumer")
     parser.add_argument("--ack-interval", type=float, default=ACK_INTERVAL, help="seconds")
@@ -303,7 +310,8 @@ def main() -> None:
         max_in_flight=args.max_in_flight,
         ack_interval=args.ack_interval,
     )
-    emit("client_consume_ack", **trio.run(client_consume_ack, args.messages))
+    for per_run in (100, 1):
+        emit("client_consume_ack", **trio.run(client_consume_ack, args.messages, per_run))
     if args.client_only:
         return
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
@@ -312,6 +320,8 @@ def main() -> None:
             ("shared_x4", 8, "shared"),
             ("key_shared_1000_keys", 1000, "key-shared"),
         ):
+            if args.only not in (None, name):
+                continue
             _against_broker(
                 root, name, consume_rate, args.messages, keys, kind, args.duration, settings
             )
@@ -319,7 +329,8 @@ def main() -> None:
         async def nack(address: str, pid: int) -> dict[str, object]:
             return await nack_latency(address, args.redeliveries)
 
-        _against_broker(root, "nack_redelivery", nack)
+        if args.only in (None, "nack_redelivery"):
+            _against_broker(root, "nack_redelivery", nack)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,17 @@ import os
 import statistics
 import tempfile
 import time
+from itertools import chain, starmap
 
+from broky.protocol.message import encode_message, pack_sizes
+from broky.router.matcher import SubscriptionIndex
+from broky.storage.batch import StoredBatch
 from broky.storage.state import StateStore
-from broky.subscriptions.dispatch import Deliver, Dispatcher, Options, SubscriptionType
+from broky.subscriptions.delivery import BatchCache, delivery_frames
+from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.image import encode_image
+from broky.subscriptions.model import Deliver, Options, SubscriptionType
+from broky.subscriptions.partition import feed_batches
 from broky.subscriptions.slots import slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -65,7 +72,7 @@ def _run(
         events, dispatcher.events = dispatcher.events, []
         for event in events:
             if isinstance(event, Deliver):
-                held.setdefault(event.consumer, []).append(event.offset)
+                held.setdefault(event.consumer, []).extend(range(event.offset, event.stop))
         progressed = False
         for consumer, offsets in held.items():
             while offsets:
@@ -87,6 +94,73 @@ def _run(
         "messages_per_cpu_second": round(messages / (elapsed / 1e9)),
         "cursor": dispatcher.tracker.cursor,
         "slot_spread": dispatcher.table.spread(),
+    }
+
+
+def _stored(messages: int, keys: int) -> list[StoredBatch]:
+    """One stored run per 100-byte message, keys alternating: how a log
+    holds messages published with changing keys (every run one message)."""
+    blob = encode_message(b"x" * 100)
+    sizes = memoryview(pack_sizes([len(blob)]))
+    body = memoryview(blob)
+    names = [f"bench.k{key}".encode() for key in range(keys)]
+    return [
+        StoredBatch(offset, 1, names[offset % keys], 1, 1, sizes, body, 64 + len(blob))
+        for offset in range(messages)
+    ]
+
+
+def _rounds(messages: int, kind: SubscriptionType, keys: int) -> dict[str, object]:
+    """A partition driver's rounds without the sockets: read batches in
+    hand fed as the driver feeds them (``feed_batches``), 4 consumers,
+    Deliver frames laid out per consumer (``delivery_frames``), each
+    consumer's deliveries acked back as the ranges its client would send,
+    an image per 4,096 acks."""
+    batches = _stored(messages, keys)
+    dispatcher = Dispatcher(Options(type=kind), SubscriptionImage(0), messages)
+    matcher: SubscriptionIndex[int] = SubscriptionIndex()
+    matcher.add(b"bench.>", 0)
+    for consumer in range(1, 5):
+        dispatcher.attach(consumer, 0.0, credit=10**9, max_in_flight=20_000)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    acked = since_commit = frames = 0
+    start = time.process_time_ns()
+    while acked < messages:
+        position = dispatcher.tracker.read_position
+        read = batches[position : position + dispatcher.wants()]
+        cache = BatchCache()
+        cache.add(read)
+        feed_batches(dispatcher, matcher, read, 0.0)
+        events, dispatcher.events = dispatcher.events, []
+        per_consumer: dict[int, list[tuple[int, int, int]]] = {}
+        for event in events:
+            if isinstance(event, Deliver):
+                per_consumer.setdefault(event.consumer, []).append(
+                    (event.offset, event.stop, event.count)
+                )
+        for consumer, deliveries in per_consumer.items():
+            sent, _ = delivery_frames(
+                consumer, "bench", 0, deliveries, cache, 1 << 20, name_topic=False
+            )
+            frames += len(sent)
+            # What the consumer's client settles: its offsets as ranges, in
+            # one Settle (applied as one ack per partition).
+            spans = sorted((first, stop) for first, stop, _ in deliveries)
+            dispatcher.ack(consumer, chain.from_iterable(starmap(range, spans)), 0.0)
+            delivered = sum(stop - first for first, stop in spans)
+            acked += delivered
+            since_commit += delivered
+        if since_commit >= COMMIT_EVERY or not per_consumer:
+            image = dispatcher.tracker.image()
+            encode_image(image)
+            dispatcher.committed(image, 0.0)
+            since_commit = 0
+    elapsed = time.process_time_ns() - start
+    return {
+        "messages": messages,
+        "ns_per_message": round(elapsed / messages, 1),
+        "deliver_frames": frames,
+        "cursor": dispatcher.tracker.cursor,
     }
 
 
@@ -152,6 +226,11 @@ def main() -> None:
         {
             "scenario": "key_shared_1000_keys",
             **_run(SubscriptionType.KEY_SHARED, messages, 1000, messages // 2),
+        },
+        {"scenario": "shared_x4_rounds", **_rounds(messages, SubscriptionType.SHARED, 8)},
+        {
+            "scenario": "key_shared_1000_keys_rounds",
+            **_rounds(messages, SubscriptionType.KEY_SHARED, 1000),
         },
         {"scenario": "nack_redelivery", **_nack(messages)},
         {"scenario": "group_commit_sqlite", **_group_commit(arguments.commit_rounds)},

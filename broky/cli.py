@@ -18,7 +18,6 @@ from broky import subs_cli
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
-from broky.cluster.isr import IsrSettings
 from broky.cluster.node import ClusterNode
 from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
@@ -31,7 +30,7 @@ from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.keys import encode_key
 from broky.reload import reread
-from broky.replication.service import ReplicationService
+from broky.replication.attach import replicates, service_for
 from broky.security import passwd
 from broky.security.flags import (
     add_client_auth_flags,
@@ -103,16 +102,9 @@ async def serve(
     (broky.reload). A cluster ``member`` with ``replication_listen`` set
     replicates the durable topics (broky.replication)."""
     broker = Broker(config)
-    if member is not None and config.replication_listen and broker.store is not None:
-        replication = ReplicationService(
-            broker.store,
-            member,
-            config.replication_listen,
-            IsrSettings(config.min_insync_replicas, config.replica_lag_max),
-            broker.observability.system.advise,
-        )
+    if member is not None and replicates(broker, config):
+        replication = service_for(broker, config, member, config.replication_listen)
         broker.beside_store.append(replication.run)
-        broker.replication_statistics = replication.statistics
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(broker.serve)
@@ -292,8 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _configure_logging(config.log_level)
             tune_for_broker()
             workers = worker_count(config)
-            if config.replication_listen and (workers != 1 or not config.cluster_etcd):
-                raise ConfigError("replication_listen needs cluster_etcd and --workers 1")
+            if config.replication_listen and not config.cluster_etcd:
+                raise ConfigError("replication_listen needs cluster_etcd")
             server: Callable[..., Awaitable[None]]
             if workers == 1 and not config.cluster_listen:
                 server = serve
@@ -306,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server = serve_node
             load = partial(load_config, args)
             if config.cluster_etcd:
-                trio.run(serve_member, server, config, load, workers, server is serve)
+                trio.run(serve_member, server, config, load, workers)
             else:
                 trio.run(server, config, load)
         elif args.command in ("bench", "passwd", "cluster", "subs"):

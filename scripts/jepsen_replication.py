@@ -1,12 +1,17 @@
 """A longer Jepsen-style run of the replicated cluster than CI's 20 cycles.
 
 Run: ``.venv/bin/python scripts/jepsen_replication.py --cycles 200 [--seed N]
-[--clients C]``. Starts its own etcd (Debian's ``etcd-server``) and three
+[--clients C] [--netns]``. Starts its own etcd (Debian's ``etcd-server``) and three
 ``broky serve`` nodes in a temp dir, runs ``tests.cluster.jepsen.run`` (the
 same nemesis, publishers and checker as the CI test) and prints one JSON
 summary: fault counts, acked messages, lost / divergent / out-of-order
-(all must be 0), duplicates, and the failover-time distribution. Exits 1 if
-the checker found a violation. Keep --keep to look at the nodes' logs.
+(all must be 0), duplicates, acks an isolated leader gave after its lease
+was gone (must be 0), and the failover-time distribution. Exits 1 if the
+checker found a violation. ``--netns`` runs etcd and the nodes in network
+namespaces with real link partitions as the faults (as root; the CI test
+``tests/cluster/test_partitions.py`` runs 20), with ``--workers N`` worker
+processes per node. Keep --keep to look at the
+nodes' logs.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ from broky.cluster.local_etcd import local_etcd
 from tests.cluster import jepsen
 
 
+async def _run_partitioned(directory: Path, args: argparse.Namespace) -> jepsen.Report:
+    return await jepsen.run_partitioned(
+        directory, args.cycles, args.seed, args.clients, args.workers
+    )
+
+
 async def _run(url: str, directory: Path, args: argparse.Namespace) -> jepsen.Report:
     async with EtcdClient.from_url(url) as etcd:
         return await jepsen.run(
@@ -39,19 +50,28 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument(
+        "--netns", action="store_true", help="real link partitions in network namespaces"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes per node (with --netns)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and print it")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="jepsen-replication-"))
     try:
-        with local_etcd(directory / "etcd") as url:
-            report = trio.run(_run, url, directory, args)
+        if args.netns:
+            report = trio.run(_run_partitioned, directory, args)
+        else:
+            with local_etcd(directory / "etcd") as url:
+                report = trio.run(_run, url, directory, args)
     finally:
         if args.keep:
             print(f"kept {directory}", file=sys.stderr)
         else:
             shutil.rmtree(directory, ignore_errors=True)
     print(json.dumps(report.summary()))
-    return 0 if report.verdict is not None and report.verdict.ok else 1
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

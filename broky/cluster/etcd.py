@@ -177,6 +177,12 @@ class EtcdClient:
         answer = await self.call("/v3/lease/keepalive", {"ID": str(lease)})
         return int(answer.get("result", {}).get("TTL", 0))
 
+    async def time_to_live(self, lease: int) -> int:
+        """Seconds ``lease`` has left (rounded down by etcd), -1 if it is gone:
+        how a process that does not hold a lease learns it is still alive."""
+        answer = await self.call("/v3/lease/timetolive", {"ID": str(lease)})
+        return int(answer.get("TTL", -1))
+
     async def revoke(self, lease: int) -> bool:
         """End ``lease`` now, deleting its keys; False if it was already gone."""
         try:

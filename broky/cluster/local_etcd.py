@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,9 +41,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def local_etcd(data_dir: Path, client_port: int = 0) -> Iterator[str]:
+def local_etcd(
+    data_dir: Path, client_port: int = 0, host: str = "127.0.0.1", wrapper: Sequence[str] = ()
+) -> Iterator[str]:
     """Run a one-member etcd in ``data_dir`` and yield its ``etcd://`` URL;
     it is stopped by PID on exit. ``client_port`` 0 picks a free port.
+    ``host`` and ``wrapper`` (a command prefix that execs etcd, keeping its
+    PID: ``ip netns exec NS``) let fault tests run it in a network
+    namespace of its own.
 
     Raises EtcdNotFound without the binary, RuntimeError (with the end of
     etcd's log) if it does not start."""
@@ -52,12 +57,13 @@ def local_etcd(data_dir: Path, client_port: int = 0) -> Iterator[str]:
         raise EtcdNotFound("etcd is not installed: apt-get install -y etcd-server")
     data_dir.mkdir(parents=True, exist_ok=True)
     client_port = client_port or _free_port()
-    client = f"http://127.0.0.1:{client_port}"
-    peer = f"http://127.0.0.1:{_free_port()}"
+    client = f"http://{host}:{client_port}"
+    peer = f"http://{host}:{_free_port()}"
     log_path = data_dir / "etcd.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [
+                *wrapper,
                 binary,
                 "--name=broky-local",
                 f"--data-dir={data_dir / 'data'}",
@@ -73,7 +79,7 @@ def local_etcd(data_dir: Path, client_port: int = 0) -> Iterator[str]:
         )
     try:
         _wait_healthy(process, client, log_path)
-        yield f"etcd://127.0.0.1:{client_port}"
+        yield f"etcd://{host}:{client_port}"
     finally:
         if process.poll() is None:
             os.kill(process.pid, signal.SIGTERM)

@@ -12,6 +12,7 @@ revokes the lease, so the others fail over at once instead of after a TTL.
 from __future__ import annotations
 
 import logging
+import math
 
 import attrs
 import trio
@@ -102,6 +103,8 @@ class ClusterNode:
         self.controller: Controller | None = None
         #: Lives so far (1 + times the lease was lost and the node re-registered).
         self.lives = 0
+        #: This life's lease renewals (None between lives).
+        self._keeper: LeaseKeeper | None = None
         #: Revoke the lease when stopped, so others fail over at once. False
         #: leaves it to expire, as after a crash (fault tests use it).
         self.revoke_on_exit = True
@@ -109,6 +112,23 @@ class ClusterNode:
     @property
     def node_id(self) -> str:
         return self.info.node_id
+
+    def node_epoch(self) -> int:
+        """This life's node epoch; 0 between lives."""
+        registration = self.registration
+        return 0 if registration is None else registration.epoch
+
+    def lease_deadline(self) -> float:
+        """The last accepted renewal's send time + TTL (LeaseKeeper.valid_until,
+        trio time): a lower bound of the lease's expiry; -inf between lives."""
+        keeper = self._keeper
+        return -math.inf if keeper is None else keeper.valid_until
+
+    def lease_valid(self) -> bool:
+        """Whether this life's lease is surely still alive in etcd (before
+        ``lease_deadline``). Leaders ack nothing past it, because from then
+        on etcd may have elected another leader (broky.replication.gate)."""
+        return trio.current_time() < self.lease_deadline()
 
     def statistics(self) -> ClusterNodeStatistics:
         registration, controller = self.registration, self.controller
@@ -174,7 +194,8 @@ class ClusterNode:
         )
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(LeaseKeeper(self.client, lease).run)
+                self._keeper = LeaseKeeper(self.client, lease)
+                nursery.start_soon(self._keeper.run)
                 self.controller = Controller(
                     self.client,
                     self.keys,
@@ -190,6 +211,7 @@ class ClusterNode:
         finally:
             self.registration = None
             self.controller = None
+            self._keeper = None
             if self.revoke_on_exit:
                 await self._revoke(lease.id)
 

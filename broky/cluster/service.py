@@ -2,9 +2,11 @@
 
 The broker serves as it would alone; beside it, broky.cluster.node keeps
 the node registered, follows membership and vbucket states, and takes its
-turn as controller. With ``--replication-listen`` and one worker, the
-broker also replicates its durable partitions by those leaders, epochs and
-ISRs (broky.replication, started by ``broky.cli.serve``).
+turn as controller. With ``--replication-listen`` the node also replicates
+its durable partitions by those leaders, epochs and ISRs
+(broky.replication): in the broker's own loop with one worker
+(``broky.cli.serve``), in each worker for the partitions it owns with
+several (``broky.mesh.workers``, which relays the node's lease to them).
 """
 
 from __future__ import annotations
@@ -69,12 +71,11 @@ async def serve_member(
     config: Config,
     load: Callable[[], Config] | None,
     workers: int,
-    pass_member: bool = False,
 ) -> None:
-    """Join the cluster, then ``serve`` until it returns (SIGINT/SIGTERM);
-    leaving revokes the node's lease so its partitions fail over at once.
-    With ``pass_member`` (a one-process node, whose broker shares this
-    loop) ``serve`` also gets the ClusterNode, to replicate its partitions."""
+    """Join the cluster, then ``serve(config, load, node)`` until it returns
+    (SIGINT/SIGTERM); leaving revokes the node's lease so its partitions
+    fail over at once. ``serve`` gets the ClusterNode to replicate its
+    partitions (one worker) or relay its lease to its workers (several)."""
     joined = False
     try:
         async with trio.open_nursery() as nursery:
@@ -82,7 +83,7 @@ async def serve_member(
                 node = await nursery.start(run_member, config, workers)
                 joined = True
             if joined:
-                await (serve(config, load, node) if pass_member else serve(config, load))
+                await serve(config, load, node)
             nursery.cancel_scope.cancel()
     except* NodeIdTaken as group:
         raise ClusterStartError(str(group.exceptions[0])) from None

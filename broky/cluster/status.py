@@ -1,11 +1,14 @@
 """``broky cluster status``: members, placement, leaders, epochs, ISR and
-moves in progress; ``broky cluster remove-node``: remove a node for good
+moves in progress; per partition its high watermark and each replica's log
+end and lag; ``broky cluster remove-node``: remove a node for good
 (broky.cluster.decommission); ``broky cluster etcd``: a local etcd to try a
 cluster with.
 
 One linearizable read of the cluster's keys in etcd (a txn of range reads,
-so every part is from the same revision), printed as a table or as JSON
-for scripts. It needs only etcd, not a running node.
+so every part is from the same revision), then the offsets asked of the
+live members themselves (broky.cluster.progress: etcd does not hold
+them); printed as tables or as JSON for scripts. With ``--etcd-only`` it
+needs only etcd, not a reachable node.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from broky.cluster.keys import ClusterKeys, check_name
 from broky.cluster.local_etcd import EtcdNotFound, local_etcd
 from broky.cluster.membership import Member, members_of
 from broky.cluster.placement import vbucket_of
+from broky.cluster.progress import gather, partition_rows, render_rows
 from broky.cluster.settings import ClusterSettings
 from broky.cluster.vbuckets import StoredState, states_of
 
@@ -182,11 +186,20 @@ async def status_command(args: argparse.Namespace) -> int:
         except (EtcdError, trio.TooSlowError) as exc:
             print(f"broky: cannot read the cluster from {args.etcd}: {exc}", file=sys.stderr)
             return 1
+    answers = {} if args.etcd_only else await gather(status.members)
+    vbuckets = 0 if status.settings is None else status.settings.vbuckets
+    rows = partition_rows(vbuckets, status.vbuckets, answers)
+    if args.topic:
+        rows = [row for row in rows if row.topic == args.topic]
     if args.json:
-        json.dump(status.to_json(), sys.stdout, indent=2)
+        report = status.to_json()
+        report["partitions"] = [row.to_json() for row in rows]
+        report["unanswered"] = {n: a for n, a in sorted(answers.items()) if isinstance(a, str)}
+        json.dump(report, sys.stdout, indent=2)
         print()
     else:
         render(status, sys.stdout, args.topic or "", args.partitions)
+        render_rows(rows, answers, sys.stdout)
     return 0
 
 
@@ -227,8 +240,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     etcd.add_argument("--data-dir", default="broky-etcd", help="its data (default ./broky-etcd)")
     etcd.add_argument("--port", type=int, default=2379, help="client port (default 2379)")
     etcd.set_defaults(handler=_blocking_signals(run_local_etcd))
-    status = actions.add_parser("status", help="members, placement, leaders, epochs and ISR")
+    status = actions.add_parser(
+        "status", help="members, placement, leaders, epochs, ISR, high watermarks and lag"
+    )
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.add_argument(
+        "--etcd-only",
+        action="store_true",
+        help="do not ask the nodes for offsets (high watermark, log ends, lag)",
+    )
     status.add_argument("--topic", help="only the vbuckets of this topic's partitions")
     status.add_argument("--partitions", type=int, default=1, help="partitions of --topic")
     status.set_defaults(handler=lambda args: trio.run(status_command, args))

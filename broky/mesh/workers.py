@@ -42,13 +42,17 @@ from typing import Any, Final
 import attrs
 import trio
 
-from broky.config import Config, ConfigError
+from broky.cluster.lease_relay import relay
+from broky.cluster.node import ClusterNode
+from broky.config import Config
 from broky.durable.config import policy_table
 from broky.gcpolicy import tune_for_broker
 from broky.mesh.link import Connector, tls_connector
+from broky.mesh.pipe import SupervisorPipe
 from broky.mesh.rundir import make_run_dir
 from broky.protocol.constants import LinkKind
 from broky.reload import reread
+from broky.replication.attach import attach_to_worker
 from broky.server import Broker
 
 log = logging.getLogger("broky.workers")
@@ -146,6 +150,9 @@ async def run_worker(
                     )
                 )
     await join_cluster(broker, config, plan.index)
+    lease = attach_to_worker(broker, config, plan.index)
+    if supervisor is not None:
+        supervisor.lease = lease
     # SIGHUP is the supervisor's to act on (it sends reloads down the pipe);
     # caught here so that `pkill -HUP broky` does not kill the workers.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -245,56 +252,6 @@ async def _adopt_handed_off(broker: Broker, fd: int) -> None:
             broker.adopt(stream)
 
 
-@attrs.define
-class SupervisorPipe:
-    """A worker's stdin: the supervisor's spec, then its reloads, one JSON
-    line each. It stays open while the supervisor lives, so its end is how a
-    worker learns that the supervisor died (even by SIGKILL): an orphaned
-    worker would keep serving the port with a configuration nobody manages.
-    """
-
-    fd: int
-    #: Bytes read past the spec's line (the start of a reload).
-    pending: bytes = b""
-
-    @classmethod
-    def read_spec(cls, fd: int) -> tuple[dict[str, Any], SupervisorPipe]:
-        """The spec (the first line), read without buffering beyond it in
-        Python's stdin, and the pipe to follow afterwards."""
-        data = b""
-        while b"\n" not in data:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break  # the spec without a newline: nothing follows
-            data += chunk
-        line, _, rest = data.partition(b"\n")
-        return json.loads(line), cls(fd, rest)
-
-    async def follow(self, broker: Broker, worker_scope: trio.CancelScope) -> None:
-        """Apply each reload line; stop the worker when the pipe closes."""
-        buffer = self.pending
-        async with trio.lowlevel.FdStream(os.dup(self.fd)) as stream:
-            while True:
-                line, newline, rest = buffer.partition(b"\n")
-                if newline:
-                    buffer = rest
-                    self._reload(broker, line)
-                    continue
-                data = await stream.receive_some()
-                if not data:
-                    log.warning("the supervisor is gone: stopping")
-                    worker_scope.cancel()
-                    return
-                buffer += data
-
-    @staticmethod
-    def _reload(broker: Broker, line: bytes) -> None:
-        try:
-            broker.reload(Config.from_mapping(json.loads(line)["config"]))
-        except ConfigError as exc:  # the supervisor checked it: not expected
-            log.error("configuration reload refused: %s", exc)
-
-
 def worker_main(argv: Sequence[str] | None = None) -> None:
     """Entry point of a worker process (started by the supervisor)."""
     parser = argparse.ArgumentParser(prog="broky-worker")
@@ -324,7 +281,7 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
 class Supervisor:
     """Start, watch and stop a node's worker processes."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, member: ClusterNode | None = None) -> None:
         # Load the certificates here, so that a bad file stops `broky serve`
         # with a ConfigError instead of a worker that fails to start.
         config.tls_context()
@@ -337,6 +294,11 @@ class Supervisor:
         self._processes: dict[int, trio.Process] = {}
         self._handoff: dict[int, socket.socket] = {}
         self._stopping = False
+        #: The node's cluster membership, whose lease goes to the workers.
+        self.member = member
+        #: One writer at a time on each worker's pipe (reloads, lease lines).
+        self._pipes: dict[int, trio.Lock] = {}
+        self._nursery: trio.Nursery | None = None
 
     def _config_mapping(self) -> dict[str, Any]:
         config = {field.name: getattr(self.config, field.name) for field in attrs.fields(Config)}
@@ -353,17 +315,43 @@ class Supervisor:
         """Send ``config`` (from broky.reload.reread) to every worker, and keep
         it for the workers started later."""
         self.config = config
-        line = json.dumps({"config": self._config_mapping()}).encode() + b"\n"
+        await self._broadcast(json.dumps({"config": self._config_mapping()}).encode() + b"\n")
+
+    async def _broadcast(self, line: bytes) -> None:
+        """Send a reload ``line`` to every running worker's pipe (a
+        restarting one starts with self.config)."""
         for index, process in self._processes.items():
             if process.returncode is not None or process.stdin is None:
-                continue  # restarting: it starts with self.config
+                continue
             with trio.move_on_after(RELOAD_TIMEOUT) as scope:
-                try:
-                    await process.stdin.send_all(line)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    continue  # it just exited: it restarts with self.config
+                async with self._pipe(index):
+                    try:
+                        await process.stdin.send_all(line)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        continue  # it just exited
             if scope.cancelled_caught:
-                log.error("worker %d did not take the reload within %s s", index, RELOAD_TIMEOUT)
+                log.error("worker %d did not read its pipe within %s s", index, RELOAD_TIMEOUT)
+
+    def _pipe(self, index: int) -> trio.Lock:
+        """One writer at a time on worker ``index``'s pipe."""
+        return self._pipes.setdefault(index, trio.Lock())
+
+    async def _send_lease(self, line: bytes) -> None:
+        """Hand the node's lease ``line`` to each worker, each in a task of
+        its own: a worker that does not read its pipe (paused) blocks only
+        its own writer, and misses lines (it keeps its last deadline, so it
+        stops acking in time) instead of delaying the others'."""
+        assert self._nursery is not None
+        for index, process in self._processes.items():
+            lock = self._pipe(index)
+            if process.returncode is None and process.stdin is not None and not lock.locked():
+                self._nursery.start_soon(self._write_lease, lock, process.stdin, line)
+
+    @staticmethod
+    async def _write_lease(lock: trio.Lock, pipe: trio.abc.SendStream, line: bytes) -> None:
+        async with lock:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await pipe.send_all(line)
 
     async def _start(self, index: int) -> trio.Process:
         process = await self._spawn(index)
@@ -443,6 +431,9 @@ class Supervisor:
                 for index, process in enumerate(processes):
                     await self._ready(index, process)
                     nursery.start_soon(self._watch, index, process)
+                if self.member is not None:
+                    self._nursery = nursery
+                    nursery.start_soon(relay, self.member, self._send_lease)
                 if self.config.accept == "handoff":
                     reservation.listen(LISTEN_BACKLOG)
                     nursery.start_soon(self._accept_and_hand_off, reservation)
@@ -479,11 +470,14 @@ class Supervisor:
                 await process.stdin.aclose()
 
 
-async def serve_node(config: Config, load: Callable[[], Config] | None = None) -> None:
+async def serve_node(
+    config: Config, load: Callable[[], Config] | None = None, member: ClusterNode | None = None
+) -> None:
     """``broky serve --workers N``: supervise a node until SIGINT/SIGTERM.
     SIGHUP reloads users, allow_anonymous and certificates with ``load``
-    into every worker (broky.reload)."""
-    supervisor = Supervisor(config)
+    into every worker (broky.reload). A cluster ``member``'s lease is
+    relayed to the workers (broky.cluster.lease_relay)."""
+    supervisor = Supervisor(config, member)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(supervisor.run)

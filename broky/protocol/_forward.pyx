@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twin of ``broky.protocol.forward.walk_pure`` (see that module),
-and of ``broky.protocol.chunks.read_chunk_runs_pure`` (the runs of a frame
-the broker decodes, an acked Publish above all, read as chunks).
+and of ``broky.protocol.located.read_chunk_runs_pure`` (the runs of a frame
+a peer decodes, an acked Publish or a durable Deliver above all, read as
+ephemeral or located chunks).
 
 The loop that reads unacked Publish frames for forwarding runs once per run
 of every frame a broker receives: on short runs it is the broker's
@@ -17,10 +18,11 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from broky.protocol.chunks import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
+from broky.protocol.located import LOCATED_VTABLE
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
 from broky.protocol._runs cimport EncodedRun
 from broky.protocol.frames import ForwardPublish, Run
@@ -29,6 +31,7 @@ if sys.byteorder != "little":
     raise ImportError("the compiled forwarding reader assumes a little-endian host")
 
 cdef bytes _VTABLE = CHUNK_VTABLE
+cdef bytes _LOCATED_VTABLE = LOCATED_VTABLE
 cdef bytes _PLAIN = PUBLISH_FRAME_STARTS[0]
 cdef bytes _WITH_ACK = PUBLISH_FRAME_STARTS[1]
 cdef bytes _DELIVER = DELIVER_FRAME_START
@@ -66,19 +69,51 @@ cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t l
                       Chunk* out) noexcept:
     """Whether the chunk at ``start`` is laid out as encode_run_chunk lays it
     out (chunks._chunk_layout's checks) within ``limit``; fills ``out``."""
-    cdef int64_t run_count, sizes_end, messages_at, messages_len, messages_end
-    cdef int64_t key_at, key_len, key_end, end, total, i
-    cdef uint64_t before
     if start < 0 or start + 48 > size:
         return False
     if memcmp(buf + start, <const uint8_t*>_VTABLE, 16) != 0:
         return False
     if _u32(buf + start + 28) != 12 or _u32(buf + start + 36) != 0:
         return False
-    run_count = _u32(buf + start + 40)
-    sizes_end = 44 + 4 * run_count
+    if not _read_vectors(buf, size, start, 40, <int64_t>_u32(buf + start + 24) + 24,
+                         <int64_t>_u32(buf + start + 32) + 32, limit, out):
+        return False
+    out.ts_broker = <int64_t>_u64(buf + start + 16)
+    return True
+
+
+cdef bint _read_located(const uint8_t* buf, int64_t size, int64_t start, Chunk* out,
+                        uint32_t* partition, int64_t* base_offset) noexcept:
+    """Whether the chunk at ``start`` is laid out as encode_located_chunk
+    lays it out (located.read_located_run's checks); fills ``out`` and the
+    run's partition and base offset."""
+    if start < 0 or start + 72 > size:
+        return False
+    if <int32_t>_u32(buf + start + 12) != -36 or _u32(buf + start + 36) != 28:
+        return False
+    if memcmp(buf + start + 48, <const uint8_t*>_LOCATED_VTABLE, 16) != 0:
+        return False
+    if not _read_vectors(buf, size, start, 64, <int64_t>_u32(buf + start + 32) + 32,
+                         <int64_t>_u32(buf + start + 40) + 40, 0, out):
+        return False
+    out.ts_broker = <int64_t>_u64(buf + start + 16)
+    base_offset[0] = <int64_t>_u64(buf + start + 24)
+    partition[0] = _u32(buf + start + 44)
+    return True
+
+
+cdef bint _read_vectors(const uint8_t* buf, int64_t size, int64_t start, int64_t sizes_at,
+                        int64_t key_at_given, int64_t messages_at_given, int64_t limit,
+                        Chunk* out) noexcept:
+    """chunks.vectors_layout's checks of the vectors laid out from
+    ``sizes_at``; fills ``out`` but its ts_broker."""
+    cdef int64_t run_count, sizes_end, messages_at, messages_len, messages_end
+    cdef int64_t key_at, key_len, key_end, end, total, i
+    cdef uint64_t before
+    run_count = _u32(buf + start + sizes_at)
+    sizes_end = sizes_at + 4 + 4 * run_count
     messages_at = sizes_end + ((4 - sizes_end) & 7)
-    if <int64_t>_u32(buf + start + 32) != messages_at - 32 or start + messages_at + 4 > size:
+    if messages_at_given != messages_at or start + messages_at + 4 > size:
         return False
     before = _u32(buf + start + messages_at - 4)
     messages_len = _u32(buf + start + messages_at)
@@ -86,7 +121,7 @@ cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t l
         return False
     messages_end = messages_at + 4 + messages_len
     key_at = (messages_end + 3) & ~3
-    if <int64_t>_u32(buf + start + 24) != key_at - 24 or start + key_at + 4 > size:
+    if key_at_given != key_at or start + key_at + 4 > size:
         return False
     before = _u32(buf + start + key_at - 4)
     key_len = _u32(buf + start + key_at)
@@ -99,12 +134,12 @@ cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t l
     if (_u64(buf + start + end - 8) >> (64 - 8 * (end - key_end))) != 0:
         return False
     if run_count == 1:
-        if <int64_t>_u32(buf + start + 44) != messages_len:
+        if <int64_t>_u32(buf + start + sizes_at + 4) != messages_len:
             return False
     else:
         total = 0
         for i in range(run_count):
-            total += _u32(buf + start + 44 + 4 * i)
+            total += _u32(buf + start + sizes_at + 4 + 4 * i)
         if total != messages_len:
             return False
     if limit and messages_len > limit:
@@ -113,11 +148,10 @@ cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t l
     out.length = end
     out.key = buf + start + key_at + 4
     out.key_len = key_len
-    out.sizes = buf + start + 44
+    out.sizes = buf + start + sizes_at + 4
     out.messages = buf + start + messages_at + 4
     out.messages_len = messages_len
     out.count = run_count
-    out.ts_broker = <int64_t>_u64(buf + start + 16)
     return True
 
 
@@ -337,16 +371,18 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
 
 
 def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
-    """Compiled twin of ``broky.protocol.chunks.read_chunk_runs_pure``: for
+    """Compiled twin of ``broky.protocol.located.read_chunk_runs_pure``: for
     each of the ``count`` runs whose uoffsets start at ``start`` (known to lie
-    in ``view``), the Run read as a chunk, or None where the run is not laid
-    out as one (the caller decodes it through its vtable)."""
+    in ``view``), the Run read as an ephemeral or a located chunk, or None
+    where the run is laid out neither way (the caller decodes it through its
+    vtable)."""
     cdef Py_buffer view_buffer
     cdef const uint8_t* buf
     cdef int64_t size, slot, chunk_start
     cdef Py_ssize_t index
     cdef Chunk chunk
-    cdef int64_t messages_at
+    cdef int64_t messages_at, sizes_at, base_offset
+    cdef uint32_t partition
     cdef list runs = []
     cdef object whole
     PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
@@ -356,23 +392,37 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
         for index in range(count):
             slot = start + 4 * index
             chunk_start = slot + <int64_t>_u32(buf + slot) - 12
-            if not _read_chunk(buf, size, chunk_start, 0, &chunk):
-                runs.append(None)
-                continue
-            whole = view[chunk_start : chunk_start + chunk.length]
-            messages_at = chunk.messages - chunk.start
-            runs.append(
-                Run(
-                    PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
-                    chunk.ts_broker,
-                    chunk.count,
-                    whole[44 : 44 + 4 * chunk.count],
-                    whole[messages_at : messages_at + chunk.messages_len],
-                    0,
-                    -1,
-                    whole,
+            if _read_chunk(buf, size, chunk_start, 0, &chunk):
+                whole = view[chunk_start : chunk_start + chunk.length]
+                messages_at = chunk.messages - chunk.start
+                runs.append(
+                    Run(
+                        PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
+                        chunk.ts_broker,
+                        chunk.count,
+                        whole[44 : 44 + 4 * chunk.count],
+                        whole[messages_at : messages_at + chunk.messages_len],
+                        0,
+                        -1,
+                        whole,
+                    )
                 )
-            )
+            elif _read_located(buf, size, chunk_start, &chunk, &partition, &base_offset):
+                sizes_at = chunk_start + 68
+                messages_at = chunk_start + (chunk.messages - chunk.start)
+                runs.append(
+                    Run(
+                        PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
+                        chunk.ts_broker,
+                        chunk.count,
+                        view[sizes_at : sizes_at + 4 * chunk.count],
+                        view[messages_at : messages_at + chunk.messages_len],
+                        partition,
+                        base_offset,
+                    )
+                )
+            else:
+                runs.append(None)
     finally:
         PyBuffer_Release(&view_buffer)
     return runs

@@ -151,15 +151,26 @@ def encode_durable_run_chunk(run: Run) -> bytes:
     """Encode a relocatable chunk of a run that carries ``partition`` and
     ``base_offset`` (a run of a durable topic). Same rules as
     :func:`encode_run_chunk`; only runs with offsets pay for the two fields."""
-    messages_at, key_at, tail = _chunk_tail(_DURABLE_SIZES_AT, run.key, run.sizes, run.messages)
+    return encode_located_chunk(
+        run.key, run.ts_broker, run.sizes, run.messages, run.partition, run.base_offset
+    )
+
+
+def encode_located_chunk(
+    key: bytes, ts_broker: int, sizes: Buffer, messages: Buffer, partition: int, base_offset: int
+) -> bytes:
+    """:func:`encode_durable_run_chunk` from the run's fields: what a
+    subscription's delivery lays out straight from a stored run, one per
+    message when keys alternate, without building a ``Run`` for it."""
+    messages_at, key_at, tail = _chunk_tail(_DURABLE_SIZES_AT, key, sizes, messages)
     head = _DURABLE_CHUNK_HEAD.pack(
         -36,
-        run.ts_broker,
-        run.base_offset,
+        ts_broker,
+        base_offset,
         key_at - 32,
         _DURABLE_SIZES_AT - 36,
         messages_at - 40,
-        run.partition,
+        partition,
         16,
         36,
         20,
@@ -307,9 +318,7 @@ _PADDED_LENGTH: Final = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 
 
-def _chunk_layout(  # noqa: PLR0911
-    view: memoryview, start: int, size: int
-) -> tuple[int, ...] | None:
+def _chunk_layout(view: memoryview, start: int, size: int) -> tuple[int, ...] | None:
     """``(count, messages_at, messages_end, key_at, key_end, end, ts_broker)``
     of the chunk at ``start`` (offsets from ``start``), if ``view`` holds it
     byte for byte as :func:`encode_run_chunk` lays out a chunk; else None.
@@ -326,17 +335,39 @@ def _chunk_layout(  # noqa: PLR0911
     )
     if head != CHUNK_VTABLE or sizes_offset != _CHUNK_SIZES_UOFFSET or padding:
         return None
-    # The same arithmetic as _chunk_tail, relative to the chunk's start.
-    sizes_end = _CHUNK_SIZES_DATA_AT + 4 * count
+    vectors = vectors_layout(
+        view, start, size, _CHUNK_SIZES_AT, count, first, key_offset + 24, messages_offset + 32
+    )
+    return None if vectors is None else (count, *vectors, ts_broker)
+
+
+def vectors_layout(  # noqa: PLR0911
+    view: memoryview,
+    start: int,
+    size: int,
+    sizes_at: int,
+    count: int,
+    first: int,
+    key_at_given: int,
+    messages_at_given: int,
+) -> tuple[int, int, int, int, int] | None:
+    """``(messages_at, messages_end, key_at, key_end, end)`` of a chunk's
+    vectors laid out by ``_chunk_tail`` from ``sizes_at`` (the sizes vector
+    holds ``count`` entries, the first being ``first``), when the table's
+    uoffsets point where that layout puts the key and the messages
+    (``key_at_given``, ``messages_at_given``, from the chunk's start) and
+    the paddings, the key's NUL and the size sum check out; else None.
+    Both chunk layouts (ephemeral and located) share it."""
+    sizes_end = sizes_at + 4 + 4 * count
     messages_at = sizes_end + ((4 - sizes_end) & 7)
-    if messages_offset != messages_at - 32 or start + messages_at + 4 > size:
+    if messages_at_given != messages_at or start + messages_at + 4 > size:
         return None
     before, messages_len = _PADDED_LENGTH.unpack_from(view, start + messages_at - 4)
     if messages_at != sizes_end and before:
         return None
     messages_end = messages_at + 4 + messages_len
     key_at = (messages_end + 3) & ~3
-    if key_offset != key_at - 24 or start + key_at + 4 > size:
+    if key_at_given != key_at or start + key_at + 4 > size:
         return None
     before, key_len = _PADDED_LENGTH.unpack_from(view, start + key_at - 4)
     key_end = key_at + 4 + key_len
@@ -350,22 +381,9 @@ def _chunk_layout(  # noqa: PLR0911
     if count == 1:
         if first != messages_len:
             return None
-    elif sum_u32(view[start + _CHUNK_SIZES_DATA_AT : start + sizes_end]) != messages_len:
+    elif sum_u32(view[start + sizes_at + 4 : start + sizes_end]) != messages_len:
         return None
-    return count, messages_at, messages_end, key_at, key_end, end, ts_broker
-
-
-def read_chunk_runs_pure(view: memoryview, start: int, count: int) -> list[Run | None]:
-    """For each of the ``count`` runs whose uoffsets start at ``start`` (known
-    to lie in ``view``), :func:`read_chunk_run`'s answer. The broker's
-    decoder of frames with runs (``codec._runs_at``) uses the compiled twin
-    (``broky.protocol._forward.read_chunk_runs``) when it is built."""
-    slot = start
-    runs = []
-    for offset in struct.unpack_from(f"<{count}I", view, start):
-        runs.append(read_chunk_run(view, slot + offset))
-        slot += 4
-    return runs
+    return messages_at, messages_end, key_at, key_end, end
 
 
 def read_chunk_run(view: memoryview, table: int) -> Run | None:

@@ -29,7 +29,6 @@ from broky.protocol.chunks import (
     encode_chunk,
     encode_durable_run_chunk,
     encode_run_chunk,
-    read_chunk_runs_pure,
     read_runs_frame,
     runs_frame_parts,
     sum_u32,
@@ -67,6 +66,7 @@ from broky.protocol.frames import (
     Unsubscribe,
     Welcome,
 )
+from broky.protocol.located import read_chunk_runs_pure
 from broky.protocol.producer_frames import producer_frame_parts
 from broky.protocol.storage_codec import STORAGE_BODIES, decode_storage_body, encode_storage_frame
 from broky.protocol.tables import (

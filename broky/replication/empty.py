@@ -24,8 +24,8 @@ import trio
 
 from broky.cluster.etcd_wire import EtcdError
 from broky.cluster.leadership import Fenced, IsrConflict, change_isr
-from broky.cluster.node import ClusterNode
 from broky.cluster.state import StateError
+from broky.replication.member import Member
 
 log = logging.getLogger("broky.replication")
 
@@ -34,7 +34,7 @@ log = logging.getLogger("broky.replication")
 CHECK_INTERVAL = 0.25
 
 
-async def sync_empty_vbuckets(node: ClusterNode, with_data: Collection[int]) -> None:
+async def sync_empty_vbuckets(node: Member, with_data: Collection[int]) -> None:
     """Until cancelled: keep the ISR of every vbucket this node leads and
     that is not in ``with_data`` equal to its live replicas."""
     while True:
@@ -43,7 +43,7 @@ async def sync_empty_vbuckets(node: ClusterNode, with_data: Collection[int]) -> 
             await node.vbuckets.changed()
 
 
-async def _sync(node: ClusterNode, with_data: Collection[int]) -> None:
+async def _sync(node: Member, with_data: Collection[int]) -> None:
     live = {member_id: member.epoch for member_id, member in node.membership.members().items()}
     states = node.vbuckets.states()
     for vbucket, term in sorted(node.terms().items()):

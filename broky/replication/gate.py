@@ -12,6 +12,15 @@ failed with NotLeader if this node stops leading first (the records may
 survive on the new leader: the client cannot know, and retries). As a
 follower or an outsider it refuses publishes with NotLeader naming the
 leader it knows.
+
+A leader also answers nothing while its node's lease may have expired in
+etcd (``lease_valid``: past the last renewal's send time + TTL, a lower
+bound of the expiry). Cut off from etcd but not from its followers, it
+would otherwise keep acking until a follower tells it of the new epoch,
+after etcd had already handed the partition to someone else (safe for the
+data, which every ISR member holds, but an ack from a node that no longer
+leads; the link-partition test counts those). The held rounds wait, and
+fail with NotLeader when the node steps down.
 """
 
 from __future__ import annotations
@@ -144,10 +153,18 @@ class PartitionReplica:
     """See the module docstring. ``owner`` is the partition's PartitionOwner."""
 
     def __init__(
-        self, owner: PartitionOwner, node_id: str, history: EpochHistory, fence: int
+        self,
+        owner: PartitionOwner,
+        node_id: str,
+        history: EpochHistory,
+        fence: int,
+        lease_valid: Callable[[], bool] = lambda: True,
     ) -> None:
         self.owner = owner
         self.node_id = node_id
+        #: Whether this node's lease is surely still alive in etcd
+        #: (ClusterNode.lease_valid); see the module docstring.
+        self.lease_valid = lease_valid
         #: (epoch, start offset) of this log; see broky.replication.epochfile.
         self.history = history
         #: The newest epoch this log was truncated for (a follower's fence).
@@ -176,6 +193,11 @@ class PartitionReplica:
             return (
                 ErrorCode.NOT_LEADER,
                 f"{self.node_id} does not lead {self.name}; {self.leader_hint}",
+            )
+        if not self.lease_valid():
+            return (
+                ErrorCode.NOT_LEADER,
+                f"{self.node_id} may have lost its cluster lease; {self.leader_hint}",
             )
         if leading.isr.check_publish(self.acks) is Outcome.NOT_ENOUGH_REPLICAS:
             return ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading)
@@ -230,9 +252,10 @@ class PartitionReplica:
         self._wake()
 
     def settle(self) -> None:
-        """Answer the held rounds the high watermark now covers."""
+        """Answer the held rounds the high watermark now covers (none while
+        the lease may be gone: the leader's loop settles again soon)."""
         leading = self.leading
-        if leading is None:
+        if leading is None or not self.lease_valid():
             return
         for answer in leading.isr.answers():
             deliver, fail = leading.tokens.popleft()

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -36,6 +37,19 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (worker i uses +i)."""
+    while True:
+        first = free_port()
+        try:
+            for offset in range(1, count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        return first
 
 
 @attrs.frozen
@@ -59,16 +73,24 @@ class LocalNode:
         *,
         standalone: bool = False,
         replication_factor: int = 3,
+        host: str = "127.0.0.1",
+        wrapper: Sequence[str] = (),
+        workers: int = 1,
     ) -> None:
         """``standalone``: a plain single broker with the same topic (no
         cluster, no replication), the baseline benchmarks compare with.
-        ``replication_factor`` counts if this node creates the cluster."""
+        ``replication_factor`` counts if this node creates the cluster.
+        ``host`` and ``wrapper`` (a command prefix that execs the node,
+        keeping its PID: ``ip netns exec NS``) put it in a network
+        namespace of its own for link-partition tests. With ``workers`` > 1
+        each worker replicates the partitions it owns on the replication
+        port + its index (ports chosen free for each)."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
         self.port = free_port()
-        self.replication_port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.replication_port = _free_ports(workers)
+        self.address = f"{host}:{self.port}"
         self.paused = False
         self.starts = 0
         directory.mkdir(parents=True, exist_ok=True)
@@ -83,6 +105,7 @@ class LocalNode:
             'fsync = "always"\n'
         )
         self.command = [
+            *wrapper,
             sys.executable,
             "-m",
             "broky",
@@ -92,10 +115,15 @@ class LocalNode:
             "--port",
             str(self.port),
             "--workers",
-            "1",
+            str(workers),
             "--log-level",
             "info",
+            "--host",
+            host,
         ]
+        if host != "127.0.0.1":
+            # Beyond loopback Broky wants users or this explicit choice.
+            self.command.append("--allow-anonymous")
         cluster_flags = [
             "--cluster",
             etcd_url,
@@ -108,7 +136,7 @@ class LocalNode:
             "--replication-factor",
             str(replication_factor),
             "--replication-listen",
-            f"127.0.0.1:{self.replication_port}",
+            f"{host}:{self.replication_port}",
         ]
         if not standalone:
             self.command += cluster_flags

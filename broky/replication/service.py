@@ -33,7 +33,6 @@ from broky.cluster.epochs import EpochHistory
 from broky.cluster.etcd_wire import EtcdError
 from broky.cluster.isr import IsrRuleError, IsrSettings, LeaderIsr
 from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
-from broky.cluster.node import ClusterNode
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
 from broky.cluster.vbuckets import StoredState
@@ -53,14 +52,19 @@ from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
 from broky.replication.link import ReplicationLink
+from broky.replication.member import Member
 from broky.replication.wire import (
     EpochEnd,
     Fetch,
     Message,
+    PartitionProgress,
+    Progress,
+    ProgressRequest,
     RefusalReason,
     Refused,
     ReplicationProtocolError,
 )
+from broky.replication.worker_member import owner_address
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
@@ -91,7 +95,7 @@ class ReplicationService:
     def __init__(
         self,
         store: DurableStore,
-        node: ClusterNode,
+        node: Member,
         listen: str,
         settings: IsrSettings,
         advise: Advise | None = None,
@@ -148,11 +152,32 @@ class ReplicationService:
             tuple(partitions), events.leader_changes, events.isr_shrinks, events.isr_expands
         )
 
+    def progress(self) -> Progress:
+        """This node's answer to ``broky cluster status`` (broky.cluster.progress)."""
+        return Progress(
+            self.node.node_id,
+            self.node.node_epoch(),
+            tuple(
+                PartitionProgress(
+                    p.topic,
+                    p.partition,
+                    p.role,
+                    p.epoch,
+                    p.log_end,
+                    p.high_watermark,
+                    p.follower_lag,
+                )
+                for p in self.statistics().partitions
+            ),
+        )
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; started once every partition has its replica."""
         for key, owner in self.store.owners.items():
             history, fence = await owner.call(_load)
-            replica = PartitionReplica(owner, self.node.node_id, history, fence)
+            replica = PartitionReplica(
+                owner, self.node.node_id, history, fence, self.node.lease_valid
+            )
             owner.replica = replica
             self.replicas[key] = replica
         host, _, port = self.listen.rpartition(":")
@@ -161,7 +186,13 @@ class ReplicationService:
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
             vbuckets = self.node.settings.vbuckets
-            with_data = {vbucket_of(topic, p, vbuckets) for topic, p in self.replicas}
+            # Every partition of the node's topics, not only this worker's:
+            # another worker's partition is data all the same.
+            with_data = {
+                vbucket_of(topic.name, p, vbuckets)
+                for topic in self.store.policies.policies
+                for p in range(topic.partitions)
+            }
             nursery.start_soon(sync_empty_vbuckets, self.node, with_data)
             if LinkSwitch.enabled():
                 nursery.start_soon(self.switch.follow_signals)
@@ -183,7 +214,7 @@ class ReplicationService:
                     waiters.start_soon(first, self.node.membership.changed)
 
     def _apply_roles(self, nursery: trio.Nursery) -> None:
-        registration = self.node.registration
+        node_epoch = self.node.node_epoch()
         states = self.node.vbuckets.states()
         members = self.node.membership.members()
         vbuckets = self.node.settings.vbuckets
@@ -196,17 +227,17 @@ class ReplicationService:
                 leader = members.get(state.leader)
                 if leader is not None:
                     hint = f"leader {state.leader} at {leader.info.address} (epoch {state.epoch})"
-                if registration is not None and state.leader == self.node.node_id:
+                if node_epoch and state.leader == self.node.node_id:
                     term = Term(
                         vbucket_of(key[0], key[1], vbuckets),
                         state.epoch,
                         self.node.node_id,
-                        registration.epoch,
+                        node_epoch,
                     )
                     if term.holds(state):
                         role = _Role("lead", term)
                 elif (
-                    registration is not None
+                    node_epoch
                     and self.node.node_id in state.replicas
                     and leader is not None
                     and leader.info.replication_address
@@ -214,9 +245,11 @@ class ReplicationService:
                     role = _Role(
                         "follow",
                         None,
-                        leader.info.replication_address,
+                        owner_address(
+                            leader.info.replication_address, key[0], key[1], leader.info.workers
+                        ),
                         state.epoch,
-                        registration.epoch,
+                        node_epoch,
                     )
             current = self._roles.get(key)
             if current is not None and current[0] == role:
@@ -318,7 +351,9 @@ class ReplicationService:
                         if not await self._review_isr(replica, isr, term):
                             return
             finally:
-                replica.step_down(hint)
+                # Cancelled by a role change, this runs after _apply_roles
+                # stepped down with the new leader's hint: keep that one.
+                replica.step_down(replica.leader_hint)
                 self.events.stopped_leading(owner.topic.name, owner.partition)
 
     async def _review_isr(self, replica: PartitionReplica, isr: LeaderIsr, term: Term) -> bool:
@@ -422,6 +457,8 @@ class ReplicationService:
                 return
 
     async def _answer(self, request: Message) -> Message:
+        if isinstance(request, ProgressRequest):
+            return self.progress()
         if not isinstance(request, Fetch | EpochEnd):
             raise ReplicationProtocolError(f"{type(request).__name__} is not a request")
         replica = self.replicas.get((request.topic, request.partition))

@@ -14,7 +14,10 @@ Messages, by direction:
   OffsetsForLeaderEpoch);
 - leader -> follower: ``Fetched`` (runs, each with the epoch it was written
   in, the high watermark, and the subscription state the follower lacks:
-  broky.subscriptions.journal), ``EpochEnded``, ``Refused`` (a typed reason).
+  broky.subscriptions.journal), ``EpochEnded``, ``Refused`` (a typed reason);
+- operator -> any member: ``ProgressRequest``, answered by ``Progress`` (each
+  partition's role, epoch, log end, high watermark and, on its leader, the
+  followers' lag), for ``broky cluster status``.
 
 Malformed input raises ``ReplicationProtocolError``; the caller closes that
 connection and logs it, nothing else.
@@ -165,7 +168,35 @@ class Refused:
     log_start: int = 0
 
 
-Message = Fetch | EpochEnd | Fetched | EpochEnded | Refused
+@attrs.frozen
+class ProgressRequest:
+    """What are your partitions' offsets? (no fields)"""
+
+
+@attrs.frozen
+class PartitionProgress:
+    """One partition on the answering node."""
+
+    topic: str
+    partition: int
+    #: "leader", "follower" or "none".
+    role: str
+    epoch: int
+    log_end: int
+    high_watermark: int
+    #: On the leader: (follower, messages behind the leader's log end).
+    follower_lag: tuple[tuple[str, int], ...] = ()
+
+
+@attrs.frozen
+class Progress:
+    node: str
+    #: The answering node's life (0 between lives).
+    node_epoch: int
+    partitions: tuple[PartitionProgress, ...]
+
+
+Message = Fetch | EpochEnd | Fetched | EpochEnded | Refused | ProgressRequest | Progress
 
 
 def encode(message: Message) -> bytes:
@@ -203,6 +234,17 @@ def encode(message: Message) -> bytes:
         }
     elif isinstance(message, EpochEnded):
         header = {"t": "epoch_ended", "epoch": message.epoch, "found": message.found}
+    elif isinstance(message, Progress):
+        header = {
+            "t": "progress",
+            "node": message.node,
+            "node_epoch": message.node_epoch,
+            "partitions": [
+                [p.topic, p.partition, p.role, p.epoch, p.log_end, p.high_watermark]
+                + [list(lag) for lag in p.follower_lag]
+                for p in message.partitions
+            ],
+        }
     else:
         header = {"t": type(message).__name__.lower(), **attrs.asdict(message)}
     encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -291,6 +333,8 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
             _str(header["message"]),
             _int(header.get("start", 0)),
         )
+    if kind in ("progressrequest", "progress"):
+        return _decode_progress(kind, header)
     if kind == "fetched":
         runs = []
         position = 0
@@ -338,6 +382,36 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
             _int(header["epoch"]), _int(header["hw"]), tuple(runs), _state(header.get("state"))
         )
     raise ReplicationProtocolError(f"unknown message type {kind!r}")
+
+
+def _decode_progress(kind: str, header: dict[str, Any]) -> ProgressRequest | Progress:
+    if kind == "progressrequest":
+        return ProgressRequest()
+    return Progress(
+        _str(header["node"]),
+        _int(header["node_epoch"]),
+        tuple(_partition_progress(entry) for entry in header["partitions"]),
+    )
+
+
+def _partition_progress(entry: object) -> PartitionProgress:
+    if not isinstance(entry, list) or len(entry) < 6:
+        raise ReplicationProtocolError(f"not a partition entry: {entry!r:.60}")
+    topic, partition, role, epoch, log_end, high_watermark, *lags = entry
+    follower_lag = []
+    for lag in lags:
+        if not isinstance(lag, list) or len(lag) != 2:
+            raise ReplicationProtocolError(f"not a follower lag: {lag!r:.60}")
+        follower_lag.append((_str(lag[0]), _int(lag[1])))
+    return PartitionProgress(
+        _str(topic),
+        _int(partition),
+        _str(role),
+        _int(epoch),
+        _int(log_end),
+        _int(high_watermark),
+        tuple(follower_lag),
+    )
 
 
 class FrameReader:

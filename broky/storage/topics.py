@@ -151,6 +151,23 @@ _USUAL_HEAD: Final = struct.Struct("<IHHH10xi")
 _VTABLE_HEAD: Final = struct.Struct("<HHH")
 
 
+def sticky_keys(key: bytes, sizes: Buffer, messages: Buffer) -> list[bytes]:
+    """What each message of a run (``key``, its size table and messages)
+    sticks to: its ``key_partition``, or the run's key when it has none (a
+    key-shared subscription's slot follows it). One read per message
+    without a ``key_partition`` (``_has_key_partition``), not a table walk."""
+    view = memoryview(messages)
+    keys = []
+    position = 0
+    for size in u32_array(memoryview(sizes)):
+        if _has_key_partition(view, position):
+            keys.append(key_partition(view[position : position + size]) or key)
+        else:
+            keys.append(key)
+        position += size
+    return keys
+
+
 def _has_key_partition(messages: Buffer, position: int) -> bool:
     """Whether the message at ``position`` may carry ``key_partition``: its
     vtable's first slot is set. One read for the usual layout, three for any

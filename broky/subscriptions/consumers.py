@@ -3,7 +3,7 @@ per-subscription counters.
 
 A :class:`ConsumerLink` is what a ``Consume`` frame creates: the stream it
 arrived on, the connection's outlet (where deliveries are queued), and one
-:class:`~broky.subscriptions.dispatch.Consumer` state shared by the
+:class:`~broky.subscriptions.model.Consumer` state shared by the
 dispatchers of every partition it reads, so that its credit and
 ``max_in_flight`` bound the consumer as a whole.
 
@@ -24,7 +24,7 @@ from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Error, Settled, Subscribed
 from broky.router.outbox import Outlet
-from broky.subscriptions.dispatch import Consumer
+from broky.subscriptions.model import Consumer
 
 
 class ConsumerAnswers(Protocol):

@@ -25,7 +25,8 @@ import trio
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.store import DurableStore
 from broky.subscriptions.delivery import BatchCache, dead_letter_run
-from broky.subscriptions.dispatch import DeadLetter, Dispatcher
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import DeadLetter
 
 if TYPE_CHECKING:
     from broky.subscriptions.partition import PartitionSubscriptions

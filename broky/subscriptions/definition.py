@@ -22,7 +22,7 @@ import attrs
 
 from broky.protocol.constants import StartKind, SubscriptionKind
 from broky.protocol.frames import Consume
-from broky.subscriptions.dispatch import Options, SubscriptionType
+from broky.subscriptions.model import Options, SubscriptionType
 
 #: The JSON format this code writes; an unknown one is refused at load.
 DEFINITION_VERSION: Final = 1

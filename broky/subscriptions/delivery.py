@@ -19,10 +19,10 @@ First deliveries of the topic a stream last named cost nothing extra.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
-from broky.durable.owner import located_chunk
+from broky.protocol.chunks import encode_located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
@@ -60,20 +60,43 @@ class BatchCache:
         batch = self._batches[index]
         return batch if offset < batch.next_offset else None
 
-    def missing(self, offsets: Iterable[int], gap: int = 0) -> list[tuple[int, int]]:
-        """The ranges ``[first, stop)`` of ``offsets`` not held, merged, and
-        merged across up to ``gap`` offsets between them: every log read
-        refills a read window (a ``pread`` of up to a MiB), so key-shared
-        deliveries scattered over many keys are cheaper read as a few spans
-        than one read each."""
-        ranges: list[tuple[int, int]] = []
-        for offset in sorted(set(offsets)):
-            if self.find(offset) is not None:
-                continue
-            if ranges and offset - ranges[-1][1] <= gap:
-                ranges[-1] = (ranges[-1][0], offset + 1)
+    def cover(self, first: int, stop: int) -> Iterator[tuple[StoredBatch | None, int, int]]:
+        """``[first, stop)`` in offset order as ``(batch, start, upto)``
+        pieces: the held batch covering ``[start, upto)``, or None over a
+        stretch no held batch covers. One bisection per call, then a step
+        per piece (a span of one-message runs is one piece per message)."""
+        bases, batches = self._bases, self._batches
+        count = len(batches)
+        index = bisect_right(bases, first) - 1
+        offset = first
+        while offset < stop:
+            if index >= 0 and offset < batches[index].next_offset:
+                batch: StoredBatch | None = batches[index]
+                upto = min(stop, batches[index].next_offset)
             else:
-                ranges.append((offset, offset + 1))
+                batch = None
+                upto = min(stop, bases[index + 1]) if index + 1 < count else stop
+            yield batch, offset, upto
+            offset = upto
+            if index + 1 < count and bases[index + 1] <= offset:
+                index += 1
+
+    def missing(self, spans: Iterable[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
+        """The ranges ``[first, stop)`` of the offsets of ``spans`` (each
+        ``[first, stop)``) not held, merged, and merged across up to ``gap``
+        offsets between them: every log read refills a read window (a
+        ``pread`` of up to a MiB), so key-shared deliveries scattered over
+        many keys are cheaper read as a few spans than one read each. Costs
+        a bisection per held batch or missing range, not per offset."""
+        ranges: list[tuple[int, int]] = []
+        for first, stop in sorted(spans):
+            for batch, offset, upto in self.cover(first, stop):
+                if batch is not None:
+                    continue
+                if ranges and offset - ranges[-1][1] <= gap:
+                    ranges[-1] = (ranges[-1][0], max(ranges[-1][1], upto))
+                else:
+                    ranges.append((offset, upto))
         return ranges
 
 
@@ -81,15 +104,16 @@ def delivery_frames(
     stream: int,
     topic: str,
     partition: int,
-    deliveries: Sequence[tuple[int, int]],
+    deliveries: Sequence[tuple[int, int, int]],
     cache: BatchCache,
     max_frame_bytes: int,
     *,
     name_topic: bool,
 ) -> tuple[list[bytes], list[int]]:
-    """The frames carrying ``deliveries`` (``(offset, delivery count)`` in
-    delivery order) to ``stream``, and the offsets the cache did not hold
-    (trimmed from the log by retention: the caller acks them away).
+    """The frames carrying ``deliveries`` (``(first, stop, delivery count)``:
+    offsets ``[first, stop)`` in delivery order) to ``stream``, and the
+    offsets the cache did not hold (trimmed from the log by retention: the
+    caller acks them away). Costs a step per stored run, not per offset.
 
     ``name_topic``: the stream's last ``Redelivered`` named another topic
     (or none yet), so the first frame must name ``topic``."""
@@ -106,7 +130,9 @@ def delivery_frames(
         nonlocal run_batch, used
         if run_batch is not None:
             part = run_batch.slice(run_start, run_stop)
-            chunk = located_chunk(part.run, partition, part.base_offset)
+            chunk = encode_located_chunk(
+                part.key, part.ts_broker, part.sizes, part.messages, partition, part.base_offset
+            )
             chunks.append(chunk)
             used += len(chunk)
             run_batch = None
@@ -134,20 +160,20 @@ def delivery_frames(
         counts.clear()
         used = 0
 
-    for offset, count in deliveries:
-        batch = cache.find(offset)
-        if batch is None:
-            lost.append(offset)
-            continue
-        if run_batch is batch and offset == run_stop:
-            run_stop += 1
-        else:
-            close_run()
-            if used >= budget:
-                close_frame()
-            run_batch, run_start, run_stop = batch, offset, offset + 1
-        if count > 1:
-            counts.append((offset, count))
+    for first, stop, count in deliveries:
+        for batch, offset, upto in cache.cover(first, stop):
+            if batch is None:
+                lost.extend(range(offset, upto))
+                continue
+            if run_batch is batch and offset == run_stop:
+                run_stop = upto
+            else:
+                close_run()
+                if used >= budget:
+                    close_frame()
+                run_batch, run_start, run_stop = batch, offset, upto
+            if count > 1:
+                counts.extend((redelivered, count) for redelivered in range(offset, upto))
     close_frame()
     return frames, lost
 

@@ -43,89 +43,24 @@ import heapq
 from bisect import insort
 from collections import deque
 from collections.abc import Iterable, Sequence
-from enum import Enum
-from typing import Final
 
-import attrs
-
+from broky.subscriptions.model import (
+    Consumer,
+    DeadLetter,
+    Deliver,
+    Event,
+    Evict,
+    Options,
+    SubscriptionBusy,
+    SubscriptionType,
+)
 from broky.subscriptions.slots import NOBODY, SlotTable
 from broky.subscriptions.tracker import (
-    DEFAULT_LEASE,
     AckTracker,
     Pending,
     SubscriptionImage,
     backoff_delay,
 )
-
-#: Parked offsets (messages read but held for a busy or draining slot) per
-#: dispatcher before it stops reading new ones: offsets only, ~100 bytes each.
-DEFAULT_MAX_PARKED: Final = 10_000
-
-
-class SubscriptionType(Enum):
-    EXCLUSIVE = "exclusive"
-    FAILOVER = "failover"
-    SHARED = "shared"
-    KEY_SHARED = "key-shared"
-
-
-class SubscriptionBusy(Exception):
-    """A second consumer attached to an exclusive subscription."""
-
-
-@attrs.frozen(slots=True)
-class Options:
-    """A subscription's settings (fixed at creation)."""
-
-    type: SubscriptionType = SubscriptionType.SHARED
-    ack_timeout: float = 30.0
-    backoff: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0)
-    #: Deliveries before a message is dead-lettered; 0 = never.
-    max_deliveries: int = 10
-    max_parked: int = DEFAULT_MAX_PARKED
-    max_ack_ranges: int = 65536
-    max_unacked: int = 100_000
-    lease: int = DEFAULT_LEASE
-
-
-@attrs.frozen(slots=True)
-class Deliver:
-    consumer: int
-    offset: int
-    count: int
-
-
-@attrs.frozen(slots=True)
-class DeadLetter:
-    """Send ``offset`` to the dead-letter topic, then ``ack`` it here."""
-
-    offset: int
-    count: int
-    error: str
-
-
-@attrs.frozen(slots=True)
-class Evict:
-    """Close ``consumer``: it held messages and made no progress for twice the ack timeout."""
-
-    consumer: int
-
-
-Event = Deliver | DeadLetter | Evict
-
-
-@attrs.define(slots=True, eq=False)
-class Consumer:
-    id: int
-    priority: int
-    credit: int
-    max_in_flight: int
-    in_flight: int = 0
-    last_progress: float = 0.0
-
-    @property
-    def room(self) -> int:
-        return min(self.credit, self.max_in_flight - self.in_flight)
 
 
 class Dispatcher:
@@ -286,6 +221,13 @@ class Dispatcher:
         Deliver frame, acked back as one range) instead of every n-th
         message, as ``feed`` one by one would."""
         assert not self.ordered
+        tracker = self.tracker
+        if first == tracker.read_position and not tracker.acked.reaches(first):
+            # The common case, read right at the position with nothing acked
+            # ahead of it: nothing to check per offset.
+            self._ready.extend(range(first, stop))
+            tracker.skip_read(stop - 1)
+            return
         ready = self._ready
         for offset in range(first, stop):
             if self._take_read(offset):
@@ -305,26 +247,36 @@ class Dispatcher:
     # --- acknowledgements ---------------------------------------------------------------
 
     def ack(self, consumer: int, offsets: Iterable[int], now: float) -> int:
-        """Ack ``offsets``; returns how many were stale (held by another consumer
-        or already taken back: accepted anyway, the work was done)."""
-        tracker = self.tracker
+        """Ack ``offsets`` (those never delivered, or acked already, are
+        skipped); returns how many were stale (held by another consumer or
+        already taken back: accepted anyway, the work was done)."""
         stale = 0
         state = self.consumers.get(consumer)
         if state is not None:
             state.last_progress = now
-        for offset in offsets:
-            if not tracker.count(offset):
-                continue  # never delivered (or acked already): nothing to ack
-            waiting_slot = self._slot_waiting(offset)
-            pending = tracker.ack(offset)
-            if pending is None:
-                if waiting_slot is not None:
-                    self._unwait(waiting_slot, offset)
-                    stale += 1
-                continue
-            if pending.consumer != consumer:
+        ended, deliveries, waiting = self.tracker.ack_delivered(offsets)
+        for offset in waiting:
+            slot = self._slot_waiting(offset)
+            if slot is not None:
+                self._unwait(slot, offset)
                 stale += 1
-            self._forget(pending)
+        if self.ordered:
+            for offset, pending in zip(ended, deliveries, strict=True):
+                if pending.consumer != consumer:
+                    stale += 1
+                self._forget(offset, pending)
+        else:
+            # Nothing per slot to free: only each holder's in-flight count.
+            freed: dict[int, int] = {}
+            for pending in deliveries:
+                holder = pending.consumer
+                freed[holder] = freed.get(holder, 0) + 1
+            for holder, count in freed.items():
+                if holder != consumer:
+                    stale += count
+                held_by = self.consumers.get(holder)
+                if held_by is not None:
+                    held_by.in_flight -= count
         self.stale_acks += stale
         self.pump(now)
         return stale
@@ -359,7 +311,7 @@ class Dispatcher:
                 continue
             tracker.errors[offset] = reason
             tracker.release(offset, now, reason)
-            self._forget(pending)
+            self._forget(offset, pending)
             self._dead_letter(offset, pending.count)
         self.pump(now)
 
@@ -379,9 +331,9 @@ class Dispatcher:
     def tick(self, now: float) -> None:
         """Time passed: expire ack deadlines, evict stuck consumers, deliver what is due."""
         tracker = self.tracker
-        for pending in list(tracker.expired(now)):
+        for offset, pending in list(tracker.expired(now)):
             wait = backoff_delay(tracker.backoff, pending.count)
-            self._release(pending.offset, now + wait, "ack timeout")
+            self._release(offset, now + wait, "ack timeout")
         evict_after = 2 * self.options.ack_timeout
         if self.ordered and evict_after > 0:
             for state in list(self.consumers.values()):
@@ -407,10 +359,10 @@ class Dispatcher:
     # --- internals -------------------------------------------------------------------------
 
     def _slot_waiting(self, offset: int) -> int | None:
-        if offset in self.tracker.due and self.tracker.pending.get(offset) is None:
-            for slot, waiting in self._waiting.items():
-                if offset in waiting:
-                    return slot
+        """The slot whose waiting list holds ``offset`` (ordered types)."""
+        for slot, waiting in self._waiting.items():
+            if offset in waiting:
+                return slot
         return None
 
     def _unwait(self, slot: int, offset: int) -> None:
@@ -420,15 +372,16 @@ class Dispatcher:
         if not waiting:
             del self._waiting[slot]
 
-    def _forget(self, pending: Pending) -> None:
-        """A pending delivery ended (acked, released): free its consumer and slot."""
+    def _forget(self, offset: int, pending: Pending) -> None:
+        """``offset``'s pending delivery ended (acked, released): free its
+        consumer and slot."""
         state = self.consumers.get(pending.consumer)
         if state is not None:
             state.in_flight -= 1
         if self.ordered:
             held = self._held.get(pending.slot)
             if held is not None:
-                held.pop(pending.offset, None)
+                held.pop(offset, None)
                 if not held:
                     del self._held[pending.slot]
                     del self._holder[pending.slot]
@@ -440,7 +393,7 @@ class Dispatcher:
         pending = tracker.release(offset, due, error)
         if pending is None:
             return
-        self._forget(pending)
+        self._forget(offset, pending)
         self.redelivered += 1
         self._requeue(offset, pending.slot, due)
         if self.ordered:
@@ -448,7 +401,7 @@ class Dispatcher:
             for other in later:
                 taken = tracker.release(other, due)
                 if taken is not None:
-                    self._forget(taken)
+                    self._forget(other, taken)
                     self._requeue(other, taken.slot, due)
 
     def _requeue(self, offset: int, slot: int, due: float) -> None:
@@ -496,7 +449,7 @@ class Dispatcher:
         if self.ordered:
             self._holder[slot] = state.id
             self._held.setdefault(slot, {})[offset] = None
-        self.events.append(Deliver(state.id, offset, pending.count))
+        self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
         return True
 
     def pump(self, now: float) -> None:
@@ -534,21 +487,43 @@ class Dispatcher:
         # room (rounded up): consecutive offsets travel as one run.
         count = len(ready)
         total = sum(max(0, state.room) for state in self.consumers.values())
+        counts = tracker.counts
         while ready:
             state = self._next_with_room()
             if state is None:
                 break
-            share = -(-count * state.room // total)
-            while ready and share and state.room > 0:
+            share = min(-(-count * state.room // total), state.room)
+            while ready and share > 0:
                 offset = ready.popleft()
                 if offset in tracker.acked or offset in tracker.pending:
                     continue
                 if not tracker.may_deliver(offset):
                     blocked.append(offset)
                     continue
-                self._hand(state, offset, 0, now)
-                share -= 1
+                if offset in counts or share == 1:  # a redelivery, a dead letter, or one
+                    self._hand(state, offset, 0, now)
+                    share -= 1
+                    continue
+                # Never delivered: it and the never-delivered offsets right
+                # after it go as one span (queued reads are such runs).
+                stop = offset + 1
+                end = min(offset + share, tracker.durable_limit)
+                while stop < end and ready and ready[0] == stop and stop not in counts:
+                    ready.popleft()
+                    stop += 1
+                self._hand_span(state, offset, stop, now)
+                share -= stop - offset
         ready.extendleft(reversed(blocked))
+
+    def _hand_span(self, state: Consumer, first: int, stop: int, now: float) -> None:
+        """Deliver the never-delivered offsets ``[first, stop)`` as one span."""
+        self.tracker.deliver_span(first, stop, state.id, now)
+        if not state.in_flight:
+            state.last_progress = now
+        taken = stop - first
+        state.in_flight += taken
+        state.credit -= taken
+        self.events.append(Deliver(state.id, first, 1, stop))
 
     def _next_with_room(self) -> Consumer | None:
         consumers: Sequence[Consumer] = list(self.consumers.values())

@@ -36,23 +36,17 @@ import trio
 
 from broky.durable.owner import PartitionOwner
 from broky.protocol.constants import StartKind
-from broky.protocol.message import message_views
 from broky.router.matcher import SubscriptionIndex
 from broky.storage.batch import StoredBatch
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
-from broky.storage.topics import key_partition
+from broky.storage.topics import sticky_keys
 from broky.subscriptions.commits import GroupCommitter
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
-from broky.subscriptions.dispatch import (
-    DeadLetter,
-    Deliver,
-    Dispatcher,
-    Evict,
-    SubscriptionType,
-)
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
 from broky.subscriptions.slots import NOBODY, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -285,12 +279,12 @@ class PartitionSubscriptions:
             dispatcher.events = []
         retry, self.dead_letter_retry = self.dead_letter_retry, []
         needed = [
-            event.offset
+            (event.offset, event.stop if isinstance(event, Deliver) else event.offset + 1)
             for batch in events.values()
             for event in batch
             if isinstance(event, Deliver | DeadLetter)
         ]
-        needed.extend(event.offset for _, event in retry)
+        needed.extend((event.offset, event.offset + 1) for _, event in retry)
         missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
@@ -327,35 +321,19 @@ class PartitionSubscriptions:
             for skipped in gap:
                 dispatcher.skip(skipped)
             self.service.counters(name).lost_to_retention += len(gap)
-        key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
-        for batch in batches:
-            offset = batch.base_offset
-            if not matcher.match(batch.key):
-                for skipped in range(offset, batch.next_offset):
-                    dispatcher.skip(skipped)
-                continue
-            if not key_shared:
-                if dispatcher.ordered:
-                    for fed in range(offset, batch.next_offset):
-                        dispatcher.feed(fed, 0, now)
-                else:
-                    dispatcher.queue(offset, batch.next_offset)
-                continue
-            for index, view in enumerate(message_views(batch.run)):
-                sticky = key_partition(view) or batch.key
-                dispatcher.feed(offset + index, slot_of(sticky), now)
-        if not dispatcher.ordered:
-            dispatcher.pump(now)  # deal what ``queue`` took, in slices
+        feed_batches(dispatcher, matcher, batches, now)
 
     def _carry_out(
         self, name: str, events: list[Deliver | DeadLetter | Evict], cache: BatchCache
     ) -> None:
         """Send deliveries (per consumer, in decision order), dead letters, evictions."""
         service = self.service
-        per_consumer: dict[int, list[tuple[int, int]]] = {}
+        per_consumer: dict[int, list[tuple[int, int, int]]] = {}
         for event in events:
             if isinstance(event, Deliver):
-                per_consumer.setdefault(event.consumer, []).append((event.offset, event.count))
+                per_consumer.setdefault(event.consumer, []).append(
+                    (event.offset, event.stop, event.count)
+                )
             elif isinstance(event, DeadLetter):
                 service.dead_letters.send(self, name, event, cache)
             else:
@@ -363,8 +341,10 @@ class PartitionSubscriptions:
         counters = service.counters(name)
         for consumer, deliveries in per_consumer.items():
             link = service.consumers.get(consumer)
-            counters.delivered += len(deliveries)
-            counters.redelivered += sum(1 for _, count in deliveries if count > 1)
+            counters.delivered += sum(stop - first for first, stop, _ in deliveries)
+            counters.redelivered += sum(
+                stop - first for first, stop, count in deliveries if count > 1
+            )
             if link is None:
                 continue  # gone meanwhile: its detach released these
             frames, lost = delivery_frames(
@@ -404,6 +384,47 @@ class PartitionSubscriptions:
         """Messages of ``name`` not acked yet, up to the log's end."""
         dispatcher = self.dispatchers[name]
         return dispatcher.tracker.unacked_below(max(dispatcher.end_offset, self.owner.end_offset))
+
+
+def feed_batches(
+    dispatcher: Dispatcher, matcher: SubscriptionIndex[int], batches: list[StoredBatch], now: float
+) -> None:
+    """Feed ``batches`` (read from ``dispatcher.tracker.read_position``, in
+    offset order) to ``dispatcher``: runs whose key ``matcher`` rejects are
+    skipped; shared subscriptions queue consecutive runs as one range (a
+    stored run is often one message long) and deal them at once; ordered
+    types take message by message, key-shared by each message's slot."""
+    position = dispatcher.tracker.read_position
+    key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
+    # Shared: consecutive matching batches are queued as one range (a
+    # stored run is often one message long).
+    queued_from = queued_to = position
+    for batch in batches:
+        offset = batch.base_offset
+        if not matcher.match(batch.key):
+            if queued_to > queued_from:
+                dispatcher.queue(queued_from, queued_to)
+            queued_from = queued_to = batch.next_offset
+            for skipped in range(offset, batch.next_offset):
+                dispatcher.skip(skipped)
+            continue
+        if not dispatcher.ordered:
+            if offset != queued_to:
+                if queued_to > queued_from:
+                    dispatcher.queue(queued_from, queued_to)
+                queued_from = offset
+            queued_to = batch.next_offset
+            continue
+        if not key_shared:
+            for fed in range(offset, batch.next_offset):
+                dispatcher.feed(fed, 0, now)
+            continue
+        for index, sticky in enumerate(sticky_keys(batch.key, batch.sizes, batch.messages)):
+            dispatcher.feed(offset + index, slot_of(sticky), now)
+    if not dispatcher.ordered:
+        if queued_to > queued_from:
+            dispatcher.queue(queued_from, queued_to)
+        dispatcher.pump(now)  # deal what ``queue`` took, in slices
 
 
 def _read_new(

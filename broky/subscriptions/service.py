@@ -20,7 +20,8 @@ with ``SubscriptionRefused`` naming those workers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import chain
 from typing import Any
 
 import trio
@@ -43,7 +44,8 @@ from broky.subscriptions.consumers import (
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.deletion import Deletion, delete_subscription
-from broky.subscriptions.dispatch import Consumer, DeadLetter, Dispatcher, SubscriptionBusy
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.replica import SubscriptionReplica
 from broky.subscriptions.watch import SubscriptionStatus, Watch
@@ -378,8 +380,12 @@ class SubscriptionService:
             return
         now = trio.current_time()
         stale = unconfirmed = 0
-        touched: dict[int, PartitionSubscriptions] = {}
         name = link.subscription
+        # The frame's ranges by partition: each dispatcher settles all of
+        # its ranges in one call (one pump), not one call per range (a
+        # key-shared consumer's acks are mostly ranges of one offset).
+        spans: dict[int, list[range]] = {}
+        touched: dict[int, PartitionSubscriptions] = {}
         for number, first, last in zip(
             frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
         ):
@@ -393,9 +399,14 @@ class SubscriptionService:
             # restart (a consumer spread over workers outlives its owners);
             # they come again, and the receipt says so.
             unconfirmed += max(0, last + 1 - max(first, tracker.read_position))
-            stale += self._apply(dispatcher, link, frame, offsets, now)
+            spans.setdefault(number, []).append(offsets)
             touched[number] = partition
-            partition.changed(name, len(offsets) if frame.kind is SettleKind.ACK else 0)
+        for number, partition in touched.items():
+            ranges = spans[number]
+            count = sum(len(offsets) for offsets in ranges)
+            dispatcher = partition.dispatchers[name]
+            stale += self._apply(dispatcher, link, frame, chain.from_iterable(ranges), count, now)
+            partition.changed(name, count if frame.kind is SettleKind.ACK else 0)
         self._pump(link)
         if frame.sequence:
             self._receipt(link, frame.sequence, stale, unconfirmed, list(touched.values()))
@@ -405,14 +416,16 @@ class SubscriptionService:
         dispatcher: Dispatcher,
         link: ConsumerLink,
         frame: Settle,
-        offsets: range,
+        offsets: Iterable[int],
+        count: int,
         now: float,
     ) -> int:
+        """Apply ``frame``'s kind to ``offsets`` (``count`` of them) of one dispatcher."""
         kind = frame.kind
         if kind is SettleKind.ACK:
             stale = dispatcher.ack(link.id, offsets, now)
             counters = self.counters(link.subscription)
-            counters.acked += len(offsets)
+            counters.acked += count
             counters.stale_acks += stale
             return stale
         if kind is SettleKind.NACK:

@@ -14,6 +14,8 @@ slot (draining, ``dispatch.py``).
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
 from typing import Final
 
 import xxhash
@@ -30,24 +32,33 @@ def slot_of(sticky_key: bytes) -> int:
 
 
 class SlotTable:
-    """Slot → consumer id, balanced to within one slot (see the module docstring)."""
+    """Slot → consumer id, balanced to within one slot (see the module docstring).
+
+    Each owner's slots are also kept as a list (``NOBODY``'s too), so a join
+    or leave touches only the slots it moves (the newcomer's share, the
+    leaver's slots), never all 65,536: a consumer attaching to a key-shared
+    subscription over many partitions pays one rebalance per partition.
+    """
 
     def __init__(self) -> None:
         self._owners: list[int] = [NOBODY] * SLOTS
         #: Slots per consumer, in join order (ties go to earlier joiners).
         self.counts: dict[int, int] = {}
+        #: Each owner's slots, in the order it got them.
+        self._slots: dict[int, list[int]] = {NOBODY: list(range(SLOTS))}
 
     def owner(self, slot: int) -> int:
         return self._owners[slot]
 
     def slots_of(self, consumer: int) -> list[int]:
-        return [slot for slot, owner in enumerate(self._owners) if owner == consumer]
+        return sorted(self._slots.get(consumer, ()))
 
     def join(self, consumer: int) -> list[tuple[int, int, int]]:
         """Add ``consumer``; returns the moves as ``(slot, old owner, new owner)``."""
         if consumer in self.counts:
             return []
         self.counts[consumer] = 0
+        self._slots[consumer] = []
         return self._rebalance(set())
 
     def leave(self, consumer: int) -> list[tuple[int, int, int]]:
@@ -66,37 +77,48 @@ class SlotTable:
     def _rebalance(self, gone: set[int]) -> list[tuple[int, int, int]]:
         owners = self._owners
         counts = self.counts
+        held = self._slots
+        # The slots that must move (and their owners): the leavers', the
+        # unowned ones, and (below) what each remaining consumer holds above
+        # its target. Moved in slices, C-speed, not slot by slot.
+        free: list[int] = []
+        olds: list[int] = []
+        for owner in (*sorted(gone), NOBODY):
+            slots = held.pop(owner, ())
+            free.extend(slots)
+            olds.extend(repeat(owner, len(slots)))
         if not counts:
-            orphaned = [(slot, owner, NOBODY) for slot, owner in enumerate(owners) if owner in gone]
-            for slot, _, _ in orphaned:
-                owners[slot] = NOBODY
-            return orphaned
+            _assign(owners, free, NOBODY)
+            held[NOBODY] = free
+            return [move for move in zip(free, olds, repeat(NOBODY)) if move[1] != NOBODY]
         base, extra = divmod(SLOTS, len(counts))
         # The consumers that already hold the most keep the ``extra`` slots:
         # that is what moves the fewest slots.
         ranked = sorted(counts, key=lambda consumer: -counts[consumer])
         targets = {consumer: base + (rank < extra) for rank, consumer in enumerate(ranked)}
-        excess = {consumer: counts[consumer] - targets[consumer] for consumer in counts}
-        takers = [consumer for consumer in ranked if excess[consumer] < 0]
+        for consumer in ranked:
+            excess = counts[consumer] - targets[consumer]
+            if excess > 0:
+                mine = held[consumer]
+                free.extend(mine[-excess:])
+                olds.extend(repeat(consumer, excess))
+                del mine[-excess:]
+                counts[consumer] -= excess
         moves: list[tuple[int, int, int]] = []
-        if not takers:
-            return moves
-        taker_index = 0
-        for slot, owner in enumerate(owners):
-            if owner in gone or owner == NOBODY:
-                pass
-            elif excess[owner] > 0:
-                excess[owner] -= 1
-                counts[owner] -= 1
-            else:
+        taken = 0
+        for consumer in ranked:
+            wanted = targets[consumer] - counts[consumer]
+            if wanted <= 0:
                 continue
-            taker = takers[taker_index]
-            owners[slot] = taker
-            counts[taker] += 1
-            excess[taker] += 1
-            moves.append((slot, owner, taker))
-            if excess[taker] == 0:
-                taker_index += 1
-                if taker_index == len(takers):
-                    break
+            slots = free[taken : taken + wanted]
+            _assign(owners, slots, consumer)
+            held[consumer].extend(slots)
+            moves.extend(zip(slots, olds[taken : taken + wanted], repeat(consumer)))
+            counts[consumer] += wanted
+            taken += wanted
         return moves
+
+
+def _assign(owners: list[int], slots: list[int], owner: int) -> None:
+    """``owners[slot] = owner`` for every slot, without a Python step each."""
+    deque(map(owners.__setitem__, slots, repeat(owner)), maxlen=0)

@@ -28,8 +28,9 @@ at most one per broker crash.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+import itertools
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import attrs
@@ -50,15 +51,29 @@ class SubscriptionImage:
     counts: tuple[tuple[int, int], ...] = ()
 
 
-@attrs.define(slots=True)
+@attrs.define(slots=True, eq=False)
 class Pending:
-    """One delivered, unacked offset: who holds it, which delivery, until when."""
+    """A delivery of one offset, or of a span of consecutive offsets handed
+    out at once (``AckTracker.deliver_span``: every offset of the span maps
+    to this one object, so a span costs one object and one timer, not one
+    per message): who holds it, which delivery, until when, and ``live``,
+    how many of its offsets are still pending with it (its timer is void at
+    0). Compared by identity: ``tracker.pending[offset] is span`` says the
+    offset is still held under this delivery."""
 
-    offset: int
     consumer: int
     count: int
     deadline: float
     slot: int
+    live: int = 1
+
+
+#: A timer: (deadline, first offset, sequence, stop). Numbers only, so the
+#: garbage collector untracks it (a timer per pending message holding its
+#: delivery made every collection walk them all); a span's delivery is
+#: found by sequence in ``AckTracker._spans``, one offset's in ``pending``.
+#: The sequence keeps entries with equal deadline and offset apart.
+_Timer = tuple[float, int, int, int]
 
 
 def backoff_delay(backoff: Sequence[float], count: int) -> float:
@@ -100,6 +115,39 @@ class AckedRanges:
 
     def ranges(self) -> tuple[tuple[int, int], ...]:
         return tuple(zip(self._firsts, self._lasts, strict=True))
+
+    def reaches(self, offset: int) -> bool:
+        """Whether a range above the cursor ends at or after ``offset``."""
+        return bool(self._lasts) and self._lasts[-1] >= offset
+
+    def add_range(self, first: int, last: int) -> None:
+        """Mark ``[first, last]`` acked: one bisection and one splice, however
+        long the range (settles carry ranges)."""
+        if last < self.cursor:
+            return
+        first = max(first, self.cursor)
+        firsts, lasts = self._firsts, self._lasts
+        if first == self.cursor:  # the usual shared case: the cursor moves
+            self.cursor = last + 1
+            while firsts and firsts[0] <= self.cursor:
+                self.cursor = max(self.cursor, lasts[0] + 1)
+                del firsts[0], lasts[0]
+            return
+        if not lasts or first > lasts[-1] + 1:  # above every range
+            firsts.append(first)
+            lasts.append(last)
+            return
+        # The ranges touching [first - 1, last + 1] merge with it.
+        low = bisect_left(lasts, first - 1)
+        high = bisect_right(firsts, last + 1)
+        if low < high:
+            first = min(first, firsts[low])
+            last = max(last, lasts[high - 1])
+        firsts[low:high] = [first]
+        lasts[low:high] = [last]
+        if firsts[0] == self.cursor:
+            self.cursor = lasts[0] + 1
+            del firsts[0], lasts[0]
 
     def add(self, offset: int) -> bool:
         """Mark ``offset`` acked; False if it already was."""
@@ -156,7 +204,10 @@ class AckTracker:
         self.due: dict[int, float] = {}
         #: Why an offset was last nacked or termed (travels to the dead-letter topic).
         self.errors: dict[int, str] = {}
-        self._deadlines: list[tuple[float, int, int]] = []
+        self._deadlines: list[_Timer] = []
+        self._sequence = itertools.count()
+        #: The delivery of each span timer still in ``_deadlines``, by sequence.
+        self._spans: dict[int, Pending] = {}
         #: The counts an image must carry (see ``image``), kept incrementally.
         self._persist: dict[int, int] = {}
         stored = dict(image.counts)
@@ -214,12 +265,26 @@ class AckTracker:
             self.dirty = True
         self.due.pop(offset, None)
         deadline = now + self.ack_timeout
-        pending = Pending(offset, consumer, count, deadline, slot)
+        pending = Pending(consumer, count, deadline, slot)
         self.pending[offset] = pending
-        heapq.heappush(self._deadlines, (deadline, offset, count))
+        heapq.heappush(self._deadlines, (deadline, offset, next(self._sequence), offset + 1))
         if offset >= self.read_position:
             self.read_position = offset + 1
         return pending
+
+    def deliver_span(self, first: int, stop: int, consumer: int, now: float) -> Pending:
+        """Hand the never-delivered offsets ``[first, stop)`` to ``consumer``
+        as one delivery (slot 0, count 1); the caller checked that none was
+        delivered, acked or is due, and that ``stop <= durable_limit``."""
+        offsets = range(first, stop)
+        span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first)
+        self.counts.update(dict.fromkeys(offsets, 1))
+        self.pending.update(dict.fromkeys(offsets, span))
+        sequence = next(self._sequence)
+        self._spans[sequence] = span
+        heapq.heappush(self._deadlines, (span.deadline, first, sequence, stop))
+        self.read_position = max(self.read_position, stop)
+        return span
 
     def skip_read(self, offset: int) -> None:
         """The read position passes ``offset`` without a delivery (acked, or
@@ -227,23 +292,62 @@ class AckTracker:
         if offset >= self.read_position:
             self.read_position = offset + 1
 
-    def ack(self, offset: int) -> Pending | None:
-        """Mark ``offset`` acked; returns its pending delivery, if any. Acks of
-        offsets never read are the caller's to refuse (``offset < read_position``)."""
-        if not self.acked.add(offset):
-            return None
+    def ack_delivered(self, offsets: Iterable[int]) -> tuple[list[int], list[Pending], list[int]]:
+        """Mark acked every offset of ``offsets`` that was delivered and is
+        not acked yet (the others are skipped: an ack of a message never
+        delivered acks nothing). Returns the offsets whose pending delivery
+        ended and those deliveries (parallel lists: no tuple per offset),
+        and the acked offsets that were waiting for a redelivery (``due``,
+        not pending).
+
+        Per offset this is two dict pops; the acked ranges take one splice
+        per consecutive run of ``offsets`` (a settled range is one)."""
+        counts, pending, due = self.counts, self.pending, self.due
+        ended: list[int] = []
+        deliveries: list[Pending] = []
+        waiting: list[int] = []
+        done: list[int] = []
+        for offset in offsets:
+            if counts.pop(offset, None) is None:
+                continue
+            held = pending.pop(offset, None)
+            if held is None:
+                if offset in due:
+                    waiting.append(offset)
+            else:
+                held.live -= 1
+                ended.append(offset)
+                deliveries.append(held)
+            done.append(offset)
+        if not done:
+            return ended, deliveries, waiting
         self.dirty = True
-        self.counts.pop(offset, None)
-        self.due.pop(offset, None)
-        self.errors.pop(offset, None)
-        self._persist.pop(offset, None)
-        return self.pending.pop(offset, None)
+        acked = self.acked
+        first = previous = done[0]
+        for offset in itertools.islice(done, 1, None):
+            if offset != previous + 1:
+                if first == previous:
+                    acked.add(first)
+                else:
+                    acked.add_range(first, previous)
+                first = offset
+            previous = offset
+        if first == previous:
+            acked.add(first)
+        else:
+            acked.add_range(first, previous)
+        for side in (due, self.errors, self._persist):
+            if side:
+                for offset in done:
+                    side.pop(offset, None)
+        return ended, deliveries, waiting
 
     def release(self, offset: int, due: float, error: str = "") -> Pending | None:
         """Take ``offset`` back from its consumer, due again at ``due``."""
         pending = self.pending.pop(offset, None)
         if pending is None:
             return None
+        pending.live -= 1
         self.due[offset] = due
         if error:
             self.errors[offset] = error
@@ -256,33 +360,50 @@ class AckTracker:
         self.due[offset] = due
 
     def extend(self, offset: int, consumer: int, now: float) -> bool:
-        """``in_progress``: push the deadline of the consumer's delivery."""
+        """``in_progress``: push the deadline of the consumer's delivery (an
+        offset of a span gets a delivery of its own: the rest keep theirs)."""
         pending = self.pending.get(offset)
         if pending is None or pending.consumer != consumer:
             return False
+        if pending.live > 1:
+            pending.live -= 1
+            pending = Pending(consumer, pending.count, 0.0, pending.slot)
+            self.pending[offset] = pending
         pending.deadline = now + self.ack_timeout
-        heapq.heappush(self._deadlines, (pending.deadline, offset, pending.count))
+        timer = (pending.deadline, offset, next(self._sequence), offset + 1)
+        heapq.heappush(self._deadlines, timer)
         return True
 
-    def expired(self, now: float) -> Iterator[Pending]:
-        """Pending deliveries whose deadline passed (still pending: the caller
-        releases them)."""
+    def expired(self, now: float) -> Iterator[tuple[int, Pending]]:
+        """Pending deliveries whose deadline passed, by offset in deadline
+        order (still pending: the caller releases them). A void timer (its
+        delivery ended or was extended) is dropped unlooked-at."""
         deadlines = self._deadlines
+        pending = self.pending
         while deadlines and deadlines[0][0] <= now:
-            deadline, offset, count = heapq.heappop(deadlines)
-            pending = self.pending.get(offset)
-            if pending is not None and pending.count == count and pending.deadline == deadline:
-                yield pending
+            deadline, first, sequence, stop = heapq.heappop(deadlines)
+            held = self._delivery(first, sequence, stop)
+            self._spans.pop(sequence, None)
+            if held is not None and held.deadline == deadline:
+                yield from ((o, held) for o in range(first, stop) if pending.get(o) is held)
 
     def next_deadline(self) -> float | None:
         deadlines = self._deadlines
         while deadlines:
-            deadline, offset, count = deadlines[0]
-            pending = self.pending.get(offset)
-            if pending is not None and pending.count == count and pending.deadline == deadline:
+            deadline, first, sequence, stop = deadlines[0]
+            held = self._delivery(first, sequence, stop)
+            if held is not None and held.deadline == deadline:
                 return deadline
             heapq.heappop(deadlines)
+            self._spans.pop(sequence, None)
         return None
+
+    def _delivery(self, first: int, sequence: int, stop: int) -> Pending | None:
+        """The live delivery a timer is for (None: the timer is void)."""
+        if stop == first + 1:
+            return self.pending.get(first)
+        span = self._spans.get(sequence)
+        return span if span is not None and span.live else None
 
     # --- durability -----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import trio
 
 from broky.durable.acks import AckTicket
 from broky.subscriptions.consumers import ConsumerLink
-from broky.subscriptions.dispatch import DeadLetter
+from broky.subscriptions.model import DeadLetter
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.local_etcd import EtcdNotFound, local_etcd
+from tests.cluster import netns
 
 _prefixes = itertools.count()
 
@@ -41,3 +43,12 @@ async def etcd(etcd_url: str) -> AsyncIterator[EtcdClient]:
     """A client of the session's etcd."""
     async with EtcdClient.from_url(etcd_url) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def netns_cleanup() -> Iterator[None]:
+    """Remove, at the end of the session, any network namespace this
+    process created that a test's own ``finally`` did not (tests/cluster/netns.py)."""
+    yield
+    if shutil.which("ip"):
+        netns.sweep_mine()

@@ -16,8 +16,13 @@ Shared by the CI test (20 cycles) and ``scripts/jepsen_replication.py``
   ISR shrinks to itself, so it refuses publishes (NotEnoughReplicas)
   until its followers are back; a cut follower leaves the ISR.
 
-Link partitions are simulated by cutting Broky's replication links, not
-with network namespaces: etcd stays reachable from every node. After each fault the run
+The faults above simulate link partitions by cutting Broky's replication
+links (etcd stays reachable). With a ``network`` (tests/cluster/netns.py:
+etcd and every node in a network namespace of its own) the run can also
+cut real links instead (tests/cluster/net_faults.py: a follower cut off
+from its peers, a leader isolated from etcd and peers while a probe keeps
+publishing to it, a node's link down); an isolated leader must then ack
+nothing after its lease is gone (``Report.late_acks``). After each fault the run
 waits until every partition has its three replicas in sync again, so that
 faults do not pile up beyond what RF 3 / min_insync 2 promises to survive.
 
@@ -39,9 +44,12 @@ from broky.client.cluster import ClusterPublisher
 from broky.client.errors import BrokyError
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
+from broky.cluster.local_etcd import local_etcd
 from broky.cluster.status import ClusterStatus, read_status
 from broky.replication.local_cluster import LocalNode, fully_in_sync, leaders
+from tests.cluster import net_faults
 from tests.cluster.history import Acked, Verdict, check, payload
+from tests.cluster.netns import Network
 from tests.cluster.replicated import TOPIC, local_nodes, wait_status
 
 #: Bound for the cluster to be fully in sync again after a fault.
@@ -72,7 +80,16 @@ class Report:
     retries: int = 0
     #: Seconds from each leader SIGKILL to the next ack on each partition it led.
     failovers: list[float] = attrs.field(factory=list)
+    #: Acks an isolated leader's probe got, and those it got after the
+    #: leader's lease was gone (must stay empty).
+    probe_published: int = 0
+    probe_acks: int = 0
+    late_acks: list[str] = attrs.field(factory=list)
     verdict: Verdict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is not None and self.verdict.ok and not self.late_acks
 
     def summary(self) -> dict[str, object]:
         times = sorted(self.failovers)
@@ -91,6 +108,8 @@ class Report:
             "divergent_offsets": None if verdict is None else len(verdict.divergent),
             "duplicates": None if verdict is None else verdict.duplicates,
             "out_of_order": None if verdict is None else len(verdict.out_of_order),
+            "isolated_leader_probe_acks": self.probe_acks,
+            "acks_after_lease_lost": len(self.late_acks),
             "failover_s": {
                 "count": len(times),
                 "p50": pick(0.5),
@@ -109,12 +128,18 @@ async def run(
     cycles: int,
     seed: int = 15,
     clients: int = 3,
+    faults: tuple[str, ...] = FAULTS,
+    network: Network | None = None,
+    workers: int = 1,
 ) -> Report:
+    """``faults`` may name net_faults.NET_FAULTS only with a ``network``
+    whose host "etcd" runs ``etcd_url``. With ``workers`` > 1 only kills and
+    network faults act on a whole node (signals reach its supervisor only)."""
     keys = ClusterKeys.for_cluster(cluster)
     report = Report()
     chooser = random.Random(seed)
     acks: dict[int, list[float]] = {p: [] for p in range(TOPIC.partitions)}
-    with local_nodes(etcd_url, cluster, directory) as nodes:
+    with local_nodes(etcd_url, cluster, directory, network=network, workers=workers) as nodes:
         by_id = {node.node_id: node for node in nodes}
         await wait_status(etcd, keys, lambda s: fully_in_sync(s, TOPIC, 3), HEAL_BOUND * 2)
         stop = trio.Event()
@@ -122,7 +147,7 @@ async def run(
             for client in range(clients):
                 nursery.start_soon(_publisher, nodes, client, stop, report, acks)
             for _ in range(cycles):
-                await _fault(chooser, etcd, keys, by_id, report, acks)
+                await _fault(chooser, faults, etcd, keys, by_id, report, acks, network)
                 report.cycles += 1
             stop.set()
         for node in nodes:
@@ -137,6 +162,30 @@ async def run(
             report.acked, {n.node_id: n.records(TOPIC.name) for n in nodes}, by_id
         )
     return report
+
+
+async def run_partitioned(
+    directory: Path, cycles: int, seed: int = 15, clients: int = 3, workers: int = 1
+) -> Report:
+    """``run`` with real link partitions only: etcd and three nodes each in
+    a network namespace (NetnsUnavailable if they cannot be made), every
+    namespace and process removed at the end."""
+    with Network.open() as network:
+        host = network.add("etcd", 2)
+        with local_etcd(directory / "etcd", host=host.address, wrapper=host.wrapper) as url:
+            async with EtcdClient.from_url(url) as etcd:
+                return await run(
+                    url,
+                    etcd,
+                    "partitions",
+                    directory,
+                    cycles,
+                    seed,
+                    clients,
+                    faults=net_faults.NET_FAULTS,
+                    network=network,
+                    workers=workers,
+                )
 
 
 async def _publisher(
@@ -170,13 +219,15 @@ async def _publisher(
 
 async def _fault(
     chooser: random.Random,
+    faults: tuple[str, ...],
     etcd: EtcdClient,
     keys: ClusterKeys,
     by_id: dict[str, LocalNode],
     report: Report,
     acks: dict[int, list[float]],
+    network: Network | None,
 ) -> None:
-    kind = chooser.choice(FAULTS)
+    kind = chooser.choice(faults)
     report.faults[kind] = report.faults.get(kind, 0) + 1
     status = await read_status(etcd, keys)
     led = leaders(status, TOPIC)
@@ -190,7 +241,17 @@ async def _fault(
     affected = [p for p, node in led.items() if node == victim.node_id]
     life = status.members[victim.node_id].epoch
     started = trio.current_time()
-    if kind.startswith("kill"):
+    if kind in net_faults.NET_FAULTS:
+        assert network is not None, f"{kind} needs a network of namespaces"
+        probe = await net_faults.apply(
+            kind, network, victim, list(by_id.values()), report.probe_published
+        )
+        if probe is not None:
+            report.probe_published = probe.seq
+            report.acked.extend(probe.acked)
+            report.probe_acks += len(probe.acked)
+            report.late_acks.extend(probe.late)
+    elif kind.startswith("kill"):
         victim.stop(signal.SIGKILL)
         await trio.sleep(0.2)
         victim.start()
@@ -202,10 +263,13 @@ async def _fault(
         victim.send(signal.SIGSTOP)
         await trio.sleep(1.5 if kind == "pause_leader" else 0.5)
         victim.send(signal.SIGCONT)
-    # A kill, or a pause past the lease, ends the victim's life: wait for
-    # its next one to be back in every ISR (before that etcd may still
-    # show the old life in sync).
-    new_life = kind.startswith("kill") or kind == "pause_leader"
+    # A kill, a pause past the lease or a cut from etcd ends the victim's
+    # life: wait for its next one to be back in every ISR (before that etcd
+    # may still show the old life in sync).
+    new_life = kind.startswith(("kill", "net_down")) or kind in (
+        "pause_leader",
+        "net_isolate_leader",
+    )
 
     def healed(status: ClusterStatus) -> bool:
         member = status.members.get(victim.node_id)

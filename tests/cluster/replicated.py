@@ -13,19 +13,43 @@ from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.status import ClusterStatus, read_status
 from broky.replication.local_cluster import LocalNode, TopicSpec
+from tests.cluster.netns import Network
 
 TOPIC = TopicSpec()
 
 
 @contextmanager
 def local_nodes(
-    etcd_url: str, cluster: str, directory: Path, count: int = 3, topic: TopicSpec = TOPIC
+    etcd_url: str,
+    cluster: str,
+    directory: Path,
+    count: int = 3,
+    network: Network | None = None,
+    workers: int = 1,
+    topic: TopicSpec = TOPIC,
 ) -> Iterator[list[LocalNode]]:
-    """``count`` started nodes, SIGKILLed (by PID) at the end whatever happened."""
-    nodes = [
-        LocalNode(etcd_url, cluster, f"n{i}", directory / f"n{i}", topic)
-        for i in range(1, count + 1)
-    ]
+    """``count`` started nodes, SIGKILLed (by PID) at the end whatever
+    happened; with a ``network``, each in a namespace of its own on it
+    (hosts ``n1``, ``n2``... at ``.11``, ``.12``...)."""
+    nodes = []
+    for i in range(1, count + 1):
+        name = f"n{i}"
+        host, wrapper = "127.0.0.1", tuple[str, ...]()
+        if network is not None:
+            added = network.add(name, 10 + i)
+            host, wrapper = added.address, added.wrapper
+        nodes.append(
+            LocalNode(
+                etcd_url,
+                cluster,
+                name,
+                directory / name,
+                topic,
+                host=host,
+                wrapper=wrapper,
+                workers=workers,
+            )
+        )
     try:
         for node in nodes:
             node.start()

@@ -27,7 +27,6 @@ from broky.protocol.chunks import (
     chunk_offsets_compiled,
     chunk_offsets_pure,
     read_chunk_run,
-    read_chunk_runs_pure,
     read_forwardable,
     read_runs_frame,
 )
@@ -52,6 +51,7 @@ from broky.protocol.frames import (
     Welcome,
 )
 from broky.protocol.framing import encode_preamble
+from broky.protocol.located import read_chunk_runs_pure
 from broky.protocol.message import pack_sizes
 
 PROPERTY = settings(max_examples=300, deadline=None)

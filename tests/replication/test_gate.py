@@ -234,3 +234,23 @@ async def test_subscriptions_hear_of_every_high_watermark_move_and_of_the_step_d
     assert subscriptions.watermarks == [5]
     replica.step_down("leader n2 at 127.0.0.1:2 (epoch 4)")
     assert subscriptions.stepped_down == 1
+
+
+async def test_a_leader_whose_lease_may_be_gone_acks_nothing_until_renewed() -> None:
+    replica, owner = _leading()
+    lease = [True]
+    replica.lease_valid = lambda: lease[0]
+    outcomes = _Outcomes()
+    owner.end_offset = 3
+    replica.hold(0, [_run(3)], [7], outcomes.deliver, outcomes.fail)
+    lease[0] = False
+    refusal = replica.refusal()
+    assert refusal is not None
+    assert refusal[0] is ErrorCode.NOT_LEADER
+    assert "lease" in refusal[1]
+    with trio.move_on_after(1):
+        await replica.fetch(_fetch(durable=3))
+    assert outcomes.delivered == 0  # the follower has it, but etcd may have moved on
+    lease[0] = True  # renewed after all: the held round is answered
+    replica.settle()
+    assert (outcomes.delivered, outcomes.failed) == (1, [])

@@ -17,6 +17,9 @@ from broky.replication.wire import (
     Fetched,
     FrameReader,
     Message,
+    PartitionProgress,
+    Progress,
+    ProgressRequest,
     RefusalReason,
     Refused,
     ReplicatedRun,
@@ -96,6 +99,27 @@ messages = st.one_of(
         st.integers(0, 2**40),
         st.lists(runs, max_size=4).map(tuple),
         st.none() | states,
+    ),
+    st.just(ProgressRequest()),
+    st.builds(
+        Progress,
+        st.text(max_size=5),
+        st.integers(0, 99),
+        st.lists(
+            st.builds(
+                PartitionProgress,
+                st.text(max_size=10),
+                st.integers(0, 99),
+                st.sampled_from(("leader", "follower", "none")),
+                st.integers(0, 99),
+                st.integers(0, 2**40),
+                st.integers(0, 2**40),
+                st.lists(st.tuples(st.text(max_size=5), st.integers(0, 2**40)), max_size=3).map(
+                    tuple
+                ),
+            ),
+            max_size=4,
+        ).map(tuple),
     ),
 )
 

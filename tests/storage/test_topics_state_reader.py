@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 
+from broky.protocol.constants import UID_BYTES
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Run
 from broky.protocol.message import decode_run, encode_message, pack_sizes
@@ -16,7 +19,13 @@ from broky.storage.errors import CorruptRecordError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.reader import iter_batches, iter_records, list_partitions
 from broky.storage.state import PartitionCursor, StateStore
-from broky.storage.topics import TopicPolicies, TopicPolicy, partition_for, partition_run
+from broky.storage.topics import (
+    TopicPolicies,
+    TopicPolicy,
+    partition_for,
+    partition_run,
+    sticky_keys,
+)
 from tests.storage.runs import make_run
 
 
@@ -151,3 +160,24 @@ def test_offline_reader_raises_on_damage_in_a_sealed_segment(tmp_path: Path) -> 
     first.write_bytes(bytes(data))
     with pytest.raises(CorruptRecordError):
         list(iter_batches(list_partitions(str(tmp_path))[0]))
+
+
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=12), st.booleans(), st.binary(max_size=20)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_sticky_keys_are_each_message_key_partition_or_the_run_key(
+    messages: list[tuple[bytes, bool, bytes]],
+) -> None:
+    """What a key-shared slot follows: read with one look per message
+    without a key_partition, the same as the full field read."""
+    blobs = [
+        encode_message(payload, key_partition=partition_key, uid=b"u" * UID_BYTES if uid else b"")
+        for partition_key, uid, payload in messages
+    ]
+    sizes = pack_sizes([len(blob) for blob in blobs])
+    got = sticky_keys(b"orders.eu", sizes, b"".join(blobs))
+    assert got == [partition_key or b"orders.eu" for partition_key, _, _ in messages]

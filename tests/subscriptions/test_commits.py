@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from broky.storage.errors import StorageError
 from broky.storage.state import StateStore
 from broky.subscriptions.commits import GroupCommitter, all_committed
-from broky.subscriptions.dispatch import Deliver, Dispatcher, Options, SubscriptionType
+from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.image import decode_image, encode_image
+from broky.subscriptions.model import Deliver, Options, SubscriptionType
 from broky.subscriptions.tracker import AckedRanges, SubscriptionImage
 
 
@@ -59,7 +60,12 @@ async def test_receipts_wait_for_the_commit_and_survive_a_reopen(tmp_path: Path)
         await trio.sleep(0.05)  # the first commit leases offsets
         for offset in range(dispatcher.wants()):
             dispatcher.feed(offset, 0, 0.0)
-        delivered = [e.offset for e in dispatcher.events if isinstance(e, Deliver)]
+        delivered = [
+            offset
+            for e in dispatcher.events
+            if isinstance(e, Deliver)
+            for offset in range(e.offset, e.stop)
+        ]
         assert delivered == list(range(10))
         dispatcher.ack(1, [0, 1, 2, 5], 0.0)
         committer.changed(key, dispatcher, acks=4)

@@ -62,6 +62,31 @@ async def test_shared_spreads_and_acked_messages_stay_acked(
         assert [(s.name, s.backlog, s.in_flight, s.acked) for s in status] == [("work", 0, 0, 40)]
 
 
+async def test_shared_on_a_narrower_pattern_skips_the_other_keys(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Matching runs between skipped ones are dealt (consecutive ones as one
+    range), and the skipped ones count as acked: nothing is left behind."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=1))
+        assert broker.address is not None
+        async with broker.connect() as client, connect(broker.address) as a:
+            consumer = Consumer(a)
+            subscribed = await consumer.consume(
+                "eu", pattern=b"orders.eu.>", start=StartKind.EARLIEST, credit=100
+            )
+            assert isinstance(subscribed, Subscribed)
+            for index in range(30):
+                region = "us" if index % 3 == 0 else "eu"
+                await client.publish(f"orders.{region}.{index}", str(index).encode(), ack=True)
+            await client.flush_acks()
+            got = await consumer.take(20)
+            assert numbers(got) == [index for index in range(30) if index % 3]
+            await consumer.receipt(await consumer.settle(got, receipt=True))
+        status = broker.statistics().subscriptions
+        assert [(s.name, s.backlog, s.in_flight, s.acked) for s in status] == [("eu", 0, 0, 20)]
+
+
 async def test_exclusive_refuses_a_second_consumer(
     tmp_path: Path, start_broker: StartBroker
 ) -> None:

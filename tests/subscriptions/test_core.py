@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broky.subscriptions.dispatch import (
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import (
     DeadLetter,
     Deliver,
-    Dispatcher,
     Options,
     SubscriptionBusy,
     SubscriptionType,
@@ -30,6 +32,47 @@ def test_acked_ranges_match_a_set(offsets: list[int], cursor: int) -> None:
     restored = AckedRanges(ranges.cursor, ranges.ranges())
     assert restored.cursor == ranges.cursor
     assert restored.ranges() == ranges.ranges()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 200), st.integers(0, 12)), max_size=40),
+    st.integers(0, 20),
+)
+def test_acked_ranges_add_range_matches_a_set(spans: list[tuple[int, int]], cursor: int) -> None:
+    ranges = AckedRanges(cursor)
+    model = set(range(cursor))
+    for first, length in spans:
+        ranges.add_range(first, first + length - 1)  # length 0: an empty range
+        model.update(range(first, first + length))
+    assert all((offset in ranges) == (offset in model) for offset in range(260))
+    assert ranges.cursor == min(set(range(300)) - model)
+    # Canonical: disjoint, not touching, above the cursor (as add keeps them).
+    pairs = ranges.ranges()
+    assert all(first > ranges.cursor for first, _ in pairs[:1])
+    assert all(last + 1 < first for (_, last), (first, _) in itertools.pairwise(pairs))
+    assert AckedRanges(ranges.cursor, pairs).ranges() == pairs
+
+
+def test_a_shared_read_goes_as_spans_whose_offsets_settle_one_by_one() -> None:
+    dispatcher = ready(SubscriptionType.SHARED, 10, ack_timeout=2.0, backoff=())
+    dispatcher.attach(1, 0.0, credit=100, max_in_flight=100)
+    dispatcher.queue(0, 10)
+    dispatcher.pump(0.0)
+    assert dispatcher.events == [Deliver(1, 0, 1, 10)]  # one event, one delivery
+    dispatcher.events.clear()
+    tracker = dispatcher.tracker
+    assert len({id(tracker.pending[offset]) for offset in range(10)}) == 1
+    assert dispatcher.ack(1, range(2, 5), 0.5) == 0
+    assert dispatcher.consumers[1].in_flight == 7
+    dispatcher.in_progress(1, [6], 1.0)  # only offset 6 gets a new deadline
+    dispatcher.tick(2.0)
+    dispatcher.committed(tracker.image(), 2.0)
+    # Expired together (6 extended): redelivered one by one, count 2.
+    assert deliveries(dispatcher) == [(1, offset, 2) for offset in (0, 1, 5, 7, 8, 9)]
+    dispatcher.tick(3.0)
+    dispatcher.committed(tracker.image(), 3.0)
+    assert dispatcher.events == [Deliver(1, 6, 2, 7)]
+    assert tracker.next_deadline() == 4.0  # the redelivered ones' (one timer each)
 
 
 @settings(max_examples=25, deadline=None)
@@ -73,7 +116,12 @@ def feed(dispatcher: Dispatcher, slots: list[int], now: float = 0.0) -> None:
 
 def deliveries(dispatcher: Dispatcher) -> list[tuple[int, int, int]]:
     events, dispatcher.events = dispatcher.events, []
-    return [(e.consumer, e.offset, e.count) for e in events if isinstance(e, Deliver)]
+    return [
+        (e.consumer, offset, e.count)
+        for e in events
+        if isinstance(e, Deliver)
+        for offset in range(e.offset, e.stop)
+    ]
 
 
 def test_exclusive_refuses_a_second_consumer() -> None:
@@ -145,18 +193,23 @@ def test_ack_timeout_redelivers_and_stale_ack_is_accepted() -> None:
 
 
 def test_key_shared_moved_slot_waits_only_for_its_own_messages() -> None:
-    slots = [10, 40000, 10, 40000]
+    # Which slots a second consumer takes is the table's to choose: ask one.
+    probe = SlotTable()
+    probe.join(1)
+    probe.join(2)
+    moving, staying = probe.slots_of(2)[0], probe.slots_of(1)[0]
+    slots = [moving, staying, moving, staying]
     dispatcher = ready(SubscriptionType.KEY_SHARED, 4)
     dispatcher.attach(1, 0.0, credit=10, max_in_flight=10)
     feed(dispatcher, slots)
     assert deliveries(dispatcher) == [(1, 0, 1), (1, 1, 1), (1, 2, 1), (1, 3, 1)]
-    dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)  # takes the low slots: slot 10
-    assert dispatcher.owner_of(10) == 2
+    dispatcher.attach(2, 0.0, credit=10, max_in_flight=10)
+    assert (dispatcher.owner_of(moving), dispatcher.owner_of(staying)) == (2, 1)
     dispatcher.ack(1, [0], 0.0)
     assert deliveries(dispatcher) == []
     dispatcher.end_offset = 6
-    dispatcher.feed(4, 10, 0.0)  # slot 10 still has offset 2 at consumer 1: parked
-    dispatcher.feed(5, 40000, 0.0)  # slot 40000 stays with 1 and flows
+    dispatcher.feed(4, moving, 0.0)  # its slot still has offset 2 at consumer 1: parked
+    dispatcher.feed(5, staying, 0.0)  # this slot stays with 1 and flows
     assert deliveries(dispatcher) == [(1, 5, 1)]
     dispatcher.ack(1, [2], 0.0)  # the drain ends: 4 goes to the new owner
     assert deliveries(dispatcher) == [(2, 4, 1)]

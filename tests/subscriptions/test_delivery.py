@@ -24,21 +24,30 @@ def batch(base: int, count: int, key: bytes = b"orders.k") -> StoredBatch:
 
 
 @st.composite
-def batches_and_deliveries(draw: st.DrawFn) -> tuple[list[StoredBatch], list[tuple[int, int]]]:
+def batches_and_deliveries(
+    draw: st.DrawFn,
+) -> tuple[list[StoredBatch], list[tuple[int, int, int]]]:
     lengths = draw(st.lists(st.integers(1, 6), min_size=1, max_size=8))
     batches, base = [], draw(st.integers(0, 50))
     for length in lengths:
         batches.append(batch(base, length))
         base += length
-    # Offsets in any order, some past the batches (trimmed), no repeats.
-    offsets = draw(st.lists(st.integers(0, base + 5), unique=True, max_size=40))
-    counts = draw(st.lists(st.integers(1, 4), min_size=len(offsets), max_size=len(offsets)))
-    return batches, list(zip(offsets, counts, strict=True))
+    # Spans in any order, some past the batches (trimmed), no offset twice.
+    spans: list[tuple[int, int, int]] = []
+    taken: set[int] = set()
+    for first, length, count in draw(
+        st.lists(st.tuples(st.integers(0, base + 5), st.integers(1, 5), st.integers(1, 4)))
+    ):
+        offsets = set(range(first, first + length))
+        if not offsets & taken:
+            taken |= offsets
+            spans.append((first, first + length, count))
+    return batches, spans
 
 
 @given(batches_and_deliveries(), st.sampled_from([300, 2048, 1 << 20]), st.booleans())
 def test_frames_carry_exactly_the_deliveries_in_order(
-    case: tuple[list[StoredBatch], list[tuple[int, int]]], frame_bytes: int, name_topic: bool
+    case: tuple[list[StoredBatch], list[tuple[int, int, int]]], frame_bytes: int, name_topic: bool
 ) -> None:
     batches, deliveries = case
     cache = BatchCache()
@@ -51,7 +60,8 @@ def test_frames_carry_exactly_the_deliveries_in_order(
     if name_topic and frames:
         # The stream last named another topic: the first frame names this one.
         assert isinstance(decode_frame(frames[0][4:]), Redelivered)
-    assert lost == [offset for offset, _ in deliveries if offset not in held]
+    offsets = [(o, count) for first, stop, count in deliveries for o in range(first, stop)]
+    assert lost == [offset for offset, _ in offsets if offset not in held]
     seen: list[tuple[int, int]] = []
     counts: dict[int, int] = {}
     for data in frames:
@@ -69,16 +79,19 @@ def test_frames_carry_exactly_the_deliveries_in_order(
                 assert (message.partition, int(message.payload)) == (3, message.offset)
                 seen.append((message.offset, counts.pop(message.offset, 1)))
         assert not counts
-    assert seen == [(offset, count) for offset, count in deliveries if offset in held]
+    assert seen == [(offset, count) for offset, count in offsets if offset in held]
 
 
 def test_missing_merges_ranges_of_what_is_not_held() -> None:
     cache = BatchCache()
     cache.add([batch(10, 5)])
-    assert cache.missing([3, 4, 5, 11, 15, 16, 20]) == [(3, 6), (15, 17), (20, 21)]
+    offsets = [(o, o + 1) for o in (3, 4, 5, 11, 15, 16, 20)]
+    assert cache.missing(offsets) == [(3, 6), (15, 17), (20, 21)]
     # Across gaps of up to 4 offsets: one span (a held offset inside is read again).
-    assert cache.missing([3, 4, 5, 11, 15, 16, 20], gap=4) == [(3, 6), (15, 21)]
-    assert cache.missing([0, 15, 30], gap=20) == [(0, 31)]
+    assert cache.missing(offsets, gap=4) == [(3, 6), (15, 21)]
+    assert cache.missing([(0, 1), (15, 16), (30, 31)], gap=20) == [(0, 31)]
+    # Spans: only their parts outside held batches.
+    assert cache.missing([(8, 18), (12, 13), (30, 33)]) == [(8, 10), (15, 18), (30, 33)]
 
 
 def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:

@@ -25,10 +25,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broky.subscriptions.dispatch import (
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import (
     DeadLetter,
     Deliver,
-    Dispatcher,
     Evict,
     Options,
     SubscriptionBusy,
@@ -88,6 +88,12 @@ class DispatcherMachine(RuleBasedStateMachine):
     def take_events(self) -> None:
         dispatcher = self.dispatcher
         events, dispatcher.events = dispatcher.events, []
+        # A span is its offsets delivered one after the other.
+        events = [
+            Deliver(e.consumer, offset, e.count, offset + 1) if isinstance(e, Deliver) else e
+            for e in events
+            for offset in (range(e.offset, e.stop) if isinstance(e, Deliver) else (0,))
+        ]
         later_in_batch = Counter(e.offset for e in events if isinstance(e, Deliver))
         for event in events:
             if isinstance(event, Deliver):

@@ -1,0 +1,99 @@
+"""Reading located run chunks back: the runs of a durable topic's Deliver.
+
+A located chunk (``chunks.encode_located_chunk``) is a run chunk that also
+carries the run's ``partition`` and ``base_offset``: every run a durable
+subscription or a replay delivers is laid out so. Keys change on almost
+every message in real traffic, so a consumer reads one of these per
+message; through the generic FlatBuffers decoder (vtable walk, size sum,
+one ``Run`` per field lookup) that was most of a consumer's CPU. Like
+``chunks.read_chunk_run`` for ephemeral chunks, :func:`read_located_run`
+recognises the exact layout with one ``struct.unpack_from`` and the checks
+``chunks.vectors_layout`` shares with it, and returns what the generic
+decoder would have decoded, or None (the caller then decodes generically).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run, vectors_layout
+from broky.protocol.frames import Run
+
+#: Where a located chunk's sizes vector starts (after its table and vtable).
+LOCATED_SIZES_AT: Final = 64
+#: A located chunk's vtable (at 48): size 16, table size 36, then the
+#: fields' offsets in the table: key 20, ts_broker 4, sizes 24, messages 28,
+#: partition 32, base_offset 12.
+LOCATED_VTABLE: Final = struct.pack("<8H", 16, 36, 20, 4, 24, 28, 32, 12)
+#: From the table (at 12): its soffset to the vtable, ts_broker,
+#: base_offset, the key, sizes and messages uoffsets, partition, the
+#: vtable, the sizes vector's length and its first entry.
+_LOCATED_READ: Final = struct.Struct("<iqqIIII16sII")
+_LOCATED_READ_END: Final = CHUNK_TABLE_OFFSET + _LOCATED_READ.size
+#: The table's soffset: the vtable lies 36 bytes after the table.
+_LOCATED_SOFFSET: Final = -36
+#: The sizes uoffset (at 36) of every located chunk.
+_LOCATED_SIZES_UOFFSET: Final = LOCATED_SIZES_AT - 36
+
+
+def read_located_run(view: memoryview, table: int) -> Run | None:
+    """The run whose table is at ``table``, if ``view`` holds it laid out as
+    ``encode_located_chunk`` lays out a chunk; else None.
+
+    The run's ``chunk`` is None: a located chunk is not the ephemeral layout
+    the router forwards, and a consumer never forwards it."""
+    start = table - CHUNK_TABLE_OFFSET
+    size = len(view)
+    if start < 0 or start + _LOCATED_READ_END > size:
+        return None
+    (
+        soffset,
+        ts_broker,
+        base_offset,
+        key_offset,
+        sizes_offset,
+        messages_offset,
+        partition,
+        vtable,
+        count,
+        first,
+    ) = _LOCATED_READ.unpack_from(view, table)
+    if (
+        soffset != _LOCATED_SOFFSET
+        or vtable != LOCATED_VTABLE
+        or sizes_offset != _LOCATED_SIZES_UOFFSET
+    ):
+        return None
+    vectors = vectors_layout(
+        view, start, size, LOCATED_SIZES_AT, count, first, key_offset + 32, messages_offset + 40
+    )
+    if vectors is None:
+        return None
+    messages_at, messages_end, key_at, key_end, _ = vectors
+    sizes_data = start + LOCATED_SIZES_AT + 4
+    return Run(
+        bytes(view[start + key_at + 4 : start + key_end]),
+        ts_broker,
+        count,
+        view[sizes_data : sizes_data + 4 * count],
+        view[start + messages_at + 4 : start + messages_end],
+        partition,
+        base_offset,
+    )
+
+
+def read_chunk_runs_pure(view: memoryview, start: int, count: int) -> list[Run | None]:
+    """For each of the ``count`` runs whose uoffsets start at ``start`` (known
+    to lie in ``view``), the run read as an ephemeral chunk
+    (``chunks.read_chunk_run``) or a located one (:func:`read_located_run`),
+    or None when it is laid out neither way. The decoder of frames with runs
+    (``codec._runs_at``) uses the compiled twin
+    (``broky.protocol._forward.read_chunk_runs``) when it is built."""
+    slot = start
+    runs = []
+    for offset in struct.unpack_from(f"<{count}I", view, start):
+        table = slot + offset
+        runs.append(read_chunk_run(view, table) or read_located_run(view, table))
+        slot += 4
+    return runs
