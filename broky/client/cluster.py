@@ -8,17 +8,30 @@ keeps one connection per node it was sent to, follows those redirects,
 and retries the refused batch with a short backoff until ``retry_for``
 runs out.
 
-A retry is not idempotent yet: a batch whose leader was deposed after it
-stored it fails with NotLeader although the new leader may keep it, and
-the retry then stores it again (producer ids and sequences, issue 14, make
-retries exactly-once). Callers that count must count duplicates apart
-from losses.
+Retries are idempotent across nodes (the default): a batch whose leader
+was deposed after it stored it fails with NotLeader although the new leader
+may keep it (it was replicated before the failover). So the publisher is one
+idempotent producer for the whole cluster: it draws one producer id, numbers
+its messages itself from 1, and every attempt of a batch, on whichever node,
+carries the same id and sequences (``Client.continue_producer``). Followers
+store the producer columns with the runs they replicate, and a node that
+takes the lead rebuilds its deduplication window from its log
+(broky.durable.producers), so the retry is answered with the offsets the
+original got instead of being stored again. ``idempotent=False`` turns this
+off (each attempt is a new publish: a retry may be stored twice).
+
+Batches are published one at a time (``publish`` calls do not overlap): a
+partition must see a producer's sequences in order, and a batch retried on a
+new leader must not be overtaken by a later one, or the retry would be
+refused as out of order (Kafka's idempotent producer keeps the same rule
+with its in-flight limit).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
@@ -58,7 +71,12 @@ class ClusterPublisher:
     its connections live in tasks of its own nursery."""
 
     def __init__(
-        self, nursery: trio.Nursery, seeds: Sequence[str], retry_for: float, name: str
+        self,
+        nursery: trio.Nursery,
+        seeds: Sequence[str],
+        retry_for: float,
+        name: str,
+        idempotent: bool = True,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster publisher needs at least one seed address")
@@ -72,14 +90,24 @@ class ClusterPublisher:
         self._next_seed = 0
         #: The node that last acked each key (bounded by the keys used).
         self._leaders: dict[str, str] = {}
+        #: One producer for every node (0: not idempotent), and the sequence
+        #: of the next batch's first message.
+        self.producer_id = (secrets.randbits(64) or 1) if idempotent else 0
+        self._next_sequence = 1
+        self._one_batch = trio.Lock()
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, seeds: Sequence[str], retry_for: float = 10.0, name: str = ""
+        cls,
+        seeds: Sequence[str],
+        retry_for: float = 10.0,
+        name: str = "",
+        *,
+        idempotent: bool = True,
     ) -> AsyncIterator[ClusterPublisher]:
         async with trio.open_nursery() as nursery:
-            publisher = cls(nursery, seeds, retry_for, name)
+            publisher = cls(nursery, seeds, retry_for, name, idempotent)
             try:
                 yield publisher
             finally:
@@ -90,7 +118,17 @@ class ClusterPublisher:
         self, key: str, payloads: Sequence[bytes], *, key_partition: bytes = b""
     ) -> list[AckedRun]:
         """Publish ``payloads`` on ``key`` as one acked batch; returns the
-        offsets once acked. Raises the last BrokyError after ``retry_for``."""
+        offsets once acked. Raises the last BrokyError after ``retry_for``
+        (the batch may then be stored or not; a later batch is not held
+        back by it). Calls wait for each other (module docstring)."""
+        async with self._one_batch:
+            first_sequence = self._next_sequence
+            self._next_sequence += len(payloads)
+            return await self._publish(key, payloads, key_partition, first_sequence)
+
+    async def _publish(
+        self, key: str, payloads: Sequence[bytes], key_partition: bytes, first_sequence: int
+    ) -> list[AckedRun]:
         deadline = trio.current_time() + self.retry_for
         address = self._leaders.get(key) or self._seed()
         backoff = FIRST_BACKOFF
@@ -98,6 +136,8 @@ class ClusterPublisher:
             try:
                 with trio.fail_after(ATTEMPT_TIMEOUT):
                     client = await self._client(address)
+                    if self.producer_id:
+                        client.continue_producer(self.producer_id, first_sequence)
                     for payload in payloads:
                         await client.publish(key, payload, key_partition=key_partition, ack=True)
                     acked = await client.flush_acks()
@@ -106,7 +146,9 @@ class ClusterPublisher:
             except (BrokyError, trio.TooSlowError, OSError) as exc:
                 error = exc
                 refusal = exc if isinstance(exc, BrokyError) else None
-                if isinstance(exc, ConnectionClosed) or refusal is None:
+                found = self._clients.get(address)
+                lost = found is None or found[0].closed
+                if isinstance(exc, ConnectionClosed) or refusal is None or lost:
                     self._drop(address)  # a refusal leaves the connection usable
                     address = self._seed()
                 elif refusal.code not in RETRIABLE:
@@ -139,7 +181,12 @@ class ClusterPublisher:
         stop = trio.Event()
         started = False
         try:
-            async with connect(address, name=self.name) as client:
+            async with connect(
+                address, name=self.name, idempotent=bool(self.producer_id)
+            ) as client:
+                # A lost connection fails the batch at once: this publisher
+                # retries it on whichever node leads now, not on this one.
+                client.retry_timeout = 0.0
                 self._clients[address] = (client, stop)
                 task_status.started(client)
                 started = True

@@ -68,10 +68,13 @@ class ReplicaGate(Protocol):
         stamps: Sequence[int],
         deliver: Callable[[], None],
         fail: Callable[[ErrorCode, str], None],
+        producers: Sequence[Identity] | None = None,
     ) -> None:
-        """``runs`` (stamped ``stamps``) were stored from ``offset`` and
-        fsynced: call ``deliver`` once the high watermark passes them, or
-        ``fail`` if that cannot be promised."""
+        """``runs`` (stamped ``stamps``, published by ``producers``: each
+        run's idempotent producer and first sequence, None: no idempotent
+        run) were stored from ``offset`` and fsynced: call ``deliver`` once
+        the high watermark passes them, or ``fail`` if that cannot be
+        promised."""
 
 
 def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
@@ -216,7 +219,7 @@ class PartitionOwner:
             outcome, results = await trio.to_thread.run_sync(
                 self._round, [] if refusal else runs, stamps, producers, requests, tick
             )
-            self._finish(parts, runs, stamps, refusal or outcome, nbytes)
+            self._finish(parts, runs, stamps, refusal or outcome, nbytes, producers)
             if plan is not None and plan.answered:
                 self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
@@ -268,6 +271,7 @@ class PartitionOwner:
         stamps: list[int],
         outcome: int | Exception | tuple[ErrorCode, str] | None,
         nbytes: int,
+        producers: list[Identity] | None = None,
     ) -> None:
         """Back on the trio thread: settle the round now, or, for a
         replicated partition, once the high watermark passes it
@@ -288,6 +292,7 @@ class PartitionOwner:
                 stamps,
                 partial(self._settle, parts, runs, stamps, outcome, nbytes),
                 fail,
+                producers,
             )
             return
         self._settle(parts, runs, stamps, outcome, nbytes)

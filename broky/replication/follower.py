@@ -15,7 +15,9 @@ Order of a follower's duties for leader epoch E (KIP-101 / KIP-279):
    while the logs do not yet agree; then record E as our fence, durably;
 2. fetch from our log end, append what comes, fsync, and report the new
    durable end in the next fetch; take the leader's high watermark (capped
-   at our end) for our readers.
+   at our end) for our readers; store the subscription state that came
+   with the answer (broky.subscriptions.replica) and report it stored in
+   the next fetch.
 
 Runs whose epoch is newer than our latest add an epoch entry, so our
 history matches the leader's and a later failover truncates correctly.
@@ -73,6 +75,11 @@ class Follower:
         self.leader_address = leader_address
         self.epoch = epoch
         self.node_epoch = node_epoch
+        #: The leader's subscription state stored here: its journal's
+        #: ``(epoch, version)`` (broky.subscriptions.journal; -1: none yet,
+        #: so the first answer of this leadership is a resync).
+        self.state_epoch = -1
+        self.state_version = -1
 
     async def run(self) -> None:
         """Follow until cancelled (a new etcd state starts a new Follower)."""
@@ -149,6 +156,8 @@ class Follower:
                 self.node_epoch,
                 end,
                 end,
+                self.state_epoch,
+                self.state_version,
             )
             with trio.fail_after(REQUEST_TIMEOUT):
                 answer = await link.request(fetch)
@@ -167,6 +176,11 @@ class Follower:
                 raise _Retry(f"unexpected answer {type(answer).__name__}")
             if answer.runs:
                 await owner.call(partial(self._append, answer.runs))
+            if answer.state is not None:
+                # Stored (fsynced) before the next fetch reports it.
+                if replica.subscriptions is not None:
+                    await replica.subscriptions.store(answer.state)
+                self.state_epoch, self.state_version = answer.state.epoch, answer.state.version
             replica.high_watermark = max(
                 replica.high_watermark, min(answer.high_watermark, owner.end_offset)
             )
@@ -190,6 +204,7 @@ class Follower:
         history = self.replica.history
         saved = False
         contiguous: list[Run] = []
+        producers: list[tuple[int, int]] = []
         end = partition_log.end_offset
         for run in runs:
             if run.base_offset != end:
@@ -199,10 +214,16 @@ class Follower:
                 history.assign(run.epoch, run.base_offset)
                 saved = True
             contiguous.append(Run(run.key, run.ts_broker, run.count, run.sizes, run.messages))
+            producers.append((run.producer, run.sequence))
             end += run.count
         if contiguous:
-            # One write for the whole answer, as the leader's group commit.
-            partition_log.append(contiguous, [run.ts_broker for run in contiguous])
+            # One write for the whole answer, as the leader's group commit;
+            # with the producer columns, which a new leader's window needs.
+            partition_log.append(
+                contiguous,
+                [run.ts_broker for run in contiguous],
+                producers if any(producer for producer, _ in producers) else None,
+            )
         partition_log.sync()
         if saved:
             epochfile.save(partition_log.directory, history, self.replica.fence)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import trio
 
@@ -35,6 +36,7 @@ from broky.cluster.epochs import EpochHistory
 from broky.cluster.isr import Acks, LeaderIsr, Outcome
 from broky.cluster.leadership import Term
 from broky.durable.owner import PartitionOwner
+from broky.durable.producers import Identity
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.replication.epochfile import epoch_at
@@ -47,6 +49,7 @@ from broky.replication.wire import (
     RefusalReason,
     Refused,
     ReplicatedRun,
+    StateUpdate,
 )
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import PartitionLog
@@ -65,6 +68,29 @@ RECENT_BYTES = 4 * 1024 * 1024
 _Token = tuple[Callable[[], None], Callable[[ErrorCode, str], None]]
 
 
+class SubscriptionRole(Protocol):
+    """What the partition's durable subscriptions do with its role
+    (broky.subscriptions.replica): their state moves with the partition."""
+
+    async def lead(self, epoch: int) -> None:
+        """Serve the subscriptions from the state stored here (before the
+        partition takes publishes as leader of ``epoch``)."""
+
+    def step_down(self) -> None:
+        """Stop serving them (this node no longer leads)."""
+
+    def state_since(self, epoch: int, version: int) -> StateUpdate | None:
+        """As leader: the state a follower at ``(epoch, version)`` lacks."""
+
+    def readable(self, high_watermark: int) -> None:
+        """As leader: the high watermark moved. Rounds this node stored as
+        leader announce themselves when acked; what it took over from the
+        previous leader becomes readable only this way."""
+
+    async def store(self, update: StateUpdate) -> None:
+        """As follower: store the leader's ``update`` durably."""
+
+
 class _Leading:
     """This node's leadership of the partition at one epoch."""
 
@@ -77,8 +103,15 @@ class _Leading:
         self.recent: deque[ReplicatedRun] = deque()
         self.recent_bytes = 0
 
-    def remember(self, offset: int, runs: Sequence[Run], stamps: Sequence[int]) -> None:
-        for run, stamp in zip(runs, stamps, strict=True):
+    def remember(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        producers: Sequence[Identity] | None,
+    ) -> None:
+        identities = producers or [(0, 0)] * len(runs)
+        for run, stamp, (producer, sequence) in zip(runs, stamps, identities, strict=True):
             copy = ReplicatedRun(
                 self.term.epoch,
                 offset,
@@ -87,6 +120,8 @@ class _Leading:
                 stamp,
                 bytes(run.sizes),
                 bytes(run.messages),
+                producer,
+                sequence,
             )
             self.recent.append(copy)
             self.recent_bytes += len(copy.messages)
@@ -142,6 +177,8 @@ class PartitionReplica:
         #: The topic's acks setting: "leader" acks at this node's fsync
         #: (lost if it fails before a follower has it), "all" at the HW.
         self.acks = Acks(owner.topic.acks)
+        #: The partition's durable subscriptions (None: none attached yet).
+        self.subscriptions: SubscriptionRole | None = None
         self._changed = trio.Event()
 
     @property
@@ -173,6 +210,7 @@ class PartitionReplica:
         stamps: Sequence[int],
         deliver: Callable[[], None],
         fail: Callable[[ErrorCode, str], None],
+        producers: Sequence[Identity] | None = None,
     ) -> None:
         end = offset + sum(run.count for run in runs)
         leading = self.leading
@@ -183,7 +221,7 @@ class PartitionReplica:
             )
             return
         leading.tokens.append((deliver, fail))
-        leading.remember(offset, runs, stamps)
+        leading.remember(offset, runs, stamps, producers)
         leading.isr.appended(end, len(leading.tokens), self.acks)
         leading.isr.synced(end)
         self.settle()
@@ -204,6 +242,8 @@ class PartitionReplica:
         may or may not survive the failover)."""
         self.leader_hint = hint
         leading, self.leading = self.leading, None
+        if self.subscriptions is not None:
+            self.subscriptions.step_down()
         if leading is None:
             return
         reason = f"{self.node_id} stopped leading {self.name} at epoch {leading.term.epoch}; {hint}"
@@ -225,6 +265,8 @@ class PartitionReplica:
                 fail(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading))
         if leading.isr.high_watermark != self.high_watermark:
             self.high_watermark = leading.isr.high_watermark
+            if self.subscriptions is not None:
+                self.subscriptions.readable(self.high_watermark)
             self._wake()
 
     def _too_few(self, leading: _Leading) -> str:
@@ -232,6 +274,10 @@ class PartitionReplica:
             f"{self.name}: {len(leading.isr.committed_isr)} replicas in sync, "
             f"{leading.isr.settings.min_insync} needed; retry shortly"
         )
+
+    def state_changed(self) -> None:
+        """The subscriptions committed new state: followers fetch it now."""
+        self._wake()
 
     def _wake(self) -> None:
         self._changed.set()
@@ -273,11 +319,12 @@ class PartitionReplica:
             return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
         if request.offset < self.owner.start_offset:
             return self._before_start(leading, request.offset)
-        if request.offset == self.owner.end_offset:
+        if request.offset == self.owner.end_offset and self._state_for(request) is None:
             with trio.move_on_after(FETCH_WAIT):
                 await self._changed.wait()
         if self.leading is not leading:
             return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
+        state = self._state_for(request)
         history = self.history
 
         def read(partition_log: PartitionLog) -> list[ReplicatedRun]:
@@ -290,6 +337,8 @@ class PartitionReplica:
                     batch.ts_broker,
                     bytes(batch.sizes),
                     bytes(batch.messages),
+                    batch.producer,
+                    batch.sequence,
                 )
                 for batch in partition_log.read(request.offset, FETCH_MAX_BYTES)
             ]
@@ -301,7 +350,13 @@ class PartitionReplica:
             except OffsetOutOfRangeError:
                 # Retention ran between the check above and the read.
                 return self._before_start(leading, request.offset)
-        return Fetched(leading.term.epoch, self.high_watermark, tuple(runs))
+        return Fetched(leading.term.epoch, self.high_watermark, tuple(runs), state)
+
+    def _state_for(self, request: Fetch) -> StateUpdate | None:
+        subscriptions = self.subscriptions
+        if subscriptions is None:
+            return None
+        return subscriptions.state_since(request.state_epoch, request.state_version)
 
     def _before_start(self, leading: _Leading, offset: int) -> Refused:
         """Retention deleted ``offset``: without this answer the follower

@@ -334,6 +334,9 @@ class ReplicationService:
             )
             replica.lead(term, isr, hint)
             log.info("%s: leading at epoch %d from offset %d", replica.name, term.epoch, end)
+            if replica.subscriptions is not None:
+                # The subscriptions as this node stored them (as a follower).
+                await replica.subscriptions.lead(term.epoch)
             self.events.led(
                 owner.topic.name,
                 owner.partition,

@@ -9,10 +9,12 @@ the bytes that matter are never re-encoded.
 Messages, by direction:
 
 - follower -> leader: ``Fetch`` (from my log end; my durable offset, which
-  doubles as my ack), ``EpochEnd`` (where does my latest epoch end in your
-  log? KIP-101's OffsetsForLeaderEpoch);
+  doubles as my ack; the subscription state I have stored), ``EpochEnd``
+  (where does my latest epoch end in your log? KIP-101's
+  OffsetsForLeaderEpoch);
 - leader -> follower: ``Fetched`` (runs, each with the epoch it was written
-  in, and the high watermark), ``EpochEnded``, ``Refused`` (a typed reason);
+  in, the high watermark, and the subscription state the follower lacks:
+  broky.subscriptions.journal), ``EpochEnded``, ``Refused`` (a typed reason);
 - operator -> any member: ``ProgressRequest``, answered by ``Progress`` (each
   partition's role, epoch, log end, high watermark and, on its leader, the
   followers' lag), for ``broky cluster status``.
@@ -23,6 +25,8 @@ connection and logs it, nothing else.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import json
 import struct
@@ -75,6 +79,10 @@ class Fetch:
     offset: int
     #: Everything below this the follower has fsynced: its ack.
     durable: int
+    #: The subscription state the follower has stored: the leadership
+    #: (epoch) and the version within it (-1: none yet; StateJournal).
+    state_epoch: int = -1
+    state_version: int = -1
 
 
 @attrs.frozen
@@ -89,7 +97,11 @@ class EpochEnd:
 @attrs.frozen
 class ReplicatedRun:
     """One run of the leader's log: its offsets, key, stamp and the epoch it
-    was written in; ``sizes`` and ``messages`` as stored."""
+    was written in; ``sizes`` and ``messages`` as stored; the idempotent
+    producer that published it and the sequence of its first message (0, 0:
+    none), which the follower stores with it: a follower that takes the lead
+    rebuilds its deduplication window from them (broky.durable.producers), so
+    a retry of a publish the deposed leader stored is not stored again."""
 
     epoch: int
     base_offset: int
@@ -98,6 +110,36 @@ class ReplicatedRun:
     ts_broker: int
     sizes: bytes
     messages: bytes
+    producer: int = 0
+    sequence: int = 0
+
+
+@attrs.frozen
+class StateEntry:
+    """One durable subscription's state in the partition, as its leader
+    committed it: the definition (JSON) and image (broky.subscriptions.image);
+    both empty for a subscription the leader deleted (a tombstone)."""
+
+    version: int
+    subscription: str
+    definition: str
+    image: bytes
+
+    @property
+    def deleted(self) -> bool:
+        return not self.definition
+
+
+@attrs.frozen
+class StateUpdate:
+    """Subscription state for a follower: store ``entries`` (and, on a
+    resync, drop every subscription not in ``names``), then report
+    ``(epoch, version)`` in the next Fetch."""
+
+    epoch: int
+    version: int
+    names: tuple[str, ...] | None
+    entries: tuple[StateEntry, ...]
 
 
 @attrs.frozen
@@ -105,6 +147,7 @@ class Fetched:
     epoch: int
     high_watermark: int
     runs: tuple[ReplicatedRun, ...]
+    state: StateUpdate | None = None
 
 
 @attrs.frozen
@@ -165,6 +208,7 @@ def encode(message: Message) -> bytes:
             "t": "fetched",
             "epoch": message.epoch,
             "hw": message.high_watermark,
+            "state": None if message.state is None else _state_header(message.state),
             "runs": [
                 [
                     r.epoch,
@@ -174,6 +218,7 @@ def encode(message: Message) -> bytes:
                     r.ts_broker,
                     len(r.sizes),
                     len(r.messages),
+                    *((r.producer, r.sequence) if r.producer else ()),
                 ]
                 for r in message.runs
             ],
@@ -206,6 +251,43 @@ def encode(message: Message) -> bytes:
     return _LENGTHS.pack(4 + len(encoded) + len(payload), len(encoded)) + encoded + payload
 
 
+def _state_header(update: StateUpdate) -> dict[str, Any]:
+    return {
+        "epoch": update.epoch,
+        "version": update.version,
+        "names": None if update.names is None else list(update.names),
+        "entries": [
+            [e.version, e.subscription, e.definition, base64.b64encode(e.image).decode()]
+            for e in update.entries
+        ],
+    }
+
+
+def _state(header: object) -> StateUpdate | None:
+    if header is None:
+        return None
+    if not isinstance(header, dict):
+        raise ReplicationProtocolError("subscription state is not an object")
+    names = header["names"]
+    if names is not None and not isinstance(names, list):
+        raise ReplicationProtocolError("subscription names are not a list")
+    entries = []
+    for entry in header["entries"]:
+        if not isinstance(entry, list) or len(entry) != 4:
+            raise ReplicationProtocolError(f"not a state entry: {entry!r:.60}")
+        try:
+            image = base64.b64decode(_str(entry[3]), validate=True)
+        except binascii.Error as exc:
+            raise ReplicationProtocolError(f"a state image is not base64: {exc}") from exc
+        entries.append(StateEntry(_int(entry[0]), _str(entry[1]), _str(entry[2]), image))
+    return StateUpdate(
+        _int(header["epoch"]),
+        _int(header["version"]),
+        None if names is None else tuple(_str(name) for name in names),
+        tuple(entries),
+    )
+
+
 def _int(value: object) -> int:
     if type(value) is not int:
         raise ReplicationProtocolError(f"expected an integer, got {value!r:.40}")
@@ -229,6 +311,8 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
             _int(header["node_epoch"]),
             _int(header["offset"]),
             _int(header["durable"]),
+            _int(header.get("state_epoch", -1)),
+            _int(header.get("state_version", -1)),
         )
     if kind == "epochend":
         return EpochEnd(
@@ -255,9 +339,12 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
         runs = []
         position = 0
         for entry in header["runs"]:
-            if not isinstance(entry, list) or len(entry) != 7:
+            if not isinstance(entry, list) or len(entry) not in (7, 9):
                 raise ReplicationProtocolError(f"not a run entry: {entry!r:.60}")
-            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry
+            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry[:7]
+            producer, sequence = (_int(entry[7]), _int(entry[8])) if len(entry) == 9 else (0, 0)
+            if not (0 < producer < 1 << 64 and 0 <= sequence < 1 << 64) and len(entry) == 9:
+                raise ReplicationProtocolError(f"not a producer identity: {entry[7:]!r:.60}")
             count, sizes_length, messages_length = (
                 _int(count),
                 _int(sizes_length),
@@ -280,6 +367,8 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
                 _int(ts_broker),
                 bytes(payload[position:sizes_end]),
                 bytes(payload[sizes_end:messages_end]),
+                producer,
+                sequence,
             )
             try:
                 check_sizes(run.sizes, run.messages)
@@ -289,7 +378,9 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
             position = messages_end
         if position != len(payload):
             raise ReplicationProtocolError("bytes left over after the runs")
-        return Fetched(_int(header["epoch"]), _int(header["hw"]), tuple(runs))
+        return Fetched(
+            _int(header["epoch"]), _int(header["hw"]), tuple(runs), _state(header.get("state"))
+        )
     raise ReplicationProtocolError(f"unknown message type {kind!r}")
 
 

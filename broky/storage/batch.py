@@ -127,6 +127,12 @@ class StoredBatch:
     #: ``RUN_BUDGET_OVERHEAD`` (its table entry, and room for its wire chunk).
     #: A slice keeps its run's.
     stored_bytes: int
+    #: The idempotent producer that published the run (0: none; a version 3
+    #: batch's column) and the sequence of the run's first message here:
+    #: what a follower stores with the run so that its deduplication window,
+    #: rebuilt when it takes the lead, recognises the producer's retries.
+    producer: int = 0
+    sequence: int = 0
 
     @property
     def next_offset(self) -> int:
@@ -177,6 +183,8 @@ class StoredBatch:
             self.sizes[4 * first : 4 * last],
             self.messages[byte_start:byte_stop],
             self.stored_bytes,
+            self.producer,
+            self.sequence + first if self.producer else 0,
         )
 
 
@@ -476,6 +484,9 @@ class RecordBatch:
     keys: memoryview
     sizes: memoryview
     messages: memoryview
+    #: Version 3: each run's producer id and first sequence (empty before).
+    producers: Sequence[int] = ()
+    sequences: Sequence[int] = ()
 
     @property
     def next_offset(self) -> int:
@@ -493,8 +504,9 @@ class RecordBatch:
         sizes = u32_array(self.sizes)
         log_time = self.log_time
         one_run = self.version == 1
-        for ts_broker, count, key_length in zip(
-            self.ts_brokers, self.counts, self.key_lengths, strict=True
+        producers = self.producers
+        for index, (ts_broker, count, key_length) in enumerate(
+            zip(self.ts_brokers, self.counts, self.key_lengths, strict=True)
         ):
             end = offset + count
             if offset >= stop:
@@ -514,6 +526,8 @@ class RecordBatch:
                     self.stored_bytes
                     if one_run
                     else RUN_BUDGET_OVERHEAD + key_length + 4 * count + length,
+                    producers[index] if producers else 0,
+                    self.sequences[index] if producers and producers[index] else 0,
                 )
                 yield run if start <= offset and end <= stop else run.slice(start, stop)
                 position += length
@@ -539,6 +553,8 @@ def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
         return "CRC32C mismatch"
     keys_at = position + BATCH_HEADER_BYTES
     runs = header.run_count
+    producers: Sequence[int] = ()
+    sequences: Sequence[int] = ()
     if header.version == 1:
         ts_brokers: Sequence[int] = (header.ts_broker,)
         counts: Sequence[int] = (header.count,)
@@ -548,6 +564,9 @@ def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
         ts_brokers, counts, key_lengths = columns[:runs], columns[runs:-runs], columns[-runs:]
         if min(counts) < 1 or sum(counts) != header.count:
             return "run counts disagree with the message count"
+        if header.version == 3:
+            identities = struct.unpack_from(f"<{2 * runs}Q", view, keys_at + 16 * runs)
+            producers, sequences = identities[:runs], identities[runs:]
         keys_at += header.entry_bytes * runs
     sizes_at = keys_at + header.keys_length + _pad8(header.keys_length)
     messages_at = sizes_at + 4 * header.count + _pad8(4 * header.count)
@@ -566,6 +585,8 @@ def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
         view[keys_at : keys_at + header.keys_length],
         sizes,
         view[messages_at : messages_at + header.messages_length],
+        producers,
+        sequences,
     )
 
 

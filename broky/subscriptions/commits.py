@@ -9,7 +9,9 @@ registered has committed: that is when an ack receipt may leave, and when
 the dispatchers' crash gates open (``Dispatcher.committed``).
 
 Ownership: the committer owns the state store; the sqlite calls run in a
-worker thread (sqlite blocks for the fsync), one round at a time, and the
+worker thread (sqlite blocks for the fsync), one at a time (a commit round,
+or, for a replicated partition, a follower storing its leader's rows or a
+new leader reading them back: broky.subscriptions.replica), and the
 dispatchers are only touched on the trio thread, before and after it.
 """
 
@@ -21,6 +23,7 @@ from typing import Final
 
 import trio
 
+from broky.replication.wire import StateUpdate
 from broky.storage.errors import StorageError
 from broky.storage.state import StateStore
 from broky.subscriptions.dispatch import Dispatcher
@@ -62,6 +65,12 @@ class GroupCommitter:
         #: Called after every committed round, once the dispatchers' gates
         #: opened (their ``events`` may hold new deliveries then).
         self.on_commit: Callable[[], None] | None = None
+        #: Called with the rows and the deleted subscriptions of every
+        #: committed round (before its callbacks): what a replicated
+        #: partition's followers must copy.
+        self.on_rows: Callable[[list[tuple[ImageKey, bytes]], set[str]], None] | None = None
+        #: One sqlite call at a time (module docstring).
+        self._store_lock = trio.Lock()
         self._acks = 0
         self._wake = trio.Event()
         self._full = trio.Event()
@@ -131,7 +140,8 @@ class GroupCommitter:
         images = {key: dispatcher.tracker.image() for key, dispatcher in dirty.items()}
         rows = [(key, encode_image(image)) for key, image in images.items()]
         try:
-            await trio.to_thread.run_sync(self._write, rows, definitions, deleted)
+            async with self._store_lock:
+                await trio.to_thread.run_sync(self._write, rows, definitions, deleted)
         except StorageError as exc:
             # Nothing was promised yet: keep everything for the next round.
             log.error("subscription state commit failed: %s", exc)
@@ -153,6 +163,8 @@ class GroupCommitter:
             await trio.sleep(self.interval)
             return
         self.commits += 1
+        if self.on_rows is not None and (rows or deleted):
+            self.on_rows(rows, deleted)
         now = trio.current_time()
         for key, image in images.items():
             dirty[key].committed(image, now)
@@ -160,6 +172,39 @@ class GroupCommitter:
             callback()
         if self.on_commit is not None:
             self.on_commit()
+
+    def discard_changes(self) -> None:
+        """Write nothing more of the dispatchers changed so far (they were
+        dropped); callbacks still run after the next round."""
+        self._dirty.clear()
+        self._definitions.clear()
+        self._deleted.clear()
+
+    async def store_rows(self, update: StateUpdate, topic: str, partition: int) -> None:
+        """Store a leader's rows of ``topic``/``partition`` (a follower's
+        copy), durably, in one transaction; on a resync, drop the
+        subscriptions the leader does not have."""
+        async with self._store_lock:
+            await trio.to_thread.run_sync(self._store_rows, update, topic, partition)
+
+    async def reload(self) -> tuple[dict[ImageKey, SubscriptionImage], dict[str, str]]:
+        """Every stored image and definition (a follower taking the lead)."""
+        async with self._store_lock:
+            return await trio.to_thread.run_sync(lambda: (self.load(), self.load_definitions()))
+
+    def _store_rows(self, update: StateUpdate, topic: str, partition: int) -> None:
+        with self._store.transaction() as transaction:
+            if update.names is not None:
+                kept = set(update.names)
+                for subscription, _ in self._store.load_definitions():
+                    if subscription not in kept:
+                        transaction.delete(subscription)
+            for entry in update.entries:
+                if entry.deleted:
+                    transaction.delete(entry.subscription)
+                    continue
+                transaction.save_definition(entry.subscription, entry.definition)
+                transaction.save_image(entry.subscription, topic, partition, entry.image)
 
     def close(self) -> None:
         """Close the state store (after ``run`` ended: nothing is pending)."""

@@ -51,6 +51,7 @@ from broky.subscriptions.slots import NOBODY, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
 if TYPE_CHECKING:
+    from broky.subscriptions.replica import SubscriptionReplica
     from broky.subscriptions.service import SubscriptionService
 
 log = logging.getLogger("broky.subscriptions")
@@ -90,6 +91,11 @@ class PartitionSubscriptions:
         self._ticked_at = float("-inf")
         #: Offsets whose dead-letter append failed, retried next round.
         self.dead_letter_retry: list[tuple[str, DeadLetter]] = []
+        #: A replicated partition's role (None: not replicated, always serving).
+        self.role: SubscriptionReplica | None = None
+        #: Bumped when every dispatcher is dropped: a round that awaited
+        #: across it stops (its dispatchers are gone).
+        self.generation = 0
 
     @classmethod
     def open(cls, service: SubscriptionService, owner: PartitionOwner) -> PartitionSubscriptions:
@@ -125,6 +131,23 @@ class PartitionSubscriptions:
         matcher.add(definition.pattern, 0)
         self._filters[name] = matcher
         return dispatcher
+
+    @property
+    def serving(self) -> bool:
+        """Consumers may attach here (False: a replicated partition this
+        node does not lead)."""
+        return self.role is None or self.role.serving
+
+    def drop_all(self) -> None:
+        """Forget every subscription in memory (a replicated partition this
+        node stopped leading: broky.subscriptions.replica); the state store
+        keeps them, and uncommitted changes are not written any more."""
+        self.generation += 1
+        self.dispatchers.clear()
+        self.definitions.clear()
+        self._filters.clear()
+        self.dead_letter_retry.clear()
+        self.committer.discard_changes()
 
     def create(self, definition: Definition, cursor: int) -> Dispatcher:
         """A new subscription starting at ``cursor``: its definition and
@@ -238,8 +261,11 @@ class PartitionSubscriptions:
             if (count := dispatcher.wants()) > 0
         }
         progressed = False
+        generation = self.generation
         if wanted:
             reads = await self.owner.call(lambda log: _read_new(log, wanted))
+            if generation != self.generation:
+                return
             now = trio.current_time()
             for name, (log_start, batches) in reads.items():
                 if self.dispatchers.get(name) is not serving[name]:
@@ -269,6 +295,8 @@ class PartitionSubscriptions:
                     self.dispatchers[name].events[:0] = taken
                 self.dead_letter_retry[:0] = retry
                 raise
+            if generation != self.generation:
+                return
         for name, batch in events.items():
             if self.dispatchers.get(name) is serving.get(name):
                 self._carry_out(name, batch, cache)

@@ -30,6 +30,7 @@ from broky.durable.acks import AckTicket
 from broky.durable.store import DurableStore
 from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.frames import Consume, Settle
+from broky.replication.gate import PartitionReplica
 from broky.router.matcher import patterns_overlap
 from broky.router.outbox import Outlet
 from broky.storage.errors import StorageError
@@ -46,6 +47,7 @@ from broky.subscriptions.deletion import Deletion, delete_subscription
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
+from broky.subscriptions.replica import SubscriptionReplica
 from broky.subscriptions.watch import SubscriptionStatus, Watch
 
 log = logging.getLogger("broky.subscriptions")
@@ -83,6 +85,15 @@ class SubscriptionService:
         if loaded:
             log.info("durable subscriptions loaded: %s", ", ".join(loaded))
         async with trio.open_nursery() as nursery:
+            for partition in self.partitions.values():
+                replica = partition.owner.replica
+                if isinstance(replica, PartitionReplica):
+                    # Served only while this node leads the partition.
+                    role = partition.role = SubscriptionReplica(partition, replica)
+                    partition.drop_all()
+                    replica.subscriptions = role
+                    if replica.leading is not None:
+                        nursery.start_soon(role.lead, replica.leading.term.epoch)
             for partition in self.partitions.values():
                 nursery.start_soon(partition.run)
             nursery.start_soon(self.watch.run)
@@ -229,6 +240,15 @@ class SubscriptionService:
                 "(run with --workers 1, or connect to each owner's port)",
             )
         partitions = [self.partitions[key] for key in wanted]
+        served = [partition for partition in partitions if partition.serving]
+        if not served:
+            # A replicated topic: its subscriptions are served by the leaders.
+            raise Refused(
+                ErrorCode.NOT_LEADER,
+                f"subscription {name!r}: "
+                + "; ".join(p.role.refusal() for p in partitions if p.role is not None),
+            )
+        partitions = served
         for partition in partitions:
             existing = partition.definitions.get(name)
             mismatch = existing.mismatch(frame) if existing is not None else None

@@ -9,8 +9,8 @@ counts, without stopping at the first problem:
   a replica of the final ISR;
 - **divergent**: an offset two replicas both hold with different bytes;
 - **duplicates**: a payload stored more than once in a partition (a retry
-  of a publish that had been stored: expected until idempotent producers,
-  so reported, not failed);
+  of a publish that had been stored; counted here, and the callers assert
+  it is 0 for idempotent publishers);
 - **out of order**: one client's acked publishes to a partition at offsets
   that do not grow with its sequence numbers.
 """

@@ -26,6 +26,7 @@ def local_nodes(
     count: int = 3,
     network: Network | None = None,
     workers: int = 1,
+    topic: TopicSpec = TOPIC,
 ) -> Iterator[list[LocalNode]]:
     """``count`` started nodes, SIGKILLed (by PID) at the end whatever
     happened; with a ``network``, each in a namespace of its own on it
@@ -43,7 +44,7 @@ def local_nodes(
                 cluster,
                 name,
                 directory / name,
-                TOPIC,
+                topic,
                 host=host,
                 wrapper=wrapper,
                 workers=workers,

@@ -14,7 +14,7 @@ from broky.cluster.leadership import Term
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.replication.gate import PartitionReplica
-from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused
+from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused, StateUpdate
 from tests.storage.runs import make_run
 
 
@@ -183,6 +183,57 @@ async def test_acks_leader_acks_at_the_leaders_fsync_with_too_small_an_isr() -> 
     replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
     assert outcomes.delivered == 2
     assert replica.high_watermark == 0  # n2 has not fetched it yet
+
+
+async def test_fetched_runs_carry_their_producer() -> None:
+    """What a follower stores must name each run's idempotent producer, or
+    a new leader would store a retry of it again."""
+    replica, owner = _leading()
+    owner.end_offset = 3
+    replica.hold(
+        0, [_run(2), _run(1)], [7, 8], _Outcomes().deliver, _Outcomes().fail, [(0xAB, 5), (0, 0)]
+    )
+    answer = await replica.fetch(_fetch(durable=0))
+    assert isinstance(answer, Fetched)
+    assert [(run.producer, run.sequence) for run in answer.runs] == [(0xAB, 5), (0, 0)]
+
+
+class _Subscriptions:
+    """Records what the gate tells a partition's subscriptions."""
+
+    def __init__(self) -> None:
+        self.watermarks: list[int] = []
+        self.stepped_down = 0
+
+    async def lead(self, epoch: int) -> None:
+        raise AssertionError("the replication service calls lead, not the gate")
+
+    def step_down(self) -> None:
+        self.stepped_down += 1
+
+    def state_since(self, epoch: int, version: int) -> StateUpdate | None:
+        return None
+
+    def readable(self, high_watermark: int) -> None:
+        self.watermarks.append(high_watermark)
+
+    async def store(self, update: StateUpdate) -> None:
+        raise AssertionError("a leader stores nothing")
+
+
+async def test_subscriptions_hear_of_every_high_watermark_move_and_of_the_step_down() -> None:
+    """Records a new leader took over below its high watermark are acked by
+    no round of its own: only the watermark's move makes them deliverable."""
+    replica, owner = _leading()
+    subscriptions = _Subscriptions()
+    replica.subscriptions = subscriptions
+    owner.end_offset = 5
+    replica.hold(0, [_run(5)], [7], _Outcomes().deliver, _Outcomes().fail)
+    with trio.move_on_after(1):
+        await replica.fetch(_fetch(durable=5))
+    assert subscriptions.watermarks == [5]
+    replica.step_down("leader n2 at 127.0.0.1:2 (epoch 4)")
+    assert subscriptions.stepped_down == 1
 
 
 async def test_a_leader_whose_lease_may_be_gone_acks_nothing_until_renewed() -> None:

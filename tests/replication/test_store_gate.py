@@ -23,6 +23,8 @@ class _Gate:
         self.high_watermark = 0
         self.refuse: tuple[WireCode, str] | None = None
         self.held: list[tuple[int, Callable[[], None], Callable[[WireCode, str], None]]] = []
+        #: The producer identities of the held runs (what followers will store).
+        self.producers: list[tuple[int, int]] = []
 
     def refusal(self) -> tuple[WireCode, str] | None:
         return self.refuse
@@ -34,7 +36,9 @@ class _Gate:
         stamps: Sequence[int],
         deliver: Callable[[], None],
         fail: Callable[[WireCode, str], None],
+        producers: Sequence[tuple[int, int]] | None = None,
     ) -> None:
+        self.producers.extend(producers or [(0, 0)] * len(runs))
         self.held.append((offset + sum(run.count for run in runs), deliver, fail))
 
     def release(self) -> None:
@@ -66,6 +70,8 @@ async def test_acks_delivery_and_reads_wait_for_the_high_watermark(tmp_path: Pat
                     await trio.sleep(0.01)
                 await trio.sleep(0.1)
                 assert acked == []
+                # The replication role gets the run's producer to replicate.
+                assert gate.producers == [(client._acks.producer_id, 1)]
                 assert await reader.fetch("orders", 0, 0) == []
                 assert (await reader.partitions("orders"))[0].end_offset == 0
                 gate.release()

@@ -24,11 +24,13 @@ from broky.replication.wire import (
     Refused,
     ReplicatedRun,
     ReplicationProtocolError,
+    StateEntry,
+    StateUpdate,
     encode,
 )
 
 runs = st.builds(
-    lambda epoch, base, sizes, key, ts: ReplicatedRun(
+    lambda epoch, base, sizes, key, ts, producer, sequence: ReplicatedRun(
         epoch,
         base,
         len(sizes),
@@ -36,12 +38,32 @@ runs = st.builds(
         ts,
         b"".join(s.to_bytes(4, "little") for s in sizes),
         b"m" * sum(sizes),
+        producer,
+        sequence if producer else 0,
     ),
     st.integers(0, 2**31),
     st.integers(0, 2**40),
     st.lists(st.integers(0, 50), min_size=1, max_size=5),
     st.binary(min_size=1, max_size=20),
     st.integers(0, 2**62),
+    st.sampled_from([0, 1, 2**64 - 1]),
+    st.integers(0, 2**64 - 1),
+)
+states = st.builds(
+    StateUpdate,
+    st.integers(0, 99),
+    st.integers(0, 2**40),
+    st.none() | st.lists(st.text(max_size=8), max_size=3).map(tuple),
+    st.lists(
+        st.builds(
+            StateEntry,
+            st.integers(1, 2**40),
+            st.text(max_size=8),
+            st.text(max_size=20),
+            st.binary(max_size=20),
+        ),
+        max_size=3,
+    ).map(tuple),
 )
 messages = st.one_of(
     st.builds(
@@ -53,6 +75,8 @@ messages = st.one_of(
         st.integers(0, 99),
         st.integers(0, 2**40),
         st.integers(0, 2**40),
+        st.integers(-1, 99),
+        st.integers(-1, 2**40),
     ),
     st.builds(
         EpochEnd, st.text(max_size=10), st.integers(0, 99), st.integers(0, 99), st.integers(-1, 99)
@@ -70,7 +94,11 @@ messages = st.one_of(
         st.integers(0, 2**40),
     ),
     st.builds(
-        Fetched, st.integers(0, 99), st.integers(0, 2**40), st.lists(runs, max_size=4).map(tuple)
+        Fetched,
+        st.integers(0, 99),
+        st.integers(0, 2**40),
+        st.lists(runs, max_size=4).map(tuple),
+        st.none() | states,
     ),
     st.just(ProgressRequest()),
     st.builds(

@@ -62,6 +62,11 @@ def test_version_3_reads_back_like_version_2(
     assert [(r.base_offset, r.key, bytes(r.messages)) for r in v3.runs()] == [
         (r.base_offset, r.key, bytes(r.messages)) for r in v2.runs()
     ]
+    # Reads carry each run's producer (what replication sends to followers).
+    assert [(r.producer, r.sequence) for r in v3.runs()] == [
+        (producer, sequence if producer else 0) for producer, sequence in producers
+    ]
+    assert all((r.producer, r.sequence) == (0, 0) for r in v2.runs())
     data = encode_runs(base, 5, runs, producers=producers)
     header = read_header(data, 0)
     assert not isinstance(header, str)
@@ -102,3 +107,16 @@ def test_a_log_mixes_versions_and_finds_its_producers(tmp_path: Path) -> None:
         magics.append(data[position + 8 : position + 12])
         position += struct.unpack_from("<I", data, position)[0]
     assert magics == [BATCH_MAGIC_V2, BATCH_MAGIC_V3, BATCH_MAGIC_V2, BATCH_MAGIC_V3]
+
+
+def test_a_read_from_inside_a_run_starts_its_sequence_there(tmp_path: Path) -> None:
+    """A follower fetching from the middle of a producer's run stores the
+    rest as a run whose first sequence is that of its first message."""
+    with PartitionLog.open(str(tmp_path / "p")) as log:
+        log.append(
+            [make_run(b"a", [b"1", b"2", b"3"]), make_run(b"b", [b"4"])],
+            producers=[(5, 10), (0, 0)],
+        )
+        (first, second) = log.read(1)
+        assert (first.base_offset, first.count, first.producer, first.sequence) == (1, 2, 5, 11)
+        assert (second.producer, second.sequence) == (0, 0)
