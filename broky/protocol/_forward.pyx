@@ -229,7 +229,8 @@ cdef bytes _coalesced_chunk(Chunk* group, int n, int64_t count, int64_t messages
 #: that comes round again is now the same object, whose hash is cached and
 #: which the router's dicts find by identity. A slot holds one key, so a
 #: stream of ever-new keys only costs a hash and a compare per run.
-DEF _KEY_SLOTS = 4096
+cdef enum:
+    _KEY_SLOTS = 4096
 cdef list _keys = [None] * _KEY_SLOTS
 
 
