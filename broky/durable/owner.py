@@ -31,7 +31,8 @@ from broky.protocol.frames import EncodedRun, Run
 from broky.router.durable_runs import DurableEncodedRun
 from broky.storage.config import FsyncPolicy
 from broky.storage.errors import StorageError
-from broky.storage.log import LogStatistics, PartitionLog
+from broky.storage.log import PartitionLog
+from broky.storage.log_results import LogStatistics
 from broky.storage.recovery import RecoveryReport
 from broky.storage.topics import TopicPolicy
 

@@ -32,8 +32,6 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import Final
 
-import attrs
-
 from broky.protocol.frames import Run
 from broky.storage.batch import (
     BATCH_HEADER_BYTES,
@@ -43,6 +41,7 @@ from broky.storage.batch import (
 )
 from broky.storage.config import FsyncPolicy, LogConfig
 from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
+from broky.storage.log_results import AppendResult, LogStatistics, RetentionResult
 from broky.storage.recovery import RecoveryReport, open_segments
 from broky.storage.rewrite import cut_segments, replace_segments
 from broky.storage.segment import Segment, fsync_directory
@@ -68,46 +67,6 @@ BATCH_TARGET_BYTES: Final = 256 * 1024
 _PRODUCER: Final = itemgetter(0)
 #: A batch's bytes besides its runs: the header and at most three paddings.
 _BATCH_OVERHEAD: Final = BATCH_HEADER_BYTES + 3 * 7
-
-
-@attrs.frozen(slots=True)
-class AppendResult:
-    """Offsets given to an append: ``first_offset`` to ``last_offset``
-    inclusive, in the order of the runs (run *i* starts after the counts of
-    the runs before it)."""
-
-    first_offset: int
-    last_offset: int
-
-    @property
-    def count(self) -> int:
-        return self.last_offset - self.first_offset + 1
-
-
-@attrs.frozen(slots=True)
-class RetentionResult:
-    """What one retention pass deleted."""
-
-    deleted_segments: int
-    deleted_bytes: int
-    start_offset: int
-
-
-@attrs.frozen(slots=True)
-class LogStatistics:
-    """A snapshot of a log's counters since it was opened."""
-
-    start_offset: int
-    end_offset: int
-    durable_offset: int
-    segments: int
-    size_bytes: int
-    appended_batches: int
-    appended_messages: int
-    appended_bytes: int
-    fsyncs: int
-    rolls: int
-    deleted_segments: int
 
 
 class PartitionLog:
