@@ -33,12 +33,7 @@ from operator import itemgetter
 from typing import Final
 
 from broky.protocol.frames import Run
-from broky.storage.batch import (
-    BATCH_HEADER_BYTES,
-    StoredBatch,
-    encode_runs,
-    run_stored_bytes,
-)
+from broky.storage.batch import BATCH_HEADER_BYTES, StoredBatch, encode_runs, run_stored_bytes
 from broky.storage.config import FsyncPolicy, LogConfig
 from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
 from broky.storage.log_results import AppendResult, LogStatistics, RetentionResult
