@@ -27,7 +27,8 @@ from broky.connection.handler import ServerConnection
 from broky.connection.inproc import pipe_pair
 from broky.connection.peer import describe_peer
 from broky.connection.settings import ConnectionCounters
-from broky.durable.forwarding import Forwarder, OwnerChannel
+from broky.durable.forwarding import Forwarder
+from broky.durable.owner_channel import OwnerChannel
 from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability
