@@ -36,7 +36,8 @@ from broky.router.matcher import patterns_overlap, validate_pattern
 from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
-from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
+from broky.storage.log import PartitionLog
+from broky.storage.log_reads import DEFAULT_READ_BYTES
 
 #: Why the connection's principal may not read a pattern (None: it may).
 Refusal = Callable[[bytes], "str | None"]
