@@ -19,7 +19,8 @@ from broky.durable.owner import located_chunk
 from broky.durable.relays import PartitionListing, overlapping_owners
 from broky.durable.replay import Replay
 from broky.durable.store import DurableStore
-from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run
+from broky.protocol.chunk_reading import read_chunk_run
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType, ErrorCode, LinkKind, StartKind
 from broky.protocol.errors import RemoteProtocolError
