@@ -1,7 +1,8 @@
 """One replicated partition's role on this node: leader, follower or neither.
 
 ``PartitionReplica`` is what the partition's owner (broky.durable.store)
-asks before storing a publish and after fsyncing it (the ``ReplicaGate``
+asks before storing a publish, tells once it wrote it (followers fetch it
+while the owner fsyncs) and after fsyncing it (the ``ReplicaGate``
 protocol), and what the replication server asks when a follower fetches.
 It lives on the trio thread; the epoch history it holds changes only
 inside the owner's rounds (the log's thread), next to the log.
