@@ -37,6 +37,7 @@ from broky.client.errors import (
     unwrapped,
 )
 from broky.client.publishing import Publisher
+from broky.client.receiving import stream_receiver
 from broky.client.subscription import PendingSubscription, Subscription
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
@@ -424,9 +425,10 @@ class Client(Publisher):
 
     async def _reader(self, stream: trio.abc.Stream) -> None:
         machine = self._machine
+        receive = stream_receiver(stream, RECEIVE_BYTES)
         try:
             while True:
-                data = await stream.receive_some(RECEIVE_BYTES)
+                data = await receive()
                 if not data:
                     self._shutdown(ConnectionClosed(self._lost("the broker closed the connection")))
                     return
