@@ -61,17 +61,13 @@ async def test_a_drained_socket_parks_the_reader_before_the_next_read() -> None:
 async def test_a_full_read_checkpoints_so_other_tasks_run_between_reads() -> None:
     with pair() as (stream, peer), trio.fail_after(5):
         receiver = DirectReceiver(stream.socket, 10)
-        peer.sendall(b"x" * 100)
-        assert len(await receiver.receive()) == 10  # full: the next read does not wait
-        ran = []
-
-        async def other() -> None:
-            ran.append(True)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(other)
-            assert len(await receiver.receive()) == 10
-            assert ran == [True]
+        peer.sendall(bytes(range(100)))
+        assert await receiver.receive() == bytes(range(10))  # full: more may be waiting
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await receiver.receive()  # a checkpoint, before anything is read
+        assert scope.cancelled_caught
+        assert await receiver.receive() == bytes(range(10, 20))
 
 
 async def test_closing_the_stream_wakes_a_waiting_reader_with_closed_resource() -> None:
