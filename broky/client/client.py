@@ -37,7 +37,6 @@ from broky.client.errors import (
     unwrapped,
 )
 from broky.client.publishing import Publisher
-from broky.client.receiving import stream_receiver
 from broky.client.subscription import PendingSubscription, Subscription
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
@@ -67,6 +66,7 @@ from broky.protocol.frames import (
 )
 from broky.protocol.keys import encode_key
 from broky.protocol.message import Message, decode_run
+from broky.socket_reads import stream_receiver
 
 log = logging.getLogger("broky.client")
 

@@ -1,6 +1,7 @@
-"""Reading the client's socket with no wasted work between a delivery and its consumer.
+"""Reading a socket with no wasted work between one read and the next wait.
 
-At light load every message arrives alone: the client's reader task reads
+Used by the client's reader task (and any reader that hands what it read to
+another task). At light load every message arrives alone: the client's reader task reads
 it, hands its runs to a subscription (waking the task iterating it), and
 reads again. Through trio's ``SocketStream.receive_some`` that next read is
 a ``recv`` that fails with EAGAIN (a syscall and an exception through
@@ -31,7 +32,7 @@ import trio
 
 class DirectReceiver:
     """``receive_some`` for a plain socket, read with ``os.read`` (see the
-    module docstring). One task reads at a time (the client's reader)."""
+    module docstring). One task reads at a time."""
 
     def __init__(self, socket: trio.socket.SocketType, max_bytes: int) -> None:
         self._socket = socket
@@ -72,8 +73,8 @@ class DirectReceiver:
 def stream_receiver(
     stream: trio.abc.Stream, max_bytes: int
 ) -> Callable[[], Awaitable[bytes | bytearray]]:
-    """How the client's reader reads ``stream``: directly for a plain socket
-    on POSIX, through ``receive_some`` otherwise (TLS, in-memory streams)."""
+    """How a reader task reads ``stream``: directly for a plain socket on
+    POSIX, through ``receive_some`` otherwise (TLS, in-memory streams)."""
     if os.name == "posix" and isinstance(stream, trio.SocketStream):
         return DirectReceiver(stream.socket, max_bytes).receive
     return partial(stream.receive_some, max_bytes)

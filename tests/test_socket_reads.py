@@ -1,4 +1,4 @@
-"""The client's direct socket reads (broky.client.receiving): same bytes,
+"""Direct socket reads (broky.socket_reads): same bytes,
 same errors as ``receive_some``, and a drained socket parks the reader
 before anyone else runs, so a woken consumer goes first."""
 
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 import trio
 
-from broky.client.receiving import DirectReceiver, stream_receiver
+from broky.socket_reads import DirectReceiver, stream_receiver
 
 
 @contextmanager
