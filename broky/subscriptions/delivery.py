@@ -160,8 +160,11 @@ def delivery_frames(
         counts.clear()
         used = 0
 
+    find, cover = cache.find, cache.cover
     for first, stop, count in deliveries:
-        for batch, offset, upto in cache.cover(first, stop):
+        # One offset (every key-shared delivery) needs no cover generator.
+        pieces = ((find(first), first, stop),) if stop == first + 1 else cover(first, stop)
+        for batch, offset, upto in pieces:
             if batch is None:
                 lost.extend(range(offset, upto))
                 continue
