@@ -391,15 +391,16 @@ cdef object _NO_OFFSET = -1
 
 
 cdef object _new_run(object key, int64_t ts_broker, int64_t count, object sizes,
-                     object messages, object chunk):
+                     object messages, object chunk, object partition=_ZERO,
+                     object base_offset=_NO_OFFSET):
     cdef object run = _RUN_NEW(Run)
     PyObject_GenericSetAttr(run, _KEY, key)
     PyObject_GenericSetAttr(run, _TS_BROKER, ts_broker)
     PyObject_GenericSetAttr(run, _COUNT, count)
     PyObject_GenericSetAttr(run, _SIZES, sizes)
     PyObject_GenericSetAttr(run, _MESSAGES, messages)
-    PyObject_GenericSetAttr(run, _PARTITION, _ZERO)
-    PyObject_GenericSetAttr(run, _BASE_OFFSET, _NO_OFFSET)
+    PyObject_GenericSetAttr(run, _PARTITION, partition)
+    PyObject_GenericSetAttr(run, _BASE_OFFSET, base_offset)
     PyObject_GenericSetAttr(run, _CHUNK, chunk)
     return run
 
@@ -442,13 +443,16 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
             elif _read_located(buf, size, chunk_start, &chunk, &partition, &base_offset):
                 sizes_at = chunk_start + 68
                 messages_at = chunk_start + (chunk.messages - chunk.start)
+                # A durable delivery: a consumer reads one per message when
+                # keys change on every message (no chunk: never forwarded).
                 runs.append(
-                    Run(
+                    _new_run(
                         PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
                         view[sizes_at : sizes_at + 4 * chunk.count],
                         view[messages_at : messages_at + chunk.messages_len],
+                        None,
                         partition,
                         base_offset,
                     )
