@@ -22,10 +22,10 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
-from broky.protocol.chunks import encode_located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
+from broky.protocol.located import encode_located
 from broky.protocol.message import decode_message, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch
 
@@ -130,7 +130,7 @@ def delivery_frames(
         nonlocal run_batch, used
         if run_batch is not None:
             part = run_batch.slice(run_start, run_stop)
-            chunk = encode_located_chunk(
+            chunk = encode_located(
                 part.key, part.ts_broker, part.sizes, part.messages, partition, part.base_offset
             )
             chunks.append(chunk)
