@@ -290,23 +290,31 @@ class Dispatcher:
             if slot is not None:
                 self._unwait(slot, offset)
                 stale += 1
+        # Each holder's in-flight count drops once per holder, not per
+        # offset; ordered types also free each offset's slot (``_forget``
+        # inlined: a key-shared consumer acks offsets one by one).
+        freed: dict[int, int] = {}
         if self.ordered:
+            held_by_slot, holders = self._held, self._holder
             for offset, pending in zip(ended, deliveries, strict=True):
-                if pending.consumer != consumer:
-                    stale += 1
-                self._forget(offset, pending)
+                holder = pending.consumer
+                freed[holder] = freed.get(holder, 0) + 1
+                slot = pending.slot
+                held = held_by_slot.get(slot)
+                if held is not None:
+                    held.pop(offset, None)
+                    if not held:
+                        del held_by_slot[slot], holders[slot]
         else:
-            # Nothing per slot to free: only each holder's in-flight count.
-            freed: dict[int, int] = {}
             for pending in deliveries:
                 holder = pending.consumer
                 freed[holder] = freed.get(holder, 0) + 1
-            for holder, count in freed.items():
-                if holder != consumer:
-                    stale += count
-                held_by = self.consumers.get(holder)
-                if held_by is not None:
-                    held_by.in_flight -= count
+        for holder, count in freed.items():
+            if holder != consumer:
+                stale += count
+            held_by = self.consumers.get(holder)
+            if held_by is not None:
+                held_by.in_flight -= count
         self.stale_acks += stale
         self.pump(now)
         return stale
