@@ -27,13 +27,14 @@ at most one per broker crash.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import attrs
+
+from broky.subscriptions.timers import TimerQueue
 
 #: Offsets leased ahead of the read position in each image: one commit per
 #: this many new deliveries at most, and the most offsets whose count a crash
@@ -66,14 +67,6 @@ class Pending:
     deadline: float
     slot: int
     live: int = 1
-
-
-#: A timer: (deadline, first offset, sequence, stop). Numbers only, so the
-#: garbage collector untracks it (a timer per pending message holding its
-#: delivery made every collection walk them all); a span's delivery is
-#: found by sequence in ``AckTracker._spans``, one offset's in ``pending``.
-#: The sequence keeps entries with equal deadline and offset apart.
-_Timer = tuple[float, int, int, int]
 
 
 def backoff_delay(backoff: Sequence[float], count: int) -> float:
@@ -204,7 +197,7 @@ class AckTracker:
         self.due: dict[int, float] = {}
         #: Why an offset was last nacked or termed (travels to the dead-letter topic).
         self.errors: dict[int, str] = {}
-        self._deadlines: list[_Timer] = []
+        self._deadlines = TimerQueue()
         self._sequence = itertools.count()
         #: The delivery of each span timer still in ``_deadlines``, by sequence.
         self._spans: dict[int, Pending] = {}
@@ -267,7 +260,7 @@ class AckTracker:
         deadline = now + self.ack_timeout
         pending = Pending(consumer, count, deadline, slot)
         self.pending[offset] = pending
-        heapq.heappush(self._deadlines, (deadline, offset, next(self._sequence), offset + 1))
+        self._deadlines.push((deadline, offset, next(self._sequence), offset + 1))
         if offset >= self.read_position:
             self.read_position = offset + 1
         return pending
@@ -282,7 +275,7 @@ class AckTracker:
         self.pending.update(dict.fromkeys(offsets, span))
         sequence = next(self._sequence)
         self._spans[sequence] = span
-        heapq.heappush(self._deadlines, (span.deadline, first, sequence, stop))
+        self._deadlines.push((span.deadline, first, sequence, stop))
         self.read_position = max(self.read_position, stop)
         return span
 
@@ -371,7 +364,7 @@ class AckTracker:
             self.pending[offset] = pending
         pending.deadline = now + self.ack_timeout
         timer = (pending.deadline, offset, next(self._sequence), offset + 1)
-        heapq.heappush(self._deadlines, timer)
+        self._deadlines.push(timer)
         return True
 
     def expired(self, now: float) -> Iterator[tuple[int, Pending]]:
@@ -380,8 +373,8 @@ class AckTracker:
         delivery ended or was extended) is dropped unlooked-at."""
         deadlines = self._deadlines
         pending = self.pending
-        while deadlines and deadlines[0][0] <= now:
-            deadline, first, sequence, stop = heapq.heappop(deadlines)
+        while (front := deadlines.peek()) is not None and front[0] <= now:
+            deadline, first, sequence, stop = deadlines.pop()
             held = self._delivery(first, sequence, stop)
             self._spans.pop(sequence, None)
             if held is not None and held.deadline == deadline:
@@ -389,12 +382,12 @@ class AckTracker:
 
     def next_deadline(self) -> float | None:
         deadlines = self._deadlines
-        while deadlines:
-            deadline, first, sequence, stop = deadlines[0]
+        while (front := deadlines.peek()) is not None:
+            deadline, first, sequence, stop = front
             held = self._delivery(first, sequence, stop)
             if held is not None and held.deadline == deadline:
                 return deadline
-            heapq.heappop(deadlines)
+            deadlines.pop()
             self._spans.pop(sequence, None)
         return None
 
