@@ -89,7 +89,10 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         ranges: list[tuple[int, int]] = []
+        find = self.find
         for first, stop in sorted(spans):
+            if stop == first + 1 and find(first) is not None:
+                continue  # one offset held (every key-shared delivery read this round)
             for batch, offset, upto in self.cover(first, stop):
                 if batch is not None:
                     continue

@@ -146,13 +146,19 @@ class AckedRanges:
         """Mark ``offset`` acked; False if it already was."""
         if offset in self:
             return False
+        self.add_new(offset)
+        return True
+
+    def add_new(self, offset: int) -> None:
+        """Mark acked an ``offset`` the caller knows is not acked yet (an
+        offset still counted as delivered): ``add`` without its lookup."""
         firsts, lasts = self._firsts, self._lasts
         if offset == self.cursor:
             self.cursor += 1
             if firsts and firsts[0] == self.cursor:
                 self.cursor = lasts[0] + 1
                 del firsts[0], lasts[0]
-            return True
+            return
         index = bisect_right(firsts, offset) - 1
         joins_left = index >= 0 and lasts[index] == offset - 1
         joins_right = index + 1 < len(firsts) and firsts[index + 1] == offset + 1
@@ -166,7 +172,6 @@ class AckedRanges:
         else:
             firsts.insert(index + 1, offset)
             lasts.insert(index + 1, offset)
-        return True
 
 
 class AckTracker:
@@ -320,13 +325,13 @@ class AckTracker:
         for offset in itertools.islice(done, 1, None):
             if offset != previous + 1:
                 if first == previous:
-                    acked.add(first)
+                    acked.add_new(first)
                 else:
                     acked.add_range(first, previous)
                 first = offset
             previous = offset
         if first == previous:
-            acked.add(first)
+            acked.add_new(first)
         else:
             acked.add_range(first, previous)
         for side in (due, self.errors, self._persist):
