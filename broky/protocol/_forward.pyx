@@ -387,6 +387,9 @@ cdef str _PARTITION = "partition"
 cdef str _BASE_OFFSET = "base_offset"
 cdef str _CHUNK = "chunk"
 cdef object _ZERO = 0
+# Message bytes of a located run up to which ``read_chunk_runs`` copies it
+# out of the frame instead of viewing it (see there).
+cdef int64_t _COPY_AT_MOST = 4096
 cdef object _NO_OFFSET = -1
 
 
@@ -419,7 +422,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
     cdef int64_t messages_at, sizes_at, base_offset
     cdef uint32_t partition
     cdef list runs = []
-    cdef object whole
+    cdef object whole, sizes, messages
     PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
     try:
         buf = <const uint8_t*>view_buffer.buf
@@ -445,13 +448,25 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                 messages_at = chunk_start + (chunk.messages - chunk.start)
                 # A durable delivery: a consumer reads one per message when
                 # keys change on every message (no chunk: never forwarded).
+                # A small run's sizes and messages are copied out as bytes:
+                # cheaper than two memoryview slices, and not objects the
+                # garbage collector tracks (a consumer buffers up to its
+                # credit of these); a big run's stay views.
+                if chunk.messages_len <= _COPY_AT_MOST:
+                    sizes = PyBytes_FromStringAndSize(<const char*>buf + sizes_at, 4 * chunk.count)
+                    messages = PyBytes_FromStringAndSize(
+                        <const char*>buf + messages_at, chunk.messages_len
+                    )
+                else:
+                    sizes = view[sizes_at : sizes_at + 4 * chunk.count]
+                    messages = view[messages_at : messages_at + chunk.messages_len]
                 runs.append(
                     _new_run(
                         PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
-                        view[sizes_at : sizes_at + 4 * chunk.count],
-                        view[messages_at : messages_at + chunk.messages_len],
+                        sizes,
+                        messages,
                         None,
                         partition,
                         base_offset,
