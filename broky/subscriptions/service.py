@@ -48,6 +48,7 @@ from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.replica import SubscriptionReplica
+from broky.subscriptions.settle_ranges import gather_ranges
 from broky.subscriptions.tracker import AckTracker
 from broky.subscriptions.watch import SubscriptionStatus, Watch
 
@@ -380,35 +381,12 @@ class SubscriptionService:
             )
             return
         now = trio.current_time()
-        stale = unconfirmed = 0
+        stale = 0
         name = link.subscription
-        # The frame's ranges by partition: each dispatcher settles all of
-        # its ranges in one call (one pump), not one call per range (a
-        # key-shared consumer's acks are mostly ranges of one offset).
-        spans: dict[int, list[range]] = {}
-        touched: dict[int, PartitionSubscriptions] = {}
-        # Each partition's tracker, looked up once per frame, not per range
-        # (None: not this consumer's partition: nothing it could settle).
-        trackers: dict[int, AckTracker | None] = {}
-        for number, first, last in zip(
-            frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
-        ):
-            if number in trackers:
-                tracker = trackers[number]
-            else:
-                tracker = trackers[number] = self._settled_tracker(link, topic, number)
-                if tracker is not None:
-                    spans[number] = []
-                    touched[number] = self.partitions[topic, number]
-            if tracker is None:
-                continue
-            position = tracker.read_position
-            spans[number].append(range(max(first, tracker.cursor), min(last + 1, position)))
-            # Offsets not read since this worker started: delivered before a
-            # restart (a consumer spread over workers outlives its owners);
-            # they come again, and the receipt says so.
-            if last >= position:
-                unconfirmed += last + 1 - max(first, position)
+        spans, unconfirmed = gather_ranges(
+            frame, lambda number: self._settled_tracker(link, topic, number)
+        )
+        touched = {number: self.partitions[topic, number] for number in spans}
         for number, partition in touched.items():
             ranges = spans[number]
             count = sum(len(offsets) for offsets in ranges)
