@@ -386,9 +386,17 @@ class AckTracker:
                 yield from ((o, held) for o in range(first, stop) if pending.get(o) is held)
 
     def next_deadline(self) -> float | None:
-        deadlines = self._deadlines
+        deadlines, pending = self._deadlines, self.pending
         while (front := deadlines.peek()) is not None:
             deadline, first, sequence, stop = front
+            if stop == first + 1:
+                # ``_delivery`` inlined for one offset: every acked
+                # key-shared message's timer is dropped here.
+                held = pending.get(first)
+                if held is not None and held.deadline == deadline:
+                    return deadline
+                deadlines.pop()
+                continue
             held = self._delivery(first, sequence, stop)
             if held is not None and held.deadline == deadline:
                 return deadline
