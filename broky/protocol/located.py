@@ -21,12 +21,8 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from broky.protocol.chunks import (
-    CHUNK_TABLE_OFFSET,
-    encode_located_chunk,
-    read_chunk_run,
-    vectors_layout,
-)
+from broky.protocol.chunk_reading import read_chunk_run, vectors_layout
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET, encode_located_chunk
 from broky.protocol.frames import Buffer, Run
 
 #: Where a located chunk's sizes vector starts (after its table and vtable).
