@@ -109,6 +109,10 @@ class PartitionOwner:
         #: Cached after each round, for ListPartitions without a thread hop.
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
+        #: Why the log refuses writes (a failed fsync), copied after each
+        #: round: publishes, retries the dedup window knows included, are
+        #: then refused instead of acknowledged (PartitionLog.write_failure).
+        self.write_failure: str | None = partition_log.write_failure
         #: The parts queued for the next round (broky.durable.parts): a
         #: frame's runs for this partition come as one.
         self._parts: list[Part] = []
@@ -222,6 +226,8 @@ class PartitionOwner:
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
             refusal = self.replica.refusal() if parts and self.replica is not None else None
+            if refusal is None and parts and self.write_failure is not None:
+                refusal = (ErrorCode.STORAGE_FAILURE, self.write_failure)
             plan: RoundPlan | None = None
             if refusal is None and parts:
                 plan = RoundPlan(self.producers, self.end_offset, parts)
@@ -281,6 +287,7 @@ class PartitionOwner:
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
         self.statistics = partition_log.statistics()
+        self.write_failure = partition_log.write_failure
         return outcome, results
 
     def _finish(

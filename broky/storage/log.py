@@ -73,6 +73,8 @@ class PartitionLog(LogReader):
         self._clock = clock
         self._last_log_time = max(segment.last_log_time for segment in segments)
         self._durable_offset = segments[-1].next_offset
+        #: Why writes are refused after a failed fsync (None: they are not).
+        self._write_failure: str | None = None
         self._last_sync = clock()
         self.recovery = RecoveryReport(directory, len(segments), 0, 0)
         self._appended_batches = 0
@@ -108,6 +110,36 @@ class PartitionLog(LogReader):
         """Every offset below this one has been fsynced."""
         return self._durable_offset
 
+    @property
+    def write_failure(self) -> str | None:
+        """Why this log takes no more writes (an fsync failed), or None.
+
+        Why fail-stop: after a failed fsync the kernel may have dropped the
+        dirty pages and marked them clean, so a later fsync can succeed
+        without them ("fsyncgate"; PostgreSQL panics, Kafka takes the log
+        directory offline). Records past ``durable_offset`` may then be
+        missing from disk while the producers' dedup window still knows
+        them: acking a retry of one, or anything appended after them, would
+        acknowledge data that may not be there. So the log refuses writes
+        until the broker restarts and recovery reads what the disk really
+        holds.
+        """
+        return self._write_failure
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._write_failure is not None:
+            raise StorageError(self._write_failure)
+
+    def _failed_fsync(self, exc: OSError) -> StorageError:
+        self._write_failure = (
+            f"an fsync of {self.directory} failed ({exc}): offsets from "
+            f"{self._durable_offset} on may not be on disk, so the partition takes "
+            "no more writes until the broker restarts and recovers it from disk"
+        )
+        log.error("%s", self._write_failure)
+        return StorageError(self._write_failure)
+
     # --- appending -----------------------------------------------------------
 
     def append(
@@ -138,7 +170,7 @@ class PartitionLog(LogReader):
         The data is durable only per the fsync policy: with ``ALWAYS``, call
         ``sync()`` before acknowledging.
         """
-        self._check_open()
+        self._check_writable()
         runs = list(runs)
         if not runs:
             raise StorageError("append needs at least one run")
@@ -233,10 +265,13 @@ class PartitionLog(LogReader):
         Blocking: the broker calls it once per batch of appends, not per
         publish.
         """
-        self._check_open()
+        self._check_writable()
         end = self.end_offset
         if self._durable_offset < end:
-            self._segments[-1].sync()
+            try:
+                self._segments[-1].sync()
+            except OSError as exc:
+                raise self._failed_fsync(exc) from exc
             self._fsyncs += 1
             self._durable_offset = end
         self._last_sync = self._clock()
@@ -251,7 +286,7 @@ class PartitionLog(LogReader):
         (broky.storage.rewrite), and the part of that batch below ``end`` is
         appended again. Offsets below ``end`` keep their bytes.
         """
-        self._check_open()
+        self._check_writable()
         if end >= self.end_offset:
             return
         if end < self.start_offset:
@@ -276,7 +311,7 @@ class PartitionLog(LogReader):
         A crash in the middle leaves an empty log at 0, whose next fetch is
         refused and restarts it again (broky.storage.rewrite).
         """
-        self._check_open()
+        self._check_writable()
         if start < self.end_offset:
             raise OffsetOutOfRangeError(start, self.end_offset, self.end_offset)
         if start == self.end_offset:
@@ -287,7 +322,7 @@ class PartitionLog(LogReader):
         """Drop every record and continue, empty, at offset 0: the copy of a
         replica this node no longer holds (broky.replication.dropped), so if
         it is placed here again it fetches the whole log afresh."""
-        self._check_open()
+        self._check_writable()
         self._replace(0)
 
     def _replace(self, start: int) -> None:
@@ -307,6 +342,8 @@ class PartitionLog(LogReader):
         interval), so that an idle partition still syncs, rolls and expires.
         """
         self._check_open()
+        if self._write_failure is not None:
+            return  # reported once when the fsync failed; nothing may be written
         now = self._now()
         if self.config.fsync is FsyncPolicy.INTERVAL:
             self._sync_if_due(now)
@@ -336,11 +373,14 @@ class PartitionLog(LogReader):
         old segment whatever the fsync policy, so that only the active
         segment can ever hold a torn tail.
         """
-        self._check_open()
+        self._check_writable()
         active = self._segments[-1]
         if not active.size:
             return
-        active.seal()
+        try:
+            active.seal()
+        except OSError as exc:
+            raise self._failed_fsync(exc) from exc
         self._durable_offset = max(self._durable_offset, active.next_offset)
         segment = Segment.create(
             self.directory, active.next_offset, self.config.index_interval_bytes
