@@ -103,6 +103,7 @@ class SubscriptionService:
             for partition in self.partitions.values():
                 nursery.start_soon(partition.run)
             nursery.start_soon(self.watch.run)
+            nursery.start_soon(self.dead_letters.leaders.run)
             self._nursery = nursery
             task_status.started()
 
