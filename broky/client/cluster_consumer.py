@@ -47,7 +47,7 @@ from broky.client.consumer_options import ConsumerSettings, SubscriptionType
 from broky.client.errors import BrokyError, ConnectionClosed
 from broky.client.tcp import connect
 from broky.protocol.constants import ErrorCode
-from broky.protocol.message import Message
+from broky.protocol.message import Message, Tags
 
 log = logging.getLogger("broky.client")
 
@@ -100,8 +100,16 @@ class FollowedDelivery:
         return self.delivery.delivery_count
 
     @property
+    def retry_count(self) -> int:
+        return self.delivery.retry_count
+
+    @property
     def key(self) -> str:
         return self.delivery.key
+
+    @property
+    def tags(self) -> Tags:
+        return self.delivery.tags
 
     @property
     def payload(self) -> bytes:
