@@ -30,7 +30,8 @@ from collections.abc import Callable
 import attrs
 
 from broky.durable.deletion_round import Abort, Answer, Commit, DeletionRound
-from broky.durable.forwarding import Forwarder, OwnerChannel
+from broky.durable.forwarding import Forwarder
+from broky.durable.owner_channel import OwnerChannel
 from broky.durable.relays import ConsumerFrame
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import DeletePhase, ErrorCode
