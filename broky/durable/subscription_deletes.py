@@ -89,6 +89,10 @@ class SpreadDeletion:
         self._forwarder = forwarder
         self._owners = owners
         self._round = DeletionRound(frame.subscription, owners)
+        #: After an abort decision: the owners yet to drop their marks, and
+        #: the refusal the client gets then.
+        self._aborting: set[int] = set()
+        self._refusal: Refused | None = None
 
     def start(self) -> None:
         if self._owners == {self._service.store.worker}:
@@ -112,15 +116,11 @@ class SpreadDeletion:
             return
         channel = self._forwarder.channels.get(owner) if self._forwarder else None
         if channel is None or not channel.connected:
-            if phase is not DeletePhase.ABORT:
-                answered(owner, _unavailable(owner))
+            answered(owner, _unavailable(owner))
             return
-        stream = 0
-        if phase is not DeletePhase.ABORT:
-            share = _RemoteShare(answered, owner, channel)
-            channel.consumer_parts[share.stream] = share
-            stream = share.stream
-        channel.send(encode_frame(attrs.evolve(frame, stream=stream, phase=phase)))
+        share = _RemoteShare(answered, owner, channel)
+        channel.consumer_parts[share.stream] = share
+        channel.send(encode_frame(attrs.evolve(frame, stream=share.stream, phase=phase)))
 
     def _prepared(self, owner: int, answer: Answer) -> None:
         decision = self._round.prepared(owner, answer)
@@ -128,9 +128,22 @@ class SpreadDeletion:
             for ready in decision.owners:
                 self._ask(ready, DeletePhase.COMMIT, self._committed)
         elif isinstance(decision, Abort):
+            # The client hears the refusal once every mark is dropped: a
+            # Consume it sends next must not meet one.
+            self._refusal = decision.refusal
+            self._aborting = set(decision.owners)
+            if not self._aborting:
+                self._answer(owner, decision.refusal)
             for ready in decision.owners:
-                self._ask(ready, DeletePhase.ABORT, self._committed)
-            self._answer(owner, decision.refusal)
+                self._ask(ready, DeletePhase.ABORT, self._aborted)
+
+    def _aborted(self, owner: int, answer: Answer) -> None:
+        """``owner`` dropped its mark (or went down, which drops it too)."""
+        if owner not in self._aborting:
+            return
+        self._aborting.discard(owner)
+        if not self._aborting and self._refusal is not None:
+            self._answer(owner, self._refusal)
 
     def _committed(self, owner: int, answer: Answer) -> None:
         combined = self._round.committed(owner, answer)

@@ -185,9 +185,10 @@ class SubscriptionService:
         """Start deleting ``name`` from this worker's partitions, or one
         phase of it (broky.subscriptions.deletion); ``done`` gets what was
         (or, prepared, will be) deleted once it is committed, or why not.
-        An abort drops the mark at once and calls nothing."""
+        An abort drops the mark at once and answers ``Deletion(0, 0)``."""
         if phase is DeletePhase.ABORT:
             self.deleting.unmark(name)
+            done(Deletion(0, 0))
             return
         if self._nursery is None:
             done(Refused(ErrorCode.SERVER_SHUTDOWN, "the broker is not serving subscriptions"))
