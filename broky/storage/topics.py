@@ -155,12 +155,12 @@ def sticky_keys(key: bytes, sizes: Buffer, messages: Buffer) -> list[bytes]:
     """What each message of a run (``key``, its size table and messages)
     sticks to: its ``key_partition``, or the run's key when it has none (a
     key-shared subscription's slot follows it). One read per message
-    without a ``key_partition`` (``_has_key_partition``), not a table walk."""
+    without a ``key_partition`` (``has_key_partition``), not a table walk."""
     view = memoryview(messages)
     keys = []
     position = 0
     for size in u32_array(memoryview(sizes)):
-        if _has_key_partition(view, position):
+        if has_key_partition(view, position):
             keys.append(key_partition(view[position : position + size]) or key)
         else:
             keys.append(key)
@@ -168,7 +168,7 @@ def sticky_keys(key: bytes, sizes: Buffer, messages: Buffer) -> list[bytes]:
     return keys
 
 
-def _has_key_partition(messages: Buffer, position: int) -> bool:
+def has_key_partition(messages: Buffer, position: int) -> bool:
     """Whether the message at ``position`` may carry ``key_partition``: its
     vtable's first slot is set. One read for the usual layout, three for any
     other, instead of a validated table walk: most messages have no
@@ -205,7 +205,7 @@ def partition_run(run: Run, partitions: int, default: int | None = None) -> list
         default = partition_for(run.key, partitions)
     if run.count == 1:  # the many-keys case: one message per run
         messages = run.messages
-        if _has_key_partition(messages, 0):
+        if has_key_partition(messages, 0):
             partition_key = key_partition(memoryview(messages))
             if partition_key:
                 return [(partition_for(partition_key, partitions), run)]
@@ -215,7 +215,7 @@ def partition_run(run: Run, partitions: int, default: int | None = None) -> list
     sizes = u32_array(memoryview(run.sizes))
     position = 0
     for size in sizes:
-        if _has_key_partition(messages, position):
+        if has_key_partition(messages, position):
             partition_key = key_partition(messages[position : position + size])
             targets.append(partition_for(partition_key, partitions) if partition_key else default)
         else:
