@@ -10,7 +10,10 @@ broky.cluster.local_etcd says) of three ``broky serve --cluster`` processes
    the signal to etcd holding a new leader (epoch + 1) for every vbucket it
    led: lease expiry + the controller's watch + its CAS txns;
 2. SIGTERMs another node (a clean stop revokes its lease) and measures the
-   same.
+   same;
+3. on a second fresh cluster, SIGSTOPs the node leading the most vbuckets
+   (a paused leader: its sockets stay open, its lease is not renewed) and
+   measures the same.
 
 Times are read by polling etcd every 10 ms, so they carry up to 10 ms of
 polling error. Clients re-finding leaders is not measured (there is no
@@ -83,11 +86,12 @@ async def wait_until(
 async def fail_over(
     client: EtcdClient, keys: ClusterKeys, pids: dict[str, int], victim: str, signum: int
 ) -> tuple[float, int]:
-    """Signal ``victim``; returns (seconds until its vbuckets have new leaders, how many)."""
+    """Signal ``victim``; returns (seconds until its vbuckets have new leaders,
+    how many). A SIGSTOPped victim stays in ``pids`` (``stop_nodes`` resumes it)."""
     before = await read_status(client, keys)
     led = {v: s.state.epoch for v, s in before.vbuckets.items() if s.state.leader == victim}
     sent = time.monotonic()
-    pid = pids.pop(victim)
+    pid = pids[victim] if signum == signal.SIGSTOP else pids.pop(victim)
     os.kill(pid, signum)
     await wait_until(
         client,
@@ -98,45 +102,70 @@ async def fail_over(
         ),
     )
     elapsed = time.monotonic() - sent
-    await trio.to_thread.run_sync(os.waitpid, pid, 0)
+    if signum != signal.SIGSTOP:
+        await trio.to_thread.run_sync(os.waitpid, pid, 0)
     return elapsed, len(led)
 
 
-async def cycle(etcd_url: str, number: int, vbuckets: int, logs: Path) -> dict[str, object]:
-    cluster = f"bench{number}"
+async def busiest_leader(client: EtcdClient, keys: ClusterKeys, nodes: list[str]) -> str:
+    """The node leading the most vbuckets now."""
+    status = await read_status(client, keys)
+    leads = dict.fromkeys(nodes, 0)
+    for stored in status.vbuckets.values():
+        if stored.state.leader in leads:
+            leads[stored.state.leader] += 1
+    return max(sorted(leads), key=lambda node: leads[node])
+
+
+async def start_nodes(
+    client: EtcdClient, etcd_url: str, cluster: str, vbuckets: int, logs: Path, pids: dict[str, int]
+) -> ClusterKeys:
+    """Three nodes of ``cluster`` (their PIDs into ``pids``), placed."""
     keys = ClusterKeys.for_cluster(cluster)
-    pids: dict[str, int] = {}
+    for node in ("n1", "n2", "n3"):
+        pids[node] = start_node(etcd_url, cluster, node, vbuckets, logs / f"{cluster}-{node}.log")
+    await wait_until(client, keys, lambda s: len(s.members) == 3 and len(s.vbuckets) == vbuckets)
+    return keys
+
+
+async def stop_nodes(pids: dict[str, int]) -> None:
+    for pid in pids.values():
+        os.kill(pid, signal.SIGCONT)  # a paused one takes its SIGTERM
+        os.kill(pid, signal.SIGTERM)
+    for pid in pids.values():
+        await trio.to_thread.run_sync(os.waitpid, pid, 0)
+
+
+async def cycle(etcd_url: str, number: int, vbuckets: int, logs: Path) -> dict[str, object]:
+    """One cluster for the SIGKILL then SIGTERM, another for the SIGSTOP (a
+    resumed node finds its lease gone, and the two would interfere)."""
     async with EtcdClient.from_url(etcd_url) as client:
+        pids: dict[str, int] = {}
         try:
-            for node in ("n1", "n2", "n3"):
-                pids[node] = start_node(
-                    etcd_url, cluster, node, vbuckets, logs / f"{cluster}-{node}.log"
-                )
-            await wait_until(
-                client, keys, lambda s: len(s.members) == 3 and len(s.vbuckets) == vbuckets
-            )
-            status = await read_status(client, keys)
-            leads = dict.fromkeys(pids, 0)
-            for stored in status.vbuckets.values():
-                if stored.state.leader:
-                    leads[stored.state.leader] += 1
-            victim = max(sorted(leads), key=lambda node: leads[node])
+            keys = await start_nodes(client, etcd_url, f"bench{number}", vbuckets, logs, pids)
+            victim = await busiest_leader(client, keys, sorted(pids))
             killed, killed_count = await fail_over(client, keys, pids, victim, signal.SIGKILL)
             stopped_node = sorted(pids)[0]
             stopped, stopped_count = await fail_over(
                 client, keys, pids, stopped_node, signal.SIGTERM
             )
         finally:
-            for pid in pids.values():
-                os.kill(pid, signal.SIGTERM)
-            for pid in pids.values():
-                await trio.to_thread.run_sync(os.waitpid, pid, 0)
+            await stop_nodes(pids)
+        pids = {}
+        try:
+            keys = await start_nodes(client, etcd_url, f"bench{number}p", vbuckets, logs, pids)
+            paused_node = await busiest_leader(client, keys, sorted(pids))
+            paused, paused_count = await fail_over(client, keys, pids, paused_node, signal.SIGSTOP)
+        finally:
+            await stop_nodes(pids)
     return {
         "cycle": number,
         "sigkill_failover_s": round(killed, 4),
         "sigkill_vbuckets": killed_count,
         "sigterm_failover_s": round(stopped, 4),
         "sigterm_vbuckets": stopped_count,
+        "sigstop_failover_s": round(paused, 4),
+        "sigstop_vbuckets": paused_count,
     }
 
 
@@ -155,7 +184,7 @@ async def run(cycles: int, vbuckets: int) -> None:
                 print(json.dumps(result), flush=True)
                 results.append(result)
     summary: dict[str, object] = {"summary": True, "cycles": cycles, "vbuckets": vbuckets}
-    for kind in ("sigkill_failover_s", "sigterm_failover_s"):
+    for kind in ("sigstop_failover_s", "sigkill_failover_s", "sigterm_failover_s"):
         values = [float(str(result[kind])) for result in results]
         summary[kind] = {
             "p50": round(percentile(values, 0.5), 4),

@@ -33,7 +33,7 @@ import contextlib
 import re
 import secrets
 from collections.abc import AsyncIterator, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import trio
 
@@ -57,6 +57,14 @@ MAX_BACKOFF: Final = 0.2
 ATTEMPT_TIMEOUT: Final = 3.0
 
 _LEADER = re.compile(r"leader (\S+) at (\S+) \(epoch (\d+)\)")
+
+
+class _Extras(NamedTuple):
+    """What every message of a batch carries besides its payload."""
+
+    key_partition: bytes
+    tags: Sequence[tuple[str, str]]
+    uid: bytes
 
 
 def leader_address(message: str) -> str | None:
@@ -115,19 +123,28 @@ class ClusterPublisher:
                     publisher._drop(address)
 
     async def publish(
-        self, key: str, payloads: Sequence[bytes], *, key_partition: bytes = b""
+        self,
+        key: str,
+        payloads: Sequence[bytes],
+        *,
+        key_partition: bytes = b"",
+        tags: Sequence[tuple[str, str]] = (),
+        uid: bytes = b"",
     ) -> list[AckedRun]:
         """Publish ``payloads`` on ``key`` as one acked batch; returns the
         offsets once acked. Raises the last BrokyError after ``retry_for``
         (the batch may then be stored or not; a later batch is not held
-        back by it). Calls wait for each other (module docstring)."""
+        back by it). Calls wait for each other (module docstring). ``tags``
+        and ``uid`` go with every message of the batch."""
         async with self._one_batch:
             first_sequence = self._next_sequence
             self._next_sequence += len(payloads)
-            return await self._publish(key, payloads, key_partition, first_sequence)
+            return await self._publish(
+                key, payloads, _Extras(key_partition, tags, uid), first_sequence
+            )
 
     async def _publish(
-        self, key: str, payloads: Sequence[bytes], key_partition: bytes, first_sequence: int
+        self, key: str, payloads: Sequence[bytes], extras: _Extras, first_sequence: int
     ) -> list[AckedRun]:
         deadline = trio.current_time() + self.retry_for
         address = self._leaders.get(key) or self._seed()
@@ -139,7 +156,14 @@ class ClusterPublisher:
                     if self.producer_id:
                         client.continue_producer(self.producer_id, first_sequence)
                     for payload in payloads:
-                        await client.publish(key, payload, key_partition=key_partition, ack=True)
+                        await client.publish(
+                            key,
+                            payload,
+                            key_partition=extras.key_partition,
+                            tags=extras.tags,
+                            uid=extras.uid,
+                            ack=True,
+                        )
                     acked = await client.flush_acks()
                     self._leaders[key] = address
                     return acked

@@ -14,7 +14,7 @@ from typing import Final, Literal, TypedDict
 import attrs
 
 from broky.client.durable import Start
-from broky.protocol.constants import ErrorCode, SubscriptionKind
+from broky.protocol.constants import AdoptSetting, ErrorCode, SubscriptionKind
 from broky.protocol.frames import Consume
 from broky.protocol.keys import encode_key
 
@@ -41,9 +41,11 @@ class ConsumerSettings(TypedDict, total=False):
     """Keyword options of ``Client.consumer`` after ``subscription`` and ``type``.
 
     Times are in seconds. Which of them a broker uses for an existing
-    subscription follows docs/protocol.md (``Consume``): the type and start
-    position are fixed when the subscription is created; the rest are per
-    consumer.
+    subscription follows docs/protocol.md (``Consume``): the type, start
+    position and redelivery settings (``ack_timeout``, ``backoff``,
+    ``max_deliveries``) are fixed when the subscription is created (passed
+    with other values, the attach is refused; left out, the subscription's
+    are used); the rest are per consumer.
     """
 
     #: Where a new subscription starts (default ``Start.latest()``).
@@ -88,6 +90,9 @@ class ConsumerOptions:
     dead_letter_topic: str
     ack_interval: float
     ack_batch: int
+    #: ``AdoptSetting`` bits of the redelivery settings the caller did not
+    #: pass: an existing subscription's values are taken for them.
+    adopt_settings: int = 0
 
     def consume(self, stream: int) -> Consume:
         """The frame that attaches a consumer with these options on ``stream``."""
@@ -106,7 +111,18 @@ class ConsumerOptions:
             start_time=self.start.time_ns,
             start_offsets=self.start.offsets,
             dead_letter_topic=self.dead_letter_topic,
+            adopt_settings=self.adopt_settings,
         )
+
+
+#: The redelivery settings a consumer joins with the subscription's values
+#: unless its caller passed them (a default is not a choice: see
+#: broky.subscriptions.definition).
+_ADOPTED_UNLESS_GIVEN: Final = {
+    "ack_timeout": AdoptSetting.ACK_TIMEOUT,
+    "max_deliveries": AdoptSetting.MAX_DELIVERIES,
+    "backoff": AdoptSetting.BACKOFF,
+}
 
 
 def _milliseconds(seconds: float, what: str) -> int:
@@ -175,4 +191,7 @@ def consumer_options(
         dead_letter_topic=_topic_name(settings.get("dead_letter_topic", "")),
         ack_interval=ack_interval,
         ack_batch=_count(settings.get("ack_batch", ACK_BATCH), "ack_batch", 1),
+        adopt_settings=sum(
+            bit for key, bit in _ADOPTED_UNLESS_GIVEN.items() if key not in settings
+        ),
     )

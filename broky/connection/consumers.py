@@ -26,7 +26,7 @@ from broky.durable.consumer_relays import SpreadConsumer
 from broky.durable.forwarding import Forwarder
 from broky.durable.subscription_deletes import SpreadDeletion
 from broky.protocol.codec import encode_frame
-from broky.protocol.constants import ErrorCode, LinkKind
+from broky.protocol.constants import DeletePhase, ErrorCode, LinkKind
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Consume, DeletedSubscription, DeleteSubscription, Error, Settle
 from broky.router.matcher import validate_pattern
@@ -137,8 +137,19 @@ class ConsumerRequests:
         if not self._readable(frame.subscription, frame.pattern or b">", stream):
             return
         if self._outlet.kind is LinkKind.DURABLE:
-            # Another worker asks for this worker's share: answer it as is.
-            service.delete(frame.subscription, frame.pattern, frame.force, self._deleted(stream))
+            # Another worker asks for one phase of this worker's share.
+            service.delete(
+                frame.subscription, frame.pattern, frame.force, self._deleted(stream), frame.phase
+            )
+            return
+        if frame.phase is not DeletePhase.WHOLE:
+            self._error(
+                ErrorCode.SUBSCRIPTION_REFUSED,
+                f"subscription {frame.subscription!r}: DeleteSubscription phase "
+                f"{frame.phase.name} is for the owner channels between workers; "
+                "a client sends Whole (0)",
+                stream,
+            )
             return
         owners = owners_of(service, frame.pattern or b">") | {service.store.worker}
         SpreadDeletion(frame, self._outlet, service, self._forwarder, owners).start()

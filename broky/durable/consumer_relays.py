@@ -16,8 +16,11 @@ owner:
 **Attach, all or nothing.** Every part attaches with no credit, so nothing
 is delivered before the client hears ``Subscribed``; that is sent once
 every owner confirmed. If one refuses (an exclusive subscription taken, a
-kind other than the subscription's, ...) or its channel is down, the
-others are detached and the client gets that owner's error.
+kind other than the subscription's, ...), the others are detached and the
+client gets that owner's error. An owner that is down, or dies while the
+consumer attaches, is not a refusal: its part is sent again as after a
+failure (below), within the same ``REATTACH_SECONDS``, and the client hears
+``Subscribed`` once it is back (or ``OwnerUnavailable`` at the deadline).
 
 **Deliveries.** Each owner's ``Redelivered`` and ``Deliver`` frames go
 through the consumer's :class:`~broky.durable.consumer_gate.CreditGate` to
@@ -46,8 +49,7 @@ channel closed, or it was killed and restarts from its state store),
 settles for it are not sent (acks the owner never saw come back as
 redeliveries), and receipts awaited from it are answered with those
 offsets counted as ``unconfirmed`` (``Settled``): the client learns which
-acks may not hold. A failure while attaching still ends the attach with
-``OwnerUnavailable`` (all or nothing). When the client leaves (disconnect
+acks may not hold. When the client leaves (disconnect
 or ``Unsubscribe``) every part is detached at once; messages that waited in
 the gate are redelivered by their owners.
 """
@@ -96,18 +98,16 @@ REATTACH_SECONDS: Final = 15.0
 #: Seconds between re-attach attempts (the channel's own reconnect backoff
 #: is at most 0.25 s).
 REATTACH_POLL: Final = 0.1
+#: Refusals of a first attach that a restarting owner gives before it
+#: serves: retried as a re-attach is.
+UNREADY: Final = frozenset(
+    (ErrorCode.OWNER_UNAVAILABLE, ErrorCode.SERVER_SHUTDOWN, ErrorCode.STORAGE_FAILURE)
+)
 #: Refusals of a re-attach that a restarting owner gives before it serves,
 #: and ``SubscriptionRefused``: an owner that only stalled may not have
 #: detached the old part of an exclusive subscription yet. Retried until
 #: the deadline, which then ends the consumer with the last refusal.
-RETRIABLE: Final = frozenset(
-    (
-        ErrorCode.OWNER_UNAVAILABLE,
-        ErrorCode.SERVER_SHUTDOWN,
-        ErrorCode.STORAGE_FAILURE,
-        ErrorCode.SUBSCRIPTION_REFUSED,
-    )
-)
+RETRIABLE: Final = UNREADY | {ErrorCode.SUBSCRIPTION_REFUSED}
 
 
 class SpreadConsumer:
@@ -145,6 +145,8 @@ class SpreadConsumer:
             if patterns_overlap(topic.pattern, frame.pattern)
         }
         self.gate = CreditGate(frame.stream, owners, outlet.max_frame_bytes // FRAME_SHARE)
+        #: Every owner: ``Subscribed`` waits for each (the gate forgets lost ones).
+        self._owners = frozenset(owners)
         self._remote: dict[int, RemotePart] = {}
         self._local: ConsumerLink | None = None
         self._confirmed: set[int] = set()
@@ -163,7 +165,7 @@ class SpreadConsumer:
 
     def start(self) -> None:
         """Attach a part on every owner, with no credit (module docstring)."""
-        owners = sorted(self.gate.held)
+        owners = sorted(self._owners)
         frame = self._part_frame = attrs.evolve(
             self._frame, credit=0, max_in_flight=max(1, self._frame.max_in_flight // len(owners))
         )
@@ -172,12 +174,10 @@ class SpreadConsumer:
                 continue
             channel = self._forwarder.channels.get(owner)
             if channel is None or not channel.connected:
-                self.fail(
-                    ErrorCode.OWNER_UNAVAILABLE,
-                    f"subscription {self.subscription!r}: worker {owner}, owner of some of "
-                    "its partitions, is unavailable (restarting?); consume again shortly",
-                )
-                return
+                self._lose(owner)  # restarting: attached once it is back
+                if self.closed:
+                    return
+                continue
             self._attach_part(owner, channel)
         if self._worker in owners:
             link = self._service.consume(frame, self.outlet, own_only=True, answers=self)
@@ -266,16 +266,18 @@ class SpreadConsumer:
             self._refusals.pop(owner, None)
             self.gate.held[owner] = 0
             log.info(
-                "consumer of %r: worker %d is back, its part re-attached",
+                "consumer of %r: worker %d is back, its part %sattached",
                 self.subscription,
                 owner,
+                "re-" if self.active else "",
             )
-            self._pump()
-            return
+            if self.active:
+                self._pump()
+                return
         if self.active:
             return
         self._confirmed.add(owner)
-        if len(self._confirmed) == len(self.gate.held):
+        if self._confirmed == self._owners:
             self.active = True
             self.outlet.send_control(encode_frame(Subscribed(self.stream)))
             self.gate.grant(self._frame.credit)
@@ -320,21 +322,18 @@ class SpreadConsumer:
         owner = part.owner
         if self.closed or self._remote.get(owner) is not part:
             return
-        if not self.active:
-            self.fail(
-                ErrorCode.OWNER_UNAVAILABLE,
-                f"worker {owner}, owner of some partitions of subscription "
-                f"{self.subscription!r}, went down while the consumer attached; "
-                "consume again shortly",
-            )
-            return
         self._lose(owner)
 
     def part_error(self, part: RemotePart, code: ErrorCode, message: str) -> None:
-        """``part``'s owner refused or ended it: retried if it is a
-        re-attach the owner is not ready for, else the consumer ends."""
+        """``part``'s owner refused or ended it: retried if it is an attach
+        or re-attach the owner is not ready for, else the consumer ends."""
         owner = part.owner
-        if owner in self._reattaching and self._remote.get(owner) is part and code in RETRIABLE:
+        retriable: frozenset[ErrorCode] = frozenset()
+        if owner in self._reattaching:
+            retriable = RETRIABLE
+        elif not self.active:
+            retriable = UNREADY
+        if self._remote.get(owner) is part and code in retriable:
             part.channel.consumer_parts.pop(part.stream, None)
             self._refusals[owner] = (code, message)
             self._lose(owner)
@@ -342,7 +341,7 @@ class SpreadConsumer:
         self.fail(code, message)
 
     def _lose(self, owner: int) -> None:
-        del self._remote[owner]
+        self._remote.pop(owner, None)
         self._reattaching.discard(owner)
         if owner not in self._lost:
             self._lost[owner] = trio.current_time() + REATTACH_SECONDS

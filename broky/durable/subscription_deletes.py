@@ -5,34 +5,36 @@ A subscription's state lives with each partition's owner worker
 client's ``DeleteSubscription`` reaches asks every worker that owns some of
 the partitions (of the request's pattern, or of every durable topic when it
 names none): itself through its subscription service, the others over the
-owner channels (a ``DeleteSubscription`` on a channel stream, answered by
-``DeletedSubscription`` or an ``Error`` there). Once every owner answered,
-the client gets one answer:
+owner channels (a ``DeleteSubscription`` with a ``phase`` on a channel
+stream, answered by ``DeletedSubscription`` or an ``Error`` there).
 
-- every owner deleted (or did not hold it), some held it:
-  ``DeletedSubscription`` with the partitions and consumers added up;
+With one owner the deletion is one step. With several it has two phases
+(broky.durable.deletion_round decides, this module sends): every owner
+*prepares* (checks its share and refuses attaches), then all *commit*, or,
+if one refused or was down, the prepared ones *abort* and the client gets
+that owner's error with nothing deleted anywhere. The answer:
+
+- every owner committed, some held it: ``DeletedSubscription`` with the
+  partitions and consumers added up;
 - no owner held it: ``UnknownSubscription``;
-- some owner refused (consumers attached without ``force``, another
-  pattern) or was down: that owner's error, naming the workers that did
-  delete their share, if any. Deleting again finishes the job: an owner
-  that already deleted answers as one that never held it.
-
-The owners are asked at once and answer on their own: there is no
-two-phase commit, so a consumer that attaches on one worker between the
-owners' deletions can leave the subscription deleted on some workers and
-refused on others; the error says so, and a repeated (or forced) delete
-converges.
+- an owner refused or was down at prepare: its error, nothing deleted;
+- an owner went down between its prepare and its commit (the one partial
+  outcome left): ``OwnerUnavailable`` naming the workers that deleted their
+  share; deleting again finishes the job.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
+from broky.durable.deletion_round import Abort, Answer, Commit, DeletionRound
 from broky.durable.forwarding import Forwarder
 from broky.durable.owner_channel import OwnerChannel
 from broky.durable.relays import ConsumerFrame
 from broky.protocol.codec import encode_frame
-from broky.protocol.constants import ErrorCode
+from broky.protocol.constants import DeletePhase, ErrorCode
 from broky.protocol.frames import DeletedSubscription, DeleteSubscription, Error
 from broky.router.outbox import Outlet
 from broky.subscriptions.consumers import Refused
@@ -41,10 +43,12 @@ from broky.subscriptions.service import SubscriptionService
 
 
 class _RemoteShare:
-    """One other owner's answer, awaited on a stream of its channel."""
+    """One other owner's answer to one phase, awaited on a stream of its channel."""
 
-    def __init__(self, deletion: SpreadDeletion, owner: int, channel: OwnerChannel) -> None:
-        self.deletion = deletion
+    def __init__(
+        self, answered: Callable[[int, Answer], None], owner: int, channel: OwnerChannel
+    ) -> None:
+        self.answered = answered
         self.owner = owner
         self.channel = channel
         self.stream = channel.new_stream()
@@ -52,19 +56,19 @@ class _RemoteShare:
     def receive(self, frame: ConsumerFrame) -> None:
         self.channel.consumer_parts.pop(self.stream, None)
         if isinstance(frame, DeletedSubscription):
-            self.deletion.answered(self.owner, Deletion(frame.partitions, frame.consumers))
+            self.answered(self.owner, Deletion(frame.partitions, frame.consumers))
         elif isinstance(frame, Error):
-            self.deletion.answered(self.owner, Refused(frame.code, frame.message))
+            self.answered(self.owner, Refused(frame.code, frame.message))
 
     def down(self) -> None:
-        self.deletion.answered(self.owner, _unavailable(self.owner))
+        self.answered(self.owner, _unavailable(self.owner))
 
 
 def _unavailable(owner: int) -> Refused:
     return Refused(
         ErrorCode.OWNER_UNAVAILABLE,
         f"worker {owner}, an owner of durable partitions, is unavailable (restarting?); "
-        "its share was not deleted: delete again shortly",
+        "delete again shortly",
     )
 
 
@@ -84,56 +88,80 @@ class SpreadDeletion:
         self._service = service
         self._forwarder = forwarder
         self._owners = owners
-        self._answers: dict[int, Deletion | Refused] = {}
+        self._round = DeletionRound(frame.subscription, owners)
+        #: After an abort decision: the owners yet to drop their marks, and
+        #: the refusal the client gets then.
+        self._aborting: set[int] = set()
+        self._refusal: Refused | None = None
 
     def start(self) -> None:
-        frame = self._frame
-        worker = self._service.store.worker
-        for owner in sorted(self._owners):
-            if owner == worker:
-                self._service.delete(frame.subscription, frame.pattern, frame.force, self._local)
-                continue
-            channel = self._forwarder.channels.get(owner) if self._forwarder else None
-            if channel is None or not channel.connected:
-                self.answered(owner, _unavailable(owner))
-                continue
-            share = _RemoteShare(self, owner, channel)
-            channel.consumer_parts[share.stream] = share
-            channel.send(encode_frame(attrs.evolve(frame, stream=share.stream)))
-
-    def _local(self, answer: Deletion | Refused) -> None:
-        self.answered(self._service.store.worker, answer)
-
-    def answered(self, owner: int, answer: Deletion | Refused) -> None:
-        """``owner`` deleted its share, or refused; the last answer is sent on."""
-        if owner in self._answers:
+        if self._owners == {self._service.store.worker}:
+            self._ask(self._service.store.worker, DeletePhase.WHOLE, self._answer)
             return
-        self._answers[owner] = answer
-        if len(self._answers) == len(self._owners):
-            self._outlet.send_control(encode_frame(self._combined()))
+        for owner in sorted(self._owners):
+            self._ask(owner, DeletePhase.PREPARE, self._prepared)
 
-    def _combined(self) -> DeletedSubscription | Error:
-        stream = self._frame.stream
-        name = self._frame.subscription
-        done = {o: a for o, a in sorted(self._answers.items()) if isinstance(a, Deletion)}
-        refusals = [a for a in self._answers.values() if isinstance(a, Refused)]
-        deleted_on = sorted(o for o, a in done.items() if a.partitions)
-        if refusals:
-            first = refusals[0]
-            also = (
-                f" (its share on worker(s) {', '.join(map(str, deleted_on))} was deleted)"
-                if deleted_on
-                else ""
+    def _ask(self, owner: int, phase: DeletePhase, answered: Callable[[int, Answer], None]) -> None:
+        """Send ``owner`` this deletion's ``phase``; ``answered`` gets its answer
+        (none for an abort)."""
+        frame = self._frame
+        if owner == self._service.store.worker:
+            self._service.delete(
+                frame.subscription,
+                frame.pattern,
+                frame.force,
+                lambda answer: answered(owner, answer),
+                phase,
             )
-            return Error(first.code, f"{first}{also}", stream)
-        if not deleted_on:
-            return Error(
+            return
+        channel = self._forwarder.channels.get(owner) if self._forwarder else None
+        if channel is None or not channel.connected:
+            answered(owner, _unavailable(owner))
+            return
+        share = _RemoteShare(answered, owner, channel)
+        channel.consumer_parts[share.stream] = share
+        channel.send(encode_frame(attrs.evolve(frame, stream=share.stream, phase=phase)))
+
+    def _prepared(self, owner: int, answer: Answer) -> None:
+        decision = self._round.prepared(owner, answer)
+        if isinstance(decision, Commit):
+            for ready in decision.owners:
+                self._ask(ready, DeletePhase.COMMIT, self._committed)
+        elif isinstance(decision, Abort):
+            # The client hears the refusal once every mark is dropped: a
+            # Consume it sends next must not meet one.
+            self._refusal = decision.refusal
+            self._aborting = set(decision.owners)
+            if not self._aborting:
+                self._answer(owner, decision.refusal)
+            for ready in decision.owners:
+                self._ask(ready, DeletePhase.ABORT, self._aborted)
+
+    def _aborted(self, owner: int, answer: Answer) -> None:
+        """``owner`` dropped its mark (or went down, which drops it too)."""
+        if owner not in self._aborting:
+            return
+        self._aborting.discard(owner)
+        if not self._aborting and self._refusal is not None:
+            self._answer(owner, self._refusal)
+
+    def _committed(self, owner: int, answer: Answer) -> None:
+        combined = self._round.committed(owner, answer)
+        if combined is not None:
+            self._answer(owner, combined)
+
+    def _answer(self, owner: int, answer: Answer) -> None:
+        """Send the client its one answer."""
+        stream = self._frame.stream
+        if isinstance(answer, Refused):
+            frame: DeletedSubscription | Error = Error(answer.code, str(answer), stream)
+        elif not answer.partitions:
+            frame = Error(
                 ErrorCode.UNKNOWN_SUBSCRIPTION,
-                f"no durable subscription {name!r} on this broker; nothing deleted",
+                f"no durable subscription {self._frame.subscription!r} on this broker; "
+                "nothing deleted",
                 stream,
             )
-        return DeletedSubscription(
-            stream,
-            sum(a.partitions for a in done.values()),
-            sum(a.consumers for a in done.values()),
-        )
+        else:
+            frame = DeletedSubscription(stream, answer.partitions, answer.consumers)
+        self._outlet.send_control(encode_frame(frame))

@@ -125,6 +125,26 @@ class SubscriptionKind(enum.IntEnum):
     KEY_SHARED = 3
 
 
+class DeletePhase(enum.IntEnum):
+    """``DeleteSubscription.phase``: a client's whole deletion, or one step
+    of the two-phase deletion between a node's workers (schema)."""
+
+    WHOLE = 0
+    PREPARE = 1
+    COMMIT = 2
+    ABORT = 3
+
+
+class AdoptSetting(enum.IntFlag):
+    """``Consume.adopt_settings``: subscription settings a Consume leaves to
+    an existing subscription (compared, and refused when they differ, unless
+    adopted)."""
+
+    ACK_TIMEOUT = 1
+    MAX_DELIVERIES = 2
+    BACKOFF = 4
+
+
 class SettleKind(enum.IntEnum):
     """What a ``Settle`` frame does to its offsets."""
 

@@ -16,7 +16,14 @@ from typing import Final
 
 import flatbuffers
 
-from broky.protocol.constants import BodyType, SettleKind, StartKind, SubscriptionKind
+from broky.protocol.constants import (
+    AdoptSetting,
+    BodyType,
+    DeletePhase,
+    SettleKind,
+    StartKind,
+    SubscriptionKind,
+)
 from broky.protocol.frames import (
     Buffer,
     Consume,
@@ -51,6 +58,11 @@ CONSUMER_BODIES: Final = frozenset(
 )
 
 _U8 = struct.Struct("<B")
+#: Bits of ``Consume.adopt_settings`` this code knows; others are ignored
+#: (a newer client's bit can only widen what it adopts).
+_ADOPTABLE: Final = int(
+    AdoptSetting.ACK_TIMEOUT | AdoptSetting.MAX_DELIVERIES | AdoptSetting.BACKOFF
+)
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
@@ -68,7 +80,7 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         dead_letters = (
             builder.CreateString(frame.dead_letter_topic) if frame.dead_letter_topic else 0
         )
-        builder.StartObject(14)
+        builder.StartObject(15)
         builder.PrependInt64Slot(11, frame.start_time, 0)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
@@ -85,6 +97,7 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
             builder.PrependUOffsetTRelativeSlot(13, dead_letters, 0)
         builder.PrependUint8Slot(3, frame.kind, 0)
         builder.PrependUint8Slot(4, frame.start, 0)
+        builder.PrependUint8Slot(14, frame.adopt_settings, 0)
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
     if isinstance(frame, Redelivered):
         topic = builder.CreateString(frame.topic) if frame.topic else 0
@@ -138,12 +151,13 @@ def _encode_deletion(
     if isinstance(frame, DeleteSubscription):
         pattern = builder.CreateString(frame.pattern) if frame.pattern else 0
         subscription = builder.CreateString(frame.subscription)
-        builder.StartObject(4)
+        builder.StartObject(5)
         builder.PrependUint32Slot(0, frame.stream, 0)
         builder.PrependUOffsetTRelativeSlot(1, subscription, 0)
         if pattern:
             builder.PrependUOffsetTRelativeSlot(2, pattern, 0)
         builder.PrependBoolSlot(3, frame.force, False)
+        builder.PrependUint8Slot(4, frame.phase, 0)
         return finish_frame(builder, BodyType.DELETE_SUBSCRIPTION, builder.EndObject())
     builder.StartObject(3)
     builder.PrependUint32Slot(0, frame.stream, 0)
@@ -152,7 +166,9 @@ def _encode_deletion(
     return finish_frame(builder, BodyType.DELETED_SUBSCRIPTION, builder.EndObject())
 
 
-def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, what: str) -> int:
+def _enum(
+    kind: type[SubscriptionKind | SettleKind | StartKind | DeletePhase], value: int, what: str
+) -> int:
     try:
         return int(kind(value))
     except ValueError:
@@ -162,7 +178,7 @@ def _enum(kind: type[SubscriptionKind | SettleKind | StartKind], value: int, wha
 def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
     """Decode one of ``CONSUMER_BODIES``; RemoteProtocolError if malformed."""
     if body_type == BodyType.CONSUME:
-        fields = table_fields(buf, table, 14)
+        fields = table_fields(buf, table, 15)
         if not (fields[1] and fields[2]):
             raise malformed("Consume needs subscription and pattern")
         return Consume(
@@ -180,6 +196,7 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             start_time=scalar(_I64, buf, fields[11]),
             start_offsets=numbers(buf, fields[12], "q"),
             dead_letter_topic=read_text(buf, fields[13]),
+            adopt_settings=scalar(_U8, buf, fields[14]) & _ADOPTABLE,
         )
     if body_type == BodyType.REDELIVERED:
         stream, partitions, offsets, counts, topic = table_fields(buf, table, 5)
@@ -212,7 +229,7 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             raise malformed("a settle range ends before it starts")
         return settle
     if body_type == BodyType.DELETE_SUBSCRIPTION:
-        stream, subscription, pattern, force = table_fields(buf, table, 4)
+        stream, subscription, pattern, force, phase = table_fields(buf, table, 5)
         if not subscription:
             raise malformed("DeleteSubscription needs subscription")
         return DeleteSubscription(
@@ -220,6 +237,7 @@ def decode_consumer_body(buf: Buffer, body_type: int, table: int) -> Frame:
             subscription=read_text(buf, subscription),
             pattern=read_bytes(buf, pattern),
             force=bool(scalar(_U8, buf, force)),
+            phase=DeletePhase(_enum(DeletePhase, scalar(_U8, buf, phase), "delete phase")),
         )
     if body_type == BodyType.DELETED_SUBSCRIPTION:
         stream, partitions, consumers = table_fields(buf, table, 3)

@@ -17,6 +17,7 @@ import attrs
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    DeletePhase,
     ErrorCode,
     LinkKind,
     NoticeKind,
@@ -324,6 +325,8 @@ class Consume:
     start_offsets: tuple[int, ...] = ()
     #: The ``[[durable]]`` topic for dead letters ("": the default).
     dead_letter_topic: str = ""
+    #: ``AdoptSetting`` bits: settings left to an existing subscription.
+    adopt_settings: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -372,6 +375,7 @@ class DeleteSubscription:
     subscription: str
     pattern: bytes = b""
     force: bool = False
+    phase: DeletePhase = DeletePhase.WHOLE
 
 
 @attrs.frozen(slots=True)

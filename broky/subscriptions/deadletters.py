@@ -11,7 +11,11 @@ only once that append reached its durability point is the original acked
 it is dead-lettered again after the restart, so the dead-letter topic is
 at-least-once and its tags (topic, partition, offset) are the key to
 de-duplicate on. An append that fails is retried by the partition's next
-rounds; the original stays unacked meanwhile.
+rounds; the original stays unacked meanwhile. In a replicated cluster an
+append refused with ``NotLeader`` (another node leads the dead-letter
+partition) is published to that leader instead
+(broky.subscriptions.leader_deadletters), and the original is acked once
+the leader acked the copy.
 """
 
 from __future__ import annotations
@@ -22,10 +26,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from broky.client.cluster import leader_address
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.store import DurableStore
+from broky.protocol.constants import ErrorCode
+from broky.protocol.frames import Run
+from broky.protocol.message import decode_run
 from broky.subscriptions.delivery import BatchCache, dead_letter_run
 from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.leader_deadletters import LeaderDeadLetters
 from broky.subscriptions.model import DeadLetter
 
 if TYPE_CHECKING:
@@ -78,8 +87,12 @@ class DeadLetters:
         self._store = store
         self._service = service
         self._appends = _Appends(self)
-        #: Appends in flight by ticket, with the dispatcher that decided them.
-        self._waiting: dict[int, tuple[PartitionSubscriptions, str, Dispatcher, DeadLetter]] = {}
+        #: Appends in flight by ticket, with the dispatcher that decided them
+        #: and the run appended (sent to another leader if refused here).
+        self._waiting: dict[
+            int, tuple[PartitionSubscriptions, str, Dispatcher, DeadLetter, Run]
+        ] = {}
+        self.leaders = LeaderDeadLetters(f"dead-letters-{store.worker}")
 
     def send(
         self,
@@ -116,13 +129,40 @@ class DeadLetters:
         )
         run = dead_letter_run(batch, event.offset, key, tags)
         ticket = self._appends.open(0)
-        self._waiting[ticket.sequence] = (partition, name, partition.dispatchers[name], event)
+        self._waiting[ticket.sequence] = (
+            partition,
+            name,
+            partition.dispatchers[name],
+            event,
+            run,
+        )
         store.append_frame([run], ticket, self._appends)
         self._appends.release()  # a refusal is known at once
 
     def appended(self, ticket: AckTicket) -> None:
         """A dead-letter append finished: ack the original, or retry."""
-        partition, name, decided_by, event = self._waiting.pop(ticket.sequence)
+        partition, name, decided_by, event, run = self._waiting.pop(ticket.sequence)
+        leader = leader_address(ticket.failure) if ticket.code is ErrorCode.NOT_LEADER else None
+        if leader is not None and partition.dispatchers.get(name) is decided_by:
+            [message] = decode_run(run)
+
+            def done(failure: str) -> None:
+                ticket.failure = failure
+                self._finish(partition, name, decided_by, event, ticket)
+
+            self.leaders.send(leader, message.key, message, done)
+            return
+        self._finish(partition, name, decided_by, event, ticket)
+
+    def _finish(
+        self,
+        partition: PartitionSubscriptions,
+        name: str,
+        decided_by: Dispatcher,
+        event: DeadLetter,
+        ticket: AckTicket,
+    ) -> None:
+        """The copy is durable (ack the original) or failed (retry it)."""
         dispatcher = partition.dispatchers.get(name)
         if dispatcher is not decided_by:
             return  # the subscription was deleted (and maybe recreated) meanwhile

@@ -7,6 +7,16 @@ pattern is refused, because the dispatchers already hold state built on
 them (slot owners, ordering rules); per-consumer settings (credit,
 ``max_in_flight``, priority) come with each ``Consume``.
 
+The redelivery settings (ack timeout, backoff, ``max_deliveries``) are the
+subscription's too, as a JetStream consumer's are: one message has one
+timer and one delivery count whichever consumer holds it, so two consumers
+cannot each have their own. A later ``Consume`` that sends other values is
+refused ("consumer already exists with different config" in JetStream),
+not silently served with the creator's; a client that does not care sets
+the setting's ``adopt_settings`` bit (the Python client does for every
+option its caller did not pass) and joins whatever was chosen. Changing
+them means deleting and re-creating the subscription.
+
 Stored as JSON (one small text per subscription and partition store), so a
 broker can read what an older one wrote and a human can read it with the
 sqlite3 shell.
@@ -20,7 +30,7 @@ from typing import Final
 
 import attrs
 
-from broky.protocol.constants import StartKind, SubscriptionKind
+from broky.protocol.constants import AdoptSetting, StartKind, SubscriptionKind
 from broky.protocol.frames import Consume
 from broky.subscriptions.model import Options, SubscriptionType
 
@@ -112,6 +122,13 @@ class Definition:
                 f"subscription {self.name!r} reads {self.pattern.decode(errors='replace')!r}, "
                 f"not {frame.pattern.decode(errors='replace')!r}"
             )
+        differs = self._settings_mismatch(frame)
+        if differs:
+            return (
+                f"subscription {self.name!r} exists with {differs}: its redelivery "
+                "settings are fixed at creation (attach with the same values, leave them "
+                "unset to adopt the subscription's, or delete and re-create it)"
+            )
         if frame.dead_letter_topic and frame.dead_letter_topic != self.dead_letter_topic:
             return (
                 f"subscription {self.name!r} sends its dead letters to "
@@ -119,6 +136,25 @@ class Definition:
                 f"{frame.dead_letter_topic!r} (fixed at creation)"
             )
         return None
+
+    def _settings_mismatch(self, frame: Consume) -> str:
+        """The redelivery settings ``frame`` sends that differ from this
+        subscription's and that it does not adopt ("" if none)."""
+        options = self.options
+        adopt = AdoptSetting(frame.adopt_settings)
+        differs = []
+        ack_timeout_ms = round(options.ack_timeout * 1000)
+        if AdoptSetting.ACK_TIMEOUT not in adopt and frame.ack_timeout_ms != ack_timeout_ms:
+            differs.append(f"ack_timeout_ms {ack_timeout_ms}, not {frame.ack_timeout_ms}")
+        if (
+            AdoptSetting.MAX_DELIVERIES not in adopt
+            and frame.max_deliveries != options.max_deliveries
+        ):
+            differs.append(f"max_deliveries {options.max_deliveries}, not {frame.max_deliveries}")
+        backoff_ms = tuple(round(delay * 1000) for delay in options.backoff)
+        if AdoptSetting.BACKOFF not in adopt and tuple(frame.backoff_ms) != backoff_ms:
+            differs.append(f"backoff_ms {list(backoff_ms)}, not {list(frame.backoff_ms)}")
+        return "; ".join(differs)
 
     @property
     def dead_letter_token(self) -> str:

@@ -28,7 +28,7 @@ import trio
 
 from broky.durable.acks import AckTicket
 from broky.durable.store import DurableStore
-from broky.protocol.constants import ErrorCode, SettleKind
+from broky.protocol.constants import DeletePhase, ErrorCode, SettleKind
 from broky.protocol.frames import Consume, Settle
 from broky.replication.gate import PartitionReplica
 from broky.router.matcher import patterns_overlap
@@ -43,7 +43,12 @@ from broky.subscriptions.consumers import (
 )
 from broky.subscriptions.deadletters import DeadLetters
 from broky.subscriptions.definition import Definition, DefinitionError
-from broky.subscriptions.deletion import Deletion, delete_subscription
+from broky.subscriptions.deletion import (
+    Deletion,
+    DeletionMarks,
+    deletable,
+    delete_subscription,
+)
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
@@ -68,6 +73,7 @@ class SubscriptionService:
         self.dead_letters = DeadLetters(store, self)
         self.watch = Watch(self, advise)
         self._counters: dict[str, SubscriptionCounters] = {}
+        self.deleting = DeletionMarks()
         self._next_consumer = 1
         self._attaching = trio.Lock()
         self._nursery: trio.Nursery | None = None
@@ -99,6 +105,7 @@ class SubscriptionService:
             for partition in self.partitions.values():
                 nursery.start_soon(partition.run)
             nursery.start_soon(self.watch.run)
+            nursery.start_soon(self.dead_letters.leaders.run)
             self._nursery = nursery
             task_status.started()
 
@@ -175,24 +182,39 @@ class SubscriptionService:
         pattern: bytes,
         force: bool,
         done: Callable[[Deletion | Refused], None],
+        phase: DeletePhase = DeletePhase.WHOLE,
     ) -> None:
-        """Start deleting ``name`` from this worker's partitions
-        (broky.subscriptions.deletion); ``done`` gets what was deleted once
-        it is committed, or why not."""
+        """Start deleting ``name`` from this worker's partitions, or one
+        phase of it (broky.subscriptions.deletion); ``done`` gets what was
+        (or, prepared, will be) deleted once it is committed, or why not.
+        An abort drops the mark at once and answers ``Deletion(0, 0)``."""
+        if phase is DeletePhase.ABORT:
+            self.deleting.unmark(name)
+            done(Deletion(0, 0))
+            return
         if self._nursery is None:
             done(Refused(ErrorCode.SERVER_SHUTDOWN, "the broker is not serving subscriptions"))
             return
-        self._nursery.start_soon(self._delete, name, pattern, force, done)
+        self._nursery.start_soon(self._delete, name, pattern, force, phase, done, self._nursery)
 
     async def _delete(
         self,
         name: str,
         pattern: bytes,
         force: bool,
+        phase: DeletePhase,
         done: Callable[[Deletion | Refused], None],
+        nursery: trio.Nursery,
     ) -> None:
         try:
             async with self._attaching:
+                if phase is DeletePhase.PREPARE:
+                    partitions, links = deletable(self, name, pattern, force)
+                    self.deleting.mark(name, nursery)
+                    done(Deletion(len(partitions), len(links)))
+                    return
+                if phase is DeletePhase.COMMIT:
+                    self.deleting.unmark(name)
                 deletion = await delete_subscription(self, name, pattern, force)
         except Refused as refused:
             done(refused)
@@ -217,6 +239,7 @@ class SubscriptionService:
 
     async def _attach_now(self, frame: Consume, link: ConsumerLink, own_only: bool) -> None:
         name = frame.subscription
+        self.deleting.refuse_attach(name)
         try:
             definition = Definition.from_consume(frame)
         except DefinitionError as exc:

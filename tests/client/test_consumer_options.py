@@ -14,6 +14,7 @@ import pytest
 
 from broky.client.consumer_options import ConsumerSettings, consumer_options
 from broky.client.durable import Start
+from broky.protocol.constants import AdoptSetting
 
 #: Options the client applies itself: they shape when settles are sent.
 CLIENT_ONLY = {"ack_interval", "ack_batch"}
@@ -52,3 +53,13 @@ def test_bad_values_are_refused_at_once_naming_the_option() -> None:
     ):
         with pytest.raises(ValueError, match=name):
             consumer_options("orders.>", "s", "shared", settings)  # type: ignore[arg-type]
+
+
+def test_redelivery_settings_not_passed_are_adopted_and_passed_ones_compared() -> None:
+    """A default is not a choice: the client leaves an option its caller did
+    not pass to an existing subscription, and has the broker compare one it
+    did pass, even at the default value (broky.subscriptions.definition)."""
+    every = AdoptSetting.ACK_TIMEOUT | AdoptSetting.MAX_DELIVERIES | AdoptSetting.BACKOFF
+    assert consumer_options("orders.>", "s", "shared", {}).consume(1).adopt_settings == every
+    chosen = consumer_options("orders.>", "s", "shared", {"ack_timeout": 30.0, "backoff": ()})
+    assert chosen.consume(1).adopt_settings == AdoptSetting.MAX_DELIVERIES

@@ -5,7 +5,9 @@ test ends."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from random import Random
 
 import pytest
 import trio
@@ -76,3 +78,61 @@ async def test_deletion_reaches_every_owner_and_ends_spread_consumers(tmp_path: 
             got = await take_all(client)
     assert sorted(int(d.payload) for d in got) == list(range(TOTAL))
     assert {d.delivery_count for d in got} == {1}
+
+
+ROUNDS = 25
+
+
+async def attach_and_leave(client: Client) -> None:
+    """Attach a consumer of ``spread`` (which creates what is missing) and
+    leave; a refusal (the subscription is being deleted) is fine."""
+    with contextlib.suppress(BrokyError):
+        async with client.consumer("orders.>", subscription="spread", start=Start.earliest()):
+            pass
+
+
+async def test_a_deletion_racing_an_attach_deletes_everywhere_or_nowhere(
+    tmp_path: Path,
+) -> None:
+    """Issue 13, gap 1: owners asked at once could delete on one worker and
+    refuse on another (a consumer attached there meanwhile). With the two
+    phases a refused deletion deleted nothing, on any worker."""
+    config = tmp_path / "broky.toml"
+    write_config(config, 2)
+    data = tmp_path / "data"
+    outcomes = {"deleted": 0, "refused": 0}
+    random = Random(13)
+    with nodes() as start, trio.fail_after(60):
+        node = start(["--config", str(config)])
+        await publish(node.address, TOTAL, KEYS)
+        async with (
+            connect(node.address, name="admin") as admin,
+            connect(node.address, name="a") as first,
+            connect(node.address, name="b") as second,
+        ):
+            await attach_and_leave(first)
+            full = stored_rows(data, "spread")
+            assert full == 2 * 8  # a definition and an image per partition
+
+            async def delete_soon() -> None:
+                await trio.sleep(random.uniform(0, 0.004))
+                code = None
+                try:
+                    await admin.delete_subscription("spread")
+                except BrokyError as refused:
+                    code = refused.code
+                if code is None:
+                    outcomes["deleted"] += 1
+                    return
+                outcomes["refused"] += 1
+                assert code in (ErrorCode.SUBSCRIPTION_REFUSED, ErrorCode.UNKNOWN_SUBSCRIPTION)
+                rows = stored_rows(data, "spread")
+                assert rows in (0, full), f"a refused deletion left {rows} of {full} rows"
+
+            for _ in range(ROUNDS):
+                await attach_and_leave(first)  # whole again, and a consumer leaving
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(delete_soon)
+                    nursery.start_soon(attach_and_leave, second)
+    assert outcomes["deleted"] + outcomes["refused"] == ROUNDS
+    assert outcomes["deleted"] > 0

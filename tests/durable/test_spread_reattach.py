@@ -11,6 +11,7 @@ publish was delivered to it and acked. Every process is started here, on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -22,6 +23,7 @@ import trio
 
 from broky import Start, connect
 from tests.durable.test_workers import (
+    KEYS,
     all_partitions_writable,
     publish_until_cancelled,
     write_config,
@@ -115,3 +117,52 @@ async def test_a_spread_consumer_reattaches_sigkilled_owners_without_an_error(
         f"received={statistics.received} unconfirmed_settles={statistics.unconfirmed_settles} "
         f"failed_publish_frames={failures[0]}"
     )
+
+
+#: Messages published before the attach that the owner's death interrupts.
+BEFORE_ATTACH = 40
+
+
+async def test_an_owner_sigkilled_while_a_consumer_attaches_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """Issue 13, gap 2: an owner that dies while a spread consumer attaches
+    (here stopped, so it cannot answer, then SIGKILLed; the supervisor
+    restarts it) used to end the attach with ``OwnerUnavailable``. The
+    consumer now sends that owner's part again once it is back, within the
+    re-attach window, and reads every message."""
+    config = tmp_path / "broky.toml"
+    write_config(config, 2)
+    with nodes() as start, trio.fail_after(60):
+        node = start(["--config", str(config)])
+        await all_partitions_writable(node.address, time.monotonic() + 20)
+        async with connect(node.address, name="publisher") as publisher:
+            for number in range(BEFORE_ATTACH):
+                await publisher.publish(KEYS[number % len(KEYS)], b"%d" % number, ack=True)
+            await publisher.flush_acks()
+        async with connect(node.address, name="consumer") as client:
+            [ingress] = ingress_workers(node)
+            [owner] = [pid for pid in node.workers() if pid != ingress]
+            os.kill(owner, signal.SIGSTOP)
+            expected = {b"%d" % number for number in range(BEFORE_ATTACH)}
+            got: set[bytes] = set()  # and the probes all_partitions_writable sent
+            try:
+
+                async def consume() -> None:
+                    async with client.consumer(
+                        "orders.>", subscription="late", start=Start.earliest()
+                    ) as consumer:
+                        async for delivery in consumer:  # an error here fails the test
+                            got.add(delivery.payload)
+                            await delivery.ack()
+                            if expected <= got:
+                                return
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(consume)
+                    await trio.sleep(0.5)  # the Consume waits on the stopped owner
+                    os.kill(owner, signal.SIGKILL)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(owner, signal.SIGKILL)
+    assert expected <= got

@@ -31,6 +31,7 @@ from broky.protocol.codec import (
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     BodyType,
+    DeletePhase,
     ErrorCode,
     LinkKind,
     NoticeKind,
@@ -141,6 +142,7 @@ CONTROL_FRAMES: list[Frame] = [
         start_time=-7,
         start_offsets=(0, 2**62, -1),
         dead_letter_topic="poison ✓",
+        adopt_settings=5,
     ),
     Redelivered(
         stream=11, partitions=(0, 7), offsets=(5, 2**62), counts=(2, 0xFFFF_FFFF), topic="ordérs"
@@ -160,6 +162,7 @@ CONTROL_FRAMES: list[Frame] = [
     Settled(stream=11, sequence=2**63, stale=3, unconfirmed=7),
     DeleteSubscription(stream=13, subscription="billing ✓", pattern=b"orders.>", force=True),
     DeleteSubscription(stream=14, subscription="b"),
+    DeleteSubscription(stream=15, subscription="c", phase=DeletePhase.PREPARE),
     DeletedSubscription(stream=13, partitions=8, consumers=0xFFFF_FFFF),
 ]
 
@@ -425,6 +428,7 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             start_time=body.StartTime(),
             start_offsets=_numbers(body, "StartOffsets"),
             dead_letter_topic=(body.DeadLetterTopic() or b"").decode(),
+            adopt_settings=body.AdoptSettings(),
         )
     if body_type == BodyType.REDELIVERED:
         return Redelivered(
@@ -454,6 +458,7 @@ def _read_consumer_frame(body_type: BodyType, body: Any) -> Frame:
             subscription=body.Subscription().decode(),
             pattern=body.Pattern() or b"",
             force=body.Force(),
+            phase=DeletePhase(body.Phase()),
         )
     if body_type == BodyType.DELETED_SUBSCRIPTION:
         return DeletedSubscription(
@@ -697,6 +702,7 @@ def _build_consumer_body(
         name = builder.CreateString(frame.subscription)
         dead = builder.CreateString(frame.dead_letter_topic) if frame.dead_letter_topic else 0
         gen.Consume.Start(builder)
+        gen.Consume.AddAdoptSettings(builder, frame.adopt_settings)
         if dead:
             gen.Consume.AddDeadLetterTopic(builder, dead)
         if starts:
@@ -760,6 +766,7 @@ def _build_consumer_body(
         name = builder.CreateString(frame.subscription)
         gen.DeleteSubscription.Start(builder)
         gen.DeleteSubscription.AddForce(builder, frame.force)
+        gen.DeleteSubscription.AddPhase(builder, frame.phase)
         if pattern:
             gen.DeleteSubscription.AddPattern(builder, pattern)
         gen.DeleteSubscription.AddSubscription(builder, name)

@@ -10,7 +10,13 @@ import attrs
 import trio
 
 from broky import Client
-from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
+from broky.protocol.constants import (
+    AdoptSetting,
+    ErrorCode,
+    SettleKind,
+    StartKind,
+    SubscriptionKind,
+)
 from broky.protocol.frames import Error, Subscribed
 from tests.conftest import StartBroker
 from tests.observability.test_observability import http_get, sample_value
@@ -184,3 +190,43 @@ async def test_bad_consumes_get_stream_errors_and_the_connection_stays(
             duplicate = await consumer.consume("y")
             assert isinstance(duplicate, Error)
             assert duplicate.code == ErrorCode.DUPLICATE_STREAM
+
+
+async def test_a_join_with_other_redelivery_settings_is_refused_unless_it_adopts_them(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """The redelivery settings are the subscription's, fixed at creation: a
+    later Consume with other values is refused naming both (JetStream's
+    "consumer already exists with different config"), never served with the
+    creator's in silence; one that adopts them joins."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path))
+        assert broker.address is not None
+        async with connect(broker.address) as a, connect(broker.address) as b:
+            created = await Consumer(a).consume(
+                "work", ack_timeout_ms=2_000, max_deliveries=3, backoff_ms=(100, 500)
+            )
+            assert isinstance(created, Subscribed)
+            joiner = Consumer(b)
+            for fields, named in (
+                ({"ack_timeout_ms": 5_000}, "ack_timeout_ms 2000, not 5000"),
+                ({"max_deliveries": 10}, "max_deliveries 3, not 10"),
+                ({"backoff_ms": (100,)}, "backoff_ms [100, 500], not [100]"),
+            ):
+                settings = {"ack_timeout_ms": 2_000, "max_deliveries": 3, "backoff_ms": (100, 500)}
+                refused = await joiner.consume("work", **{**settings, **fields})
+                assert isinstance(refused, Error)
+                assert refused.code == ErrorCode.SUBSCRIPTION_REFUSED
+                assert named in refused.message
+                assert "fixed at creation" in refused.message
+            same = await joiner.consume(
+                "work", ack_timeout_ms=2_000, max_deliveries=3, backoff_ms=(100, 500)
+            )
+            assert isinstance(same, Subscribed)
+            adopting = await Consumer(b, stream=2).consume(
+                "work",
+                adopt_settings=int(
+                    AdoptSetting.ACK_TIMEOUT | AdoptSetting.MAX_DELIVERIES | AdoptSetting.BACKOFF
+                ),
+            )
+            assert isinstance(adopting, Subscribed)

@@ -8,9 +8,11 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 import trio
 
 from broky import Broker, Client, Config
+from broky.durable import consumer_relays
 from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import Error, Subscribed
 from tests.conftest import StartBroker
@@ -229,10 +231,12 @@ async def test_subscriptions_and_their_acks_survive_a_restart(tmp_path: Path) ->
 
 
 async def test_a_consumer_over_an_unreachable_owners_partitions_is_refused_retriably(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Worker 0 of two, alone: the owner of the other partitions is not
-    there, so the Consume is refused with OwnerUnavailable (consume again)."""
+    there. The attach waits for it (the re-attach window, shortened here),
+    then is refused with OwnerUnavailable (consume again)."""
+    monkeypatch.setattr(consumer_relays, "REATTACH_SECONDS", 0.5)
     config = subscriptions_config(tmp_path, partitions=4)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
@@ -244,6 +248,7 @@ async def test_a_consumer_over_an_unreachable_owners_partitions_is_refused_retri
                 assert isinstance(refused, Error)
                 assert refused.code == ErrorCode.OWNER_UNAVAILABLE
                 assert "worker 1" in refused.message
+                assert "did not come back within 0.5 s" in refused.message
             nursery.cancel_scope.cancel()
 
 
