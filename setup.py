@@ -1,10 +1,11 @@
 """Build the optional C extension of the hot path; everything else is in pyproject.toml.
 
 ``broky.protocol._runs``, ``broky.protocol._forward``,
-``broky.protocol._vectors`` and ``broky.router._fanout`` (Cython) are the
-compiled twins of ``broky.protocol.frames.EncodedRunPure``,
-``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
-and ``broky.router.fanout.fan_out_pure``. Each is optional twice over: the
+``broky.protocol._vectors``, ``broky.router._fanout`` and
+``broky.storage._partitions`` (Cython) are the compiled twins of
+``broky.protocol.frames.EncodedRunPure``, ``broky.protocol.forward.walk_pure``,
+``broky.protocol.chunks.chunk_offsets_pure``, ``broky.router.fanout.fan_out_pure``
+and ``broky.storage.topics.message_partitions_pure``. Each is optional twice over: the
 build continues without it when compiling fails (``optional=True``), and
 Broky runs the pure-Python version whenever one is missing.
 """
@@ -24,6 +25,7 @@ else:
                 "broky.protocol._forward",
                 "broky.protocol._vectors",
                 "broky.router._fanout",
+                "broky.storage._partitions",
             )
         ],
         compiler_directives={"language_level": "3"},
