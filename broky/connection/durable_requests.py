@@ -38,6 +38,11 @@ from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
 
+
+def _no_identities() -> None:
+    """A Publish without ack is stored without producer identities."""
+
+
 #: Why the connection's principal may not read a pattern (None: it may).
 Refusal = Callable[[bytes], "str | None"]
 
@@ -83,9 +88,8 @@ class DurableRequests:
         router = self._router
         store = self.store
         acks = self._ack_queue()
-        identities = frame.run_identities() if frame.ack else None
         producer = frame.producer_id
-        if producer and identities is not None:
+        if producer and frame.ack:
             resend_from = acks.resend_needed(producer, frame.first_sequence)
             if resend_from is not None:
                 acks.open(frame.stream).refuse(
@@ -98,8 +102,18 @@ class DurableRequests:
         ticket = acks.open(frame.stream, producer, frame.first_sequence) if frame.ack else None
         if store is None:
             ephemeral = list(runs)
-        else:
+        elif frame.run_producers:  # forwarded by another worker: runs of many producers
+            identities = frame.run_identities() if frame.ack else None
             ephemeral = store.append_frame(runs, ticket, acks if ticket else None, identities)
+        else:
+            ephemeral = store.append_publish(
+                runs,
+                ticket,
+                acks if ticket else None,
+                producer if frame.ack else 0,
+                frame.first_sequence,
+                frame.run_identities if frame.ack else _no_identities,
+            )
         if self._forwarder is not None:
             self._forwarder.flush()
         if ephemeral:

@@ -16,6 +16,8 @@ import sys
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
@@ -107,46 +109,134 @@ cdef inline int64_t _key_start(const uint8_t* message, int64_t size, int64_t* en
     return start + 4
 
 
+cdef object _message_partition(
+    object messages, const uint8_t* buf, int64_t total, int64_t position, int64_t size,
+    object partitions, object default,
+):
+    """The partition of the message of ``size`` bytes at ``position`` of
+    ``buf`` (``messages``' bytes, ``total`` long)."""
+    cdef int64_t start = -1, end = 0
+    cdef object partition_key
+    if not _has_key_partition(buf, total, position):
+        return default
+    if position + size <= total:
+        start = _key_start(buf + position, size, &end)
+    if start >= 0:
+        partition_key = PyBytes_FromStringAndSize(<const char*>(buf + position + start), end - start)
+    else:
+        partition_key = key_partition(memoryview(messages)[position : position + size])
+    if partition_key:
+        return _xxh3(partition_key) % partitions
+    return default
+
+
 def message_partitions(messages, sizes, Py_ssize_t partitions, default):
     """See ``broky.storage.topics.message_partitions_pure``."""
     cdef Py_buffer messages_buffer, sizes_buffer
-    cdef const uint8_t* buf
     cdef const uint8_t* size_table
-    cdef int64_t total, position = 0, size, start, end = 0
-    cdef Py_ssize_t index, count
+    cdef int64_t position = 0, size
+    cdef Py_ssize_t index
     cdef list targets = []
-    cdef object partition_key
+    cdef object modulus = partitions
     PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
     try:
         PyObject_GetBuffer(sizes, &sizes_buffer, PyBUF_SIMPLE)
         try:
-            buf = <const uint8_t*>messages_buffer.buf
-            total = messages_buffer.len
             size_table = <const uint8_t*>sizes_buffer.buf
-            count = sizes_buffer.len // 4
-            for index in range(count):
+            for index in range(sizes_buffer.len // 4):
                 size = _u32(size_table + 4 * index)
-                if not _has_key_partition(buf, total, position):
-                    targets.append(default)
-                else:
-                    start = -1
-                    if position + size <= total:
-                        start = _key_start(buf + position, size, &end)
-                    if start >= 0:
-                        partition_key = PyBytes_FromStringAndSize(
-                            <const char*>(buf + position + start), end - start
-                        )
-                    else:
-                        partition_key = key_partition(
-                            memoryview(messages)[position : position + size]
-                        )
-                    if partition_key:
-                        targets.append(_xxh3(partition_key) % partitions)
-                    else:
-                        targets.append(default)
+                targets.append(
+                    _message_partition(
+                        messages, <const uint8_t*>messages_buffer.buf, messages_buffer.len,
+                        position, size, modulus, default,
+                    )
+                )
                 position += size
         finally:
             PyBuffer_Release(&sizes_buffer)
     finally:
         PyBuffer_Release(&messages_buffer)
     return targets
+
+
+cdef object _run_partition(object run, object partitions, object default):
+    """The one partition of every message of ``run``, or None when its
+    messages go to several (``partition_groups``' caller splits it)."""
+    cdef Py_buffer messages_buffer, sizes_buffer
+    cdef const uint8_t* size_table
+    cdef int64_t position = 0, size
+    cdef Py_ssize_t index
+    cdef object messages = run.messages
+    cdef object first = None, target
+    PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(run.sizes, &sizes_buffer, PyBUF_SIMPLE)
+        try:
+            size_table = <const uint8_t*>sizes_buffer.buf
+            for index in range(sizes_buffer.len // 4):
+                size = _u32(size_table + 4 * index)
+                target = _message_partition(
+                    messages, <const uint8_t*>messages_buffer.buf, messages_buffer.len,
+                    position, size, partitions, default,
+                )
+                if index == 0:
+                    first = target
+                elif target != first:
+                    return None
+                position += size
+        finally:
+            PyBuffer_Release(&sizes_buffer)
+    finally:
+        PyBuffer_Release(&messages_buffer)
+    return first
+
+
+cdef object _MISSING = None
+
+
+def partition_groups(runs, dict located, first_sequence):
+    """See ``broky.storage.grouping.partition_groups_pure``."""
+    global _MISSING
+    if _MISSING is None:  # grouping imports this module: its sentinel, once loaded
+        from broky.storage.grouping import MISSING
+        _MISSING = MISSING
+    cdef list ephemeral = []
+    cdef list groups = []
+    cdef list group
+    cdef object topic = None
+    cdef object modulus = None
+    cdef object run, key, found, partition
+    cdef Py_ssize_t index = 0, count
+    cdef object sequence = first_sequence
+    cdef PyObject* entry
+    for run in runs:
+        key = run.key
+        entry = PyDict_GetItem(located, key)
+        if entry == NULL:
+            return _MISSING
+        found = <object>entry
+        count = run.count
+        if found is None:
+            ephemeral.append(run)
+        elif count:
+            if topic is None:
+                topic = (<tuple>found)[0]
+                modulus = topic.partitions
+                groups = [None] * modulus
+            elif (<tuple>found)[0] is not topic:
+                return None
+            partition = _run_partition(run, modulus, (<tuple>found)[1])
+            if partition is None:
+                return None
+            group = groups[partition]
+            if group is None:
+                group = groups[partition] = [[], [], [], [], 0, 0]
+            (<list>group[0]).append(run)
+            (<list>group[1]).append(count)
+            (<list>group[2]).append(index)
+            (<list>group[3]).append(sequence)
+            group[4] += count
+            group[5] += len(run.messages)
+        sequence += count
+        index += 1
+    return ephemeral, topic, groups
