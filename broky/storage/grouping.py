@@ -18,12 +18,12 @@ two equal, and the store's answer equal to the general loop's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeAlias
 
 from broky.protocol.frames import Run
 from broky.storage.topics import message_partitions
+from broky.storage.twins import compiled_twin
 
 
 class _Missing:
@@ -99,16 +99,8 @@ def partition_groups_pure(
 PartitionGroups: TypeAlias = Callable[[Sequence[Run], "dict[bytes, Located | None]", int], Grouped]
 
 
-def _compiled() -> PartitionGroups | None:
-    if os.environ.get("BROKY_PURE") == "1":
-        return None
-    try:
-        from broky.storage._partitions import partition_groups as compiled  # noqa: PLC0415
-    except ImportError:
-        return None
-    return compiled
-
-
 #: The compiled twin (``broky.storage._partitions``) when it is built.
-partition_groups_compiled = _compiled()
+partition_groups_compiled: PartitionGroups | None = compiled_twin(
+    "broky.storage._partitions", "partition_groups"
+)
 partition_groups: PartitionGroups = partition_groups_compiled or partition_groups_pure

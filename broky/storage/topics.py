@@ -15,7 +15,6 @@ key's messages stay in one partition and keep their order.
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from broky.protocol.frames import Buffer, Run
 from broky.router.matcher import SubscriptionIndex, validate_pattern
 from broky.storage.config import LogConfig
 from broky.storage.errors import StorageError
+from broky.storage.twins import compiled_twin
 
 #: A topic name becomes a directory name: keep it portable and unambiguous.
 TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -258,16 +258,8 @@ def message_partitions_pure(
     return targets
 
 
-def _compiled_message_partitions() -> Callable[[Buffer, Buffer, int, int], list[int]] | None:
-    if os.environ.get("BROKY_PURE") == "1":
-        return None
-    try:
-        from broky.storage._partitions import message_partitions as compiled  # noqa: PLC0415
-    except ImportError:
-        return None
-    return compiled
-
-
 #: The compiled twin (``broky.storage._partitions``) when it is built.
-message_partitions_compiled = _compiled_message_partitions()
+message_partitions_compiled: Callable[[Buffer, Buffer, int, int], list[int]] | None = compiled_twin(
+    "broky.storage._partitions", "message_partitions"
+)
 message_partitions = message_partitions_compiled or message_partitions_pure
