@@ -16,7 +16,7 @@ import attrs
 
 from broky.cluster.etcd import parse_endpoints
 from broky.cluster.keys import check_name
-from broky.connection.handler import ConnectionSettings
+from broky.connection.settings import ConnectionSettings
 from broky.durable.config import DurableConfigError, parse_policies
 from broky.protocol.constants import DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES
 from broky.router.limits import RouterLimits

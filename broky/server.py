@@ -23,13 +23,12 @@ import trio
 
 from broky.client.client import Client
 from broky.config import Config, is_loopback
-from broky.connection.handler import (
-    ConnectionCounters,
-    ServerConnection,
-    describe_peer,
-)
+from broky.connection.handler import ServerConnection
 from broky.connection.inproc import pipe_pair
-from broky.durable.forwarding import Forwarder, OwnerChannel
+from broky.connection.peer import describe_peer
+from broky.connection.settings import ConnectionCounters
+from broky.durable.forwarding import Forwarder
+from broky.durable.owner_channel import OwnerChannel
 from broky.durable.store import DurableStatistics, DurableStore
 from broky.mesh.link import Connector, Link, LinkStatus
 from broky.observability.service import Observability

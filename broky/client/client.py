@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Final, Unpack
@@ -26,17 +25,15 @@ import trio
 
 from broky.client.consumer import Consumer, open_consumer
 from broky.client.consumer_options import ConsumerSettings, SubscriptionType, consumer_options
+from broky.client.direct_send import nonblocking_writer
 from broky.client.durable import PartitionInfo, Start, SubscriptionDeletion
 from broky.client.errors import (
-    AuthenticationError,
     BrokyError,
     ConnectionClosed,
-    PublishRefused,
-    SubscriptionError,
     deadline,
     unwrapped,
 )
-from broky.client.publishing import Publisher
+from broky.client.receiving import Receiver
 from broky.client.subscription import PendingSubscription, Subscription
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
@@ -45,24 +42,16 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     DeletedSubscription,
     DeleteSubscription,
-    Deliver,
     Error,
     Fetch,
     Fetched,
     Frame,
     Hello,
     ListPartitions,
-    Notice,
     Partitions,
     Ping,
-    Pong,
-    PublishAck,
-    Redelivered,
     Run,
-    Settled,
     Subscribe,
-    Subscribed,
-    Welcome,
 )
 from broky.protocol.keys import encode_key
 from broky.protocol.message import Message, decode_run
@@ -77,7 +66,7 @@ RECEIVE_BYTES: Final = 256 * 1024
 CONNECT_TIMEOUT: Final = 5.0
 
 
-class Client(Publisher):
+class Client(Receiver):
     """A connection to a broker. Create it with :func:`connect` or ``Broker.connect``."""
 
     def __init__(self, stream: trio.abc.Stream, name: str = "", idempotent: bool = True) -> None:
@@ -86,21 +75,9 @@ class Client(Publisher):
         super().__init__(publish_stream=next(self._streams), idempotent=idempotent)
         self._stream = stream
         self.name = name
-        #: The broker's Welcome (its limits, who it authenticated us as).
-        self.server: Welcome | None = None
         self._machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
-        # request/response streams (ListPartitions, Fetch)
-        self._requests: dict[int, tuple[trio.Event, list[Frame]]] = {}
-        self._subscriptions: dict[int, Subscription | Consumer] = {}
-        self._pings: dict[int, trio.Event] = {}
         self._nonces = itertools.count(1)
-        self._welcome = trio.Event()
-        self.closed = False
-        self._error = None
-        #: The first publish refusal since the last flush (flush raises it).
-        self._refused: PublishRefused | None = None
-        self.on_error: Callable[[Error], None] = self._log_error
-        self._send_now = _nonblocking_writer(stream)
+        self._send_now = nonblocking_writer(stream)
         self._hello = Hello(client_name=name)
         self._nursery: trio.Nursery | None = None
 
@@ -191,7 +168,7 @@ class Client(Publisher):
         self._wake_writer = trio.Event()
         self._welcome = trio.Event()
         self._space = trio.Event()
-        self._send_now = _nonblocking_writer(stream)
+        self._send_now = nonblocking_writer(stream)
         try:
             await self._start(stream, peer)
         except BrokyError:
@@ -456,143 +433,3 @@ class Client(Publisher):
                 "key=...), or from the command line with --tls-cert and --tls-key"
             )
         return f"{what} during the handshake (a TLS-only port? connect with ssl_context=...)"
-
-    def _handle(self, frame: Frame) -> None:
-        if type(frame) is Deliver:
-            subscription = self._subscriptions.get(frame.stream)
-            if subscription is not None:
-                subscription._deliver(frame.runs)
-        elif type(frame) is Subscribed:
-            subscription = self._subscriptions.get(frame.stream)
-            if subscription is not None:
-                subscription._confirmed.set()
-        elif type(frame) is Pong:
-            event = self._pings.pop(frame.nonce, None)
-            if event is not None:
-                event.set()
-        elif type(frame) is Ping:
-            self._send_control(Pong(frame.nonce))
-        elif type(frame) is Notice:
-            subscription = self._subscriptions.get(frame.stream)
-            if subscription is not None:
-                subscription.dropped_by_broker += frame.count
-            log.warning("stream %d: the broker dropped %d messages", frame.stream, frame.count)
-        elif type(frame) is PublishAck:
-            self._handle_ack(frame)
-        elif type(frame) is Redelivered or type(frame) is Settled:
-            consumer = self._subscriptions.get(frame.stream)
-            if isinstance(consumer, Consumer):
-                consumer._receive(frame)
-        elif (
-            type(frame) is Fetched
-            or type(frame) is Partitions
-            or type(frame) is DeletedSubscription
-        ):
-            self._answer(frame.stream, frame)
-        elif type(frame) is Error:
-            self._handle_error(frame)
-        elif type(frame) is Welcome:
-            self.server = frame
-            self._set_frame_limit(
-                frame.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES, frame.max_message_bytes
-            )
-            self._welcome.set()
-
-    def _handle_error(self, frame: Error) -> None:
-        if frame.stream == 0:
-            if frame.code is ErrorCode.AUTHENTICATION_FAILED:
-                if self.server is not None:
-                    # Welcomed earlier: the broker revoked these credentials
-                    # since (a configuration reload), the login itself was fine.
-                    message = f"the broker closed the connection: {frame.message}"
-                else:
-                    message = (
-                        f"the broker refused the connection: {frame.message} (pass user= and "
-                        "password=, or token=, to broky.connect, or a client certificate the "
-                        "broker maps to a user; --user/--password/--token on the command line)"
-                    )
-                self._shutdown(AuthenticationError(frame.code, message))
-                return
-            self._shutdown(
-                BrokyError(frame.code, f"the broker closed the connection: {frame.message}")
-            )
-            return
-        subscription = self._subscriptions.get(frame.stream)
-        if subscription is not None:
-            self._subscriptions.pop(frame.stream, None)
-            subscription._fail(SubscriptionError(frame.code, frame.message))
-        elif frame.stream in self._requests:
-            self._answer(frame.stream, frame)
-        elif frame.stream == self._publish_stream and (
-            frame.code in _ACK_FAILURES or (frame.code in _REFUSALS and self._acks.in_flight)
-        ):
-            # The broker answers a failed or refused acked frame with an error in its place.
-            self._acks.failed(frame.code, frame.message)
-            self._acks_done.set()
-        elif frame.stream == self._publish_stream and frame.code in _REFUSALS:
-            log.warning("the broker refused published messages: %s", frame.message)
-            self._refused = self._refused or PublishRefused(frame.code, frame.message)
-        else:
-            self.on_error(frame)
-
-    def _answer(self, stream: int, frame: Frame) -> None:
-        request = self._requests.pop(stream, None)
-        if request is not None:
-            request[1].append(frame)
-            request[0].set()
-
-    @staticmethod
-    def _log_error(frame: Error) -> None:
-        log.warning(
-            "broker error on stream %d: %s: %s", frame.stream, frame.code.name, frame.message
-        )
-
-    def _shutdown(self, error: BaseException) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._error = error
-        for subscription in list(self._subscriptions.values()):
-            subscription._fail(error)
-        for event in self._pings.values():
-            event.set()
-        for done, _ in self._requests.values():
-            done.set()
-        self._acks_done.set()
-        self._welcome.set()
-        self._space.set()
-
-
-def _nonblocking_writer(stream: trio.abc.Stream) -> Callable[[bytes], int] | None:
-    """A write that never blocks on a plain TCP stream (POSIX), for
-    ``Publisher._kick``; None for TLS, whose records trio's SSLStream owns.
-
-    It looks the descriptor up on each call, so once the stream is closed it
-    writes nothing (fileno -1) rather than to a reused descriptor.
-    """
-    if os.name != "posix" or not isinstance(stream, trio.SocketStream):
-        return None
-    sock = stream.socket
-
-    def send_now(data: bytes) -> int:
-        try:
-            return os.write(sock.fileno(), data)
-        except OSError:  # would block, or broken: the writer sends it, or reports why not
-            return 0
-
-    return send_now
-
-
-#: Publish-stream errors about messages this client may not send.
-_REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
-#: Errors in an acked frame's place that say its messages were not stored
-#: (or, for NotLeader after a failover, not acknowledged): ``OwnerUnavailable``
-#: is retried by the client itself (broky.client.acked); ``NotLeader`` and
-#: ``NotEnoughReplicas`` by broky.client.cluster.
-_ACK_FAILURES: Final = (
-    ErrorCode.STORAGE_FAILURE,
-    ErrorCode.OWNER_UNAVAILABLE,
-    ErrorCode.NOT_LEADER,
-    ErrorCode.NOT_ENOUGH_REPLICAS,
-    ErrorCode.OUT_OF_ORDER_SEQUENCE,
-)

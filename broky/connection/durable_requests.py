@@ -19,7 +19,8 @@ from broky.durable.owner import located_chunk
 from broky.durable.relays import PartitionListing, overlapping_owners
 from broky.durable.replay import Replay
 from broky.durable.store import DurableStore
-from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run
+from broky.protocol.chunk_reading import read_chunk_run
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType, ErrorCode, LinkKind, StartKind
 from broky.protocol.errors import RemoteProtocolError
@@ -36,7 +37,8 @@ from broky.router.matcher import patterns_overlap, validate_pattern
 from broky.router.outbox import Outlet, Subscription
 from broky.router.router import Router
 from broky.storage.errors import OffsetOutOfRangeError
-from broky.storage.log import DEFAULT_READ_BYTES, PartitionLog
+from broky.storage.log import PartitionLog
+from broky.storage.log_reads import DEFAULT_READ_BYTES
 
 
 def _no_identities() -> None:

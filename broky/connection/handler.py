@@ -12,32 +12,26 @@ announced with an Error frame.
 from __future__ import annotations
 
 import logging
-import os
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Final
 
-import attrs
 import trio
 
 from broky.connection.admission import Admission, Refusal
 from broky.connection.consumers import ConsumerRequests
+from broky.connection.direct_read import RECEIVE_BYTES, DirectReader
 from broky.connection.durable_requests import DurableRequests
-from broky.connection.liveness import TIMEOUT_JITTER, Liveness
+from broky.connection.hello import accept_hello
+from broky.connection.liveness import Liveness
 from broky.connection.reasons import CloseReason
+from broky.connection.settings import ConnectionCounters, ConnectionSettings
+from broky.connection.tls_handshake import tls_handshake
 from broky.connection.writer import CLOSE_TIMEOUT, ConnectionWriter
 from broky.durable.forwarding import Forwarder
 from broky.durable.store import DurableStore
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role, State
-from broky.protocol.constants import (
-    DEFAULT_MAX_FRAME_BYTES,
-    MIN_MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    ErrorCode,
-    LinkKind,
-)
+from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import (
     Consume,
@@ -57,60 +51,16 @@ from broky.protocol.frames import (
     Settle,
     Subscribe,
     Unsubscribe,
-    Welcome,
 )
 from broky.protocol.framing import foreign_preamble_reply
 from broky.router.outbox import Outlet
-from broky.router.pressure import LOCAL_LINK_STALL_SECONDS
 from broky.router.relief import yield_to_subscribers
 from broky.router.router import Router
 from broky.security.auth import Authenticator, Principal
-from broky.security.identity import certificate_identities
 from broky.security.quotas import QuotaLedger
-from broky.security.tls import send_pending_alert
 from broky.subscriptions.service import SubscriptionService
 
 log = logging.getLogger("broky.connection")
-
-#: Bytes asked of the socket per read: big reads mean few syscalls per
-#: message; 256 KiB is what a busy publisher's kernel buffer typically holds.
-RECEIVE_BYTES: Final = 256 * 1024
-SERVER_NAME: Final = "broky/0.1.0"
-
-
-@attrs.frozen
-class ConnectionSettings:
-    """Per-connection protocol settings (from the broker's config)."""
-
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    heartbeat_interval: float = 10.0
-    idle_timeout: float = 30.0
-    handshake_timeout: float = 5.0
-    #: Grace of a started frame before MIN_FRAME_BYTES_PER_SECOND applies.
-    frame_timeout: float = 10.0
-    #: Most a timeout fires late, as a fraction of it (see TIMEOUT_JITTER).
-    timeout_jitter: float = TIMEOUT_JITTER
-    #: Largest single message accepted (0: only the frame limit applies).
-    max_message_bytes: int = 0
-    #: This node's worker count, checked against cluster links' (0: unknown).
-    workers: int = 0
-
-
-@attrs.define(slots=True, eq=False)
-class ConnectionCounters:
-    """Counters shared by every connection of one broker."""
-
-    opened: int = 0
-    closed: Counter[CloseReason] = attrs.field(factory=Counter)
-    bytes_received: int = 0
-    bytes_sent: int = 0
-    #: Socket writes made by a routing task for an idle writer (ConnectionWriter.write_directly).
-    direct_writes: int = 0
-
-    @property
-    def current(self) -> int:
-        """Connections open now."""
-        return self.opened - sum(self.closed.values())
 
 
 class ServerConnection:
@@ -148,8 +98,6 @@ class ServerConnection:
         self.peer = peer
         self._machine = ProtocolMachine(Role.SERVER, settings.max_frame_bytes)
         self._machine.max_message_bytes = settings.max_message_bytes
-        #: Whether the last direct read had to wait for data (see _receive_directly).
-        self._read_waited = True
         #: The outlet, the writer task and direct writes (broky.connection.writer).
         self._writer = ConnectionWriter(stream, router, counters, self._greet, self._close_reason)
         self._outlet = self._writer.outlet
@@ -219,33 +167,11 @@ class ServerConnection:
         return self._reason or CloseReason.SERVER_SHUTDOWN, self._reason_detail
 
     async def _tls_handshake(self, stream: trio.SSLStream[trio.abc.Stream]) -> bool:
-        """Complete the TLS handshake within the handshake timeout; False if it failed.
-
-        Done here, in the connection's own task, so that a slow or foreign
-        peer on the TLS port costs one task, never the accept loop.
-        """
-        limit = self._settings.handshake_timeout
-        with trio.move_on_after(limit):
-            try:
-                await stream.do_handshake()
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                cause = exc.__cause__ or exc
-                with trio.move_on_after(CLOSE_TIMEOUT):
-                    await send_pending_alert(stream)  # the peer reads why it was refused
-                self._close_reason(
-                    CloseReason.PROTOCOL_ERROR,
-                    f"TLS handshake failed ({cause}): is the peer speaking plain TCP, or "
-                    "is its certificate missing or not signed by the CA this listener trusts?",
-                )
-                return False
-            admission = self._admission
-            if admission.map_certificate or admission.node_names is not None:
-                admission.certificate_verified(certificate_identities(stream.getpeercert()))
-            return True
-        self._close_reason(
-            CloseReason.IDLE_TIMEOUT, f"TLS handshake not completed within {limit} s"
-        )
-        return False
+        """Complete the TLS handshake (broky.connection.tls_handshake); False if it failed."""
+        failure = await tls_handshake(stream, self._settings.handshake_timeout, self._admission)
+        if failure is not None:
+            self._close_reason(*failure)
+        return failure is None
 
     def _greet(self) -> None:
         """Queue this side's preamble, once: it answers the peer's preamble, so
@@ -281,33 +207,10 @@ class ServerConnection:
         """Ask the connection to close with ServerShutdown (broker stopping)."""
         self._outlet.fail(ErrorCode.SERVER_SHUTDOWN, "the broker is shutting down")
 
-    async def _receive_directly(self) -> bytes:
-        """``receive_some`` for a plain socket, read with ``os.read``.
-
-        trio's SocketStream yields to the scheduler once more after a read
-        that had to wait (cancel_shielded_checkpoint), so at light load
-        every message took a trip through the run queue before routing.
-        Here a read that waited returns at once; a read that found data
-        without waiting is preceded by a checkpoint instead, so a busy
-        connection still lets every other task run between its reads.
-        """
-        fd = self._writer.direct_fd
-        if not self._read_waited:
-            await trio.lowlevel.checkpoint()
-        self._read_waited = False
-        while True:
-            try:
-                return os.read(fd, RECEIVE_BYTES)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(fd)
-                self._read_waited = True
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"socket read failed: {exc}") from exc
-
     async def _reader(self) -> None:
         stream = self._stream
         receive_some: Callable[[], Awaitable[bytes | bytearray]] = (
-            self._receive_directly
+            DirectReader(self._writer.direct_fd).receive_some
             if self._writer.direct_fd >= 0
             else partial(stream.receive_some, RECEIVE_BYTES)
         )
@@ -424,18 +327,6 @@ class ServerConnection:
                 ended += 1
         return ended
 
-    def _check_workers(self, hello: Hello) -> None:
-        """Refuse a cluster link from a node with another worker count: worker
-        i links to worker i of each peer, so some routers would get no link."""
-        workers = self._settings.workers
-        if hello.link is LinkKind.CLUSTER and workers and hello.workers not in (0, workers):
-            raise RemoteProtocolError(
-                f"node {hello.node or '?'} runs {hello.workers} workers and this node "
-                f"{workers}: every node of a cluster must run the same --workers (worker i "
-                "links to worker i of each peer)",
-                ErrorCode.MALFORMED_FRAME,
-            )
-
     def _admissible(self, frame: Publish) -> Sequence[Run] | None:
         """The runs of ``frame`` this connection may publish (Admission.check_runs).
         Rejected runs get one stream Error per frame, or, for an acked frame,
@@ -531,24 +422,10 @@ class ServerConnection:
                 outlet.send_control(encode_frame(Pong(frame.nonce)))
             elif type(frame) is Hello:
                 self.client_name = frame.client_name
-                if frame.link is not LinkKind.CLIENT:
-                    if frame.link is LinkKind.CLUSTER and frame.node == router.node_id:
-                        raise RemoteProtocolError(
-                            "a router tried to link to its own node (check --peers)",
-                            ErrorCode.MALFORMED_FRAME,
-                        )
-                    self._check_workers(frame)
-                    outlet.kind = frame.link
-                    outlet.max_pending_bytes = 0  # links: per-subscription bounds only
-                    if frame.link is LinkKind.LOCAL:
-                        # Another worker of this node: part of the broker.
-                        outlet.local_link = True
-                        outlet.write_stall_seconds = LOCAL_LINK_STALL_SECONDS
-                        outlet.max_write_stall_seconds = LOCAL_LINK_STALL_SECONDS
-                outlet.peer = f"{frame.client_name}@{self.peer}"
-                if frame.max_frame_bytes:
-                    outlet.max_frame_bytes = max(frame.max_frame_bytes, MIN_MAX_FRAME_BYTES)
-                outlet.send_control(encode_frame(self._welcome(frame)))
+                welcome = accept_hello(
+                    frame, outlet, router.node_id, self._settings, self.peer, self.principal
+                )
+                outlet.send_control(encode_frame(welcome))
             elif type(frame) is Error:
                 detail = f"{frame.code.name}: {frame.message}"
                 if frame.stream:
@@ -569,30 +446,3 @@ class ServerConnection:
 
     def _stream_error(self, code: ErrorCode, message: str, stream: int) -> None:
         self._durable.stream_error(code, message, stream)
-
-    def _welcome(self, hello: Hello) -> Welcome:
-        settings = self._settings
-        return Welcome(
-            protocol_version=PROTOCOL_VERSION,
-            server_name=SERVER_NAME,
-            max_frame_bytes=settings.max_frame_bytes,
-            heartbeat_interval_ms=int(settings.heartbeat_interval * 1000),
-            idle_timeout_ms=int(settings.idle_timeout * 1000),
-            max_message_bytes=settings.max_message_bytes,
-            principal=self.principal.name if self.principal is not None else "",
-        )
-
-
-def describe_peer(stream: trio.abc.Stream) -> str:
-    """host:port of a socket stream's peer, or a generic name."""
-    transport = getattr(stream, "transport_stream", stream)  # under TLS
-    socket = getattr(transport, "socket", None)
-    if socket is None:
-        return "in-process"
-    try:
-        address = socket.getpeername()
-    except OSError:
-        return "unknown"
-    if isinstance(address, tuple) and len(address) >= 2:
-        return f"{address[0]}:{address[1]}"
-    return f"unix:{address}" if address else "unix"

@@ -29,7 +29,7 @@ from broky.protocol.frames import Ping
 from broky.router.outbox import Outlet
 
 if TYPE_CHECKING:
-    from broky.connection.handler import ConnectionSettings
+    from broky.connection.settings import ConnectionSettings
 
 #: Once a frame has had ``frame_timeout`` seconds, it must keep arriving at
 #: least this fast (Kestrel's minimum data rate, in spirit): a 4 MiB frame

@@ -42,7 +42,7 @@ def stream_fd(stream: trio.abc.Stream) -> int:
 
 
 class WriterCounters(Protocol):
-    """The broker-wide counters a writer adds to (handler.ConnectionCounters)."""
+    """The broker-wide counters a writer adds to (settings.ConnectionCounters)."""
 
     bytes_sent: int
     direct_writes: int

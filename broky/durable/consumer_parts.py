@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from broky.durable.consumer_gate import Waiting
-from broky.durable.forwarding import OwnerChannel
+from broky.durable.owner_channel import OwnerChannel
 from broky.durable.relays import ConsumerFrame
 from broky.protocol.chunks import encode_chunk
 from broky.protocol.codec import encode_frame

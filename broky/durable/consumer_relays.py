@@ -10,7 +10,7 @@ owner:
   service attached with ``own_only`` (its frames come back here through
   ``ConsumerAnswers``, not to the connection);
 - every other owner: a :class:`RemotePart`, a ``Consume`` on a stream of
-  the :class:`~broky.durable.forwarding.OwnerChannel` to that owner, which
+  the :class:`~broky.durable.owner_channel.OwnerChannel` to that owner, which
   serves it as it serves a client, for its own partitions only.
 
 **Attach, all or nothing.** Every part attaches with no credit, so nothing
@@ -65,7 +65,8 @@ import trio
 
 from broky.durable.consumer_gate import CreditGate, Waiting
 from broky.durable.consumer_parts import Receipt, RemotePart, Share, waiting_runs
-from broky.durable.forwarding import Forwarder, OwnerChannel
+from broky.durable.forwarding import Forwarder
+from broky.durable.owner_channel import OwnerChannel
 from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import (

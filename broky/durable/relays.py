@@ -1,7 +1,7 @@
 """The consuming side of forwarding: a client subscription's share served by
 another worker (a *relay*), and a ListPartitions answered by several workers.
 
-Sans-IO: the owner channel (broky.durable.forwarding) feeds what arrives and
+Sans-IO: the owner channel (broky.durable.owner_channel) feeds what arrives and
 sends the Flow frames these compute.
 
 Credit: the owner may send a relay ``in_flight`` messages. Until the first

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import attrs
 
-from broky.durable.forwarding import Forwarder, OwnerChannel
+from broky.durable.forwarding import Forwarder
+from broky.durable.owner_channel import OwnerChannel
 from broky.durable.relays import ConsumerFrame
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode

@@ -22,7 +22,7 @@ from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from broky.protocol.chunks import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
+from broky.protocol.chunk_reading import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
 from broky.protocol.located import LOCATED_VTABLE
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
 from broky.protocol._runs cimport EncodedRun

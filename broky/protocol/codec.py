@@ -21,15 +21,14 @@ from typing import Final
 
 import flatbuffers
 
+from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT, read_runs_frame
 from broky.protocol.chunks import (
     CHUNK_TABLE_OFFSET,
     CHUNK_TS_OFFSET,
     PADDING,
-    RUNS_FRAME_RUNS_AT,
     encode_chunk,
     encode_durable_run_chunk,
     encode_run_chunk,
-    read_runs_frame,
     runs_frame_parts,
     sum_u32,
     u32_array,

@@ -32,7 +32,8 @@ import struct
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from broky.protocol.chunks import ChunkParts, encode_run_chunk, read_forwardable, read_runs_frame
+from broky.protocol.chunk_reading import ChunkParts, read_forwardable, read_runs_frame
+from broky.protocol.chunks import encode_run_chunk
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import EncodedRun, ForwardPublish, Frame, Received
 from broky.protocol.framing import FrameReader

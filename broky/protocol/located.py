@@ -17,7 +17,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from broky.protocol.chunks import CHUNK_TABLE_OFFSET, read_chunk_run, vectors_layout
+from broky.protocol.chunk_reading import read_chunk_run, vectors_layout
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET
 from broky.protocol.frames import Run
 
 #: Where a located chunk's sizes vector starts (after its table and vtable).

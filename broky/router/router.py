@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Final
 
 from broky.observability.topics import TopicCounter
 from broky.protocol.chunks import forward_chunk
@@ -31,33 +30,13 @@ from broky.router.outbox import Outlet, Subscription
 from broky.router.pressure import Pressure
 from broky.router.queues import (
     Groups,
-    QueueGroup,
     Receiver,
     interest_key,
     split_interest,
     validate_queue,
 )
-from broky.router.statistics import LinkStatistics, RouterCounters, RouterStatistics
-
-#: Which subscriptions a run may reach, by where the run came from (one hop
-#: per tier: see broky.router.interest).
-_ELIGIBLE: Final = {
-    LinkKind.CLIENT: frozenset(
-        (LinkKind.CLIENT, LinkKind.LOCAL, LinkKind.CLUSTER, LinkKind.DURABLE)
-    ),
-    LinkKind.CLUSTER: frozenset((LinkKind.CLIENT, LinkKind.LOCAL)),
-    LinkKind.LOCAL: frozenset((LinkKind.CLIENT,)),
-    LinkKind.DURABLE: frozenset((LinkKind.CLIENT,)),
-}
-#: Keys cached per source kind. Every run of a key out of the cache costs a
-#: trip through Python (match, intern, maybe a clear), ~3 us against ~0.15
-#: in the compiled loop, so the cache holds the working set of real
-#: many-key traffic (device and order ids): 131,072 keys, ~10-15 MB per
-#: source kind at typical key lengths; it is cleared whole when full.
-ROUTE_CACHE_SIZE: Final = 131_072
-#: ... and at most this many key bytes, so that a flood of unique long keys
-#: (up to 1 KiB each) cannot make the cache grow past ~10 MB either.
-ROUTE_CACHE_KEY_BYTES: Final = 8 * 1024 * 1024
+from broky.router.routes import RouteCache, find_route
+from broky.router.statistics import RouterCounters, RouterStatistics, router_statistics
 
 
 def stream_error(outlet: Outlet, stream: int, error: RemoteProtocolError) -> None:
@@ -86,16 +65,8 @@ class Router:
         self.interest = Interest()
         #: This broker node's id; links refuse a Hello carrying it (a self-link).
         self.node_id = ""
-        self._routes: dict[LinkKind, dict[bytes, tuple[Receiver, ...]]] = {
-            kind: {} for kind in LinkKind
-        }
-        #: Key bytes held by each route cache (bounded with its entries).
-        self._route_key_bytes = dict.fromkeys(LinkKind, 0)
-        self._routes_generation = -1
-        #: One tuple object per distinct route: keys with the same
-        #: subscribers share it, so ``publish`` tells by identity that
-        #: consecutive runs go to the same place and queues them together.
-        self._route_tuples: dict[tuple[Receiver, ...], tuple[Receiver, ...]] = {}
+        #: Routes of recently seen keys (broky.router.routes), per source kind.
+        self._routes = RouteCache()
         #: Queue groups by pattern and name; routes hold them like subscriptions.
         self._groups = Groups()
         #: Outlets whose subscribers drain but fell behind: readers pause for them.
@@ -264,11 +235,7 @@ class Router:
 
     def _clear_routes(self) -> None:
         """Empty the route caches and note the index generation they follow."""
-        for cached in self._routes.values():
-            cached.clear()
-        self._route_key_bytes = dict.fromkeys(LinkKind, 0)
-        self._route_tuples.clear()
-        self._routes_generation = self._index.generation
+        self._routes.clear(self._index.generation)
 
     # --- links to peer routers ---------------------------------------------
 
@@ -307,45 +274,10 @@ class Router:
         return [EncodedRun(run.key, run.count, forward_chunk(run, ts_broker)) for run in runs]
 
     def _route(self, key: bytes, source: LinkKind) -> tuple[Receiver, ...]:
-        """Subscriptions a run from ``source`` reaches: the eligible plain
-        matches, with at most one subscription per link (a peer gets a run
-        once for all its plain interest), then, for a run from a client,
-        each matching queue group once (its member may be a link too, on
-        the group's own stream: see broky.router.queues)."""
-        eligible = _ELIGIBLE[source]
-        route: list[Subscription] = []
-        links: set[Outlet] = set()
-        durable_keys = self.durable_keys
-        durable = durable_keys is not None and durable_keys(key)
-        groups: list[QueueGroup] = []
-        for subscription in self._index.match(key):
-            outlet = subscription.outlet
-            kind = outlet.kind
-            if kind not in eligible:
-                continue
-            if subscription.queue:
-                # A run from a peer crossed for plain interest: its router
-                # chose for the groups already (publish_to_group brings the
-                # runs it chose us for).
-                if source is LinkKind.CLIENT:
-                    group = self._groups.view(subscription.pattern, subscription.queue, source)
-                    if group is not None and group not in groups:
-                        groups.append(group)
-                continue
-            if durable_keys is not None and (
-                (kind is LinkKind.LOCAL and durable) or (kind is LinkKind.DURABLE and not durable)
-            ):
-                continue
-            if kind is LinkKind.DURABLE:
-                route.append(subscription)  # one per forwarded client subscription
-                continue
-            if outlet.kind is not LinkKind.CLIENT:
-                if outlet in links:
-                    continue
-                links.add(outlet)
-            route.append(subscription)
-        found: tuple[Receiver, ...] = (*route, *groups)
-        return self._route_tuples.setdefault(found, found)
+        """Subscriptions a run from ``source`` reaches (routes.find_route), as
+        the one tuple shared by every key with that route."""
+        found = find_route(self._index, self._groups, self.durable_keys, key, source)
+        return self._routes.intern(found)
 
     def publish(
         self,
@@ -364,9 +296,9 @@ class Router:
         stream 0 the error is a connection error and routing stops there.
         """
         from_peer = source is not LinkKind.CLIENT
-        if self._routes_generation != self._index.generation:
+        if self._routes.generation != self._index.generation:
             self._clear_routes()
-        routes = self._routes[source]
+        routes = self._routes.by_source[source]
         # A peer's runs are counted by the worker they came from.
         topics = None if from_peer else self.topics.table
         runs = runs if isinstance(runs, list) else list(runs)
@@ -400,7 +332,7 @@ class Router:
                     if stream == 0:
                         break
                     continue
-                self._remember(routes, source, key, subscriptions)
+                self._routes.remember(source, key, subscriptions)
             count = run.count
             size = len(run.chunk)
             if topics is not None:
@@ -419,21 +351,6 @@ class Router:
             counters.from_links += published_messages
         return published_messages
 
-    def _remember(
-        self,
-        routes: dict[bytes, tuple[Receiver, ...]],
-        source: LinkKind,
-        key: bytes,
-        subscriptions: tuple[Receiver, ...],
-    ) -> None:
-        """Cache a key's route, within the cache's bounds (entries and key bytes)."""
-        cached_bytes = self._route_key_bytes[source] + len(key)
-        if len(routes) >= ROUTE_CACHE_SIZE or cached_bytes > ROUTE_CACHE_KEY_BYTES:
-            routes.clear()
-            cached_bytes = len(key)
-        self._route_key_bytes[source] = cached_bytes
-        routes[key] = subscriptions
-
     def wanted(self, keys: list[bytes]) -> list[bool] | None:
         """Whether a client's run on each of ``keys`` would reach any
         subscription (the route ``publish`` would use, cached the same way),
@@ -441,26 +358,26 @@ class Router:
         usual answer. A durable topic's owner builds a stored run's chunk
         only for a wanted key and counts the others with ``count_unrouted``
         (broky.durable.owner)."""
-        if self._routes_generation != self._index.generation:
+        if self._routes.generation != self._index.generation:
             self._clear_routes()
-        routes = self._routes[LinkKind.CLIENT]
+        routes = self._routes.by_source[LinkKind.CLIENT]
         found = list(map(routes.get, keys))
         if None not in found and not any(found):
             return None
         wanted = [
-            bool(subscriptions) if subscriptions is not None else self._client_route(routes, key)
+            bool(subscriptions) if subscriptions is not None else self._client_route(key)
             for key, subscriptions in zip(keys, found, strict=True)
         ]
         return wanted if any(wanted) else None
 
-    def _client_route(self, routes: dict[bytes, tuple[Receiver, ...]], key: bytes) -> bool:
+    def _client_route(self, key: bytes) -> bool:
         """Route a client's key into the cache; whether it is wanted (an
         invalid key is, so that ``publish`` answers it as it answers any)."""
         try:
             subscriptions = self._route(key, LinkKind.CLIENT)
         except RemoteProtocolError:
             return True
-        self._remember(routes, LinkKind.CLIENT, key, subscriptions)
+        self._routes.remember(LinkKind.CLIENT, key, subscriptions)
         return bool(subscriptions)
 
     def count_unrouted(self, keys: list[bytes], counts: list[int], sizes: list[int]) -> None:
@@ -527,40 +444,4 @@ class Router:
 
     def statistics(self) -> RouterStatistics:
         """A consistent snapshot (the router is single-threaded)."""
-        counters = self.counters
-        outbox_messages = sum(outlet.pending_messages for outlet in self._outlets)
-        outbox_bytes = sum(outlet.pending_bytes for outlet in self._outlets)
-        return RouterStatistics(
-            connections=len(self._outlets),
-            subscriptions=len(self._index),
-            topics=self._index.pattern_count,
-            match_cache_keys=self._index.cache_size,
-            published_messages=counters.published_messages,
-            published_runs=counters.published_runs,
-            delivered_messages=counters.delivered_messages,
-            dropped_no_subscriber=counters.dropped_no_subscriber,
-            dropped_slow_consumer=counters.dropped_slow_consumer,
-            slow_consumer_disconnects=counters.slow_consumer_disconnects,
-            outbox_messages=outbox_messages,
-            outbox_bytes=outbox_bytes,
-            top_topics=tuple(self.topics.top()),
-            from_links=counters.from_links,
-            to_links=sum(
-                outlet.delivered_messages
-                for outlet in self._outlets
-                if outlet.kind is not LinkKind.CLIENT
-            ),
-            links=tuple(
-                LinkStatistics(
-                    peer=outlet.peer,
-                    kind=outlet.kind.name.lower(),
-                    subscriptions=len(outlet.subscriptions),
-                    queued_messages=outlet.pending_messages,
-                    queued_bytes=outlet.pending_bytes,
-                    forwarded_messages=outlet.delivered_messages,
-                    dropped_messages=outlet.dropped_messages,
-                )
-                for outlet in self._outlets
-                if outlet.kind is not LinkKind.CLIENT
-            ),
-        )
+        return router_statistics(self.counters, self._outlets, self._index, self.topics)

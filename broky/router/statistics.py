@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
 import attrs
 
 from broky.observability.topics import TopicFigures
+from broky.protocol.constants import LinkKind
+
+if TYPE_CHECKING:
+    # Types only: the outbox imports this module for RouterCounters.
+    from broky.observability.topics import TopicCounter
+    from broky.router.matcher import SubscriptionIndex
+    from broky.router.outbox import Outlet, Subscription
 
 
 @attrs.frozen
@@ -59,3 +69,46 @@ class RouterCounters:
     #: Messages of runs that came from peer routers (counted in
     #: ``published_messages`` too): a node's own publishes are the rest.
     from_links: int = 0
+
+
+def router_statistics(
+    counters: RouterCounters,
+    outlets: Collection[Outlet],
+    index: SubscriptionIndex[Subscription],
+    topics: TopicCounter,
+) -> RouterStatistics:
+    """A snapshot of a router's state and counters (``Router.statistics``)."""
+    outbox_messages = sum(outlet.pending_messages for outlet in outlets)
+    outbox_bytes = sum(outlet.pending_bytes for outlet in outlets)
+    return RouterStatistics(
+        connections=len(outlets),
+        subscriptions=len(index),
+        topics=index.pattern_count,
+        match_cache_keys=index.cache_size,
+        published_messages=counters.published_messages,
+        published_runs=counters.published_runs,
+        delivered_messages=counters.delivered_messages,
+        dropped_no_subscriber=counters.dropped_no_subscriber,
+        dropped_slow_consumer=counters.dropped_slow_consumer,
+        slow_consumer_disconnects=counters.slow_consumer_disconnects,
+        outbox_messages=outbox_messages,
+        outbox_bytes=outbox_bytes,
+        top_topics=tuple(topics.top()),
+        from_links=counters.from_links,
+        to_links=sum(
+            outlet.delivered_messages for outlet in outlets if outlet.kind is not LinkKind.CLIENT
+        ),
+        links=tuple(
+            LinkStatistics(
+                peer=outlet.peer,
+                kind=outlet.kind.name.lower(),
+                subscriptions=len(outlet.subscriptions),
+                queued_messages=outlet.pending_messages,
+                queued_bytes=outlet.pending_bytes,
+                forwarded_messages=outlet.delivered_messages,
+                dropped_messages=outlet.dropped_messages,
+            )
+            for outlet in outlets
+            if outlet.kind is not LinkKind.CLIENT
+        ),
+    )

@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 from broky.protocol.codec import u32_array
 from broky.protocol.frames import Run
 from broky.protocol.message import decode_message
-from broky.storage.batch import RecordBatch
+from broky.storage.batch_reading import RecordBatch
 
 #: What a read yields, one row per message. Absent optional fields
 #: (key_partition, uid, a zero timestamp) are null; tags are never null.
@@ -88,7 +88,7 @@ class RunColumns:
 
     Per run: message count, first offset, ``ts_broker`` and key length; then
     the keys, the size tables and the messages back to back. A stored batch
-    of many runs (``broky.storage.batch.RecordBatch``) becomes one of these
+    of many runs (``broky.storage.batch_reading.RecordBatch``) becomes one of these
     without a Python step per run, which is what keeps a log written one
     message per key as fast to read as one written in long runs. The
     per-run columns stay Python sequences (a batch's are the tuples its run

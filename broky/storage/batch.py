@@ -51,7 +51,7 @@ in all): the idempotent producer of each run (0: none) and the sequence of
 its first message. It is written for batches holding at least one run of an
 idempotent producer (others stay version 2), so that a partition's owner
 rebuilds its deduplication window from the log after a restart
-(``BatchHeader.producer_runs``, a header-only read) and a retry is answered
+(``batch_reading.BatchHeader.producer_runs``, a header-only read) and a retry is answered
 with the original offsets instead of being stored again.
 """
 
@@ -66,8 +66,8 @@ import attrs
 from crc32c import crc32c
 
 from broky.protocol.codec import PADDING, sum_u32, u32_array
-from broky.protocol.frames import Buffer, Run
-from broky.storage.errors import CorruptRecordError, StorageError
+from broky.protocol.frames import Run
+from broky.storage.errors import StorageError
 
 #: Bytes 8..11 of a batch: "BKB" and the format version (1: one run, 2: many
 #: runs). A reader that meets another version stops rather than guess.
@@ -79,9 +79,9 @@ _V1_TAIL: Final = struct.Struct("<4sHHIIqqq")
 _V2_TAIL: Final = struct.Struct("<4sHHIIqIIq")
 #: The fixed header of either version; the CRC covers everything from byte 8 on.
 BATCH_HEADER: Final = struct.Struct("<II4sHHIIqqq")
-_V2_HEADER: Final = struct.Struct("<II4sHHIIqIIq")
+V2_HEADER: Final = struct.Struct("<II4sHHIIqIIq")
 BATCH_HEADER_BYTES: Final = BATCH_HEADER.size
-_CRC_FROM: Final = _PREFIX.size
+CRC_FROM: Final = _PREFIX.size
 #: Bytes of the run table per run (ts_broker, count, key_length).
 RUN_ENTRY_BYTES: Final = 16
 #: Bytes of a version 3 run table per run (plus producer_id and sequence).
@@ -101,7 +101,8 @@ MAX_BATCH_KEY_BYTES: Final = 0xFFFF
 MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 
 
-def _pad8(length: int) -> int:
+def pad8(length: int) -> int:
+    """Bytes of padding that bring ``length`` to a multiple of 8."""
     return -length & 7
 
 
@@ -193,11 +194,11 @@ def batch_length(key_length: int, count: int, messages_length: int) -> int:
     return (
         BATCH_HEADER_BYTES
         + key_length
-        + _pad8(key_length)
+        + pad8(key_length)
         + 4 * count
-        + _pad8(4 * count)
+        + pad8(4 * count)
         + messages_length
-        + _pad8(messages_length)
+        + pad8(messages_length)
     )
 
 
@@ -213,11 +214,11 @@ def runs_batch_length(
         BATCH_HEADER_BYTES
         + entry_bytes * run_count
         + keys_length
-        + _pad8(keys_length)
+        + pad8(keys_length)
         + 4 * count
-        + _pad8(4 * count)
+        + pad8(4 * count)
         + messages_length
-        + _pad8(messages_length)
+        + pad8(messages_length)
     )
 
 
@@ -302,11 +303,11 @@ def encode_runs(
             ),
             table,
             *keys,
-            PADDING[_pad8(keys_length)],
+            PADDING[pad8(keys_length)],
             sizes,
-            PADDING[_pad8(4 * count)],
+            PADDING[pad8(4 * count)],
             *messages,
-            PADDING[_pad8(messages_length)],
+            PADDING[pad8(messages_length)],
         )
     )
     return _PREFIX.pack(length, crc32c(body)) + body
@@ -337,262 +338,13 @@ def encode_batch(base_offset: int, log_time: int, run: Run) -> bytes:
     parts = (
         tail,
         key,
-        PADDING[_pad8(len(key))],
+        PADDING[pad8(len(key))],
         run.sizes,
-        PADDING[_pad8(4 * count)],
+        PADDING[pad8(4 * count)],
         run.messages,
-        PADDING[_pad8(messages_length)],
+        PADDING[pad8(messages_length)],
     )
     crc = 0
     for part in parts:
         crc = crc32c(part, crc)
     return b"".join((_PREFIX.pack(length, crc), *parts))
-
-
-@attrs.frozen(slots=True)
-class BatchHeader:
-    """The fixed header of a batch of either version, as read from disk
-    (not yet verified). A version 1 batch reads as one run whose key follows
-    the header and whose ``ts_broker`` is the header's."""
-
-    length: int
-    crc: int
-    version: int
-    count: int
-    messages_length: int
-    base_offset: int
-    log_time: int
-    run_count: int
-    keys_length: int
-    #: Version 1 only (version 2 keeps one per run in its run table).
-    ts_broker: int
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.count
-
-    @property
-    def entry_bytes(self) -> int:
-        """Bytes of the run table per run (0: version 1, which has none)."""
-        return (0, 0, RUN_ENTRY_BYTES, RUN_ENTRY_BYTES_V3)[self.version]
-
-    @property
-    def table_bytes(self) -> int:
-        """Bytes after the header that say which keys the batch holds: the
-        run table and the keys (versions 2 and 3), or the key (version 1)."""
-        return self.entry_bytes * self.run_count + self.keys_length
-
-    def producer_runs(self, table: Buffer) -> list[tuple[int, int, int, int]]:
-        """``(producer id, first sequence, message count, first offset)`` of
-        each run of an idempotent producer, from the ``table_bytes`` after
-        the header (empty before version 3): what rebuilds an owner's
-        deduplication window without reading messages."""
-        if self.version < 3:
-            return []
-        runs = self.run_count
-        counts = struct.unpack_from(f"<{runs}I", table, 8 * runs)
-        columns = struct.unpack_from(f"<{2 * runs}Q", table, 16 * runs)
-        found = []
-        offset = self.base_offset
-        for producer, sequence, count in zip(columns[:runs], columns[runs:], counts, strict=True):
-            if producer:
-                found.append((producer, sequence, count, offset))
-            offset += count
-        return found
-
-    def key_last_offsets(self, table: Buffer) -> list[tuple[bytes, int]]:
-        """``(key, offset of its last message)`` per run, from the
-        ``table_bytes`` after the header: a lookup that reads no messages."""
-        if self.version == 1:
-            return [(bytes(table[: self.keys_length]), self.next_offset - 1)]
-        runs = self.run_count
-        columns = struct.unpack_from(f"<{2 * runs}I", table, 8 * runs)
-        found = []
-        key_at = self.entry_bytes * runs
-        for key_length, end in zip(columns[runs:], accumulate(columns[:runs]), strict=True):
-            found.append((bytes(table[key_at : key_at + key_length]), self.base_offset + end - 1))
-            key_at += key_length
-        return found
-
-
-def read_header(buf: Buffer, position: int) -> BatchHeader | str:
-    """Parse and sanity-check the header at ``position``.
-
-    Returns the header, or a short reason why these bytes are not a batch
-    header (too short, unknown magic, lengths that disagree). The CRC is not
-    checked here: see :func:`verify_batch`.
-    """
-    if position + BATCH_HEADER_BYTES > len(buf):
-        return "truncated header"
-    fields = _V2_HEADER.unpack_from(buf, position)
-    length, crc, magic, flags, reserved, count, messages_length, base_offset = fields[:8]
-    word, tail, log_time = fields[8:]
-    if magic in (BATCH_MAGIC_V2, BATCH_MAGIC_V3):
-        runs, keys_length = word, tail
-        if flags != 0 or reserved != 0 or count < 1 or runs < 1:
-            return "bad flags or empty batch"
-        version = magic[3]
-        entry = RUN_ENTRY_BYTES if version == 2 else RUN_ENTRY_BYTES_V3
-        expected = runs_batch_length(runs, keys_length, count, messages_length, entry)
-        header = BatchHeader(
-            length,
-            crc,
-            version,
-            count,
-            messages_length,
-            base_offset,
-            log_time,
-            runs,
-            keys_length,
-            0,
-        )
-    elif magic == BATCH_MAGIC:
-        if flags != 0 or count < 1:
-            return "bad flags or empty batch"
-        key_length = reserved
-        ts_broker = BATCH_HEADER.unpack_from(buf, position)[8]
-        expected = batch_length(key_length, count, messages_length)
-        header = BatchHeader(
-            length, crc, 1, count, messages_length, base_offset, log_time, 1, key_length, ts_broker
-        )
-    else:
-        return f"bad magic {bytes(magic)!r}"
-    if length > MAX_BATCH_BYTES or length != expected:
-        return f"batch length {length} disagrees with its header"
-    return header
-
-
-@attrs.frozen(slots=True)
-class RecordBatch:
-    """A verified batch of either version, as columns over the bytes read.
-
-    ``ts_brokers``, ``counts`` and ``key_lengths`` have one entry per run;
-    ``keys`` is the runs' keys back to back; ``sizes`` and ``messages`` are
-    those of every message of the batch, in offset order. Columnar readers
-    (the Spark connector) use these directly; :meth:`runs` gives one
-    :class:`StoredBatch` per run.
-    """
-
-    base_offset: int
-    count: int
-    log_time: int
-    stored_bytes: int
-    version: int
-    ts_brokers: Sequence[int]
-    counts: Sequence[int]
-    key_lengths: Sequence[int]
-    keys: memoryview
-    sizes: memoryview
-    messages: memoryview
-    #: Version 3: each run's producer id and first sequence (empty before).
-    producers: Sequence[int] = ()
-    sequences: Sequence[int] = ()
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.count
-
-    def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
-        """The runs with messages in ``[start, stop)``, in order, sliced to it.
-
-        Runs before ``start`` cost a little arithmetic each, no object.
-        """
-        stop = self.next_offset if stop is None else stop
-        offset = self.base_offset
-        message = key_at = 0
-        position = -1  # byte position of message ``message``, once needed
-        sizes = u32_array(self.sizes)
-        log_time = self.log_time
-        one_run = self.version == 1
-        producers = self.producers
-        for index, (ts_broker, count, key_length) in enumerate(
-            zip(self.ts_brokers, self.counts, self.key_lengths, strict=True)
-        ):
-            end = offset + count
-            if offset >= stop:
-                return
-            if end > start:
-                if position < 0:
-                    position = sum(sizes[:message])
-                length = sizes[message] if count == 1 else sum(sizes[message : message + count])
-                run = StoredBatch(
-                    offset,
-                    count,
-                    bytes(self.keys[key_at : key_at + key_length]),
-                    ts_broker,
-                    log_time,
-                    self.sizes[4 * message : 4 * (message + count)],
-                    self.messages[position : position + length],
-                    self.stored_bytes
-                    if one_run
-                    else RUN_BUDGET_OVERHEAD + key_length + 4 * count + length,
-                    producers[index] if producers else 0,
-                    self.sequences[index] if producers and producers[index] else 0,
-                )
-                yield run if start <= offset and end <= stop else run.slice(start, stop)
-                position += length
-            offset = end
-            message += count
-            key_at += key_length
-
-
-def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
-    """Check the batch at ``position`` whole (framing, CRC32C, run table) and view it.
-
-    Returns the batch, or the reason it is not a valid batch. ``buf`` must
-    hold the whole batch for it to verify.
-    """
-    header = read_header(buf, position)
-    if isinstance(header, str):
-        return header
-    end = position + header.length
-    if end > len(buf):
-        return "truncated batch"
-    view = memoryview(buf)
-    if crc32c(view[position + _CRC_FROM : end]) != header.crc:
-        return "CRC32C mismatch"
-    keys_at = position + BATCH_HEADER_BYTES
-    runs = header.run_count
-    producers: Sequence[int] = ()
-    sequences: Sequence[int] = ()
-    if header.version == 1:
-        ts_brokers: Sequence[int] = (header.ts_broker,)
-        counts: Sequence[int] = (header.count,)
-        key_lengths: Sequence[int] = (header.keys_length,)
-    else:
-        columns = struct.unpack_from(f"<{runs}q{2 * runs}I", view, keys_at)
-        ts_brokers, counts, key_lengths = columns[:runs], columns[runs:-runs], columns[-runs:]
-        if min(counts) < 1 or sum(counts) != header.count:
-            return "run counts disagree with the message count"
-        if header.version == 3:
-            identities = struct.unpack_from(f"<{2 * runs}Q", view, keys_at + 16 * runs)
-            producers, sequences = identities[:runs], identities[runs:]
-        keys_at += header.entry_bytes * runs
-    sizes_at = keys_at + header.keys_length + _pad8(header.keys_length)
-    messages_at = sizes_at + 4 * header.count + _pad8(4 * header.count)
-    sizes = view[sizes_at : sizes_at + 4 * header.count]
-    if sum_u32(sizes) != header.messages_length or sum(key_lengths) != header.keys_length:
-        return "sizes or key lengths do not add up to the messages or keys"
-    return RecordBatch(
-        header.base_offset,
-        header.count,
-        header.log_time,
-        header.length,
-        header.version,
-        ts_brokers,
-        counts,
-        key_lengths,
-        view[keys_at : keys_at + header.keys_length],
-        sizes,
-        view[messages_at : messages_at + header.messages_length],
-        producers,
-        sequences,
-    )
-
-
-def decode_batch(buf: Buffer, position: int, path: str = "", file_position: int = 0) -> RecordBatch:
-    """:func:`verify_batch`, raising CorruptRecordError instead of a reason."""
-    batch = verify_batch(buf, position)
-    if isinstance(batch, str):
-        raise CorruptRecordError(f"corrupt batch: {batch}", path, file_position + position)
-    return batch

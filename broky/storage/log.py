@@ -27,20 +27,16 @@ import contextlib
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from operator import itemgetter
 from typing import Final
 
 from broky.protocol.frames import Run
-from broky.storage.batch import (
-    BATCH_HEADER_BYTES,
-    StoredBatch,
-    encode_runs,
-    run_stored_bytes,
-)
+from broky.storage.batch import BATCH_HEADER_BYTES, encode_runs, run_stored_bytes
 from broky.storage.config import FsyncPolicy, LogConfig
-from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
+from broky.storage.errors import OffsetOutOfRangeError, StorageError
+from broky.storage.log_reads import LogReader
 from broky.storage.log_results import AppendResult, LogStatistics, RetentionResult
 from broky.storage.recovery import RecoveryReport, open_segments
 from broky.storage.rewrite import cut_segments, replace_segments
@@ -52,9 +48,6 @@ log = logging.getLogger("broky.storage")
 #: tests drive rolls and retention; the log never lets its readings go
 #: backwards (it keeps the maximum seen), so time lookups stay sorted.
 Clock = Callable[[], int]
-#: Default byte budget of ``read``: what one Deliver frame can carry with
-#: room to spare under the 4 MiB frame limit.
-DEFAULT_READ_BYTES: Final = 1024 * 1024
 #: Index entries store offsets relative to the segment's base as u32.
 _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
 #: Bytes of runs one batch takes before the next batch starts. Large enough
@@ -69,22 +62,18 @@ _PRODUCER: Final = itemgetter(0)
 _BATCH_OVERHEAD: Final = BATCH_HEADER_BYTES + 3 * 7
 
 
-class PartitionLog:
+class PartitionLog(LogReader):
     """Segments of one partition; see the module docstring for the rules."""
 
     def __init__(
         self, directory: str, config: LogConfig, clock: Clock, segments: list[Segment]
     ) -> None:
-        self.directory = directory
+        super().__init__(directory, segments)
         self.config = config
         self._clock = clock
-        self._segments = segments
-        self._bases = [segment.base_offset for segment in segments]
         self._last_log_time = max(segment.last_log_time for segment in segments)
         self._durable_offset = segments[-1].next_offset
         self._last_sync = clock()
-        self._last_by_key: dict[bytes, int] | None = None
-        self._closed = False
         self.recovery = RecoveryReport(directory, len(segments), 0, 0)
         self._appended_batches = 0
         self._appended_messages = 0
@@ -114,27 +103,10 @@ class PartitionLog:
         log.log(level, "opened %s: %s", directory, instance.recovery)
         return instance
 
-    # --- offsets -------------------------------------------------------------
-
-    @property
-    def start_offset(self) -> int:
-        """The oldest offset still held (retention moves it forward)."""
-        return self._segments[0].base_offset
-
-    @property
-    def end_offset(self) -> int:
-        """The offset the next appended message will get."""
-        return self._segments[-1].next_offset
-
     @property
     def durable_offset(self) -> int:
         """Every offset below this one has been fsynced."""
         return self._durable_offset
-
-    @property
-    def segments(self) -> tuple[Segment, ...]:
-        """The segments, oldest first; the last one is active. Read-only use."""
-        return tuple(self._segments)
 
     # --- appending -----------------------------------------------------------
 
@@ -421,97 +393,6 @@ class PartitionLog:
             )
         return RetentionResult(deleted, deleted_bytes, self.start_offset)
 
-    # --- reading -------------------------------------------------------------
-
-    def read(
-        self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, stop_offset: int | None = None
-    ) -> list[StoredBatch]:
-        """Verified batches from ``offset``, up to ``stop_offset`` (default: the end).
-
-        The first batch starts exactly at ``offset`` (sliced if ``offset``
-        falls inside a stored batch), and none passes ``stop_offset``. Whole
-        batches are returned while their on-disk size fits in ``max_bytes``,
-        and always at least one when any is available. Pass
-        ``durable_offset`` as ``stop_offset`` to serve only fsynced data.
-        An offset outside ``[start_offset, end_offset]`` raises
-        OffsetOutOfRangeError; ``end_offset`` itself gives ``[]``.
-        """
-        self._check_open()
-        end = self.end_offset
-        if not self.start_offset <= offset <= end:
-            raise OffsetOutOfRangeError(offset, self.start_offset, end)
-        stop = end if stop_offset is None else min(stop_offset, end)
-        batches: list[StoredBatch] = []
-        used = 0
-        slot = bisect_right(self._bases, offset) - 1
-        while offset < stop and slot < len(self._segments):
-            segment = self._segments[slot]
-            found, used = segment.read(offset, stop, max_bytes, used)
-            batches.extend(found)
-            if found:
-                offset = found[-1].next_offset
-            if offset < segment.next_offset and offset < stop:
-                if used:
-                    break  # the byte budget ran out inside this segment
-                raise CorruptRecordError(
-                    f"offsets {offset} to {segment.next_offset} are missing", segment.path
-                )
-            slot += 1
-        return batches
-
-    def offset_for_time(self, log_time: int) -> int:
-        """The first offset appended at or after ``log_time`` (ns since the
-        epoch), or ``end_offset`` if none: the start of a replay by time."""
-        self._check_open()
-        for segment in self._segments:
-            if segment.size and segment.last_log_time >= log_time:
-                return max(segment.offset_for_time(log_time), self.start_offset)
-        return self.end_offset
-
-    def last_offsets(self) -> dict[bytes, int]:
-        """The offset of the last message of each key still held.
-
-        What a late joiner asking for ``last`` needs. The first call scans
-        every segment's batch headers (no message bytes); appends keep the
-        table current after that. Memory: one entry per distinct key.
-        """
-        self._check_open()
-        if self._last_by_key is None:
-            table: dict[bytes, int] = {}
-            for segment in self._segments:
-                table.update(segment.last_offsets())
-            self._last_by_key = table
-        start = self.start_offset
-        stale = [key for key, offset in self._last_by_key.items() if offset < start]
-        for key in stale:
-            del self._last_by_key[key]
-        return dict(self._last_by_key)
-
-    def producer_runs(self, tail_bytes: int) -> Iterator[tuple[int, int, int, int]]:
-        """``(producer id, first sequence, count, first offset)`` of every
-        idempotent producer's run in the last segments holding at least
-        ``tail_bytes`` of the log (whole segments, oldest first), from batch
-        headers and run tables only: what rebuilds an owner's deduplication
-        window after a restart."""
-        self._check_open()
-        first = len(self._segments) - 1
-        held = self._segments[first].size
-        while first > 0 and held < tail_bytes:
-            first -= 1
-            held += self._segments[first].size
-        for segment in self._segments[first:]:
-            yield from segment.producer_runs()
-
-    def read_last(self, keys: Callable[[bytes], bool] | None = None) -> list[StoredBatch]:
-        """The last message of each key (that ``keys`` accepts), oldest first.
-
-        Each comes back as a one-message batch, ready to replay.
-        """
-        wanted = sorted(
-            offset for key, offset in self.last_offsets().items() if keys is None or keys(key)
-        )
-        return [self.read(offset, 1, offset + 1)[0] for offset in wanted]
-
     # --- lifecycle -----------------------------------------------------------
 
     def statistics(self) -> LogStatistics:
@@ -548,10 +429,6 @@ class PartitionLog:
         for segment in self._segments:
             with contextlib.suppress(OSError):
                 segment.abandon()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageError(f"log {self.directory} is closed")
 
     def __enter__(self) -> PartitionLog:
         return self

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import attrs
 
-from broky.storage.batch import RecordBatch, StoredBatch
+from broky.storage.batch import StoredBatch
+from broky.storage.batch_reading import RecordBatch
 from broky.storage.errors import CorruptRecordError
 from broky.storage.segment import LOG_SUFFIX, parse_stem, segment_stem, verified_batches
 

@@ -21,11 +21,10 @@ from typing import Final
 
 import attrs
 
-from broky.storage.batch import (
-    BATCH_HEADER_BYTES,
+from broky.storage.batch import BATCH_HEADER_BYTES, StoredBatch
+from broky.storage.batch_reading import (
     BatchHeader,
     RecordBatch,
-    StoredBatch,
     decode_batch,
     read_header,
     verify_batch,

@@ -16,14 +16,11 @@ import attrs
 import trio
 import trio.testing
 
-from broky.connection.handler import (
-    ConnectionCounters,
-    ConnectionSettings,
-    ServerConnection,
-)
+from broky.connection.handler import ServerConnection
 from broky.connection.inproc import pipe_pair
 from broky.connection.liveness import TIMEOUT_JITTER
 from broky.connection.reasons import CloseReason
+from broky.connection.settings import ConnectionCounters, ConnectionSettings
 from broky.connection.writer import CLOSE_TIMEOUT
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import PROTOCOL_VERSION, ErrorCode, SlowConsumerPolicy

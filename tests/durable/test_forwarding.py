@@ -15,7 +15,7 @@ import trio
 
 from broky import Broker, BrokyError, Config, ErrorCode, Message, Start
 from broky.connection.inproc import pipe_pair
-from broky.durable import forwarding
+from broky.durable import forwarding, owner_channel
 from broky.durable.ownership import partition_owner
 from broky.protocol.codec import encode_frame
 from broky.protocol.frames import Publish, Run
@@ -249,7 +249,7 @@ async def test_a_replay_of_large_messages_from_another_worker_drops_nothing(
 async def test_a_stalled_owner_fails_forwarded_publishes_within_the_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(forwarding, "FORWARD_TIMEOUT", 0.5)
+    monkeypatch.setattr(owner_channel, "FORWARD_TIMEOUT", 0.5)
     with trio.fail_after(TIMEOUT):
         async with node(tmp_path, 2) as (brokers, _):
             theirs = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 1)

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.protocol.chunk_reading import read_chunk_run
 from broky.protocol.chunks import (
     CHUNK_TABLE_OFFSET,
     durable_chunk,
     encode_durable_run_chunk,
     encode_run_chunk,
-    read_chunk_run,
 )
 from broky.protocol.codec import decode_frame, encode_frame, read_bytes, table_fields
 from broky.protocol.errors import RemoteProtocolError

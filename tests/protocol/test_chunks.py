@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broky.protocol.chunks import forward_chunk, read_chunk_run, read_runs_frame
+from broky.protocol.chunk_reading import read_chunk_run, read_runs_frame
+from broky.protocol.chunks import forward_chunk
 from broky.protocol.codec import (
     _decode_run,
     decode_frame,

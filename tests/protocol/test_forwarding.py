@@ -21,15 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.protocol import codec, forward
-from broky.protocol.chunks import (
-    CHUNK_TABLE_OFFSET,
+from broky.protocol.chunk_reading import (
     RUNS_FRAME_RUNS_AT,
-    chunk_offsets_compiled,
-    chunk_offsets_pure,
     read_chunk_run,
     read_forwardable,
     read_runs_frame,
 )
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET, chunk_offsets_compiled, chunk_offsets_pure
 from broky.protocol.codec import decode_frame, encode_frame, encode_run_chunk
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import ErrorCode

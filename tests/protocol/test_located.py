@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.protocol import codec
-from broky.protocol.chunks import RUNS_FRAME_RUNS_AT, encode_located_chunk, runs_frame_parts
+from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT
+from broky.protocol.chunks import encode_located_chunk, runs_frame_parts
 from broky.protocol.codec import _decode_run, decode_frame
 from broky.protocol.constants import BodyType
 from broky.protocol.errors import RemoteProtocolError

@@ -9,13 +9,8 @@ from crc32c import crc32c
 
 from broky.protocol.frames import Run
 from broky.protocol.message import decode_run
-from broky.storage.batch import (
-    BATCH_HEADER_BYTES,
-    BATCH_MAGIC,
-    decode_batch,
-    encode_batch,
-    verify_batch,
-)
+from broky.storage.batch import BATCH_HEADER_BYTES, BATCH_MAGIC, encode_batch
+from broky.storage.batch_reading import decode_batch, verify_batch
 from broky.storage.errors import CorruptRecordError, StorageError
 from tests.storage.runs import make_run
 

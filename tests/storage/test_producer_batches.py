@@ -18,10 +18,9 @@ from broky.storage.batch import (
     BATCH_MAGIC_V2,
     BATCH_MAGIC_V3,
     RUN_ENTRY_BYTES_V3,
-    decode_batch,
     encode_runs,
-    read_header,
 )
+from broky.storage.batch_reading import decode_batch, read_header
 from broky.storage.log import PartitionLog
 from tests.storage.runs import make_run, read_all
 

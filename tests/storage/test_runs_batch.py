@@ -22,11 +22,10 @@ from broky.storage.batch import (
     BATCH_HEADER_BYTES,
     BATCH_MAGIC_V2,
     RUN_ENTRY_BYTES,
-    decode_batch,
     encode_batch,
     encode_runs,
-    verify_batch,
 )
+from broky.storage.batch_reading import decode_batch, verify_batch
 from broky.storage.config import LogConfig
 from broky.storage.errors import CorruptRecordError, StorageError
 from broky.storage.log import PartitionLog

@@ -1,0 +1,261 @@
+"""The state of a dispatcher and the mechanics that hand messages out.
+
+``DispatchCore`` is the base class of ``Dispatcher`` (in
+broky.subscriptions.dispatch, whose docstring states the rules: types,
+slots, draining, flow control). It owns the per-slot holders and waiting
+lists (ordered types), the ready and retry queues (shared) and the
+counters, and does the steps every public call ends in: hand a message or a span to a consumer, take
+messages back for redelivery (with the rewind of their slot), dead-letter,
+and ``pump`` whatever may go now. Sans-IO: decisions go to ``events``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import deque
+from collections.abc import Sequence
+
+from broky.subscriptions.model import (
+    Consumer,
+    DeadLetter,
+    Deliver,
+    Event,
+    Options,
+    SubscriptionType,
+)
+from broky.subscriptions.slots import NOBODY, SlotTable
+from broky.subscriptions.tracker import AckTracker, Pending, SubscriptionImage
+
+
+class DispatchCore:
+    """A dispatcher's state and delivery mechanics (module docstring)."""
+
+    def __init__(
+        self, options: Options, image: SubscriptionImage, end_offset: int = 0, spread: int = 0
+    ) -> None:
+        if options.type is SubscriptionType.KEY_SHARED and options.ack_timeout <= 0:
+            raise ValueError("a key-shared subscription needs an ack timeout > 0")
+        self.options = options
+        self.tracker = AckTracker(
+            image,
+            ack_timeout=options.ack_timeout,
+            backoff=options.backoff,
+            lease=options.lease,
+            end_offset=end_offset,
+        )
+        self.ordered = options.type is not SubscriptionType.SHARED
+        self.end_offset = max(end_offset, image.cursor)
+        self.consumers: dict[int, Consumer] = {}
+        self.events: list[Event] = []
+        self.table = SlotTable()
+        #: Failover/exclusive: the owner of the one slot.
+        self.active = NOBODY
+        #: Failover: which of the top-priority consumers is active here (the
+        #: partition number, so a subscription's partitions spread over them).
+        self.spread = spread
+        # Ordered types: per slot, the holder of its pending messages and how many.
+        self._holder: dict[int, int] = {}
+        self._held: dict[int, dict[int, None]] = {}
+        #: Ordered types: offsets waiting per slot (parked or due again), sorted.
+        self._waiting: dict[int, list[int]] = {}
+        self.parked = 0
+        # Shared: offsets due again, by due time, and those due with no room yet.
+        self._retry: list[tuple[float, int]] = []
+        self._ready: deque[int] = deque()
+        self._turn = 0
+        self.redelivered = 0
+        self.dead_letters = 0
+        self.stale_acks = 0
+
+    def _elect(self) -> None:
+        if self.options.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            ranked = sorted(self.consumers.values(), key=lambda c: (-c.priority, c.id))
+            if not ranked:
+                self.active = NOBODY
+                return
+            top = [c for c in ranked if c.priority == ranked[0].priority]
+            self.active = top[self.spread % len(top)].id
+
+    def owner_of(self, slot: int) -> int:
+        if self.options.type is SubscriptionType.KEY_SHARED:
+            return self.table.owner(slot)
+        return self.active
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _slot_waiting(self, offset: int) -> int | None:
+        """The slot whose waiting list holds ``offset`` (ordered types)."""
+        for slot, waiting in self._waiting.items():
+            if offset in waiting:
+                return slot
+        return None
+
+    def _unwait(self, slot: int, offset: int) -> None:
+        waiting = self._waiting[slot]
+        waiting.remove(offset)
+        self.parked -= 1
+        if not waiting:
+            del self._waiting[slot]
+
+    def _forget(self, offset: int, pending: Pending) -> None:
+        """``offset``'s pending delivery ended (acked, released): free its
+        consumer and slot."""
+        state = self.consumers.get(pending.consumer)
+        if state is not None:
+            state.in_flight -= 1
+        if self.ordered:
+            held = self._held.get(pending.slot)
+            if held is not None:
+                held.pop(offset, None)
+                if not held:
+                    del self._held[pending.slot]
+                    del self._holder[pending.slot]
+
+    def _release(self, offset: int, due: float, error: str = "") -> None:
+        """Take ``offset`` back for redelivery at ``due``; in ordered types the
+        holder's later messages of the slot come back too (rewind)."""
+        tracker = self.tracker
+        pending = tracker.release(offset, due, error)
+        if pending is None:
+            return
+        self._forget(offset, pending)
+        self.redelivered += 1
+        self._requeue(offset, pending.slot, due)
+        if self.ordered:
+            later = sorted(o for o in self._held.get(pending.slot, {}) if o > offset)
+            for other in later:
+                taken = tracker.release(other, due)
+                if taken is not None:
+                    self._forget(other, taken)
+                    self._requeue(other, taken.slot, due)
+
+    def _requeue(self, offset: int, slot: int, due: float) -> None:
+        tracker = self.tracker
+        tracker.park(offset, due)
+        if self.ordered:
+            slot = slot if self.options.type is SubscriptionType.KEY_SHARED else 0
+            insort(self._waiting.setdefault(slot, []), offset)
+            self.parked += 1
+        else:
+            heapq.heappush(self._retry, (due, offset))
+
+    def _dead_letter(self, offset: int, count: int) -> None:
+        self.tracker.due.pop(offset, None)
+        self.dead_letters += 1
+        self.events.append(DeadLetter(offset, count, self.tracker.errors.get(offset, "")))
+
+    def _try_deliver(self, slot: int, offset: int, now: float) -> bool:
+        """Deliver ``offset`` of ``slot`` now if its slot, consumer and gates allow."""
+        tracker = self.tracker
+        if tracker.due.get(offset, 0.0) > now or not tracker.may_deliver(offset):
+            return False
+        owner = self.owner_of(slot)
+        state = self.consumers.get(owner)
+        if state is None or state.room <= 0:
+            return False
+        holder = self._holder.get(slot)
+        if holder is not None and holder != owner:
+            return False  # draining: the old owner still holds messages of this slot
+        return self._hand(state, offset, slot, now)
+
+    def _hand(self, state: Consumer, offset: int, slot: int, now: float) -> bool:
+        """Deliver, or dead-letter once ``max_deliveries`` is spent; True either way."""
+        tracker = self.tracker
+        count = tracker.count(offset)
+        limit = self.options.max_deliveries
+        if limit and count >= limit:
+            self._dead_letter(offset, count)
+            return True
+        pending = tracker.deliver(offset, state.id, now, slot)
+        if not state.in_flight:
+            state.last_progress = now
+        state.in_flight += 1
+        state.credit -= 1
+        if self.ordered:
+            self._holder[slot] = state.id
+            self._held.setdefault(slot, {})[offset] = None
+        self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
+        return True
+
+    def pump(self, now: float) -> None:
+        """Deliver every waiting message that may go now."""
+        if not self.ordered:
+            self._pump_shared(now)
+            return
+        # Only consumers with room can take anything, and none gains room
+        # here: the slots of the others are skipped without a look at their
+        # messages (pump runs on every ack, grant and commit).
+        free = {consumer for consumer, state in self.consumers.items() if state.room > 0}
+        if not free:
+            return
+        owner_of = self.owner_of
+        for slot in list(self._waiting):
+            if owner_of(slot) not in free:
+                continue
+            waiting = self._waiting[slot]
+            while waiting and self._try_deliver(slot, waiting[0], now):
+                del waiting[0]
+                self.parked -= 1
+            if not waiting:
+                del self._waiting[slot]
+
+    def _pump_shared(self, now: float) -> None:
+        tracker = self.tracker
+        retry = self._retry
+        ready = self._ready
+        while retry and retry[0][0] <= now:
+            _, offset = heapq.heappop(retry)
+            if tracker.due.get(offset) is not None and offset not in tracker.pending:
+                ready.append(offset)
+        blocked: list[int] = []
+        # Each consumer's share of what is ready now is its part of the free
+        # room (rounded up): consecutive offsets travel as one run.
+        count = len(ready)
+        total = sum(max(0, state.room) for state in self.consumers.values())
+        counts = tracker.counts
+        while ready:
+            state = self._next_with_room()
+            if state is None:
+                break
+            share = min(-(-count * state.room // total), state.room)
+            while ready and share > 0:
+                offset = ready.popleft()
+                if offset in tracker.acked or offset in tracker.pending:
+                    continue
+                if not tracker.may_deliver(offset):
+                    blocked.append(offset)
+                    continue
+                if offset in counts or share == 1:  # a redelivery, a dead letter, or one
+                    self._hand(state, offset, 0, now)
+                    share -= 1
+                    continue
+                # Never delivered: it and the never-delivered offsets right
+                # after it go as one span (queued reads are such runs).
+                stop = offset + 1
+                end = min(offset + share, tracker.durable_limit)
+                while stop < end and ready and ready[0] == stop and stop not in counts:
+                    ready.popleft()
+                    stop += 1
+                self._hand_span(state, offset, stop, now)
+                share -= stop - offset
+        ready.extendleft(reversed(blocked))
+
+    def _hand_span(self, state: Consumer, first: int, stop: int, now: float) -> None:
+        """Deliver the never-delivered offsets ``[first, stop)`` as one span."""
+        self.tracker.deliver_span(first, stop, state.id, now)
+        if not state.in_flight:
+            state.last_progress = now
+        taken = stop - first
+        state.in_flight += taken
+        state.credit -= taken
+        self.events.append(Deliver(state.id, first, 1, stop))
+
+    def _next_with_room(self) -> Consumer | None:
+        consumers: Sequence[Consumer] = list(self.consumers.values())
+        for step in range(len(consumers)):
+            state = consumers[(self._turn + step) % len(consumers)]
+            if state.room > 0:
+                self._turn = (self._turn + step + 1) % len(consumers)
+                return state
+        return None
