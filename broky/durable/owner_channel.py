@@ -30,6 +30,7 @@ from broky.durable.relays import (
     Relay,
 )
 from broky.mesh.link import Connector
+from broky.mesh.outgoing import OutgoingFrames
 from broky.protocol.chunks import encode_chunk, runs_frame_parts
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
@@ -111,8 +112,8 @@ class OwnerChannel:
         self.name = name
         self.connected = False
         self.ready = trio.Event()
-        self._outgoing: list[bytes] = []
-        self._work = trio.Event()
+        #: Frames for the peer and the writer task sending them (broky.mesh.outgoing).
+        self._outgoing = OutgoingFrames()
         self._stream_ids = itertools.count(PUBLISH_STREAM + 1)
         self.publishes = ForwardedPublishes(forwarder.frame_bytes)
         self._relays: dict[int, Relay] = {}
@@ -124,8 +125,7 @@ class OwnerChannel:
     # --- requests (trio thread, never waiting) ----------------------------------
 
     def _send(self, data: bytes) -> None:
-        self._outgoing.append(data)
-        self._work.set()
+        self._outgoing.put(data)
 
     def send(self, data: bytes) -> None:
         """Queue a request frame (a relayed consumer's); sent in order."""
@@ -245,26 +245,17 @@ class OwnerChannel:
 
     async def _session(self, stream: trio.abc.Stream) -> None:
         machine = ProtocolMachine(Role.CLIENT, DEFAULT_MAX_FRAME_BYTES)
-        self._outgoing = [
-            machine.initiate(),
-            encode_frame(Hello(client_name=self.name, link=LinkKind.DURABLE)),
-        ]
-        self._work.set()
+        self._outgoing.restart(
+            [
+                machine.initiate(),
+                encode_frame(Hello(client_name=self.name, link=LinkKind.DURABLE)),
+            ]
+        )
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, stream)
+            nursery.start_soon(self._outgoing.write_to, stream)
             nursery.start_soon(self._check)
             await self._reader(stream, machine)
             nursery.cancel_scope.cancel()
-
-    async def _writer(self, stream: trio.abc.Stream) -> None:
-        while True:
-            if not self._outgoing:
-                await self._work.wait()
-                self._work = trio.Event()
-            data = b"".join(self._outgoing)
-            self._outgoing = []
-            if data:
-                await stream.send_all(data)
 
     async def _check(self) -> None:
         """Return relay credit, forget closed subscriptions, notice a stall."""

@@ -28,6 +28,7 @@ from typing import Final
 import attrs
 import trio
 
+from broky.mesh.outgoing import OutgoingFrames
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import (
@@ -163,8 +164,8 @@ class Link:
         self._patterns: dict[int, bytes] = {}
         #: The streams announcing queue-group interest, to their interest keys.
         self._group_streams: dict[int, bytes] = {}
-        self._outgoing: list[bytes] = []
-        self._work = trio.Event()
+        #: Frames for the peer and the writer task sending them (broky.mesh.outgoing).
+        self._outgoing = OutgoingFrames()
         self.ready = trio.Event()  # set once the first session has announced its interest
         self._last_refusal = ""
 
@@ -215,8 +216,7 @@ class Link:
     # --- the connection ------------------------------------------------------------
 
     def _send(self, frame: Frame) -> None:
-        self._outgoing.append(encode_frame(frame))
-        self._work.set()
+        self._outgoing.put(encode_frame(frame))
 
     async def run(self) -> None:
         """Connect, serve, reconnect: until cancelled."""
@@ -266,33 +266,24 @@ class Link:
         self._streams.clear()
         self._patterns.clear()
         self._group_streams.clear()
-        self._outgoing = [
-            machine.initiate(),
-            encode_frame(
-                Hello(
-                    client_name=self.name,
-                    link=self._kind,
-                    node=self._node_id,
-                    token=self._token,
-                    workers=self._workers,
-                )
-            ),
-        ]
-        self._work.set()
+        self._outgoing.restart(
+            [
+                machine.initiate(),
+                encode_frame(
+                    Hello(
+                        client_name=self.name,
+                        link=self._kind,
+                        node=self._node_id,
+                        token=self._token,
+                        workers=self._workers,
+                    )
+                ),
+            ]
+        )
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, stream)
+            nursery.start_soon(self._outgoing.write_to, stream)
             await self._reader(stream, machine)
             nursery.cancel_scope.cancel()
-
-    async def _writer(self, stream: trio.abc.Stream) -> None:
-        while True:
-            if not self._outgoing:
-                await self._work.wait()
-                self._work = trio.Event()
-            data = b"".join(self._outgoing)
-            self._outgoing = []
-            if data:
-                await stream.send_all(data)
 
     def _up(self) -> None:
         """The peer welcomed the link: register it and announce our interest."""
