@@ -25,7 +25,8 @@ lint: $(STAMP)
 test: lint
 	@command -v etcd >/dev/null || { apt-get update && apt-get install -y etcd-server; }
 	$(VENV)/bin/pytest -q
-	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration
+	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration \
+		tests/client/test_decoding.py
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.
 bench: $(STAMP)

@@ -16,6 +16,9 @@ flight per client), the same durable topic (4 partitions, ``fsync =
 
 Each setup is stopped afterwards and every acked message is looked up at
 its acked offset in every replica's files: ``lost`` counts those missing.
+``node_cpu_s`` (each node's CPU seconds during the load) and
+``server_cpu_us_per_msg`` compare runs on a shared machine, where the rate
+mostly measures the share of the cores a run got.
 Three nodes on one machine share its cores and disk with the client, so
 this is the replication protocol's overhead under contention, not a
 cluster's capacity.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import tempfile
 import time
@@ -78,10 +82,23 @@ def _lost(nodes: list[LocalNode], acked: list[tuple[int, int, int]]) -> int:
     return lost
 
 
+def _cpu_seconds(node: LocalNode) -> float:
+    """User + system CPU the node's process has used so far (Linux /proc):
+    on a shared machine a rate mostly measures the share of the cores the
+    run got, while CPU per message compares runs fairly."""
+    assert node.process is not None
+    fields = Path(f"/proc/{node.process.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _measure(
     nodes: list[LocalNode], mode: str, args: argparse.Namespace
 ) -> dict[str, object]:
+    before = [_cpu_seconds(node) for node in nodes]
+    client_before = time.process_time()
     count, elapsed, acked = await _load(nodes, args.seconds, args.clients, args.batch, args.size)
+    client_cpu = time.process_time() - client_before
+    cpu = [_cpu_seconds(node) - start for node, start in zip(nodes, before, strict=True)]
     await trio.sleep(0.5)
     for node in nodes:
         node.stop(signal.SIGTERM)
@@ -93,6 +110,11 @@ async def _measure(
         "seconds": round(elapsed, 2),
         "acked_messages": count,
         "msgs_per_s": round(count / elapsed),
+        # CPU seconds per node during the load, and per acked message over
+        # all nodes (the client's apart: it is the same load in both modes).
+        "node_cpu_s": [round(seconds, 2) for seconds in cpu],
+        "server_cpu_us_per_msg": round(sum(cpu) / max(count, 1) * 1e6, 2),
+        "client_cpu_s": round(client_cpu, 2),
         "lost": _lost(nodes, acked),
     }
 

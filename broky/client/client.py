@@ -55,6 +55,7 @@ from broky.protocol.frames import (
 )
 from broky.protocol.keys import encode_key
 from broky.protocol.message import Message, decode_run
+from broky.socket_reads import stream_receiver
 
 log = logging.getLogger("broky.client")
 
@@ -401,9 +402,10 @@ class Client(Receiver):
 
     async def _reader(self, stream: trio.abc.Stream) -> None:
         machine = self._machine
+        receive = stream_receiver(stream, RECEIVE_BYTES)
         try:
             while True:
-                data = await stream.receive_some(RECEIVE_BYTES)
+                data = await receive()
                 if not data:
                     self._shutdown(ConnectionClosed(self._lost("the broker closed the connection")))
                     return

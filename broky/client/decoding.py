@@ -22,10 +22,11 @@ which costs more than this whole path does per message.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import Final
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import u32_array
 from broky.protocol.frames import Run
 from broky.protocol.message import Message, decode_message
@@ -63,7 +64,7 @@ def decode_delivered_run(run: Run) -> list[Message]:
     sizes = u32_array(memoryview(run.sizes))
     size = sizes[0]
     if size >= _PAYLOAD_AT and list(sizes).count(size) == count:
-        messages = _uniform(run, key, size)
+        messages = uniform_messages(run, key, size)
         if messages is not None:
             return messages
     return _varied(run, key, sizes)
@@ -93,9 +94,10 @@ def _columns(run: Run, key: str, payloads: Iterable[bytes], stamps: Iterable[int
     return list(map(_new_message, repeat(Message, count), rows))
 
 
-def _uniform(run: Run, key: str, size: int) -> list[Message] | None:
+def uniform_messages_pure(run: Run, key: str, size: int) -> list[Message] | None:
     """A run of ``count`` messages of ``size`` bytes, all in the fixed layout
-    with one payload length, cut in one pass; None when any one is not."""
+    with one payload length, cut in one pass; None when any one is not
+    (``broky.client._uniform`` is its compiled twin)."""
     prefix, _, uoffset, payload_length = _FAST_HEAD.unpack_from(run.messages, 0)
     if prefix != FAST_PREFIX or uoffset != _PAYLOAD_UOFFSET:
         return None
@@ -120,6 +122,29 @@ def _uniform(run: Run, key: str, size: int) -> list[Message] | None:
     ):
         return None
     return _columns(run, key, payloads, stamps)
+
+
+#: The compiled cutter (``broky.client._uniform``) when it is built.
+_uniform_compiled: Callable[..., list[Message] | None] | None = compiled_twin(
+    "broky.client._uniform", "uniform_messages"
+)
+
+
+def uniform_messages(run: Run, key: str, size: int) -> list[Message] | None:
+    """``uniform_messages_pure``, compiled when the extension is built."""
+    if _uniform_compiled is None:
+        return uniform_messages_pure(run, key, size)
+    return _uniform_compiled(
+        run.messages,
+        run.count,
+        size,
+        FAST_PREFIX,
+        key,
+        run.ts_broker,
+        run.partition,
+        run.base_offset,
+        Message,
+    )
 
 
 def _single(run: Run, key: str) -> list[Message]:

@@ -12,14 +12,13 @@ announced with an Error frame.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import trio
 
 from broky.connection.admission import Admission, Refusal
 from broky.connection.consumers import ConsumerRequests
-from broky.connection.direct_read import RECEIVE_BYTES, DirectReader
 from broky.connection.durable_requests import DurableRequests
 from broky.connection.hello import accept_hello
 from broky.connection.liveness import Liveness
@@ -58,6 +57,7 @@ from broky.router.relief import yield_to_subscribers
 from broky.router.router import Router
 from broky.security.auth import Authenticator, Principal
 from broky.security.quotas import QuotaLedger
+from broky.socket_reads import RECEIVE_BYTES, stream_receiver
 from broky.subscriptions.service import SubscriptionService
 
 log = logging.getLogger("broky.connection")
@@ -209,11 +209,7 @@ class ServerConnection:
 
     async def _reader(self) -> None:
         stream = self._stream
-        receive_some: Callable[[], Awaitable[bytes | bytearray]] = (
-            DirectReader(self._writer.direct_fd).receive_some
-            if self._writer.direct_fd >= 0
-            else partial(stream.receive_some, RECEIVE_BYTES)
-        )
+        receive_some = stream_receiver(stream, RECEIVE_BYTES)
         receive = self._receive
         handle = self._handle_frames
         counters = self._counters

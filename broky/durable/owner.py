@@ -62,6 +62,16 @@ class ReplicaGate(Protocol):
     def refusal(self) -> tuple[ErrorCode, str] | None:
         """Why this node may not store a publish now (None: it may)."""
 
+    def written(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        producers: Sequence[Identity] | None,
+    ) -> None:
+        """``runs`` were written from ``offset`` and are being fsynced: their
+        replication may start (queued to the trio thread by the round)."""
+
     def hold(
         self,
         offset: int,
@@ -109,6 +119,8 @@ class PartitionOwner:
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
+        #: For the round's thread to reach the trio thread (set by ``run``).
+        self._trio_token: trio.lowlevel.TrioToken | None = None
         #: Told the new end offset after each round that appended (the
         #: partition's durable subscriptions, broky.subscriptions.partition).
         self.on_append: Callable[[int], None] | None = None
@@ -194,6 +206,7 @@ class PartitionOwner:
 
     async def run(self) -> None:
         """Serve rounds until cancelled; a round in a thread is not interrupted."""
+        self._trio_token = trio.lowlevel.current_trio_token()
         next_tick = time.monotonic()
         while True:
             if not (self._parts or self._requests):
@@ -244,6 +257,11 @@ class PartitionOwner:
         if runs:
             try:
                 outcome = partition_log.append(runs, stamps, producers).first_offset
+                if self.replica is not None and self._trio_token is not None:
+                    # Followers fetch the round while we fsync it.
+                    self._trio_token.run_sync_soon(
+                        self.replica.written, outcome, runs, stamps, producers
+                    )
                 if self._fsync_always or self.replica is not None:
                     partition_log.sync()
             except (StorageError, OSError) as exc:

@@ -1,3 +1,11 @@
 from collections.abc import Sequence
 
 def chunk_offsets(chunks: Sequence[bytes], position: int) -> tuple[bytes, int]: ...
+def encode_located_chunk(
+    key: bytes,
+    ts_broker: int,
+    sizes: bytes | bytearray | memoryview,
+    messages: bytes | bytearray | memoryview,
+    partition: int,
+    base_offset: int,
+) -> bytes: ...

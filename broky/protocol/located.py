@@ -1,4 +1,6 @@
-"""Reading located run chunks back: the runs of a durable topic's Deliver.
+"""Located run chunks: the runs of a durable topic's Deliver, read back
+(:func:`read_located_run`) and laid out at C speed where the compiled hot
+path is built (:data:`encode_located`).
 
 A located chunk (``chunks.encode_located_chunk``) is a run chunk that also
 carries the run's ``partition`` and ``base_offset``: every run a durable
@@ -14,12 +16,14 @@ decoder would have decoded, or None (the caller then decodes generically).
 
 from __future__ import annotations
 
+import os
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from broky.protocol.chunk_reading import read_chunk_run, vectors_layout
-from broky.protocol.chunks import CHUNK_TABLE_OFFSET
-from broky.protocol.frames import Run
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET, encode_located_chunk
+from broky.protocol.frames import Buffer, Run
 
 #: Where a located chunk's sizes vector starts (after its table and vtable).
 LOCATED_SIZES_AT: Final = 64
@@ -98,3 +102,25 @@ def read_chunk_runs_pure(view: memoryview, start: int, count: int) -> list[Run |
         runs.append(read_chunk_run(view, table) or read_located_run(view, table))
         slot += 4
     return runs
+
+
+LocatedEncoder = Callable[[bytes, int, Buffer, Buffer, int, int], bytes]
+
+
+def _compiled_encoder() -> LocatedEncoder | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.protocol._vectors import encode_located_chunk as compiled  # noqa: PLC0415
+    except ImportError:
+        return None
+    return compiled
+
+
+#: ``chunks.encode_located_chunk`` compiled (``broky.protocol._vectors``)
+#: when it is built: a subscription's delivery lays out one located chunk
+#: per stored run, so one per message when keys change on every message;
+#: the compiled one writes it into one buffer (about a fifth of the pure
+#: one's ten-part pack and join).
+encode_located_compiled = _compiled_encoder()
+encode_located: LocatedEncoder = encode_located_compiled or encode_located_chunk

@@ -1,7 +1,8 @@
 """One replicated partition's role on this node: leader, follower or neither.
 
 ``PartitionReplica`` is what the partition's owner (broky.durable.store)
-asks before storing a publish and after fsyncing it (the ``ReplicaGate``
+asks before storing a publish, tells once it wrote it (followers fetch it
+while the owner fsyncs) and after fsyncing it (the ``ReplicaGate``
 protocol), and what the replication server asks when a follower fetches.
 It lives on the trio thread; the epoch history it holds changes only
 inside the owner's rounds (the log's thread), next to the log.
@@ -65,7 +66,41 @@ FETCH_WAIT = 0.2
 #: rounds of a busy partition; the memory cost is this per led partition.
 RECENT_BYTES = 4 * 1024 * 1024
 
-_Token = tuple[Callable[[], None], Callable[[ErrorCode, str], None]]
+
+class _Round:
+    """One stored round's ack, held until the high watermark passes ``end``.
+
+    A round the leader showed its followers before its own fsync
+    (``PartitionReplica.written``) is held from then on, in log order, but
+    gets its callbacks only once that fsync returned (``hold``). It cannot
+    be acked before: the high watermark counts the leader's fsynced end. An
+    answer for a round that never got its callbacks (its fsync failed, and
+    the owner already answered the error; or the node stepped down first,
+    and ``hold`` then answers NotLeader itself) goes nowhere.
+    """
+
+    __slots__ = ("_deliver", "_fail", "end")
+
+    def __init__(
+        self,
+        end: int,
+        deliver: Callable[[], None] | None = None,
+        fail: Callable[[ErrorCode, str], None] | None = None,
+    ) -> None:
+        self.end = end
+        self._deliver = deliver
+        self._fail = fail
+
+    def attach(self, deliver: Callable[[], None], fail: Callable[[ErrorCode, str], None]) -> None:
+        self._deliver, self._fail = deliver, fail
+
+    def deliver(self) -> None:
+        if self._deliver is not None:
+            self._deliver()
+
+    def fail(self, code: ErrorCode, reason: str) -> None:
+        if self._fail is not None:
+            self._fail(code, reason)
 
 
 class SubscriptionRole(Protocol):
@@ -98,7 +133,9 @@ class _Leading:
         self.term = term
         self.isr = isr
         #: The held rounds, in log order (LeaderIsr answers in that order).
-        self.tokens: deque[_Token] = deque()
+        self.tokens: deque[_Round] = deque()
+        #: The rounds shown to followers whose fsync has not returned yet.
+        self.written: deque[_Round] = deque()
         #: The latest runs stored in this term, as fetches answer them.
         self.recent: deque[ReplicatedRun] = deque()
         self.recent_bytes = 0
@@ -203,6 +240,30 @@ class PartitionReplica:
             return ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading)
         return None
 
+    def written(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        producers: Sequence[Identity] | None,
+    ) -> None:
+        """The owner wrote ``runs`` from ``offset`` and is fsyncing them now
+        (queued from its round's thread): followers fetch them at once, so
+        their write and fsync overlap ours instead of following it (Kafka
+        and Redpanda replicate in parallel with the leader's flush too). No
+        ack gets earlier than our fsync: the high watermark counts our
+        fsynced end, which only ``hold`` reports (``LeaderIsr.synced``)."""
+        leading = self.leading
+        if leading is None or not runs or offset != leading.isr.log_end:
+            return  # not leading, or ``hold`` already took this round
+        end = offset + sum(run.count for run in runs)
+        held = _Round(end)
+        leading.tokens.append(held)
+        leading.written.append(held)
+        leading.remember(offset, runs, stamps, producers)
+        leading.isr.appended(end, len(leading.tokens), self.acks)
+        self._wake()  # followers waiting in a long poll fetch it now
+
     def hold(
         self,
         offset: int,
@@ -220,9 +281,15 @@ class PartitionReplica:
                 f"{self.node_id} stopped leading {self.name}; {self.leader_hint}",
             )
             return
-        leading.tokens.append((deliver, fail))
-        leading.remember(offset, runs, stamps, producers)
-        leading.isr.appended(end, len(leading.tokens), self.acks)
+        written = leading.written
+        while written and written[0].end < end:
+            written.popleft()  # its fsync failed: the owner answered the error
+        if runs and written and written[0].end == end:
+            written.popleft().attach(deliver, fail)
+        else:
+            leading.tokens.append(_Round(end, deliver, fail))
+            leading.remember(offset, runs, stamps, producers)
+            leading.isr.appended(end, len(leading.tokens), self.acks)
         leading.isr.synced(end)
         self.settle()
         self._wake()  # followers waiting in a long poll fetch it now
@@ -248,7 +315,7 @@ class PartitionReplica:
             return
         reason = f"{self.node_id} stopped leading {self.name} at epoch {leading.term.epoch}; {hint}"
         while leading.tokens:
-            leading.tokens.popleft()[1](ErrorCode.NOT_LEADER, reason)
+            leading.tokens.popleft().fail(ErrorCode.NOT_LEADER, reason)
         self._wake()
 
     def settle(self) -> None:
@@ -258,11 +325,11 @@ class PartitionReplica:
         if leading is None or not self.lease_valid():
             return
         for answer in leading.isr.answers():
-            deliver, fail = leading.tokens.popleft()
+            held = leading.tokens.popleft()
             if answer.outcome is Outcome.ACKED:
-                deliver()
+                held.deliver()
             else:
-                fail(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading))
+                held.fail(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few(leading))
         if leading.isr.high_watermark != self.high_watermark:
             self.high_watermark = leading.isr.high_watermark
             if self.subscriptions is not None:
@@ -315,11 +382,11 @@ class PartitionReplica:
             request.node, request.node_epoch, request.epoch, request.durable, time.monotonic()
         )
         self.settle()
-        if request.offset > self.owner.end_offset:
+        if request.offset > self._log_end(leading):
             return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
         if request.offset < self.owner.start_offset:
             return self._before_start(leading, request.offset)
-        if request.offset == self.owner.end_offset and self._state_for(request) is None:
+        if request.offset == self._log_end(leading) and self._state_for(request) is None:
             with trio.move_on_after(FETCH_WAIT):
                 await self._changed.wait()
         if self.leading is not leading:
@@ -344,13 +411,18 @@ class PartitionReplica:
             ]
 
         runs: list[ReplicatedRun] = []
-        if request.offset < self.owner.end_offset:
+        if request.offset < self._log_end(leading):
             try:
                 runs = leading.recent_from(request.offset) or await self.owner.call(read)
             except OffsetOutOfRangeError:
                 # Retention ran between the check above and the read.
                 return self._before_start(leading, request.offset)
         return Fetched(leading.term.epoch, self.high_watermark, tuple(runs), state)
+
+    def _log_end(self, leading: _Leading) -> int:
+        """Where the leader's log ends for fetchers: past the owner's last
+        finished round by any round written and still being fsynced."""
+        return max(self.owner.end_offset, leading.isr.log_end)
 
     def _state_for(self, request: Fetch) -> StateUpdate | None:
         subscriptions = self.subscriptions

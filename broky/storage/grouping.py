@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeAlias
 
+from broky.compiled import compiled_twin
 from broky.protocol.frames import Run
 from broky.storage.topics import message_partitions
-from broky.storage.twins import compiled_twin
 
 
 class _Missing:

@@ -23,12 +23,12 @@ from typing import Any, Final
 import attrs
 import xxhash
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import read_bytes, table_fields, u32_array
 from broky.protocol.frames import Buffer, Run
 from broky.router.matcher import SubscriptionIndex, validate_pattern
 from broky.storage.config import LogConfig
 from broky.storage.errors import StorageError
-from broky.storage.twins import compiled_twin
 
 #: A topic name becomes a directory name: keep it portable and unambiguous.
 TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -156,12 +156,12 @@ def sticky_keys(key: bytes, sizes: Buffer, messages: Buffer) -> list[bytes]:
     """What each message of a run (``key``, its size table and messages)
     sticks to: its ``key_partition``, or the run's key when it has none (a
     key-shared subscription's slot follows it). One read per message
-    without a ``key_partition`` (``_has_key_partition``), not a table walk."""
+    without a ``key_partition`` (``has_key_partition``), not a table walk."""
     view = memoryview(messages)
     keys = []
     position = 0
     for size in u32_array(memoryview(sizes)):
-        if _has_key_partition(view, position):
+        if has_key_partition(view, position):
             keys.append(key_partition(view[position : position + size]) or key)
         else:
             keys.append(key)
@@ -169,7 +169,7 @@ def sticky_keys(key: bytes, sizes: Buffer, messages: Buffer) -> list[bytes]:
     return keys
 
 
-def _has_key_partition(messages: Buffer, position: int) -> bool:
+def has_key_partition(messages: Buffer, position: int) -> bool:
     """Whether the message at ``position`` may carry ``key_partition``: its
     vtable's first slot is set. One read for the usual layout, three for any
     other, instead of a validated table walk: most messages have no
@@ -239,7 +239,7 @@ def message_partitions_pure(
     """The partition of each message of a run (its ``messages`` and size
     table ``sizes``): its ``key_partition``'s, or ``default`` (the run key's)
     when it has none. One read per message without a ``key_partition``
-    (``_has_key_partition``), the field read when it has one.
+    (``has_key_partition``), the field read when it has one.
 
     This is the pure-Python version; ``message_partitions`` is its compiled
     twin ``broky.storage._partitions`` where that is built (with a distinct
@@ -249,7 +249,7 @@ def message_partitions_pure(
     targets = []
     position = 0
     for size in u32_array(memoryview(sizes)):
-        if _has_key_partition(view, position):
+        if has_key_partition(view, position):
             partition_key = key_partition(view[position : position + size])
             targets.append(partition_for(partition_key, partitions) if partition_key else default)
         else:

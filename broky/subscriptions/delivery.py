@@ -22,10 +22,10 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
-from broky.protocol.chunks import encode_located_chunk
 from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
+from broky.protocol.located import encode_located
 from broky.protocol.message import decode_message, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch
 
@@ -89,7 +89,10 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         ranges: list[tuple[int, int]] = []
+        find = self.find
         for first, stop in sorted(spans):
+            if stop == first + 1 and find(first) is not None:
+                continue  # one offset held (every key-shared delivery read this round)
             for batch, offset, upto in self.cover(first, stop):
                 if batch is not None:
                     continue
@@ -130,7 +133,7 @@ def delivery_frames(
         nonlocal run_batch, used
         if run_batch is not None:
             part = run_batch.slice(run_start, run_stop)
-            chunk = encode_located_chunk(
+            chunk = encode_located(
                 part.key, part.ts_broker, part.sizes, part.messages, partition, part.base_offset
             )
             chunks.append(chunk)
@@ -160,8 +163,11 @@ def delivery_frames(
         counts.clear()
         used = 0
 
+    find, cover = cache.find, cache.cover
     for first, stop, count in deliveries:
-        for batch, offset, upto in cache.cover(first, stop):
+        # One offset (every key-shared delivery) needs no cover generator.
+        pieces = ((find(first), first, stop),) if stop == first + 1 else cover(first, stop)
+        for batch, offset, upto in pieces:
             if batch is None:
                 lost.extend(range(offset, upto))
                 continue

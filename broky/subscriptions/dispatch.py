@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
     Consumer,
+    Deliver,
     Evict,
     SubscriptionBusy,
     SubscriptionType,
@@ -153,6 +154,36 @@ class Dispatcher(DispatchCore):
             insort(waiting, offset)
             self.parked += 1
             return
+        tracker = self.tracker
+        if (
+            offset not in tracker.counts
+            and offset not in tracker.due
+            and offset < tracker.durable_limit
+        ):
+            # The usual message, never delivered: ``_try_deliver`` and
+            # ``_hand`` inlined (a key-shared subscription runs this per
+            # message; their calls were a third of its feeding).
+            owner = self.owner_of(slot)
+            state = self.consumers.get(owner)
+            if (
+                state is not None
+                and state.credit > 0
+                and state.in_flight < state.max_in_flight
+                and self._holder.get(slot, owner) == owner
+            ):
+                tracker.deliver(offset, owner, now, slot)
+                if not state.in_flight:
+                    state.last_progress = now
+                state.in_flight += 1
+                state.credit -= 1
+                self._holder[slot] = owner
+                held = self._held.get(slot)
+                if held is None:
+                    self._held[slot] = {offset: None}
+                else:
+                    held[offset] = None
+                self.events.append(Deliver(owner, offset, 1, offset + 1))
+                return
         if not self._try_deliver(slot, offset, now):
             self._waiting[slot] = [offset]
             self.parked += 1
@@ -203,23 +234,31 @@ class Dispatcher(DispatchCore):
             if slot is not None:
                 self._unwait(slot, offset)
                 stale += 1
+        # Each holder's in-flight count drops once per holder, not per
+        # offset; ordered types also free each offset's slot (``_forget``
+        # inlined: a key-shared consumer acks offsets one by one).
+        freed: dict[int, int] = {}
         if self.ordered:
+            held_by_slot, holders = self._held, self._holder
             for offset, pending in zip(ended, deliveries, strict=True):
-                if pending.consumer != consumer:
-                    stale += 1
-                self._forget(offset, pending)
+                holder = pending.consumer
+                freed[holder] = freed.get(holder, 0) + 1
+                slot = pending.slot
+                held = held_by_slot.get(slot)
+                if held is not None:
+                    held.pop(offset, None)
+                    if not held:
+                        del held_by_slot[slot], holders[slot]
         else:
-            # Nothing per slot to free: only each holder's in-flight count.
-            freed: dict[int, int] = {}
             for pending in deliveries:
                 holder = pending.consumer
                 freed[holder] = freed.get(holder, 0) + 1
-            for holder, count in freed.items():
-                if holder != consumer:
-                    stale += count
-                held_by = self.consumers.get(holder)
-                if held_by is not None:
-                    held_by.in_flight -= count
+        for holder, count in freed.items():
+            if holder != consumer:
+                stale += count
+            held_by = self.consumers.get(holder)
+            if held_by is not None:
+                held_by.in_flight -= count
         self.stale_acks += stale
         self.pump(now)
         return stale

@@ -174,7 +174,11 @@ class DispatchCore:
         state.credit -= 1
         if self.ordered:
             self._holder[slot] = state.id
-            self._held.setdefault(slot, {})[offset] = None
+            held = self._held.get(slot)
+            if held is None:
+                self._held[slot] = {offset: None}
+            else:
+                held[offset] = None
         self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
         return True
 

@@ -45,12 +45,16 @@ class Options:
     lease: int = DEFAULT_LEASE
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True, hash=False)
 class Deliver:
     """Deliver offsets ``[offset, stop)`` to ``consumer``, each for the
     ``count``-th time. A shared dispatcher deals consecutive offsets never
     delivered before as one span (one event, one pending delivery, one
-    timer); every other delivery is one offset (``stop == offset + 1``)."""
+    timer); every other delivery is one offset (``stop == offset + 1``).
+
+    Not frozen: a key-shared dispatcher builds one of these per message, and
+    a frozen attrs class pays an ``object.__setattr__`` per field (about a
+    third of a microsecond here). Nothing changes one after it is built."""
 
     consumer: int
     offset: int

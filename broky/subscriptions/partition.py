@@ -41,7 +41,7 @@ from broky.storage.batch import StoredBatch
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
-from broky.storage.topics import sticky_keys
+from broky.storage.topics import has_key_partition, sticky_keys
 from broky.subscriptions.commits import GroupCommitter
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
@@ -418,6 +418,10 @@ def feed_batches(
         if not key_shared:
             for fed in range(offset, batch.next_offset):
                 dispatcher.feed(fed, 0, now)
+            continue
+        if batch.count == 1 and not has_key_partition(batch.messages, 0):
+            # The usual key-shared run (keys change on every message).
+            dispatcher.feed(offset, slot_of(batch.key), now)
             continue
         for index, sticky in enumerate(sticky_keys(batch.key, batch.sizes, batch.messages)):
             dispatcher.feed(offset + index, slot_of(sticky), now)

@@ -48,6 +48,8 @@ from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.replica import SubscriptionReplica
+from broky.subscriptions.settle_ranges import gather_ranges
+from broky.subscriptions.tracker import AckTracker
 from broky.subscriptions.watch import SubscriptionStatus, Watch
 
 log = logging.getLogger("broky.subscriptions")
@@ -379,28 +381,12 @@ class SubscriptionService:
             )
             return
         now = trio.current_time()
-        stale = unconfirmed = 0
+        stale = 0
         name = link.subscription
-        # The frame's ranges by partition: each dispatcher settles all of
-        # its ranges in one call (one pump), not one call per range (a
-        # key-shared consumer's acks are mostly ranges of one offset).
-        spans: dict[int, list[range]] = {}
-        touched: dict[int, PartitionSubscriptions] = {}
-        for number, first, last in zip(
-            frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
-        ):
-            partition = self.partitions.get((topic, number))
-            dispatcher = partition.dispatchers.get(name) if partition is not None else None
-            if partition is None or dispatcher is None or (topic, number) not in link.partitions:
-                continue  # not this consumer's partition: nothing it could settle
-            tracker = dispatcher.tracker
-            offsets = range(max(first, tracker.cursor), min(last + 1, tracker.read_position))
-            # Offsets not read since this worker started: delivered before a
-            # restart (a consumer spread over workers outlives its owners);
-            # they come again, and the receipt says so.
-            unconfirmed += max(0, last + 1 - max(first, tracker.read_position))
-            spans.setdefault(number, []).append(offsets)
-            touched[number] = partition
+        spans, unconfirmed = gather_ranges(
+            frame, lambda number: self._settled_tracker(link, topic, number)
+        )
+        touched = {number: self.partitions[topic, number] for number in spans}
         for number, partition in touched.items():
             ranges = spans[number]
             count = sum(len(offsets) for offsets in ranges)
@@ -410,6 +396,15 @@ class SubscriptionService:
         self._pump(link)
         if frame.sequence:
             self._receipt(link, frame.sequence, stale, unconfirmed, list(touched.values()))
+
+    def _settled_tracker(self, link: ConsumerLink, topic: str, number: int) -> AckTracker | None:
+        """The tracker a settle of ``link`` names with partition ``number`` of
+        ``topic`` reaches, or None when that is not one of its partitions."""
+        partition = self.partitions.get((topic, number))
+        dispatcher = partition.dispatchers.get(link.subscription) if partition else None
+        if dispatcher is None or (topic, number) not in link.partitions:
+            return None
+        return dispatcher.tracker
 
     def _apply(
         self,

@@ -27,13 +27,14 @@ at most one per broker crash.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import attrs
+
+from broky.subscriptions.timers import TimerQueue
 
 #: Offsets leased ahead of the read position in each image: one commit per
 #: this many new deliveries at most, and the most offsets whose count a crash
@@ -66,14 +67,6 @@ class Pending:
     deadline: float
     slot: int
     live: int = 1
-
-
-#: A timer: (deadline, first offset, sequence, stop). Numbers only, so the
-#: garbage collector untracks it (a timer per pending message holding its
-#: delivery made every collection walk them all); a span's delivery is
-#: found by sequence in ``AckTracker._spans``, one offset's in ``pending``.
-#: The sequence keeps entries with equal deadline and offset apart.
-_Timer = tuple[float, int, int, int]
 
 
 def backoff_delay(backoff: Sequence[float], count: int) -> float:
@@ -153,13 +146,19 @@ class AckedRanges:
         """Mark ``offset`` acked; False if it already was."""
         if offset in self:
             return False
+        self.add_new(offset)
+        return True
+
+    def add_new(self, offset: int) -> None:
+        """Mark acked an ``offset`` the caller knows is not acked yet (an
+        offset still counted as delivered): ``add`` without its lookup."""
         firsts, lasts = self._firsts, self._lasts
         if offset == self.cursor:
             self.cursor += 1
             if firsts and firsts[0] == self.cursor:
                 self.cursor = lasts[0] + 1
                 del firsts[0], lasts[0]
-            return True
+            return
         index = bisect_right(firsts, offset) - 1
         joins_left = index >= 0 and lasts[index] == offset - 1
         joins_right = index + 1 < len(firsts) and firsts[index + 1] == offset + 1
@@ -173,7 +172,6 @@ class AckedRanges:
         else:
             firsts.insert(index + 1, offset)
             lasts.insert(index + 1, offset)
-        return True
 
 
 class AckTracker:
@@ -204,7 +202,7 @@ class AckTracker:
         self.due: dict[int, float] = {}
         #: Why an offset was last nacked or termed (travels to the dead-letter topic).
         self.errors: dict[int, str] = {}
-        self._deadlines: list[_Timer] = []
+        self._deadlines = TimerQueue()
         self._sequence = itertools.count()
         #: The delivery of each span timer still in ``_deadlines``, by sequence.
         self._spans: dict[int, Pending] = {}
@@ -267,7 +265,7 @@ class AckTracker:
         deadline = now + self.ack_timeout
         pending = Pending(consumer, count, deadline, slot)
         self.pending[offset] = pending
-        heapq.heappush(self._deadlines, (deadline, offset, next(self._sequence), offset + 1))
+        self._deadlines.push((deadline, offset, next(self._sequence), offset + 1))
         if offset >= self.read_position:
             self.read_position = offset + 1
         return pending
@@ -282,7 +280,7 @@ class AckTracker:
         self.pending.update(dict.fromkeys(offsets, span))
         sequence = next(self._sequence)
         self._spans[sequence] = span
-        heapq.heappush(self._deadlines, (span.deadline, first, sequence, stop))
+        self._deadlines.push((span.deadline, first, sequence, stop))
         self.read_position = max(self.read_position, stop)
         return span
 
@@ -327,13 +325,13 @@ class AckTracker:
         for offset in itertools.islice(done, 1, None):
             if offset != previous + 1:
                 if first == previous:
-                    acked.add(first)
+                    acked.add_new(first)
                 else:
                     acked.add_range(first, previous)
                 first = offset
             previous = offset
         if first == previous:
-            acked.add(first)
+            acked.add_new(first)
         else:
             acked.add_range(first, previous)
         for side in (due, self.errors, self._persist):
@@ -371,7 +369,7 @@ class AckTracker:
             self.pending[offset] = pending
         pending.deadline = now + self.ack_timeout
         timer = (pending.deadline, offset, next(self._sequence), offset + 1)
-        heapq.heappush(self._deadlines, timer)
+        self._deadlines.push(timer)
         return True
 
     def expired(self, now: float) -> Iterator[tuple[int, Pending]]:
@@ -380,21 +378,29 @@ class AckTracker:
         delivery ended or was extended) is dropped unlooked-at."""
         deadlines = self._deadlines
         pending = self.pending
-        while deadlines and deadlines[0][0] <= now:
-            deadline, first, sequence, stop = heapq.heappop(deadlines)
+        while (front := deadlines.peek()) is not None and front[0] <= now:
+            deadline, first, sequence, stop = deadlines.pop()
             held = self._delivery(first, sequence, stop)
             self._spans.pop(sequence, None)
             if held is not None and held.deadline == deadline:
                 yield from ((o, held) for o in range(first, stop) if pending.get(o) is held)
 
     def next_deadline(self) -> float | None:
-        deadlines = self._deadlines
-        while deadlines:
-            deadline, first, sequence, stop = deadlines[0]
+        deadlines, pending = self._deadlines, self.pending
+        while (front := deadlines.peek()) is not None:
+            deadline, first, sequence, stop = front
+            if stop == first + 1:
+                # ``_delivery`` inlined for one offset: every acked
+                # key-shared message's timer is dropped here.
+                held = pending.get(first)
+                if held is not None and held.deadline == deadline:
+                    return deadline
+                deadlines.pop()
+                continue
             held = self._delivery(first, sequence, stop)
             if held is not None and held.deadline == deadline:
                 return deadline
-            heapq.heappop(deadlines)
+            deadlines.pop()
             self._spans.pop(sequence, None)
         return None
 

@@ -12,7 +12,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from broky.client.decoding import decode_delivered_run
+from broky.client.decoding import (
+    _uniform_compiled,
+    decode_delivered_run,
+    uniform_messages,
+    uniform_messages_pure,
+)
 from broky.protocol.constants import UID_BYTES
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Run
@@ -111,3 +116,40 @@ def test_a_durable_run_numbers_its_messages() -> None:
 def test_empty_and_single_runs(count: int) -> None:
     run = _run([encode_message(b"")] * count, b"k", 0, -1)
     assert decode_delivered_run(run) == [Message("k", b"")] * count
+
+
+def _uniform_run(blob: bytes, count: int, key: bytes, ts_broker: int, base_offset: int) -> Run:
+    return _run([blob] * count, key, ts_broker, base_offset)
+
+
+@pytest.mark.skipif(_uniform_compiled is None, reason="the compiled cutter is not built")
+@PROPERTY
+@given(
+    plain_messages,
+    st.integers(1, 40),
+    st.integers(-1, 2**40),
+    int64s,
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+)
+def test_compiled_cutter_gives_what_the_pure_one_gives(
+    blob: bytes, count: int, base_offset: int, ts_broker: int, flips: list[tuple[int, int]]
+) -> None:
+    """Both cutters agree on every run of equal messages, intact or with
+    bytes flipped (a flipped fixed byte must make both answer None)."""
+    data = bytearray(blob * count)
+    for position, value in flips:
+        data[position % len(data)] = value
+    run = _uniform_run(blob, count, b"k", ts_broker, base_offset)
+    run = Run(run.key, run.ts_broker, count, run.sizes, memoryview(bytes(data)), 3, base_offset)
+    compiled = uniform_messages(run, "k", len(blob))
+    assert compiled == uniform_messages_pure(run, "k", len(blob))
+    if compiled is not None:
+        assert all(type(message) is Message for message in compiled)
+
+
+@pytest.mark.skipif(_uniform_compiled is None, reason="the compiled cutter is not built")
+def test_compiled_cutter_refuses_a_run_whose_bytes_do_not_match_its_count() -> None:
+    blob = encode_message(b"abc", ts_producer=1)
+    run = _uniform_run(blob, 3, b"k", 0, -1)
+    short = Run(run.key, 0, 3, run.sizes, run.messages[: len(blob) * 2], 3, -1)
+    assert uniform_messages(short, "k", len(blob)) is None

@@ -4,7 +4,8 @@
 recognise the layout ``encode_located_chunk`` writes. On our frames they read
 every run, and read it as the vtable walk does; on mutated bytes they either
 step aside (None) or still agree with the vtable walk; the pure and the
-compiled readers give the same answer whatever the bytes.
+compiled readers give the same answer whatever the bytes, and the compiled
+encoder writes exactly the pure one's bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from broky.protocol.codec import _decode_run, decode_frame
 from broky.protocol.constants import BodyType
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Deliver, Run
-from broky.protocol.located import read_chunk_runs_pure, read_located_run
+from broky.protocol.located import (
+    encode_located_compiled,
+    read_chunk_runs_pure,
+    read_located_run,
+)
 from broky.protocol.message import pack_sizes
 from tests.protocol.test_chunks import runs
 
@@ -109,3 +114,16 @@ def test_the_compiled_reader_reads_located_runs() -> None:
     (read,) = compiled(view, RUNS_FRAME_RUNS_AT, 1)
     assert read == run
     assert (read.partition, read.base_offset, read.chunk) == (5, 1234, None)
+
+
+@PROPERTY
+@given(run=located_runs(), ts_broker=st.integers(-(2**63), 2**63 - 1))
+def test_the_compiled_encoder_writes_the_pure_ones_bytes(run: Run, ts_broker: int) -> None:
+    if encode_located_compiled is None:
+        pytest.skip("the compiled encoder is not in use (BROKY_PURE=1)")
+    fields = (run.key, ts_broker, run.sizes, run.messages, run.partition, run.base_offset)
+    assert encode_located_compiled(*fields) == encode_located_chunk(*fields)
+    viewed = (run.key, ts_broker, memoryview(run.sizes), memoryview(run.messages))
+    assert encode_located_compiled(*viewed, run.partition, run.base_offset) == encode_located_chunk(
+        *viewed, run.partition, run.base_offset
+    )

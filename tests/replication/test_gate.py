@@ -254,3 +254,60 @@ async def test_a_leader_whose_lease_may_be_gone_acks_nothing_until_renewed() -> 
     lease[0] = True  # renewed after all: the held round is answered
     replica.settle()
     assert (outcomes.delivered, outcomes.failed) == (1, [])
+
+
+async def test_a_round_being_fsynced_is_fetched_but_acked_only_after_the_leaders_fsync() -> None:
+    """``written`` (before the leader's fsync) lets the follower fetch and
+    fsync the round; the ack still waits for ``hold`` (the leader's fsync).
+    The owner's end offset stays at the last finished round meanwhile."""
+    replica, _ = _leading()
+    outcomes = _Outcomes()
+    run = _run(4)
+    replica.written(0, [run], [7], None)
+    answer = await replica.fetch(_fetch(durable=0))
+    assert isinstance(answer, Fetched)
+    assert [(r.base_offset, r.count) for r in answer.runs] == [(0, 4)]
+    with trio.move_on_after(1):
+        answer = await replica.fetch(_fetch(durable=4))  # the follower fsynced it
+    assert isinstance(answer, Fetched)
+    assert outcomes.delivered == 0
+    assert replica.high_watermark == 0  # the leader has not fsynced it yet
+    replica.hold(0, [run], [7], outcomes.deliver, outcomes.fail)
+    assert outcomes.delivered == 1
+    assert outcomes.failed == []
+    assert replica.high_watermark == 4
+    # The round is held once: a second round is acked on its own.
+    second = _run(2)
+    replica.written(4, [second], [8], None)
+    replica.hold(4, [second], [8], outcomes.deliver, outcomes.fail)
+    assert outcomes.delivered == 1
+    with trio.move_on_after(1):
+        await replica.fetch(_fetch(durable=6))
+    assert outcomes.delivered == 2
+
+
+async def test_a_round_written_late_or_after_a_failed_fsync_is_held_once() -> None:
+    replica, _ = _leading()
+    outcomes = _Outcomes()
+    # The fsync of the first round failed: the owner answered the error, no hold.
+    replica.written(0, [_run(2)], [7], None)
+    replica.written(2, [_run(3)], [8], None)
+    replica.hold(2, [_run(3)], [8], outcomes.deliver, outcomes.fail)
+    # A round whose ``written`` comes after its ``hold`` is not held twice.
+    replica.hold(5, [_run(1)], [9], outcomes.deliver, outcomes.fail)
+    replica.written(5, [_run(1)], [9], None)
+    with trio.move_on_after(1):
+        await replica.fetch(_fetch(durable=6))
+    assert outcomes.delivered == 2
+    assert outcomes.failed == []
+    assert replica.high_watermark == 6
+
+
+async def test_stepping_down_while_a_round_is_fsynced_fails_it_once() -> None:
+    replica, _ = _leading()
+    outcomes = _Outcomes()
+    replica.written(0, [_run(2)], [7], None)
+    replica.step_down("leader n2 at 127.0.0.1:2 (epoch 4)")
+    replica.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
+    assert outcomes.failed == [ErrorCode.NOT_LEADER]
+    assert outcomes.delivered == 0

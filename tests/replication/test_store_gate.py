@@ -25,9 +25,20 @@ class _Gate:
         self.held: list[tuple[int, Callable[[], None], Callable[[WireCode, str], None]]] = []
         #: The producer identities of the held runs (what followers will store).
         self.producers: list[tuple[int, int]] = []
+        #: (offset, runs) of each round written, told before its fsync.
+        self.written_rounds: list[tuple[int, int]] = []
 
     def refusal(self) -> tuple[WireCode, str] | None:
         return self.refuse
+
+    def written(
+        self,
+        offset: int,
+        runs: Sequence[Run],
+        stamps: Sequence[int],
+        producers: Sequence[tuple[int, int]] | None,
+    ) -> None:
+        self.written_rounds.append((offset, len(runs)))
 
     def hold(
         self,
@@ -72,6 +83,8 @@ async def test_acks_delivery_and_reads_wait_for_the_high_watermark(tmp_path: Pat
                 assert acked == []
                 # The replication role gets the run's producer to replicate.
                 assert gate.producers == [(client._acks.producer_id, 1)]
+                # It was told of the round before the fsync, to replicate meanwhile.
+                assert gate.written_rounds == [(0, 1)]
                 assert await reader.fetch("orders", 0, 0) == []
                 assert (await reader.partitions("orders"))[0].end_offset == 0
                 gate.release()
