@@ -1,11 +1,13 @@
 """Build the optional C extension of the hot path; everything else is in pyproject.toml.
 
 ``broky.protocol._runs``, ``broky.protocol._forward``,
-``broky.protocol._vectors``, ``broky.router._fanout`` and
-``broky.client._uniform`` (Cython) are the compiled twins of
-``broky.protocol.frames.EncodedRunPure``, ``broky.protocol.forward.walk_pure``,
-``broky.protocol.chunks.chunk_offsets_pure``, ``broky.router.fanout.fan_out_pure``
-and ``broky.client.decoding.uniform_messages_pure``. Each is optional twice over: the
+``broky.protocol._vectors``, ``broky.router._fanout``,
+``broky.storage._partitions`` and ``broky.client._uniform`` (Cython) are the
+compiled twins of ``broky.protocol.frames.EncodedRunPure``,
+``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``,
+``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
+(and ``broky.storage.grouping.partition_groups_pure``) and
+``broky.client.decoding.uniform_messages_pure``. Each is optional twice over: the
 build continues without it when compiling fails (``optional=True``), and
 Broky runs the pure-Python version whenever one is missing.
 """
@@ -25,6 +27,7 @@ else:
                 "broky.protocol._forward",
                 "broky.protocol._vectors",
                 "broky.router._fanout",
+                "broky.storage._partitions",
                 "broky.client._uniform",
             )
         ],

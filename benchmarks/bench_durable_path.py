@@ -16,7 +16,8 @@ whatever share of the machine the run got (``msgs_per_s`` is reported too,
 but only means something on a calm machine). Key mixes as in
 ``bench_durable``: ``one`` (one key per frame), ``many`` (1,000 keys
 cycled message by message), ``key_partition`` (one key, a distinct
-``key_partition`` per message). Every message must be acknowledged:
+``key_partition`` per message, in one run per frame as the client batches
+them: the broker splits it by partition). Every message must be acknowledged:
 ``lost`` says how many were not.
 """
 
@@ -68,12 +69,18 @@ def frames(mix: str, messages: int) -> list[bytes]:
                     b"bench.one", 0, pack_sizes([len(message)] * count), message * count
                 )
             )
+        elif mix == "key_partition":  # one key: the client sends one run of them all
+            encoded = [
+                encode_message(PAYLOAD, b"%d" % index) for index in range(first, first + count)
+            ]
+            chunks.append(
+                encode_run_chunk(
+                    b"bench.one", 0, pack_sizes([len(m) for m in encoded]), b"".join(encoded)
+                )
+            )
         else:
             for index in range(first, first + count):
-                if mix == "many":
-                    key, message = b"bench.k%d" % (index % 1000), encode_message(PAYLOAD)
-                else:
-                    key, message = b"bench.one", encode_message(PAYLOAD, b"%d" % index)
+                key, message = b"bench.k%d" % (index % 1000), encode_message(PAYLOAD)
                 chunks.append(encode_run_chunk(key, 0, pack_sizes([len(message)]), message))
         data = b"".join(
             producer_frame_parts(1, chunks, producer_id=PRODUCER, first_sequence=sequence)

@@ -40,6 +40,11 @@ from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import PartitionLog
 from broky.storage.log_reads import DEFAULT_READ_BYTES
 
+
+def _no_identities() -> None:
+    """A Publish without ack is stored without producer identities."""
+
+
 #: Why the connection's principal may not read a pattern (None: it may).
 Refusal = Callable[[bytes], "str | None"]
 
@@ -85,9 +90,8 @@ class DurableRequests:
         router = self._router
         store = self.store
         acks = self._ack_queue()
-        identities = frame.run_identities() if frame.ack else None
         producer = frame.producer_id
-        if producer and identities is not None:
+        if producer and frame.ack:
             resend_from = acks.resend_needed(producer, frame.first_sequence)
             if resend_from is not None:
                 acks.open(frame.stream).refuse(
@@ -100,8 +104,18 @@ class DurableRequests:
         ticket = acks.open(frame.stream, producer, frame.first_sequence) if frame.ack else None
         if store is None:
             ephemeral = list(runs)
-        else:
+        elif frame.run_producers:  # forwarded by another worker: runs of many producers
+            identities = frame.run_identities() if frame.ack else None
             ephemeral = store.append_frame(runs, ticket, acks if ticket else None, identities)
+        else:
+            ephemeral = store.append_publish(
+                runs,
+                ticket,
+                acks if ticket else None,
+                producer if frame.ack else 0,
+                frame.first_sequence,
+                frame.run_identities if frame.ack else _no_identities,
+            )
         if self._forwarder is not None:
             self._forwarder.flush()
         if ephemeral:

@@ -83,6 +83,10 @@ class Part:
         ticket = self.ticket
         if ticket is None:
             return None
+        if self.messages == len(self.counts):  # one message per run (a key per message)
+            offsets = range(first_offset, first_offset + self.messages)
+            ticket.completed(list(zip(self.indexes, repeat(partition), offsets, offsets)))
+            return self.acks
         ends = list(accumulate(self.counts, initial=first_offset))
         ticket.completed(
             list(zip(self.indexes, repeat(partition), ends, map((-1).__add__, ends[1:])))

@@ -49,6 +49,7 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.router import Router
 from broky.storage.errors import StorageError
+from broky.storage.grouping import MISSING, partition_groups
 from broky.storage.log import PartitionLog
 from broky.storage.topics import TopicPolicies, TopicPolicy, partition_for, partition_run
 
@@ -240,6 +241,60 @@ class DurableStore:
         if _UNKNOWN in answers:
             answers = [self.locate(run.key) for run in runs]
         return any(answers)
+
+    def append_publish(
+        self,
+        runs: Sequence[Run],
+        ticket: AckTicket | None,
+        acks: AckQueue | None,
+        producer: int,
+        first_sequence: int,
+        identities: Callable[[], Sequence[Identity | None] | None],
+    ) -> list[Run]:
+        """``append_frame`` for a client's Publish frame (``producer`` and
+        ``first_sequence`` its producer fields, 0: not idempotent), grouped
+        by partition in one pass (broky.storage.grouping) when every durable
+        run of it belongs to one topic whose partitions this worker owns and
+        no run spans partitions; otherwise through ``append_frame``, given
+        ``identities()`` (the frame's per-run identities). Same parts, same
+        order per partition, same tickets either way."""
+        if acks is None:
+            ticket = None
+        grouped = partition_groups(runs, self._located, first_sequence)
+        if grouped is MISSING:
+            for run in runs:
+                self.locate(run.key)
+            grouped = partition_groups(runs, self._located, first_sequence)
+        if not isinstance(grouped, tuple):
+            return self.append_frame(runs, ticket, acks, identities())
+        ephemeral, topic, groups = grouped
+        if topic is None:  # nothing durable to store
+            return ephemeral
+        owners = self._partition_owners.get(topic.name)
+        if owners is None or None in owners:  # some go to other workers
+            return self.append_frame(runs, ticket, acks, identities())
+        stamp = self._clock()
+        for owner, group in zip(owners, groups, strict=True):
+            if group is None or owner is None:  # (owner: checked above)
+                continue
+            group_runs, counts, indexes, sequences, messages, nbytes = group
+            part = Part(
+                stamp,
+                ticket,
+                acks,
+                producer,
+                group_runs,
+                counts,
+                indexes,
+                sequences if producer else [],
+                messages,
+                nbytes,
+                sequences[-1] + counts[-1] if producer else 0,
+            )
+            if ticket is not None:
+                ticket.remaining += 1
+            owner.append_part(part)
+        return ephemeral
 
     def append_frame(
         self,

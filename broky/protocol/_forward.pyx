@@ -39,6 +39,12 @@ cdef bytes _DELIVER = DELIVER_FRAME_START
 cdef int64_t _MAX_BYTES = MAX_COALESCED_BYTES
 cdef int64_t _MAX_MESSAGES = MAX_COALESCED_MESSAGES
 cdef int _MAX_SEGMENTS = MAX_COALESCED_MESSAGES  # a run holds at least one message
+#: A run read by ``read_chunk_runs`` whose chunk is at most this long holds
+#: copies of its bytes, not views of the frame: with a key per message a
+#: Publish frame is a thousand runs, and three small copies cost less than
+#: three memoryview slices (each a slice object and a ~200-byte view that
+#: stays alive until the run's round is done). Longer runs are viewed.
+cdef int64_t _COPIED_CHUNK_BYTES = 512
 
 
 cdef inline uint32_t _u32(const uint8_t* p) noexcept nogil:
@@ -431,15 +437,24 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
             slot = start + 4 * index
             chunk_start = slot + <int64_t>_u32(buf + slot) - 12
             if _read_chunk(buf, size, chunk_start, 0, &chunk):
-                whole = view[chunk_start : chunk_start + chunk.length]
-                messages_at = chunk.messages - chunk.start
+                if chunk.length <= _COPIED_CHUNK_BYTES:  # copies: see _COPIED_CHUNK_BYTES
+                    sizes = PyBytes_FromStringAndSize(<const char*>chunk.start + 44, 4 * chunk.count)
+                    messages = PyBytes_FromStringAndSize(
+                        <const char*>chunk.messages, chunk.messages_len
+                    )
+                    whole = PyBytes_FromStringAndSize(<const char*>chunk.start, chunk.length)
+                else:
+                    whole = view[chunk_start : chunk_start + chunk.length]
+                    messages_at = chunk.messages - chunk.start
+                    sizes = whole[44 : 44 + 4 * chunk.count]
+                    messages = whole[messages_at : messages_at + chunk.messages_len]
                 runs.append(
                     _new_run(
                         PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
-                        whole[44 : 44 + 4 * chunk.count],
-                        whole[messages_at : messages_at + chunk.messages_len],
+                        sizes,
+                        messages,
                         whole,
                     )
                 )

@@ -94,6 +94,20 @@ def _align8(n: int) -> int:
     return (n + 7) & ~7
 
 
+def _chunk_layout(
+    sizes_at: int, key_len: int, sizes_len: int, messages_len: int
+) -> tuple[int, int, int, int, int, int]:
+    """Where a chunk's vectors lie when its size table starts at
+    ``sizes_at``: the ends and starts ``_chunk_tail`` lays out, and the
+    chunk's length (its last value)."""
+    sizes_end = sizes_at + 4 + sizes_len
+    messages_at = sizes_end + ((4 - sizes_end) & 7)  # data at messages_at + 4, 8-aligned
+    messages_end = messages_at + 4 + messages_len
+    key_at = (messages_end + 3) & ~3
+    key_end = key_at + 4 + key_len + 1  # strings carry a NUL terminator
+    return sizes_end, messages_at, messages_end, key_at, key_end, _align8(key_end)
+
+
 def _chunk_tail(
     sizes_at: int, key: bytes, sizes: Buffer, messages: Buffer
 ) -> tuple[int, int, list[Buffer]]:
@@ -102,12 +116,9 @@ def _chunk_tail(
     sizes_len = len(sizes)
     messages_len = len(messages)
     key_len = len(key)
-    sizes_end = sizes_at + 4 + sizes_len
-    messages_at = sizes_end + ((4 - sizes_end) & 7)  # data at messages_at + 4, 8-aligned
-    messages_end = messages_at + 4 + messages_len
-    key_at = (messages_end + 3) & ~3
-    key_end = key_at + 4 + key_len + 1  # strings carry a NUL terminator
-    chunk_end = _align8(key_end)
+    sizes_end, messages_at, messages_end, key_at, key_end, chunk_end = _chunk_layout(
+        sizes_at, key_len, sizes_len, messages_len
+    )
     return (
         messages_at,
         key_at,
@@ -235,14 +246,17 @@ def durable_chunk_sizes(runs: Sequence[Run]) -> list[int]:
     """``len(durable_chunk(run, ...))`` of each run without building it
     (what the router's byte figures count for stored runs no subscriber
     takes): a run that arrived as a chunk grows by the durable head's extra
-    fields, any other is encoded to be measured."""
+    fields, any other (a piece of a run split by partition) is measured
+    from its layout."""
     chunks = list(map(_CHUNK, runs))
     # ``all`` (a chunk is never empty), not ``None not in chunks``, which
     # compares every memoryview with None the slow way.
     if all(chunks):  # the usual case, in C: the runs came as chunks
         return list(map(_DURABLE_SHIFT.__add__, map(len, chunks)))
     return [
-        len(encode_durable_run_chunk(run)) if run.chunk is None else len(run.chunk) + _DURABLE_SHIFT
+        _chunk_layout(_DURABLE_SIZES_AT, len(run.key), len(run.sizes), len(run.messages))[-1]
+        if run.chunk is None
+        else len(run.chunk) + _DURABLE_SHIFT
         for run in runs
     ]
 

@@ -47,6 +47,9 @@ _HEAD: Final = struct.Struct("<I7H2xiqIIII")
 _U32 = struct.Struct("<I")
 _TAG_HEAD: Final = struct.Struct("<4HiII")
 _VECTORS_AT: Final = 48
+#: The root uoffset and vtable of a message with a key_partition and
+#: nothing else optional (``encode_message``'s second fast path).
+_PARTITION_ONLY: Final = (20, 14, 28, 16, 12, 4, 0, 0, 16)
 
 
 def encode_message(
@@ -67,6 +70,31 @@ def encode_message(
                 PADDING[-end & 7],
             )
         )
+    if not (uid or tags):  # a key_partition alone: a distinct one per message is common
+        partition_at = (_VECTORS_AT + 4 + payload_len + 3) & ~3
+        end = partition_at + 4 + len(key_partition)
+        return b"".join(
+            (
+                _FAST.pack(*_PARTITION_ONLY, ts_producer, 16, partition_at - 36, 0, 0, payload_len),
+                payload,
+                PADDING[partition_at - (_VECTORS_AT + 4 + payload_len)],
+                _U32.pack(len(key_partition)),
+                key_partition,
+                PADDING[-end & 7],
+            )
+        )
+    return encode_message_fields(payload, key_partition, ts_producer, uid, tags)
+
+
+def encode_message_fields(
+    payload: bytes,
+    key_partition: bytes = b"",
+    ts_producer: int = 0,
+    uid: bytes = b"",
+    tags: Iterable[tuple[str, str]] = (),
+) -> bytes:
+    """``encode_message`` field by field, whatever fields are set: the
+    general layout, which its fast paths reproduce byte for byte (tests)."""
     if uid and len(uid) != UID_BYTES:
         raise LocalProtocolError(f"uid must be {UID_BYTES} bytes (a KSUID), got {len(uid)}")
     parts: list[bytes] = []
@@ -215,6 +243,8 @@ def decode_run(run: Run) -> list[Message]:
 
 def pack_sizes(sizes: Sequence[int]) -> bytes:
     """The little-endian uint32 size table of a run."""
+    if len(sizes) == 1:  # a run of one message: a key per message is common
+        return _U32.pack(sizes[0])
     return struct.pack(f"<{len(sizes)}I", *sizes)
 
 

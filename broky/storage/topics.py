@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
 import xxhash
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import read_bytes, table_fields, u32_array
 from broky.protocol.frames import Buffer, Run
 from broky.router.matcher import SubscriptionIndex, validate_pattern
@@ -203,27 +204,12 @@ def partition_run(run: Run, partitions: int, default: int | None = None) -> list
         return [(0, run)]
     if default is None:
         default = partition_for(run.key, partitions)
-    if run.count == 1:  # the many-keys case: one message per run
-        messages = run.messages
-        if has_key_partition(messages, 0):
-            partition_key = key_partition(memoryview(messages))
-            if partition_key:
-                return [(partition_for(partition_key, partitions), run)]
-        return [(default, run)]
-    targets = []
-    messages = memoryview(run.messages)
-    sizes = u32_array(memoryview(run.sizes))
-    position = 0
-    for size in sizes:
-        if has_key_partition(messages, position):
-            partition_key = key_partition(messages[position : position + size])
-            targets.append(partition_for(partition_key, partitions) if partition_key else default)
-        else:
-            targets.append(default)
-        position += size
+    targets = message_partitions(run.messages, run.sizes, partitions, default)
     first = targets[0]
     if targets.count(first) == len(targets):
         return [(first, run)]
+    messages = memoryview(run.messages)
+    sizes = u32_array(memoryview(run.sizes))
     size_table = memoryview(run.sizes)
     pieces: list[tuple[int, Run]] = []
     start = position = 0
@@ -245,3 +231,35 @@ def partition_run(run: Run, partitions: int, default: int | None = None) -> list
             start = index
             position += length
     return pieces
+
+
+def message_partitions_pure(
+    messages: Buffer, sizes: Buffer, partitions: int, default: int
+) -> list[int]:
+    """The partition of each message of a run (its ``messages`` and size
+    table ``sizes``): its ``key_partition``'s, or ``default`` (the run key's)
+    when it has none. One read per message without a ``key_partition``
+    (``has_key_partition``), the field read when it has one.
+
+    This is the pure-Python version; ``message_partitions`` is its compiled
+    twin ``broky.storage._partitions`` where that is built (with a distinct
+    ``key_partition`` per message this runs once per message).
+    """
+    view = memoryview(messages)
+    targets = []
+    position = 0
+    for size in u32_array(memoryview(sizes)):
+        if has_key_partition(view, position):
+            partition_key = key_partition(view[position : position + size])
+            targets.append(partition_for(partition_key, partitions) if partition_key else default)
+        else:
+            targets.append(default)
+        position += size
+    return targets
+
+
+#: The compiled twin (``broky.storage._partitions``) when it is built.
+message_partitions_compiled: Callable[[Buffer, Buffer, int, int], list[int]] | None = compiled_twin(
+    "broky.storage._partitions", "message_partitions"
+)
+message_partitions = message_partitions_compiled or message_partitions_pure

@@ -212,3 +212,27 @@ def test_accepts_only_the_same_producer_going_forward() -> None:
     assert not part.accepts(8, 7)
     assert not part.accepts(0, 0)
     assert Part(0, None, None).accepts(0, 0)
+
+
+@given(
+    counts=st.lists(st.sampled_from([1, 1, 1, 2, 3]), min_size=1, max_size=12),
+    first_offset=st.integers(0, 2**40),
+)
+def test_settle_gives_each_run_its_consecutive_offsets(
+    counts: list[int], first_offset: int
+) -> None:
+    """Whether every run holds one message (the quick path) or not."""
+    acks = AckQueue(Outlet())  # type: ignore[arg-type]
+    ticket = acks.open(1)
+    part = Part(0, ticket, acks)
+    for index, count in enumerate(counts):
+        part.add(make_run(b"k", count), 2 * index)
+    ticket.remaining += 1
+    assert part.settle(3, first_offset) is acks
+    expected = []
+    offset = first_offset
+    for index, count in enumerate(counts):
+        expected.append((2 * index, 3, offset, offset + count - 1))
+        offset += count
+    assert ticket.entries == expected
+    assert ticket.remaining == 0

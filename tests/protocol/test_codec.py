@@ -183,7 +183,9 @@ def test_runs_frame_without_runs_round_trips(frame: Frame) -> None:
 
 
 def test_decoded_runs_are_views_of_the_frame_buffer() -> None:
-    data = bytearray(_body(encode_frame(Deliver(stream=1, runs=(_run(b"k", 0, [b"abc"]),)))))
+    """Long runs are; the compiled reader copies short ones (_forward.pyx)."""
+    long_message = b"abc" + b"x" * 600
+    data = bytearray(_body(encode_frame(Deliver(stream=1, runs=(_run(b"k", 0, [long_message]),)))))
     decoded = decode_frame(data)
     assert isinstance(decoded, Deliver)
     run = decoded.runs[0]
