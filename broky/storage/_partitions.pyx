@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twin of ``broky.storage.topics.message_partitions_pure``.
+"""Compiled twins of ``broky.storage.topics.message_partitions_pure`` and
+``broky.storage.grouping.partition_groups_pure``.
 
 Why: a durable topic's owner is chosen per message when messages carry
 their own ``key_partition`` (or when every message has its own key, one
@@ -17,12 +18,13 @@ import sys
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyObject_GenericSetAttr
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
 import xxhash
 
+from broky.protocol.frames import Run
 from broky.storage.topics import key_partition
 
 if sys.byteorder != "little":
@@ -191,7 +193,85 @@ cdef object _run_partition(object run, object partitions, object default):
     return first
 
 
+cdef object _new_piece(object run, Py_ssize_t count, bytes sizes, bytes messages):
+    """``Run(run.key, run.ts_broker, count, sizes, messages)`` without the
+    frozen attrs ``__init__`` (an ``object.__setattr__`` call per field):
+    the slots are set with the generic setter, which the frozen class's
+    ``__setattr__`` does not stand in front of."""
+    cdef object piece = Run.__new__(Run)
+    PyObject_GenericSetAttr(piece, "key", run.key)
+    PyObject_GenericSetAttr(piece, "ts_broker", run.ts_broker)
+    PyObject_GenericSetAttr(piece, "count", count)
+    PyObject_GenericSetAttr(piece, "sizes", sizes)
+    PyObject_GenericSetAttr(piece, "messages", messages)
+    PyObject_GenericSetAttr(piece, "partition", 0)
+    PyObject_GenericSetAttr(piece, "base_offset", -1)
+    PyObject_GenericSetAttr(piece, "chunk", None)
+    return piece
+
+
+cdef list _split_run(object run, list targets):
+    """``broky.storage.topics.split_run`` with the pieces' bytes copied:
+    ``(partition, piece)`` pairs in message order."""
+    cdef Py_buffer messages_buffer, sizes_buffer
+    cdef const uint8_t* size_table
+    cdef const char* data
+    cdef int64_t position = 0, length = 0
+    cdef Py_ssize_t index, start = 0, total = len(targets)
+    cdef list pieces = []
+    PyObject_GetBuffer(run.messages, &messages_buffer, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(run.sizes, &sizes_buffer, PyBUF_SIMPLE)
+        try:
+            if sizes_buffer.len // 4 != total:
+                raise ValueError("one partition per message expected")
+            size_table = <const uint8_t*>sizes_buffer.buf
+            data = <const char*>messages_buffer.buf
+            for index in range(total):
+                length += _u32(size_table + 4 * index)
+                if index + 1 == total or targets[index + 1] != targets[start]:
+                    if position + length > messages_buffer.len:
+                        raise ValueError("a run's sizes overrun its messages")
+                    pieces.append(
+                        (
+                            targets[start],
+                            _new_piece(
+                                run,
+                                index + 1 - start,
+                                PyBytes_FromStringAndSize(
+                                    <const char*>(size_table + 4 * start), 4 * (index + 1 - start)
+                                ),
+                                PyBytes_FromStringAndSize(data + position, length),
+                            ),
+                        )
+                    )
+                    position += length
+                    length = 0
+                    start = index + 1
+        finally:
+            PyBuffer_Release(&sizes_buffer)
+    finally:
+        PyBuffer_Release(&messages_buffer)
+    return pieces
+
+
 cdef object _MISSING = None
+
+
+cdef inline void _add(
+    list groups, object partition, object run, Py_ssize_t count, Py_ssize_t index, object sequence
+) except *:
+    """``run`` (``count`` messages, the frame's ``index``-th run, first
+    sequence ``sequence``) into ``partition``'s group, made on first use."""
+    cdef list group = groups[partition]
+    if group is None:
+        group = groups[partition] = [[], [], [], [], 0, 0]
+    (<list>group[0]).append(run)
+    (<list>group[1]).append(count)
+    (<list>group[2]).append(index)
+    (<list>group[3]).append(sequence)
+    group[4] += count
+    group[5] += len(run.messages)
 
 
 def partition_groups(runs, dict located, first_sequence):
@@ -202,11 +282,11 @@ def partition_groups(runs, dict located, first_sequence):
         _MISSING = MISSING
     cdef list ephemeral = []
     cdef list groups = []
-    cdef list group
+    cdef list pieces
     cdef object topic = None
     cdef object modulus = None
-    cdef object run, key, found, partition
-    cdef Py_ssize_t index = 0, count
+    cdef object run, key, found, partition, piece, piece_sequence
+    cdef Py_ssize_t index = 0, count, piece_count
     cdef object sequence = first_sequence
     cdef PyObject* entry
     for run in runs:
@@ -226,17 +306,17 @@ def partition_groups(runs, dict located, first_sequence):
             elif (<tuple>found)[0] is not topic:
                 return None
             partition = _run_partition(run, modulus, (<tuple>found)[1])
-            if partition is None:
-                return None
-            group = groups[partition]
-            if group is None:
-                group = groups[partition] = [[], [], [], [], 0, 0]
-            (<list>group[0]).append(run)
-            (<list>group[1]).append(count)
-            (<list>group[2]).append(index)
-            (<list>group[3]).append(sequence)
-            group[4] += count
-            group[5] += len(run.messages)
+            if partition is not None:
+                _add(groups, partition, run, count, index, sequence)
+            else:  # each message its own key_partition: cut where it changes
+                pieces = _split_run(
+                    run, message_partitions(run.messages, run.sizes, modulus, (<tuple>found)[1])
+                )
+                piece_sequence = sequence
+                for partition, piece in pieces:
+                    piece_count = piece.count
+                    _add(groups, partition, piece, piece_count, index, piece_sequence)
+                    piece_sequence += piece_count
         sequence += count
         index += 1
     return ephemeral, topic, groups

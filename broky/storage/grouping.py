@@ -8,8 +8,13 @@ about a microsecond per message in Python (a ``partition_run`` call, a
 ``Part.add``, an identity tuple each). ``partition_groups`` does only what
 that case needs, as plain lists the store turns into one ``Part`` per
 partition (broky.durable.parts), and gives up (None) on anything else,
-which then takes the general loop: runs of several topics in one frame, a
-run whose messages go to several partitions.
+which then takes the general loop: runs of several topics in one frame.
+A run whose messages go to several partitions (each message its own
+``key_partition``) is cut where the partition changes, each piece in its
+partition's group with the sequence of its first message, as the general
+loop's ``partition_run`` cuts it; the compiled twin copies a piece's bytes
+(pieces are usually one message: a copy is cheaper than a view, and frees
+the frame's buffer).
 
 This is the pure-Python version; ``partition_groups`` is its compiled twin
 ``broky.storage._partitions`` where that is built. Hypothesis tests hold the
@@ -23,7 +28,7 @@ from typing import Any, Final, TypeAlias
 
 from broky.compiled import compiled_twin
 from broky.protocol.frames import Run
-from broky.storage.topics import message_partitions
+from broky.storage.topics import message_partitions, split_run
 
 
 class _Missing:
@@ -58,9 +63,9 @@ def partition_groups_pure(
     (ephemeral: such runs are returned in order). A run of no message is
     skipped (nothing to store). The answer: the ephemeral runs, the durable
     runs' one topic (None if there is none) and a Group or None per
-    partition of it. None when runs belong to several topics or a run's
-    messages go to several partitions; MISSING when a key is not in
-    ``located``.
+    partition of it; a run whose messages go to several partitions is
+    cut into pieces (``split_run``). None when runs belong to several
+    topics; MISSING when a key is not in ``located``.
     """
     ephemeral: list[Run] = []
     groups: list[Group | None] = []
@@ -81,17 +86,22 @@ def partition_groups_pure(
                 return None
             targets = message_partitions(run.messages, run.sizes, topic.partitions, found[1])
             partition = targets[0]
-            if targets.count(partition) != len(targets):
-                return None
-            group = groups[partition]
-            if group is None:
-                group = groups[partition] = [[], [], [], [], 0, 0]
-            group[0].append(run)
-            group[1].append(count)
-            group[2].append(index)
-            group[3].append(sequence)
-            group[4] += count
-            group[5] += len(run.messages)
+            if targets.count(partition) == len(targets):
+                pieces = [(partition, run)]
+            else:
+                pieces = split_run(run, targets)
+            piece_sequence = sequence
+            for partition, piece in pieces:
+                group = groups[partition]
+                if group is None:
+                    group = groups[partition] = [[], [], [], [], 0, 0]
+                group[0].append(piece)
+                group[1].append(piece.count)
+                group[2].append(index)
+                group[3].append(piece_sequence)
+                group[4] += piece.count
+                group[5] += len(piece.messages)
+                piece_sequence += piece.count
         sequence += count
     return ephemeral, topic, groups
 

@@ -208,6 +208,13 @@ def partition_run(run: Run, partitions: int, default: int | None = None) -> list
     first = targets[0]
     if targets.count(first) == len(targets):
         return [(first, run)]
+    return split_run(run, targets)
+
+
+def split_run(run: Run, targets: Sequence[int]) -> list[tuple[int, Run]]:
+    """``run`` cut where its messages' partitions (``targets``, one per
+    message) change: each piece with its partition, in message order, as
+    views of the run's bytes."""
     messages = memoryview(run.messages)
     sizes = u32_array(memoryview(run.sizes))
     size_table = memoryview(run.sizes)
