@@ -51,6 +51,7 @@ from typing import Any, Final
 import trio
 
 import broky
+from benchmarks.interrupt import stop_children_on_signals
 from broky.loadtest import loadgen
 from broky.loadtest.bench import BenchOptions, run_scenario
 from broky.loadtest.load import Load
@@ -339,6 +340,7 @@ def main() -> None:
         help="run only this scenario (repeatable)",
     )
     args = parser.parse_args()
+    stop_children_on_signals()
     chosen = args.only or ["receive_message", "receive_batch", "latency"]
     for scenario in chosen:
         if scenario == "latency":

@@ -47,6 +47,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.bench_durable import write_config
+from benchmarks.interrupt import stop_children_on_signals
 from broky import BrokyError, Start, connect
 from broky.client.consumer import Consumer, Delivery
 from broky.client.consumer_options import (
@@ -304,6 +305,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=50_000, help="per consumer")
     parser.add_argument("--ack-interval", type=float, default=ACK_INTERVAL, help="seconds")
     args = parser.parse_args()
+    stop_children_on_signals()
     settings = ConsumerSettings(
         start=Start.earliest(),
         credit=args.credit,

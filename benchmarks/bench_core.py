@@ -53,6 +53,7 @@ from typing import Any
 import attrs
 
 from benchmarks import bench_durable
+from benchmarks.interrupt import stop_children_on_signals
 from broky.loadtest import peers
 from broky.loadtest.bench import BenchOptions, Unsupported, run_scenario
 from broky.loadtest.servers import Server, broky_server, peer_server, server_process
@@ -206,6 +207,7 @@ def main() -> None:
     )
     parser.add_argument("--accept", default="handoff", help="how connections reach workers")
     args = parser.parse_args()
+    stop_children_on_signals()
     table = rows(args.duration, args.warmup)
     chosen = args.scenario or [*table, "durable"]
     unknown = set(chosen) - {*table, "durable"}

@@ -41,6 +41,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.bench_storage import make_run, raw_writer
+from benchmarks.interrupt import stop_children_on_signals
 from broky import Start, connect
 from broky.loadtest.servers import _children, _free_ports, cpu_seconds
 
@@ -233,6 +234,7 @@ def main() -> None:
         help="interpreter that runs the broker (e.g. another checkout's .venv/bin/python)",
     )
     args = parser.parse_args()
+    stop_children_on_signals()
     with tempfile.TemporaryDirectory(dir=args.dir) as name:
         root = Path(name)
         group = [make_run(1000)]

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import trio
 
+from benchmarks.interrupt import stop_children_on_signals
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.local_etcd import local_etcd
@@ -199,6 +200,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=10)
     parser.add_argument("--vbuckets", type=int, default=256)
     args = parser.parse_args()
+    stop_children_on_signals()
     trio.run(run, args.cycles, args.vbuckets)
 
 

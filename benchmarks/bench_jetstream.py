@@ -48,6 +48,7 @@ from benchmarks.bench_durable import (
     broker_rate,
     write_config,
 )
+from benchmarks.interrupt import stop_children_on_signals
 from broky import Start
 from broky.client.consumer_options import ConsumerSettings
 from broky.loadtest import jetstream, peers
@@ -144,6 +145,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000, help="messages consumed")
     parser.add_argument("--dir", default=None, help="where servers keep data (default: temp)")
     args = parser.parse_args()
+    stop_children_on_signals()
     with tempfile.TemporaryDirectory(dir=args.dir) as name:
         root = Path(name)
         if shutil.which("nats-server") is None:

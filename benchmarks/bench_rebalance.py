@@ -37,6 +37,7 @@ from pathlib import Path
 
 import trio
 
+from benchmarks.interrupt import stop_children_on_signals
 from broky.client.cluster import ClusterPublisher
 from broky.client.errors import BrokyError
 from broky.cluster.etcd import EtcdClient
@@ -181,6 +182,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
+    stop_children_on_signals()
     with tempfile.TemporaryDirectory(prefix="bench-rebalance-") as temporary:
         directory = Path(temporary)
         with local_etcd(directory / "etcd") as url:

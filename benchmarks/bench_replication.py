@@ -36,6 +36,7 @@ from pathlib import Path
 
 import trio
 
+from benchmarks.interrupt import stop_children_on_signals
 from broky.client.cluster import ClusterPublisher
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
@@ -160,6 +161,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
+    stop_children_on_signals()
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as temporary:
         directory = Path(temporary)
         single = trio.run(_single, directory, args)

@@ -38,6 +38,7 @@ from pathlib import Path
 import trio
 from pyspark.sql import SparkSession
 
+from benchmarks.interrupt import stop_children_on_signals
 from broky import connect
 from broky.spark import register
 from broky.spark.logs import DataDirLog
@@ -130,6 +131,7 @@ def main() -> None:
     )
     parser.add_argument("--keys", choices=KEY_MIXES, default="runs", help="key mix (see above)")
     args = parser.parse_args()
+    stop_children_on_signals()
     rows = args.messages
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable

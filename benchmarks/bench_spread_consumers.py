@@ -33,6 +33,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.bench_durable import PAYLOAD, worker_cpu, write_config
+from benchmarks.interrupt import stop_children_on_signals
 from broky import connect
 from broky.protocol.codec import encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
@@ -202,6 +203,7 @@ def main() -> None:
         help="worker processes of the broker (repeatable; default: 1 and 2)",
     )  # fmt: skip
     args = parser.parse_args()
+    stop_children_on_signals()
     with tempfile.TemporaryDirectory() as name:
         for workers in args.workers or [1, 2]:
             row = run_one(Path(name), workers, args.messages, args.consumers)
