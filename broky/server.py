@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from broky.client.client import Client
+from broky.client.credentials import Credentials
 from broky.config import Config, is_loopback
 from broky.connection.handler import ServerConnection
 from broky.connection.inproc import pipe_pair
@@ -119,7 +120,11 @@ class Broker:
             self.router.durable_keys = lambda key: store.match(key) is not None
         #: The durable subscriptions of the partitions this worker owns.
         self.subscriptions = (
-            SubscriptionService(self.store, self._advise) if self.store is not None else None
+            SubscriptionService(
+                self.store, self._advise, Credentials(token=self.config.cluster_token)
+            )
+            if self.store is not None
+            else None
         )
         self._channels: list[OwnerChannel] = []
         #: Services started once the durable topics are open and stopped

@@ -38,9 +38,9 @@ from typing import Final, NamedTuple
 import trio
 
 from broky.client.client import Client
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.durable import AckedRun
 from broky.client.errors import BrokyError, ConnectionClosed
-from broky.client.tcp import connect
 from broky.protocol.constants import ErrorCode
 
 #: Refusals after which the same batch may be sent again (somewhere else).
@@ -76,7 +76,9 @@ def leader_address(message: str) -> str | None:
 class ClusterPublisher:
     """Publishes with acks to whichever node leads each partition (see the
     module docstring). Create it with ``async with ClusterPublisher.open(seeds)``:
-    its connections live in tasks of its own nursery."""
+    its connections live in tasks of its own nursery. ``credentials`` are
+    presented to every node it connects to (a node's own dead-letter
+    publisher presents its ``cluster_token``)."""
 
     def __init__(
         self,
@@ -85,6 +87,7 @@ class ClusterPublisher:
         retry_for: float,
         name: str,
         idempotent: bool = True,
+        credentials: Credentials = ANONYMOUS,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster publisher needs at least one seed address")
@@ -92,6 +95,8 @@ class ClusterPublisher:
         self.seeds = list(seeds)
         self.retry_for = retry_for
         self.name = name
+        #: Presented on every connection (to each node it is sent to).
+        self.credentials = credentials
         #: Attempts that were refused or failed and retried.
         self.retries = 0
         self._clients: dict[str, tuple[Client, trio.Event]] = {}
@@ -113,9 +118,10 @@ class ClusterPublisher:
         name: str = "",
         *,
         idempotent: bool = True,
+        credentials: Credentials = ANONYMOUS,
     ) -> AsyncIterator[ClusterPublisher]:
         async with trio.open_nursery() as nursery:
-            publisher = cls(nursery, seeds, retry_for, name, idempotent)
+            publisher = cls(nursery, seeds, retry_for, name, idempotent, credentials)
             try:
                 yield publisher
             finally:
@@ -205,8 +211,8 @@ class ClusterPublisher:
         stop = trio.Event()
         started = False
         try:
-            async with connect(
-                address, name=self.name, idempotent=bool(self.producer_id)
+            async with self.credentials.connect(
+                address, self.name, idempotent=bool(self.producer_id)
             ) as client:
                 # A lost connection fails the batch at once: this publisher
                 # retries it on whichever node leads now, not on this one.

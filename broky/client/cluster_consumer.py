@@ -44,8 +44,8 @@ import trio
 
 from broky.client.consumer import Consumer, Delivery
 from broky.client.consumer_options import ConsumerSettings, SubscriptionType
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError, ConnectionClosed
-from broky.client.tcp import connect
 from broky.protocol.constants import ErrorCode
 from broky.protocol.message import Message, Tags
 
@@ -170,6 +170,7 @@ class ClusterConsumer:
         retry_for: float,
         name: str,
         settings: ConsumerSettings,
+        credentials: Credentials = ANONYMOUS,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster consumer needs at least one seed address")
@@ -180,6 +181,8 @@ class ClusterConsumer:
         self.retry_for = retry_for
         self.name = name
         self.settings = settings
+        #: Presented to every node it attaches on.
+        self.credentials = credentials
         self.lost_settles = 0
         self.stats = ClusterConsumerStatistics()
         self._send, self._receive = trio.open_memory_channel[FollowedDelivery](HANDOFF)
@@ -197,9 +200,10 @@ class ClusterConsumer:
         type: SubscriptionType = "shared",
         retry_for: float = 30.0,
         name: str = "",
+        credentials: Credentials = ANONYMOUS,
         **settings: Unpack[ConsumerSettings],
     ) -> AsyncIterator[ClusterConsumer]:
-        followed = cls(seeds, pattern, subscription, type, retry_for, name, settings)
+        followed = cls(seeds, pattern, subscription, type, retry_for, name, settings, credentials)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(followed._follow)
             try:
@@ -302,7 +306,7 @@ class _Round:
         with trio.CancelScope(deadline=trio.current_time() + ATTACH_TIMEOUT) as attaching:
             try:
                 async with (
-                    connect(address, name=followed.name) as client,
+                    followed.credentials.connect(address, followed.name) as client,
                     client.consumer(
                         followed.pattern,
                         subscription=followed.subscription,

@@ -32,7 +32,12 @@ class Credentials:
         )
 
     def connect(
-        self, address: str, name: str = "", ssl_context: ssl.SSLContext | None = None
+        self,
+        address: str,
+        name: str = "",
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        idempotent: bool = True,
     ) -> AbstractAsyncContextManager[Client]:
         """``broky.connect`` with these credentials."""
         opened: AbstractAsyncContextManager[Client] = connect(
@@ -42,6 +47,7 @@ class Credentials:
             user=self.user,
             password=self.password,
             token=self.token,
+            idempotent=idempotent,
         )
         return opened
 

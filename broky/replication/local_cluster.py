@@ -76,6 +76,7 @@ class LocalNode:
         host: str = "127.0.0.1",
         wrapper: Sequence[str] = (),
         workers: int = 1,
+        extra_config: str = "",
     ) -> None:
         """``standalone``: a plain single broker with the same topic (no
         cluster, no replication), the baseline benchmarks compare with.
@@ -84,7 +85,9 @@ class LocalNode:
         keeping its PID: ``ip netns exec NS``) put it in a network
         namespace of its own for link-partition tests. With ``workers`` > 1
         each worker replicates the partitions it owns on the replication
-        port + its index (ports chosen free for each)."""
+        port + its index (ports chosen free for each). ``extra_config`` is
+        TOML put before the ``[[durable]]`` table: top-level keys first,
+        then tables (``cluster_token`` and ``[[users]]`` for auth tests)."""
         self.node_id = node_id
         self.directory = directory
         self.data_dir = directory / "data"
@@ -98,6 +101,7 @@ class LocalNode:
         config.write_text(
             f'data_dir = "{self.data_dir}"\n'
             f"replica_lag_max = {replica_lag_max}\n"
+            f"{extra_config}\n"
             "[[durable]]\n"
             f'name = "{topic.name}"\n'
             f'pattern = "{topic.pattern}"\n'

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from broky.client.cluster import leader_address
+from broky.client.credentials import Credentials
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.store import DurableStore
 from broky.protocol.constants import ErrorCode
@@ -83,7 +84,10 @@ class _Appends(AckQueue):
 class DeadLetters:
     """Carries out the dispatchers' ``DeadLetter`` events (see the module docstring)."""
 
-    def __init__(self, store: DurableStore, service: SubscriptionService) -> None:
+    def __init__(
+        self, store: DurableStore, service: SubscriptionService, credentials: Credentials
+    ) -> None:
+        """``credentials``: the node's own, presented to other nodes' leaders."""
         self._store = store
         self._service = service
         self._appends = _Appends(self)
@@ -92,7 +96,7 @@ class DeadLetters:
         self._waiting: dict[
             int, tuple[PartitionSubscriptions, str, Dispatcher, DeadLetter, Run]
         ] = {}
-        self.leaders = LeaderDeadLetters(f"dead-letters-{store.worker}")
+        self.leaders = LeaderDeadLetters(f"dead-letters-{store.worker}", credentials)
 
     def send(
         self,

@@ -21,6 +21,13 @@ Publishes go one at a time (the cluster publisher's rule: a partition must
 see a producer's sequences in order); dead letters are rare, so that is no
 bottleneck. The queue is bounded (``PENDING_LIMIT``): past it a dead letter
 is refused at once and retried by the partition's next rounds.
+
+The publisher connects as the node itself, with the node's
+``cluster_token`` (the credentials its cluster links present): with
+``[[users]]`` configured an anonymous connection is refused, and every
+dead letter would go back to its partition's retry list for ever. The
+token's principal needs ``link = true`` on the peers, and may publish the
+dead-letter keys (a user's default ``publish`` is every key).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import attrs
 import trio
 
 from broky.client.cluster import ClusterPublisher
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.protocol.message import Message
 
@@ -59,8 +67,9 @@ class _Pending:
 class LeaderDeadLetters:
     """One worker's dead letters on their way to other nodes (module docstring)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, credentials: Credentials = ANONYMOUS) -> None:
         self._name = name
+        self._credentials = credentials
         self._send, self._receive = trio.open_memory_channel[_Pending](PENDING_LIMIT)
         self._publisher: ClusterPublisher | None = None
         #: Leaders named by refusals; the publisher's seeds.
@@ -84,7 +93,7 @@ class LeaderDeadLetters:
         worker's subscription service)."""
         first = await self._receive.receive()  # no connections before one is needed
         async with ClusterPublisher.open(
-            list(self._seeds), retry_for=RETRY_FOR, name=self._name
+            list(self._seeds), retry_for=RETRY_FOR, name=self._name, credentials=self._credentials
         ) as publisher:
             self._publisher = publisher
             await self._publish(publisher, first)

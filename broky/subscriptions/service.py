@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.durable.acks import AckTicket
 from broky.durable.store import DurableStore
 from broky.protocol.constants import DeletePhase, ErrorCode, SettleKind
@@ -66,11 +67,18 @@ Advise = Callable[[str, dict[str, Any]], None]
 class SubscriptionService:
     """See the module docstring."""
 
-    def __init__(self, store: DurableStore, advise: Advise | None = None) -> None:
+    def __init__(
+        self,
+        store: DurableStore,
+        advise: Advise | None = None,
+        credentials: Credentials = ANONYMOUS,
+    ) -> None:
+        """``credentials``: what this node presents to other nodes (its
+        ``cluster_token``) when it publishes a dead letter to their leaders."""
         self.store = store
         self.partitions: dict[tuple[str, int], PartitionSubscriptions] = {}
         self.consumers: dict[int, ConsumerLink] = {}
-        self.dead_letters = DeadLetters(store, self)
+        self.dead_letters = DeadLetters(store, self, credentials)
         self.watch = Watch(self, advise)
         self._counters: dict[str, SubscriptionCounters] = {}
         self.deleting = DeletionMarks()

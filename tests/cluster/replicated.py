@@ -27,10 +27,12 @@ def local_nodes(
     network: Network | None = None,
     workers: int = 1,
     topic: TopicSpec = TOPIC,
+    extra_config: str = "",
 ) -> Iterator[list[LocalNode]]:
     """``count`` started nodes, SIGKILLed (by PID) at the end whatever
     happened; with a ``network``, each in a namespace of its own on it
-    (hosts ``n1``, ``n2``... at ``.11``, ``.12``...)."""
+    (hosts ``n1``, ``n2``... at ``.11``, ``.12``...). ``extra_config``: as
+    LocalNode takes it, for every node."""
     nodes = []
     for i in range(1, count + 1):
         name = f"n{i}"
@@ -48,6 +50,7 @@ def local_nodes(
                 host=host,
                 wrapper=wrapper,
                 workers=workers,
+                extra_config=extra_config,
             )
         )
     try:

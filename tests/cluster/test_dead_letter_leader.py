@@ -7,6 +7,10 @@ subscription's node used to append the dead letter locally, be refused
 with ``NotLeader`` and retry forever (the message looped); now it publishes
 the copy to ``_dlq``'s leader and acks the original once that is acked.
 etcd and every node are started here, on 127.0.0.1, and killed by PID.
+
+With ``[[users]]`` configured (``auth``) the copy goes out as the node
+itself, with its ``cluster_token``: it used to connect anonymously, be
+refused, and the dead letter looped the same way.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import trio
 from broky import Start
 from broky.client.cluster import ClusterPublisher
 from broky.client.cluster_consumer import ClusterConsumer
-from broky.client.tcp import connect
+from broky.client.credentials import ANONYMOUS, Credentials
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.status import read_status
 from broky.replication.local_cluster import TopicSpec, fully_in_sync, leaders
+from broky.security.passwords import hash_secret
 from broky.storage.topics import partition_for
 from tests.cluster.replicated import local_nodes, wait_status
 
@@ -31,19 +36,41 @@ SETTLE = 30.0
 ORDERS = TopicSpec(partitions=4)
 DEAD_LETTERS = TopicSpec(name="_dlq", pattern="_dlq.>", partitions=1)
 
+NODE_TOKEN = "node-secret-0123456789"
+APP = Credentials(user="app", password="app-pw")
+#: Every node presents NODE_TOKEN (a link principal's); clients log in as app.
+AUTH_CONFIG = f"""cluster_token = "{NODE_TOKEN}"
+[[users]]
+name = "app"
+password_hash = "{hash_secret("app-pw", log_n=10)}"
+
+[[users]]
+name = "node"
+token_hash = "{hash_secret(NODE_TOKEN, log_n=10)}"
+link = true
+"""
+
 
 @pytest.fixture
 def cluster_name(prefix: bytes) -> str:
     return "d" + prefix.decode().strip("/").replace("/", "-")
 
 
+@pytest.mark.parametrize("auth", [False, True], ids=["anonymous", "auth"])
 async def test_a_dead_letter_is_published_to_the_dead_letter_partitions_leader(
-    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path
+    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path, auth: bool
 ) -> None:
     keys = ClusterKeys.for_cluster(cluster_name)
+    credentials = APP if auth else ANONYMOUS
     with (
         trio.fail_after(90),
-        local_nodes(etcd_url, cluster_name, tmp_path, topic=ORDERS) as nodes,
+        local_nodes(
+            etcd_url,
+            cluster_name,
+            tmp_path,
+            topic=ORDERS,
+            extra_config=AUTH_CONFIG if auth else "",
+        ) as nodes,
     ):
         by_id = {node.node_id: node for node in nodes}
         await wait_status(
@@ -62,14 +89,20 @@ async def test_a_dead_letter_is_published_to_the_dead_letter_partitions_leader(
             if partition_for(f"orders.k{n}".encode(), ORDERS.partitions) == elsewhere[0]
         )
         seeds = [node.address for node in nodes]
-        async with ClusterPublisher.open(seeds, retry_for=SETTLE) as publisher:
+        async with ClusterPublisher.open(
+            seeds, retry_for=SETTLE, credentials=credentials
+        ) as publisher:
             [run] = await publisher.publish(poison_key, [b"poison"])
         assert dlq_leader is not None
         async with (
-            connect(by_id[dlq_leader].address) as reader,
+            credentials.connect(by_id[dlq_leader].address) as reader,
             reader.subscribe("_dlq.>", start=Start.earliest()) as dead,
             ClusterConsumer.open(
-                seeds, "orders.>", subscription="cross", start=Start.earliest()
+                seeds,
+                "orders.>",
+                subscription="cross",
+                start=Start.earliest(),
+                credentials=credentials,
             ) as consumer,
         ):
             async for delivery in consumer:
