@@ -274,6 +274,15 @@ class Client(Receiver):
             raise self._error
         return trio.current_time() - start
 
+    def abort(self, reason: str) -> None:
+        """Give the connection up at once: everything waiting on it (pings,
+        requests, subscriptions, consumers, acks) fails with
+        ConnectionClosed(``reason``), and leaving the ``async with`` sends
+        nothing more. For a broker that stopped answering (paused, or its
+        host gone without a reset), where a graceful close would wait on it.
+        """
+        self._shutdown(ConnectionClosed(reason))
+
     # --- subscribing ------------------------------------------------------------
 
     def subscribe(

@@ -178,6 +178,9 @@ class ClusterPublisher:
                 refusal = exc if isinstance(exc, BrokyError) else None
                 found = self._clients.get(address)
                 lost = found is None or found[0].closed
+                if isinstance(exc, trio.TooSlowError) and found is not None:
+                    # A paused node: a graceful close would wait on it for ever.
+                    found[0].abort(f"{address} did not answer within {ATTEMPT_TIMEOUT} s")
                 if isinstance(exc, ConnectionClosed) or refusal is None or lost:
                     self._drop(address)  # a refusal leaves the connection usable
                     address = self._seed()

@@ -11,13 +11,27 @@ an application otherwise does by hand:
   leader a refusal names) and keeps those that are accepted: between them
   they serve every partition that has a leader;
 - when one of them ends (its node died or was deposed: ``NotLeader``, a
-  lost connection, a node that stops answering), it leaves them all (each
-  flushing its acks first, bounded) and attaches again everywhere, with a
+  lost connection, a node that stops answering: see below), it leaves them
+  all (each flushing its acks first, bounded) and attaches again everywhere, with a
   short backoff while no node accepts (an election takes about a lease
   TTL), for at most ``retry_for`` seconds, then raises the last error;
 - after such a failover it attaches everywhere once more ``REFRESH_AFTER``
   seconds later: a node that already served some partitions may have taken
   the lead of others since, and only a new attach serves those.
+
+A node that stops answering while its connection stays open (SIGSTOPped,
+swapping, its host gone without a reset) sends no error and no EOF: a
+consumer on it would wait for ever while its partitions fail over to other
+nodes. So every node it reads from is pinged each ``node_timeout / 3``
+seconds (at least ``MIN_PING_INTERVAL`` apart), and a ping unanswered for
+``node_timeout`` seconds (default ``NODE_TIMEOUT``, 3 s) gives that
+connection up (``Client.abort``, without waiting for the silent node to
+take the last acks) and counts as that consumer ending: the node is noticed
+within about 4/3 of ``node_timeout``. Keep ``node_timeout`` above the
+longest pause a live node may take to answer (a ping waits behind the
+deliveries already queued for the connection, which credit bounds), and
+in the order of the lease TTL: the partitions need that long to fail over
+anyway. Attaching has its own bound, ``ATTACH_TIMEOUT``.
 
 The new leader serves the subscription from the state its followers copied
 (cursor, acked ranges, delivery counts): what was acked with a receipt is
@@ -42,6 +56,7 @@ from typing import Final, Unpack
 import attrs
 import trio
 
+from broky.client.client import Client
 from broky.client.consumer import Consumer, Delivery
 from broky.client.consumer_options import ConsumerSettings, SubscriptionType
 from broky.client.credentials import ANONYMOUS, Credentials
@@ -65,6 +80,12 @@ FOLLOWED: Final = frozenset(
 #: Seconds a connect and attach may take before the node is taken for
 #: dead or paused (it is tried again at the next attach).
 ATTACH_TIMEOUT: Final = 3.0
+#: Default seconds a node may leave a ping unanswered before its connection
+#: is given up (module docstring): a few times a loaded node's round trip,
+#: and about the 3 s that connects and attaches are given.
+NODE_TIMEOUT: Final = 3.0
+#: Floor of the ping interval, so a tiny node_timeout cannot busy-ping.
+MIN_PING_INTERVAL: Final = 0.01
 #: Backoff between attaches while no node accepts; doubles up to the max
 #: (a failover takes about a lease TTL, 1 s by default).
 FIRST_BACKOFF: Final = 0.05
@@ -171,9 +192,12 @@ class ClusterConsumer:
         name: str,
         settings: ConsumerSettings,
         credentials: Credentials = ANONYMOUS,
+        node_timeout: float = NODE_TIMEOUT,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster consumer needs at least one seed address")
+        if not node_timeout > 0:
+            raise ValueError(f"node_timeout must be positive seconds, not {node_timeout!r}")
         self.nodes = list(dict.fromkeys(seeds))
         self.pattern = pattern
         self.subscription = subscription
@@ -183,6 +207,8 @@ class ClusterConsumer:
         self.settings = settings
         #: Presented to every node it attaches on.
         self.credentials = credentials
+        #: Seconds a node may leave a ping unanswered (module docstring).
+        self.node_timeout = node_timeout
         self.lost_settles = 0
         self.stats = ClusterConsumerStatistics()
         self._send, self._receive = trio.open_memory_channel[FollowedDelivery](HANDOFF)
@@ -201,9 +227,26 @@ class ClusterConsumer:
         retry_for: float = 30.0,
         name: str = "",
         credentials: Credentials = ANONYMOUS,
+        node_timeout: float = NODE_TIMEOUT,
         **settings: Unpack[ConsumerSettings],
     ) -> AsyncIterator[ClusterConsumer]:
-        followed = cls(seeds, pattern, subscription, type, retry_for, name, settings, credentials)
+        """Follow ``subscription`` of ``pattern`` from the ``seeds``.
+        ``retry_for``: seconds without any node serving before iteration
+        raises the last error. ``node_timeout``: seconds a node it reads
+        from may leave a ping unanswered before it is taken for dead or
+        paused (module docstring). ``credentials``: presented to every
+        node. Wrong values raise ValueError at once."""
+        followed = cls(
+            seeds,
+            pattern,
+            subscription,
+            type,
+            retry_for,
+            name,
+            settings,
+            credentials,
+            node_timeout,
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(followed._follow)
             try:
@@ -319,6 +362,8 @@ class _Round:
                     self.accepted += 1
                     followed._consumers[address] = consumer
                     self._answered()
+                    assert self.nursery is not None
+                    self.nursery.start_soon(self._watch, client, address)
                     async for delivery in consumer:
                         await followed._send.send(FollowedDelivery(followed, delivery))
             except BrokyError as exc:
@@ -339,3 +384,21 @@ class _Round:
             self.lost.set()
         else:
             self._answered()
+
+    async def _watch(self, client: Client, address: str) -> None:
+        """Ping ``address`` until its connection closes; abort it if a ping
+        goes unanswered for ``node_timeout`` (module docstring): its
+        consumer then ends with ConnectionClosed, as with a lost connection."""
+        timeout = self.followed.node_timeout
+        interval = max(timeout / 3, MIN_PING_INTERVAL)
+        while not client.closed:
+            with trio.move_on_after(timeout) as waited:
+                try:
+                    await client.ping()
+                except BrokyError:
+                    return  # closed: its consumer has ended, or is ending
+            if waited.cancelled_caught:
+                log.warning("%s answered no ping within %s s: left", address, timeout)
+                client.abort(f"{address} answered no ping within {timeout} s")
+                return
+            await trio.sleep(interval)

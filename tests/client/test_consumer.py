@@ -18,9 +18,10 @@ import trio
 import trio.testing
 
 from broky.client.client import Client
+from broky.client.cluster_consumer import ClusterConsumer
 from broky.client.consumer import CLOSE_RECEIPT_TIMEOUT, Consumer
 from broky.client.durable import Start
-from broky.client.errors import ConsumerRefused, SubscriptionError
+from broky.client.errors import ConnectionClosed, ConsumerRefused, SubscriptionError
 from broky.protocol.constants import ErrorCode, SettleKind, StartKind, SubscriptionKind
 from broky.protocol.frames import (
     Consume,
@@ -231,6 +232,30 @@ async def test_leaving_waits_for_receipts_at_most_close_receipt_timeout(
     assert CLOSE_RECEIPT_TIMEOUT <= waited < CLOSE_RECEIPT_TIMEOUT + 1
     assert consumer.statistics().unreceipted_frames == 1
     await broker.wait_for(Unsubscribe)
+
+
+async def test_abort_ends_the_consumer_at_once_and_leaving_waits_for_nothing(
+    wired: tuple[ScriptedBroker, Client], autojump_clock: trio.testing.MockClock
+) -> None:
+    """What ClusterConsumer does to a node that stopped answering: leaving
+    must not wait CLOSE_RECEIPT_TIMEOUT for receipts that cannot come."""
+    broker, client = wired
+    broker.receipts = False  # a broker gone silent
+    with trio.fail_after(CLOSE_RECEIPT_TIMEOUT + 5):
+        async with client.consumer("orders.>", subscription="s") as consumer:
+            await broker.send(Deliver(consumer.stream, (_run(0, 0, 1),)))
+            await (await anext(consumer)).ack()
+            aborted_at = trio.current_time()
+            client.abort("the broker went silent")
+            with pytest.raises(ConnectionClosed, match="silent"):
+                await anext(consumer)
+    assert trio.current_time() == aborted_at
+    assert client.closed
+
+
+def test_a_cluster_consumer_wants_a_positive_node_timeout() -> None:
+    with pytest.raises(ValueError, match="node_timeout must be positive"):
+        ClusterConsumer(["127.0.0.1:1"], "orders.>", "s", "shared", 1.0, "", {}, node_timeout=0)
 
 
 async def _end_consumer_once_settled(broker: ScriptedBroker, consumer: Consumer) -> None:

@@ -39,6 +39,13 @@ def prefix() -> bytes:
 
 
 @pytest.fixture
+def cluster_name(prefix: bytes) -> str:
+    """A cluster name (its keys under ``/broky/<name>/``) no other test uses;
+    a module may override it with a letter of its own."""
+    return "c" + prefix.decode().strip("/").replace("/", "-")
+
+
+@pytest.fixture
 async def etcd(etcd_url: str) -> AsyncIterator[EtcdClient]:
     """A client of the session's etcd."""
     async with EtcdClient.from_url(etcd_url) as client:

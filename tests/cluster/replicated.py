@@ -9,13 +9,17 @@ from pathlib import Path
 
 import trio
 
+from broky.client.cluster import ClusterPublisher
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.status import ClusterStatus, read_status
-from broky.replication.local_cluster import LocalNode, TopicSpec
+from broky.replication.local_cluster import LocalNode, TopicSpec, leaders
 from tests.cluster.netns import Network
 
 TOPIC = TopicSpec()
+#: Bound for a cluster to settle (join, place, elect, catch up) or fail over
+#: on a loaded CI box.
+SETTLE = 30.0
 
 
 @contextmanager
@@ -72,3 +76,32 @@ async def wait_status(
             if check(status):
                 return status
             await trio.sleep(0.05)
+
+
+async def leader_node(
+    client: EtcdClient, keys: ClusterKeys, nodes: list[LocalNode], topic: TopicSpec
+) -> LocalNode:
+    """The node leading partition 0 of ``topic`` now (AssertionError if none does)."""
+    leader = leaders(await read_status(client, keys), topic)[0]
+    assert leader is not None, f"{topic.name}/0 has no leader"
+    return next(node for node in nodes if node.node_id == leader)
+
+
+async def publish_numbered(
+    seeds: list[str],
+    key: str,
+    messages: int,
+    batch: int,
+    pause: float,
+    published: dict[int, bytes],
+) -> None:
+    """Publish ``m0`` ... ``m<messages - 1>`` on ``key`` with acks, ``batch``
+    at a time and ``pause`` s apart, through one ClusterPublisher (it follows
+    failovers), recording each acked offset's payload in ``published``."""
+    async with ClusterPublisher.open(seeds, retry_for=SETTLE) as publisher:
+        for start in range(0, messages, batch):
+            payloads = [b"m%d" % i for i in range(start, start + batch)]
+            runs = await publisher.publish(key, payloads)
+            offsets = [o for r in runs for o in range(r.first_offset, r.last_offset + 1)]
+            published.update(zip(offsets, payloads, strict=True))
+            await trio.sleep(pause)

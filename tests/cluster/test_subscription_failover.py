@@ -27,14 +27,12 @@ import pytest
 import trio
 
 from broky import Start
-from broky.client.cluster import ClusterPublisher
 from broky.client.cluster_consumer import ClusterConsumer, ClusterConsumerStatistics
 from broky.client.errors import BrokyError
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
-from broky.cluster.status import read_status
-from broky.replication.local_cluster import LocalNode, TopicSpec, fully_in_sync, leaders
-from tests.cluster.replicated import local_nodes, wait_status
+from broky.replication.local_cluster import TopicSpec, fully_in_sync, leaders
+from tests.cluster.replicated import leader_node, local_nodes, publish_numbered, wait_status
 
 SETTLE = 30.0
 ONE_PARTITION = TopicSpec(partitions=1)
@@ -55,18 +53,11 @@ def cluster_name(prefix: bytes) -> str:
     return "s" + prefix.decode().strip("/").replace("/", "-")
 
 
-async def _leader(etcd: EtcdClient, keys: ClusterKeys, by_id: dict[str, LocalNode]) -> LocalNode:
-    status = await read_status(etcd, keys)
-    leader = leaders(status, ONE_PARTITION)[0]
-    assert leader is not None
-    return by_id[leader]
-
-
 async def test_acked_subscription_state_survives_a_leader_kill(
     etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path
 ) -> None:
     keys = ClusterKeys.for_cluster(cluster_name)
-    published: set[int] = set()
+    published: dict[int, bytes] = {}
     #: Offset -> time its ack's receipt arrived.
     receipted: dict[int, float] = {}
     #: Offsets whose ack the consumer sent (an ack sent just before the kill
@@ -81,22 +72,13 @@ async def test_acked_subscription_state_survives_a_leader_kill(
         trio.fail_after(90),
         local_nodes(etcd_url, cluster_name, tmp_path, topic=ONE_PARTITION) as nodes,
     ):
-        by_id = {node.node_id: node for node in nodes}
         await wait_status(etcd, keys, lambda s: fully_in_sync(s, ONE_PARTITION, 3), SETTLE)
-        first_leader = await _leader(etcd, keys, by_id)
+        first_leader = await leader_node(etcd, keys, nodes, ONE_PARTITION)
         enough = trio.Event()
 
         async def publish() -> None:
-            async with ClusterPublisher.open(
-                [n.address for n in nodes], retry_for=SETTLE
-            ) as publisher:
-                for start in range(0, MESSAGES, BATCH):
-                    runs = await publisher.publish(
-                        "orders.bill", [b"m%d" % i for i in range(start, start + BATCH)]
-                    )
-                    for run in runs:
-                        published.update(range(run.first_offset, run.last_offset + 1))
-                    await trio.sleep(PUBLISH_PAUSE)
+            seeds = [n.address for n in nodes]
+            await publish_numbered(seeds, "orders.bill", MESSAGES, BATCH, PUBLISH_PAUSE, published)
 
         async def consume() -> None:
             """Ack everything with one ClusterConsumer: it follows the
@@ -159,7 +141,7 @@ async def test_acked_subscription_state_survives_a_leader_kill(
     )
     assert sum(1 for t in receipted.values() if t < killed_at - WINDOW) >= BEFORE_KILL
     assert len(published) == MESSAGES
-    assert published <= acked, sorted(published - acked)[:10]
+    assert published.keys() <= acked, sorted(published.keys() - acked)[:10]
     assert early == [], early[:10]
     [stats] = followed
     assert stats.attaches >= 2, "the consumer never attached again after the kill"
