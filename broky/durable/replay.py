@@ -118,8 +118,8 @@ class Replay:
                 partial(
                     _read,
                     self.positions[owner],
-                    owner.readable_end,
                     min(REPLAY_READ_BYTES, subscription.max_bytes // 4),
+                    owner.readable_end,
                 )
             )
             self._push(owner, batches)

@@ -233,6 +233,32 @@ async def test_replay_seam_under_concurrent_publishing(
             nursery.cancel_scope.cancel()
 
 
+async def test_replay_of_a_long_partition_reads_it_to_the_end(tmp_path: Path) -> None:
+    """A replay reads each partition in reads of at most a quarter of the
+    outbox, up to the end the partition had: a partition holding more
+    messages than a read's byte budget (here 16 KiB, 20,000 offsets) is
+    replayed whole, in order, without overflowing the outbox."""
+    total = 20_000
+    with trio.fail_after(TIMEOUT * 2):
+        async with trio.open_nursery() as nursery:
+            config = attrs.evolve(
+                durable_config(tmp_path, partitions=1, fsync="never"), outbox_bytes=64 * 1024
+            )
+            broker = Broker(config)
+            await nursery.start(broker.serve)
+            async with broker.connect("pub") as publisher, broker.connect("sub") as subscriber:
+                for start in range(0, total, 1_000):
+                    await publish_acked(publisher, 1_000, start=start, keys=7)
+                async with subscriber.subscription(
+                    "orders.>", start=Start.earliest(), credit=1000
+                ) as subscription:
+                    got = await take(subscription, total)
+                assert [m.offset for m in got] == list(range(total))
+                assert [int(m.payload) for m in got] == list(range(total))
+                assert broker.statistics().router.dropped_slow_consumer == 0
+            nursery.cancel_scope.cancel()
+
+
 def test_config_parses_durable_tables(tmp_path: Path) -> None:
     path = tmp_path / "broky.toml"
     path.write_text(
