@@ -33,7 +33,7 @@ CYCLES = 20
 MIN_CYCLES = 12
 BUDGET_SECONDS = 45.0
 #: Most seconds a kill waits for the publishers to make progress (kill_workers).
-PROGRESS_SECONDS = 2.0
+PROGRESS_SECONDS = 1.0
 #: Owner kills while frames are in flight in the answered-publish test.
 KILLS_WHILE_PUBLISHING = 6
 
