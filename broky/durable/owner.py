@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -25,7 +24,7 @@ from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.rounds import RoundPlan
-from broky.protocol.chunks import durable_chunk, durable_chunk_sizes
+from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import EncodedRun, Run
 from broky.router.durable_runs import DurableEncodedRun
@@ -394,8 +393,7 @@ class PartitionOwner:
             keys = list(map(_KEY, runs))
             wanted = router.wanted(keys)
             if wanted is None:  # no live subscriber: no chunk to build
-                counts = list(chain.from_iterable(part.counts for part in parts))
-                router.count_unrouted(keys, counts, durable_chunk_sizes(runs))
+                router.count_unrouted(runs)
             else:
                 self._fan_out(parts, wanted, outcome)
             if self.on_append is not None:
@@ -424,11 +422,7 @@ class PartitionOwner:
         router = self.store.router
         router.publish(encoded)
         if unrouted:
-            router.count_unrouted(
-                list(map(_KEY, unrouted)),
-                [run.count for run in unrouted],
-                durable_chunk_sizes(unrouted),
-            )
+            router.count_unrouted(unrouted)
 
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""

@@ -201,6 +201,11 @@ def encode_located_chunk(
 _CHUNK_UOFFSETS: Final = struct.Struct("<I4xI")
 #: How much further from the table a durable chunk's vectors lie.
 _DURABLE_SHIFT: Final = _DURABLE_SIZES_AT - CHUNK_SIZES_AT
+#: Where a durable chunk's size table starts, and how much longer a durable
+#: chunk is than the client chunk it is made from: the compiled twin of
+#: ``durable_chunk_sizes`` (broky.router.unrouted) takes them from here.
+DURABLE_SIZES_AT: Final = _DURABLE_SIZES_AT
+DURABLE_CHUNK_SHIFT: Final = _DURABLE_SHIFT
 _CHUNK: Final = attrgetter("chunk")
 
 

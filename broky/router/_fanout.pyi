@@ -1,7 +1,7 @@
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from broky.protocol.frames import EncodedRun
+from broky.protocol.frames import EncodedRun, Run
 from broky.router.fanout import Routes, Topics
 
 def fan_out(
@@ -14,3 +14,11 @@ def fan_out(
 def sweep(
     runs: deque[EncodedRun], budget: int, frame_room: int
 ) -> tuple[list[bytes], int, int] | None: ...
+def count_unrouted(
+    shift: int,
+    sizes_at: int,
+    runs: Sequence[Run],
+    table: Topics,
+    passed: list[int],
+    admit: Callable[[bytes, int, int], None],
+) -> int: ...

@@ -114,3 +114,47 @@ def sweep(runs, Py_ssize_t budget, Py_ssize_t frame_room):
         for index in range(count):
             popleft()
     return chunks, taken_bytes, taken_messages
+
+
+cdef inline Py_ssize_t _durable_size(
+    Py_ssize_t sizes_at, Py_ssize_t key_len, Py_ssize_t sizes_len, Py_ssize_t messages_len
+):
+    """``broky.protocol.chunks._chunk_layout(sizes_at, ...)[-1]``: a durable
+    chunk's length from its vectors' lengths."""
+    cdef Py_ssize_t sizes_end = sizes_at + 4 + sizes_len
+    cdef Py_ssize_t messages_at = sizes_end + ((4 - sizes_end) & 7)
+    cdef Py_ssize_t messages_end = messages_at + 4 + messages_len
+    cdef Py_ssize_t key_at = (messages_end + 3) & ~3
+    cdef Py_ssize_t key_end = key_at + 4 + key_len + 1
+    return (key_end + 7) & ~7
+
+
+def count_unrouted(Py_ssize_t shift, Py_ssize_t sizes_at, runs, dict table, list passed, admit):
+    """See ``broky.router.unrouted.count_unrouted_pure`` (``shift`` and
+    ``sizes_at``: broky.protocol.chunks' ``DURABLE_CHUNK_SHIFT`` and
+    ``DURABLE_SIZES_AT``, bound by the caller)."""
+    cdef Py_ssize_t messages = 0, count, size
+    cdef PyObject* found
+    cdef array.array figures
+    for run in runs:
+        key = run.key
+        count = run.count
+        chunk = run.chunk
+        if chunk is not None:
+            size = len(chunk) + shift
+        else:
+            size = _durable_size(sizes_at, len(key), len(run.sizes), len(run.messages))
+        messages += count
+        found = PyDict_GetItem(table, key)
+        if found is not NULL:
+            figures = <array.array?><object>found
+            if figures.ob_descr.typecode != b'q' or Py_SIZE(figures) < 2:
+                raise TypeError("topic figures must be array('q') pairs")
+            figures.data.as_longlongs[0] += count
+            figures.data.as_longlongs[1] += size
+        elif <Py_ssize_t>passed[0] < ADMIT_EVERY - 1:
+            _add(passed, 0, 1)
+        else:
+            passed[0] = 0
+            admit(key, count, size)
+    return messages

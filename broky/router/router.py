@@ -14,7 +14,7 @@ from one publisher connection reach each subscriber in publish order.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from broky.observability.topics import TopicCounter
 from broky.protocol.chunks import forward_chunk
@@ -22,7 +22,7 @@ from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode, LinkKind, SlowConsumerPolicy
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import EncodedRun, Error, Run, Subscribed
-from broky.router.fanout import ADMIT_EVERY, fan_out
+from broky.router.fanout import fan_out
 from broky.router.interest import Interest, LinkListener, PendingConfirmation
 from broky.router.limits import RouterLimits
 from broky.router.matcher import SubscriptionIndex, validate_pattern
@@ -37,6 +37,7 @@ from broky.router.queues import (
 )
 from broky.router.routes import RouteCache, find_route
 from broky.router.statistics import RouterCounters, RouterStatistics, router_statistics
+from broky.router.unrouted import count_unrouted
 
 
 def stream_error(outlet: Outlet, stream: int, error: RemoteProtocolError) -> None:
@@ -380,31 +381,21 @@ class Router:
         self._routes.remember(LinkKind.CLIENT, key, subscriptions)
         return bool(subscriptions)
 
-    def count_unrouted(self, keys: list[bytes], counts: list[int], sizes: list[int]) -> None:
-        """Count runs no subscription wanted (``wanted``), which the caller
-        did not publish, as ``publish`` counts such runs: published, dropped
-        for want of a subscriber, and in the busiest keys' figures, where a
-        key not tracked yet is admitted once in ``ADMIT_EVERY`` runs as
-        ``fan_out`` does (``publish`` also admits a key on its first route:
-        within the figures' stated accuracy, broky.observability.topics)."""
-        messages = sum(counts)
+    def count_unrouted(self, runs: Sequence[Run]) -> None:
+        """Count stored runs no subscription wanted (``wanted``), whose
+        chunks the caller did not build, as ``publish`` counts such runs:
+        published, dropped for want of a subscriber, and in the busiest
+        keys' figures by their durable chunks' lengths, where a key not
+        tracked yet is admitted once in ``ADMIT_EVERY`` runs as ``fan_out``
+        does (``publish`` also admits a key on its first route: within the
+        figures' stated accuracy, broky.observability.topics). The loop is
+        broky.router.unrouted's, compiled where it is built."""
+        topics = self.topics
+        messages = count_unrouted(runs, topics.table, topics.passed, topics.count)
         counters = self.counters
-        counters.published_runs += len(keys)
+        counters.published_runs += len(runs)
         counters.published_messages += messages
         counters.dropped_no_subscriber += messages
-        topics = self.topics
-        table, passed = topics.table, topics.passed
-        for key, count, size, figures in zip(
-            keys, counts, sizes, map(table.get, keys), strict=True
-        ):
-            if figures is not None:
-                figures[0] += count
-                figures[1] += size
-            elif passed[0] < ADMIT_EVERY - 1:
-                passed[0] += 1
-            else:
-                passed[0] = 0
-                topics.count(key, count, size)
 
     def publish_to_group(self, runs: list[EncodedRun], interest: bytes, source: LinkKind) -> int:
         """Hand runs a peer router chose this router for, on the queue group

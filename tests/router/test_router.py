@@ -829,7 +829,7 @@ def test_count_unrouted_counts_as_publish_counts_runs_no_one_wants(
     published.publish(encoded)
     keys = [run.key for run in runs]
     assert counted.wanted(keys) is None
-    counted.count_unrouted(keys, [run.count for run in runs], durable_chunk_sizes(runs))
+    counted.count_unrouted(runs)
     assert attrs.evolve(counted.statistics(), top_topics=()) == attrs.evolve(
         published.statistics(), top_topics=()
     )
