@@ -44,6 +44,22 @@ FanOut = Callable[
 ADMIT_EVERY: Final = 64
 
 
+def tally(topics: Topics, passed: list[int], key: bytes, count: int, size: int) -> bool:
+    """Add a run of ``count`` messages, ``size`` bytes, to ``key``'s figures
+    if the key is tracked, else count it as passed; False when it is the
+    ``ADMIT_EVERY``-th untracked run, due for admission (``passed`` reset)."""
+    figures = topics.get(key)
+    if figures is not None:
+        figures[0] += count
+        figures[1] += size
+    elif passed[0] < ADMIT_EVERY - 1:
+        passed[0] += 1
+    else:
+        passed[0] = 0
+        return False
+    return True
+
+
 def fan_out_pure(
     runs: Sequence[EncodedRun],
     start: int,
@@ -66,17 +82,9 @@ def fan_out_pure(
             break
         count = run.count
         size = len(run.chunk)
-        if topics is not None:
-            figures = topics.get(key)
-            if figures is not None:
-                figures[0] += count
-                figures[1] += size
-            elif passed[0] < ADMIT_EVERY - 1:
-                passed[0] += 1
-            else:
-                passed[0] = 0
-                stop = position
-                break
+        if topics is not None and not tally(topics, passed, key, count, size):
+            stop = position
+            break
         published_runs += 1
         published_messages += count
         if not subscriptions:

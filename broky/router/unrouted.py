@@ -28,7 +28,7 @@ from functools import partial
 
 from broky.protocol.chunks import DURABLE_CHUNK_SHIFT, DURABLE_SIZES_AT, durable_chunk_sizes
 from broky.protocol.frames import Run
-from broky.router.fanout import ADMIT_EVERY, Topics
+from broky.router.fanout import Topics, tally
 
 Admit = Callable[[bytes, int, int], None]
 CountUnrouted = Callable[[Sequence[Run], Topics, list[int], Admit], int]
@@ -40,14 +40,7 @@ def count_unrouted_pure(runs: Sequence[Run], table: Topics, passed: list[int], a
     for run, size in zip(runs, durable_chunk_sizes(runs), strict=True):
         count = run.count
         messages += count
-        figures = table.get(run.key)
-        if figures is not None:
-            figures[0] += count
-            figures[1] += size
-        elif passed[0] < ADMIT_EVERY - 1:
-            passed[0] += 1
-        else:
-            passed[0] = 0
+        if not tally(table, passed, run.key, count, size):
             admit(run.key, count, size)
     return messages
 
