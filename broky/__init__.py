@@ -8,6 +8,7 @@ from broky.client.client import Client
 from broky.client.consumer import Consumer, ConsumerStatistics, Delivery
 from broky.client.durable import AckedRun, PartitionInfo, Start, SubscriptionDeletion
 from broky.client.errors import (
+    AckTimeout,
     AuthenticationError,
     BrokyError,
     ConnectionClosed,
@@ -28,6 +29,7 @@ from broky.server import Broker, BrokerStatistics
 __version__ = "0.1.0"
 
 __all__ = [
+    "AckTimeout",
     "AckedRun",
     "AuthenticationError",
     "Broker",

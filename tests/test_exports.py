@@ -35,6 +35,7 @@ HOMES = {
     "Broker": broky.server,
     "BrokerStatistics": broky.server,
     "BrokyError": broky.client.errors,
+    "AckTimeout": broky.client.errors,
     "Client": broky.client.client,
     "Config": broky.config,
     "ConfigError": broky.config,

@@ -25,7 +25,7 @@ from typing import Final
 import attrs
 
 from broky.client.durable import AckedRun
-from broky.client.errors import BrokyError
+from broky.client.errors import AckTimeout, BrokyError
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import PublishAck
 
@@ -36,6 +36,8 @@ from broky.protocol.frames import PublishAck
 MAX_UNACKED_MESSAGES: Final = 32_768
 #: Errors in an acked frame's place that a resend may cure.
 RETRIABLE: Final = frozenset({ErrorCode.OWNER_UNAVAILABLE})
+#: Keys an AckTimeout message names (all are in ``AckTimeout.keys``).
+_SHOWN_KEYS: Final = 5
 
 
 @attrs.define(slots=True, eq=False)
@@ -47,6 +49,8 @@ class SentFrame:
     keys: list[str]
     first_sequence: int
     count: int
+    #: When it was last queued for sending (``AckedFrames.sent``).
+    sent_at: float = 0.0
 
 
 class AckedFrames:
@@ -72,9 +76,30 @@ class AckedFrames:
         self.next_sequence += count
         return first
 
-    def sent(self, frame: SentFrame) -> None:
-        """``frame`` was queued for sending (first time or again)."""
+    def sent(self, frame: SentFrame, now: float) -> None:
+        """``frame`` was queued for sending (first time or again) at ``now``."""
+        frame.sent_at = now
         self._unanswered.append(frame)
+
+    @property
+    def oldest_sent_at(self) -> float | None:
+        """When the oldest frame in flight was queued (None: none in flight)."""
+        return self._unanswered[0].sent_at if self._unanswered else None
+
+    def timed_out(self, seconds: float) -> AckTimeout:
+        """The error for frames still unanswered ``seconds`` after the
+        oldest was sent; they stay in flight (``AckTimeout``)."""
+        frames = list(self._unanswered)
+        keys = tuple(dict.fromkeys(key for frame in frames for key in frame.keys))
+        shown = ", ".join(keys[:_SHOWN_KEYS]) + (", ..." if len(keys) > _SHOWN_KEYS else "")
+        return AckTimeout(
+            f"{len(frames)} acked frame(s) ({sum(frame.count for frame in frames)} messages, "
+            f"keys {shown}) unanswered for {seconds} s on an open connection: the partitions' "
+            "owner is stalled (a stuck fsync?) or stopped. They stay in flight: call "
+            "flush_acks again to keep waiting, or close the client",
+            len(frames),
+            keys,
+        )
 
     def opened(self, count: int) -> None:
         """A new frame of ``count`` messages (counts until acked or failed)."""

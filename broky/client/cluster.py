@@ -40,7 +40,7 @@ import trio
 from broky.client.client import Client
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.durable import AckedRun
-from broky.client.errors import BrokyError, ConnectionClosed
+from broky.client.errors import AckTimeout, BrokyError, ConnectionClosed
 from broky.protocol.constants import ErrorCode
 
 #: Refusals after which the same batch may be sent again (somewhere else).
@@ -178,7 +178,7 @@ class ClusterPublisher:
                 refusal = exc if isinstance(exc, BrokyError) else None
                 found = self._clients.get(address)
                 lost = found is None or found[0].closed
-                if isinstance(exc, trio.TooSlowError) and found is not None:
+                if isinstance(exc, (trio.TooSlowError, AckTimeout)) and found is not None:
                     # A paused node: a graceful close would wait on it for ever.
                     found[0].abort(f"{address} did not answer within {ATTEMPT_TIMEOUT} s")
                 if isinstance(exc, ConnectionClosed) or refusal is None or lost:

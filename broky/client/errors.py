@@ -48,6 +48,21 @@ class AuthenticationError(BrokyError):
     """The broker refused this client's credentials (or wanted some)."""
 
 
+class AckTimeout(BrokyError):
+    """Acked frames went unanswered for ``ack_timeout`` seconds on an open
+    connection (a stuck fsync, a stopped owner): raised by ``flush_acks``.
+    Nothing is given up: the frames stay in flight, and calling
+    ``flush_acks`` again waits for them (or, if the connection is lost, an
+    idempotent client resends them, stored once). ``frames`` and ``keys``
+    say what is unanswered."""
+
+    def __init__(self, message: str, frames: int, keys: tuple[str, ...]) -> None:
+        # OwnerUnavailable, as the broker's own answer to a stalled owner: retriable.
+        super().__init__(ErrorCode.OWNER_UNAVAILABLE, message)
+        self.frames = frames
+        self.keys = keys
+
+
 class PublishRefused(BrokyError):
     """The broker refused some published messages (permissions, message size);
     raised by ``flush``. The connection stays up; the rest was routed."""

@@ -52,6 +52,12 @@ _RUN_OVERHEAD_BYTES: Final = 80 + MAX_KEY_BYTES
 #: retriably (or whose connection was lost) before it gives up: several
 #: restarts of a worker (about a second each) or of a whole broker.
 DEFAULT_RETRY_TIMEOUT: Final = 30.0
+#: Seconds ``flush_acks`` waits for the answer to an acked frame on an open
+#: connection before raising AckTimeout (Kafka's ``request.timeout.ms``,
+#: 30 s): well past a group commit's fsync and the broker's own 10 s stall
+#: bound for a forwarding worker's owner, so only an owner that is stuck
+#: (a hung disk, a stopped process, a broker bug) runs into it.
+DEFAULT_ACK_TIMEOUT: Final = 30.0
 #: Pauses between resends, doubling: a restarted worker serves again within
 #: about a second, so the pause stays short.
 _RETRY_PAUSE: Final = 0.02
@@ -102,6 +108,8 @@ class Publisher:
         self._acks_done = trio.Event()
         #: Seconds ``flush_acks`` retries idempotent frames (see DEFAULT_RETRY_TIMEOUT).
         self.retry_timeout = DEFAULT_RETRY_TIMEOUT
+        #: Seconds an acked frame may go unanswered (see DEFAULT_ACK_TIMEOUT).
+        self.ack_timeout = DEFAULT_ACK_TIMEOUT
         #: Opens a new connection after a lost one (set by ``broky.connect``;
         #: None: a lost connection ends acked publishing with ConnectionClosed).
         self._reopen: Callable[[], Awaitable[None]] | None = None
@@ -255,7 +263,7 @@ class Publisher:
             )
         data = b"".join(parts)
         acks.opened(count)
-        acks.sent(SentFrame(data, self._chunk_keys, first, count))
+        acks.sent(SentFrame(data, self._chunk_keys, first, count), trio.current_time())
         self._chunk_keys = []
         self._chunk_messages = 0
         self._buffered += len(data) - self._chunk_bytes
@@ -292,6 +300,19 @@ class Publisher:
         with the same producer id and sequences, so they are stored once,
         until ``retry_timeout`` seconds have passed; a client from
         ``broky.connect`` reconnects to its address for that.
+
+        A frame left unanswered on an open connection for ``ack_timeout``
+        seconds (counted from its sending, or from this call for a frame an
+        earlier call waited for; a stuck fsync, a stopped owner, a broker bug) raises
+        AckTimeout, naming how many frames and which keys wait. The frames
+        are not given up: they stay in flight under the same producer id,
+        so a later ``flush_acks`` keeps waiting for their answers, and a
+        lost connection resends them, stored once. Raising rather than
+        dropping the connection and resending (Kafka's
+        ``request.timeout.ms``): a reconnect cannot cure a stalled owner,
+        whose socket still holds the frames and stores them once it runs
+        again, and it would end the connection's subscriptions too; the
+        caller chooses to wait longer or to close the client.
         """
         await self._settle_acks()
         error = self._acks.take_error()
@@ -303,7 +324,8 @@ class Publisher:
         """Send everything acked and wait until every frame is answered,
         resending what failed retriably (module docstring of ``acked``)."""
         acks = self._acks
-        deadline = trio.current_time() + self.retry_timeout
+        called = trio.current_time()
+        deadline = called + self.retry_timeout
         pause = _RETRY_PAUSE
         while True:
             self._close_run()
@@ -311,7 +333,13 @@ class Publisher:
             self._kick()
             while acks.in_flight and not self.closed:
                 self._acks_done = trio.Event()
-                await self._acks_done.wait()
+                oldest = acks.oldest_sent_at
+                assert oldest is not None  # in flight
+                # From its send, or from this call for a frame an earlier one waited for.
+                with trio.move_on_at(max(oldest, called) + self.ack_timeout) as waiting:
+                    await self._acks_done.wait()
+                if waiting.cancelled_caught:
+                    raise acks.timed_out(self.ack_timeout)
             if self.closed:
                 acks.connection_lost()
                 if not acks.producer_id or self._reopen is None:
@@ -336,7 +364,7 @@ class Publisher:
                     acks.last_retriable = BrokyError(ErrorCode.OWNER_UNAVAILABLE, str(exc))
                     continue
             for frame in acks.take_resend():
-                acks.sent(frame)
+                acks.sent(frame, trio.current_time())
                 self._frames.append(frame.data)
                 self._buffered += len(frame.data)
 

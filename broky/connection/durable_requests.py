@@ -102,6 +102,8 @@ class DurableRequests:
                 acks.release()
                 return
         ticket = acks.open(frame.stream, producer, frame.first_sequence) if frame.ack else None
+        if ticket is not None and self._outlet.kind is LinkKind.DURABLE:
+            ticket.per_run = True  # another worker's frame of many clients' runs (acks.py)
         if store is None:
             ephemeral = list(runs)
         elif frame.run_producers:  # forwarded by another worker: runs of many producers

@@ -11,11 +11,20 @@ refused the same way until it resends from the failed frame (a frame whose
 first sequence is at or below it). Otherwise a later frame could be stored
 before the retry of the failed one, and the retry would then be out of
 order at the partition (``docs/protocol.md``).
+
+Forwarded frames: a frame another worker of the node forwarded (its
+connection is a ``Durable`` link) gathers runs of several clients and
+producers, so one run's failure must not fail the others. Its ticket is
+opened ``per_run``: a failure names its runs and is recorded as their
+refusal, and the ack carries the stored runs' entries beside the refused
+runs' codes (``PublishAck.refused_runs``); the forwarding worker hands each
+outcome to its own client (broky.durable.forwarded).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -40,19 +49,48 @@ class AckTicket:
     entries: list[tuple[int, int, int, int]] = attrs.field(factory=list)
     failure: str = ""
     code: ErrorCode = ErrorCode.STORAGE_FAILURE
+    #: A forwarded frame's ticket: failures refuse their runs only (module docstring).
+    per_run: bool = False
+    #: Refused runs of a ``per_run`` ticket, as ``(run index, code, reason)``.
+    refusals: list[tuple[int, ErrorCode, str]] = attrs.field(factory=list)
 
     def done(self, run_index: int, partition: int, first: int, last: int) -> None:
         """One pending part finished: a run stored at ``first`` to ``last``."""
         self.entries.append((run_index, partition, first, last))
         self.remaining -= 1
 
-    def completed(self, entries: list[tuple[int, int, int, int]]) -> None:
+    def completed(
+        self,
+        entries: list[tuple[int, int, int, int]],
+        refusals: Sequence[tuple[int, ErrorCode, str]] = (),
+    ) -> None:
         """One pending part finished: its runs' ``(run index, partition,
-        first, last)`` entries (broky.durable.parts: a part of many runs)."""
+        first, last)`` entries (broky.durable.parts: a part of many runs),
+        and the ``(run index, code, reason)`` of those it did not store.
+        Without ``per_run``, any refusal fails the whole frame (nothing of
+        a client's frame is acknowledged unless all of it is)."""
+        if refusals and not self.per_run:
+            _, code, reason = refusals[0]
+            self.failed(reason, code)
+            return
         self.entries.extend(entries)
+        self.refusals.extend(refusals)
         self.remaining -= 1
 
-    def failed(self, reason: str, code: ErrorCode = ErrorCode.STORAGE_FAILURE) -> None:
+    def failed(
+        self,
+        reason: str,
+        code: ErrorCode = ErrorCode.STORAGE_FAILURE,
+        runs: Iterable[int] = (),
+    ) -> None:
+        """One pending part, of the frame's runs ``runs``, was not stored.
+        A ``per_run`` ticket refuses those runs only (when named)."""
+        if self.per_run:
+            refusals = [(run, code, reason) for run in runs]
+            if refusals:
+                self.refusals.extend(refusals)
+                self.remaining -= 1
+                return
         if not self.failure:
             self.failure = reason
             self.code = code
@@ -126,6 +164,8 @@ class AckQueue:
             # merges the parts), then turned into columns in one C pass.
             entries = sorted(ticket.entries)
             runs, partitions, firsts, lasts = zip(*entries, strict=True) if entries else _EMPTY
+            refusals = sorted(ticket.refusals)
+            refused, codes, reasons = zip(*refusals, strict=True) if refusals else ((), (), ())
             outlet.send_control(
                 encode_frame(
                     PublishAck(
@@ -135,6 +175,9 @@ class AckQueue:
                         partitions=partitions,
                         first_offsets=firsts,
                         last_offsets=lasts,
+                        refused_runs=refused,
+                        refused_codes=codes,
+                        refused_reasons=reasons,
                     )
                 )
             )

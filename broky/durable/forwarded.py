@@ -21,6 +21,15 @@ pieces that were apart in the run have sequences that are apart too.
 Producers: a frame holding any idempotent producer's run carries each run's
 producer and sequence (``run_producers``, ``run_sequences``; 0 for the
 others), so the owner deduplicates exactly as for a client's own frame.
+
+Outcomes per run: a frame gathers runs of several clients and producers, so
+the owner answers it run by run (broky.durable.acks, ``per_run``): the ack
+holds the stored runs' offsets and the refused runs' own codes
+(``PublishAck.refused_runs``), and ``acked`` hands each to its run's ticket.
+One producer's OutOfOrderSequence, or one partition's failed fsync, fails
+only the clients whose runs it concerns; a client never hears an error for
+a run that was stored. A frame-level Error (``refused``) still fails every
+run of the frame: the owner stored none of it.
 """
 
 from __future__ import annotations
@@ -53,12 +62,14 @@ class _Part:
     run_index: int
     pieces: int = 1
 
-    def settle(self, reason: str, code: ErrorCode) -> AckQueue | None:
-        """Fail every piece; the queue to release (None: not acked)."""
+    def settle(self, reason: str, code: ErrorCode, answered: int = 0) -> AckQueue | None:
+        """Fail the pieces not ``answered`` yet; the queue to release (None:
+        not acked). The client run fails (its ticket's ``failed``) whatever
+        was stored of its other pieces: a client's frame is acked whole."""
         if self.ticket is None or self.acks is None:
             return None
-        self.ticket.remaining -= self.pieces - 1
-        self.ticket.failed(reason, code)
+        self.ticket.remaining -= self.pieces - answered - 1
+        self.ticket.failed(reason, code, (self.run_index,))
         return self.acks
 
 
@@ -189,10 +200,19 @@ class ForwardedPublishes:
         return forwarded
 
     def acked(self, frame: PublishAck, owner: int) -> None:
-        """The owner's ack of the oldest outstanding frame: complete its tickets."""
+        """The owner's ack of the oldest outstanding frame: complete its
+        tickets, each run with its own outcome (module docstring)."""
+        width = len(self._outstanding[0].parts) if self._outstanding else 0
+        if any(index >= width for index in (*frame.runs, *frame.refused_runs)):
+            # Left outstanding: the channel closes and ``fail_all`` fails it.
+            raise RemoteProtocolError(
+                f"ack {frame.sequence} names a run the forwarded frame does not have",
+                ErrorCode.INTERNAL,
+            )
         parts = self._next(frame.sequence).parts
         queues: set[AckQueue] = set()
         entries = [0] * len(parts)
+        refusals: dict[int, tuple[ErrorCode, str]] = {}
         for index, partition, first, last in zip(
             frame.runs, frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
         ):
@@ -202,11 +222,16 @@ class ForwardedPublishes:
             if part.ticket is not None and part.acks is not None:
                 part.ticket.done(part.run_index, partition, first, last)
                 queues.add(part.acks)
-        for part, count in zip(parts, entries, strict=True):
-            if not count:
-                queue = part.settle(
-                    f"worker {owner} did not acknowledge a forwarded run", ErrorCode.STORAGE_FAILURE
-                )
+        for index, code, reason in zip(
+            frame.refused_runs, frame.refused_codes, frame.refused_reasons, strict=True
+        ):
+            refusals.setdefault(index, (code, reason))  # the first refused piece's
+        missing = (ErrorCode.STORAGE_FAILURE, f"worker {owner} did not acknowledge a forwarded run")
+        for index, (part, count) in enumerate(zip(parts, entries, strict=True)):
+            refusal = refusals.get(index) or (None if count else missing)
+            if refusal is not None:
+                code, reason = refusal
+                queue = part.settle(reason, code, count)
                 if queue is not None:
                     queues.add(queue)
             elif count < part.pieces and part.ticket is not None:

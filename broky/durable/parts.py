@@ -94,10 +94,11 @@ class Part:
         return self.acks
 
     def fail(self, reason: str, code: ErrorCode) -> AckQueue | None:
-        """The part was not stored: fail its frame; the queue to release."""
+        """The part was not stored: fail its frame (its runs, for a
+        forwarded frame); the queue to release."""
         if self.ticket is None:
             return None
-        self.ticket.failed(reason, code)
+        self.ticket.failed(reason, code, self.indexes)
         return self.acks
 
     def split(self, keep: list[int]) -> Part:

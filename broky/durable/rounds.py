@@ -112,9 +112,11 @@ class RoundPlan:
         the ack queues to release."""
         queues: set[AckQueue] = set()
         for answer in self.answered:
-            queue = answer.part.fail(reason, code)
-            if queue is not None:
-                queues.add(queue)
+            part = answer.part
+            if part.ticket is not None and part.acks is not None:
+                # The answered runs only: the part's kept runs fail on their own.
+                part.ticket.failed(reason, code, [index for index, _, _ in answer.verdicts])
+                queues.add(part.acks)
         return queues
 
     def settle(self, outcome: int | Exception | None, partition: int, where: str) -> set[AckQueue]:
@@ -131,23 +133,22 @@ class RoundPlan:
                 continue
             queues.add(part.acks)
             entries = []
-            failure: tuple[str, ErrorCode] | None = None
+            refusals: list[tuple[int, ErrorCode, str]] = []
             for run_index, count, verdict in answer.verdicts:
                 if isinstance(verdict, OutOfOrder):
-                    failure = failure or (
-                        f"{where}: {verdict.reason}",
-                        ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                    refusals.append(
+                        (run_index, ErrorCode.OUT_OF_ORDER_SEQUENCE, f"{where}: {verdict.reason}")
                     )
                 elif not stored:
-                    failure = failure or (
-                        f"could not store {where}: {outcome}",
-                        ErrorCode.STORAGE_FAILURE,
+                    refusals.append(
+                        (
+                            run_index,
+                            ErrorCode.STORAGE_FAILURE,
+                            f"could not store {where}: {outcome}",
+                        )
                     )
                 else:
                     first = verdict.first_offset
                     entries.append((run_index, partition, first, first + count - 1))
-            if failure is not None:
-                ticket.failed(*failure)
-            else:
-                ticket.completed(entries)
+            ticket.completed(entries, refusals)
         return queues

@@ -366,6 +366,7 @@ class DurableStore:
                         ticket.failed(
                             f"worker {self.worker} does not own {topic.name}/{partition}",
                             ErrorCode.OWNER_UNAVAILABLE,
+                            (index,),
                         )
                 sequence += piece.count
         for owner, part in parts.items():

@@ -260,6 +260,12 @@ class PublishAck:
     in that order. Entry i says that run ``runs[i]`` of the frame (or the part
     of it that went to ``partitions[i]``) got offsets ``first_offsets[i]`` to
     ``last_offsets[i]``. Ephemeral runs of the frame have no entry.
+
+    Broker-internal (an owner worker answering a forwarded frame, whose runs
+    belong to several clients): refusal i says that run ``refused_runs[i]``
+    (or a part of it) was not stored, with ``refused_codes[i]`` and
+    ``refused_reasons[i]``, so the forwarding worker fails that run's client
+    only. Empty towards clients, whose frames are acked or refused whole.
     """
 
     stream: int
@@ -268,6 +274,9 @@ class PublishAck:
     partitions: tuple[int, ...] = ()
     first_offsets: tuple[int, ...] = ()
     last_offsets: tuple[int, ...] = ()
+    refused_runs: tuple[int, ...] = ()
+    refused_codes: tuple[ErrorCode, ...] = ()
+    refused_reasons: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True)

@@ -12,7 +12,7 @@ from broky.protocol.frames import PublishAck
 def sent(acks: AckedFrames, count: int, keys: list[str]) -> SentFrame:
     frame = SentFrame(b"frame%d" % acks.next_sequence, keys, acks.number(count), count)
     acks.opened(count)
-    acks.sent(frame)
+    acks.sent(frame, 0.0)
     return frame
 
 

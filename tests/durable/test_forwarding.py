@@ -17,12 +17,13 @@ from broky import Broker, BrokyError, Config, ErrorCode, Message, Start
 from broky.connection.inproc import pipe_pair
 from broky.durable import forwarding, owner_channel
 from broky.durable.ownership import partition_owner
-from broky.protocol.codec import encode_frame
-from broky.protocol.frames import Publish, Run
+from broky.protocol.codec import decode_frame, encode_frame
+from broky.protocol.frames import Error, Publish, PublishAck, Run
 from broky.protocol.message import encode_message, pack_sizes
 from broky.storage.topics import partition_for
-from tests.conftest import eventually
+from tests.conftest import eventually, raw_run
 from tests.durable.test_durable_broker import check_dense, fetch_all, take
+from tests.durable.test_forwarded import acks
 
 TIMEOUT = 20
 PARTITIONS = 8
@@ -354,3 +355,53 @@ async def test_a_replay_from_every_worker_into_a_small_outbox_drops_nothing(
                 by_partition[message.partition].append(message.offset)
             assert all(offsets == list(range(450)) for offsets in by_partition.values())
             assert brokers[0].statistics().router.dropped_slow_consumer == 0
+
+
+async def test_one_producers_refusal_fails_only_its_own_run_of_a_forwarded_frame(
+    tmp_path: Path,
+) -> None:
+    """Runs of two clients share one forwarded frame (added to the owner
+    channel directly, then flushed once): an idempotent producer whose run
+    is out of order at the owner, and a plain client. The owner must answer
+    run by run: the producer gets OutOfOrderSequence, the plain client its
+    ack with the offsets its messages got, and the log holds exactly what
+    was acknowledged (an error for a stored message would make a plain
+    client resend it, a duplicate)."""
+    theirs = next(p for p in range(PARTITIONS) if partition_owner("orders", p, 2) == 1)
+    key = key_for(theirs).encode()
+    producer = 0x5EED
+    with trio.fail_after(TIMEOUT):
+        async with node(tmp_path, 2) as (brokers, _):
+            store, forwarder = brokers[0].store, brokers[0].forwarder
+            assert store is not None
+            assert forwarder is not None
+            topic = store.policies.named("orders")
+            assert topic is not None
+            channel = forwarder.channels[1]
+
+            def forward(run: Run, stream: int, identity: tuple[int, int] | None) -> list[bytes]:
+                queue, answers = acks()
+                ticket = queue.open(stream, *(identity or ()))
+                ticket.remaining = 1  # one piece, as DurableStore.append_frame counts it
+                channel.add(topic, theirs, run, ticket, queue, 0, identity)
+                return answers
+
+            # The producer's sequences 1 and 2 are stored at offsets 0 and 1.
+            first = forward(raw_run(key, b"a1", b"a2"), 1, (producer, 1))
+            channel.flush()
+            await eventually(lambda: bool(first))
+            # Sequence 2 again, alone: not a run the owner remembers, and
+            # later ones are stored, so it is out of order. It shares a frame
+            # with a plain client's run.
+            bad = forward(raw_run(key, b"again"), 2, (producer, 2))
+            plain = forward(raw_run(key, b"p1", b"p2"), 3, None)
+            channel.flush()
+            await eventually(lambda: bool(bad and plain))
+            assert decode_frame(first[0][4:]) == PublishAck(1, 1, (0,), (theirs,), (0,), (1,))
+            refused = decode_frame(bad[0][4:])
+            assert isinstance(refused, Error)
+            assert (refused.code, refused.stream) == (ErrorCode.OUT_OF_ORDER_SEQUENCE, 2)
+            assert decode_frame(plain[0][4:]) == PublishAck(3, 1, (0,), (theirs,), (2,), (3,))
+            async with brokers[0].connect() as client:
+                found = await fetch_all(client)
+            assert [m.payload for m in found[theirs]] == [b"a1", b"a2", b"p1", b"p2"]

@@ -118,6 +118,17 @@ CONTROL_FRAMES: list[Frame] = [
         first_offsets=(0, 10, 2**62),
         last_offsets=(4, 11, 2**62 + 9),
     ),
+    PublishAck(  # an owner worker's answer to a forwarded frame
+        stream=1,
+        sequence=4,
+        runs=(1,),
+        partitions=(3,),
+        first_offsets=(7,),
+        last_offsets=(8,),
+        refused_runs=(0, 2),
+        refused_codes=(ErrorCode.OUT_OF_ORDER_SEQUENCE, ErrorCode.STORAGE_FAILURE),
+        refused_reasons=("producer 0x1: sequence 5 ✗", ""),
+    ),
     ListPartitions(stream=9, topic="orders ✓"),
     Partitions(
         stream=9,
@@ -341,6 +352,13 @@ def read_with_generated(gen: SimpleNamespace, data: bytes) -> Frame:  # noqa: PL
             partitions=tuple(body.Partitions(i) for i in range(body.PartitionsLength())),
             first_offsets=tuple(body.FirstOffsets(i) for i in range(body.FirstOffsetsLength())),
             last_offsets=tuple(body.LastOffsets(i) for i in range(body.LastOffsetsLength())),
+            refused_runs=tuple(body.RefusedRuns(i) for i in range(body.RefusedRunsLength())),
+            refused_codes=tuple(
+                ErrorCode(body.RefusedCodes(i)) for i in range(body.RefusedCodesLength())
+            ),
+            refused_reasons=tuple(
+                body.RefusedReasons(i).decode() for i in range(body.RefusedReasonsLength())
+            ),
         )
     if body_type == BodyType.LIST_PARTITIONS:
         return ListPartitions(stream=body.Stream(), topic=(body.Topic() or b"").decode())
@@ -675,6 +693,17 @@ def _build_body(  # noqa: PLR0911
     return int(module.End(builder))
 
 
+def _strings(start: Any, builder: flatbuffers.Builder, texts: tuple[str, ...]) -> int:
+    """A vector of strings with flatc's ``Start...Vector`` (0 when empty)."""
+    offsets = [builder.CreateString(text) for text in texts]
+    if not offsets:
+        return 0
+    start(builder, len(offsets))
+    for offset in reversed(offsets):
+        builder.PrependUOffsetTRelative(offset)
+    return int(builder.EndVector())
+
+
 def _int_vector(builder: flatbuffers.Builder, start: Any, values: tuple[int, ...]) -> int:
     if not values:
         return 0
@@ -796,8 +825,19 @@ def _build_storage_body(
         first = _int_vector(builder, gen.PublishAck.StartFirstOffsetsVector, frame.first_offsets)
         parts = _int_vector(builder, gen.PublishAck.StartPartitionsVector, frame.partitions)
         runs = _int_vector(builder, gen.PublishAck.StartRunsVector, frame.runs)
+        refused = _int_vector(builder, gen.PublishAck.StartRefusedRunsVector, frame.refused_runs)
+        codes = 0
+        if frame.refused_codes:
+            gen.PublishAck.StartRefusedCodesVector(builder, len(frame.refused_codes))
+            for code in reversed(frame.refused_codes):
+                builder.PrependUint16(code)
+            codes = int(builder.EndVector())
+        reasons = _strings(gen.PublishAck.StartRefusedReasonsVector, builder, frame.refused_reasons)
         gen.PublishAck.Start(builder)
         for add, value in (
+            (gen.PublishAck.AddRefusedReasons, reasons),
+            (gen.PublishAck.AddRefusedCodes, codes),
+            (gen.PublishAck.AddRefusedRuns, refused),
             (gen.PublishAck.AddLastOffsets, last),
             (gen.PublishAck.AddRuns, runs),
             (gen.PublishAck.AddFirstOffsets, first),
@@ -819,13 +859,7 @@ def _build_storage_body(
         ends = _int_vector(builder, gen.Partitions.StartEndOffsetsVector, frame.end_offsets)
         starts = _int_vector(builder, gen.Partitions.StartStartOffsetsVector, frame.start_offsets)
         parts = _int_vector(builder, gen.Partitions.StartPartitionsVector, frame.partitions)
-        names = [builder.CreateString(name) for name in frame.topics]
-        topics = 0
-        if names:
-            gen.Partitions.StartTopicsVector(builder, len(names))
-            for name in reversed(names):
-                builder.PrependUOffsetTRelative(name)
-            topics = int(builder.EndVector())
+        topics = _strings(gen.Partitions.StartTopicsVector, builder, frame.topics)
         gen.Partitions.Start(builder)
         for add, value in (
             (gen.Partitions.AddTopics, topics),
