@@ -65,6 +65,22 @@ log = logging.getLogger("broky.client")
 DEFAULT_CREDIT: Final = 20_000
 RECEIVE_BYTES: Final = 256 * 1024
 CONNECT_TIMEOUT: Final = 5.0
+#: Default seconds leaving a client waits for the broker to answer its
+#: closing flush before the connection is given up (``Client.abort``): a
+#: broker that stops answering with its socket open (SIGSTOPped, swapping,
+#: its host gone without a reset) would otherwise hold the application's
+#: exit for ever. A few times a loaded broker's round trip, like the 3 s
+#: ``ClusterConsumer`` gives a node's ping (``NODE_TIMEOUT``).
+CLOSE_TIMEOUT: Final = 3.0
+#: Seconds closing the socket itself may take once the client has ended (a
+#: TLS close_notify that a silent broker's full buffer cannot take).
+_SOCKET_CLOSE_TIMEOUT: Final = 1.0
+
+
+def check_close_timeout(close_timeout: float) -> None:
+    """Raise ValueError unless ``close_timeout`` is seconds >= 0 (not NaN)."""
+    if not close_timeout >= 0:
+        raise ValueError(f"close_timeout must be seconds >= 0, not {close_timeout!r}")
 
 
 class Client(Receiver):
@@ -81,6 +97,8 @@ class Client(Receiver):
         self._send_now = nonblocking_writer(stream)
         self._hello = Hello(client_name=name)
         self._nursery: trio.Nursery | None = None
+        #: Seconds leaving waits for the broker's answer (see CLOSE_TIMEOUT).
+        self.close_timeout = CLOSE_TIMEOUT
 
     @classmethod
     @asynccontextmanager
@@ -96,6 +114,7 @@ class Client(Receiver):
         peer: str = "the broker",
         idempotent: bool = True,
         reconnect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
+        close_timeout: float = CLOSE_TIMEOUT,
     ) -> AsyncIterator[Client]:
         """Run a client over an already connected stream, with optional credentials.
 
@@ -106,8 +125,20 @@ class Client(Receiver):
         publishing (the default) resends what failed retriably; with
         ``reconnect`` (a new stream to the same broker) it also resends what
         a lost connection left unanswered, over a new connection.
+
+        Leaving the block flushes (``flush``: the broker has routed what was
+        published), waiting at most ``close_timeout`` seconds (also the
+        ``close_timeout`` attribute; 0: not at all) for the broker's answer,
+        then gives the connection up (``abort``) and returns: a paused or
+        wedged broker cannot hold the caller's exit. Closing the socket
+        takes at most a second more. Acked frames still unanswered are not
+        waited for (call ``flush_acks`` first to know their fate): leaving
+        neither resends nor reports them, so each is stored once or not at
+        all, as far as the broker got with it. Wrong values raise ValueError.
         """
+        check_close_timeout(close_timeout)
         client = cls(stream, name, idempotent)
+        client.close_timeout = close_timeout
         client._stamp = stamp_ts_broker
         client._hello = Hello(client_name=name, user=user, password=password, token=token)
         with unwrapped():
@@ -118,14 +149,24 @@ class Client(Receiver):
                 try:
                     await client._start(stream, peer)
                     yield client
-                    if not client.closed:
-                        await client.flush()
+                    await client._leave(peer)
                 finally:
                     client._reopen = None
                     client._shutdown(ConnectionClosed("the client was closed"))
-                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    with trio.CancelScope(shield=True), trio.move_on_after(_SOCKET_CLOSE_TIMEOUT):
                         await client._stream.aclose()
                     nursery.cancel_scope.cancel()
+
+    async def _leave(self, peer: str) -> None:
+        """The graceful end of ``over``: flush, waiting at most
+        ``close_timeout`` for ``peer``'s answer, else abort."""
+        if self.closed:
+            return
+        with trio.move_on_after(self.close_timeout) as waiting:
+            await self.flush()
+        if waiting.cancelled_caught:
+            log.warning("%s did not answer the closing flush within %s s", peer, self.close_timeout)
+            self.abort(f"{peer} did not answer the closing flush within {self.close_timeout} s")
 
     async def _start(self, stream: trio.abc.Stream, peer: str) -> None:
         """Run the socket tasks over ``stream`` and wait for the Welcome."""

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from broky.client.client import CONNECT_TIMEOUT, Client
+from broky.client.client import CLOSE_TIMEOUT, CONNECT_TIMEOUT, Client, check_close_timeout
 from broky.client.errors import ConnectionClosed, deadline
 from broky.security.tls import client_handshake
 
@@ -32,6 +32,7 @@ async def connect(
     password: str = "",
     token: str = "",
     idempotent: bool = True,
+    close_timeout: float = CLOSE_TIMEOUT,
 ) -> AsyncIterator[Client]:
     """Connect to a broker over TCP: ``async with broky.connect("127.0.0.1:7722") as client``.
 
@@ -42,8 +43,11 @@ async def connect(
     or missing credentials raise AuthenticationError. Acked publishing is
     idempotent unless ``idempotent=False``: ``flush_acks`` then reconnects to
     ``address`` by itself to resend what a lost connection left unanswered.
+    Leaving the block waits at most ``close_timeout`` seconds for the
+    broker's answer, then gives the connection up (``Client.over``).
     """
     host, port = parse_address(address)
+    check_close_timeout(close_timeout)
 
     async def open_stream() -> trio.abc.Stream:
         with deadline(
@@ -65,6 +69,7 @@ async def connect(
         peer=address,
         idempotent=idempotent,
         reconnect=open_stream,
+        close_timeout=close_timeout,
     ) as client:
         yield client
 
