@@ -360,6 +360,33 @@ class Config:
                 f"cannot load cluster_tls_cert/cluster_tls_key/cluster_tls_ca: {exc}"
             ) from exc
 
+    def peer_client_context(self) -> tuple[ssl.SSLContext, str] | None:
+        """The TLS context this node's own client connections to other
+        nodes' client ports use (a dead letter for another node's leader),
+        with the prefix of the settings whose certificate it presents (a
+        reload loads it again); None for plain TCP. Reads the files.
+
+        None unless this node's client port speaks TLS (``tls_cert``): a
+        cluster's nodes share their TLS settings, so its client ports are
+        all TLS or all plain. The peer's certificate must chain to
+        ``cluster_tls_ca`` (the nodes' CA), else to ``tls_client_ca``, else
+        to the system's CAs, and name the host dialled. For a peer that
+        requires client certificates (``tls_client_ca``), the node presents
+        ``cluster_tls_cert`` (its identity on links), else its ``tls_cert``.
+        """
+        if not self.tls_cert:
+            return None
+        prefix = "cluster_tls" if self.cluster_tls_cert else "tls"
+        cert, key = getattr(self, f"{prefix}_cert"), getattr(self, f"{prefix}_key")
+        ca = self.cluster_tls_ca or self.tls_client_ca
+        self._check_files(f"{prefix}_cert", f"{prefix}_key", "cluster_tls_ca", "tls_client_ca")
+        try:
+            return client_context(ca, cert, key), prefix
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cannot load the TLS files for other nodes' client ports: {exc}"
+            ) from exc
+
     @property
     def router_limits(self) -> RouterLimits:
         """The router's share of the settings."""

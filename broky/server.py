@@ -118,10 +118,19 @@ class Broker:
             )
             store.forward = self.forwarder.append
             self.router.durable_keys = lambda key: store.match(key) is not None
+        #: TLS contexts whose certificate a reload loads again, each with the
+        #: settings' prefix ("tls": tls_cert and tls_key).
+        self._renewable: list[tuple[ssl.SSLContext, str]] = []
+        peer_tls = self.config.peer_client_context()
+        if peer_tls is not None:
+            self.renews(*peer_tls)
         #: The durable subscriptions of the partitions this worker owns.
         self.subscriptions = (
             SubscriptionService(
-                self.store, self._advise, Credentials(token=self.config.cluster_token)
+                self.store,
+                self._advise,
+                Credentials(token=self.config.cluster_token),
+                peer_tls[0] if peer_tls is not None else None,
             )
             if self.store is not None
             else None
@@ -134,9 +143,6 @@ class Broker:
         self.replication_statistics: Callable[[], ReplicationStatistics] | None = None
         self._client_listeners = client_listeners
         self._tls = self.config.tls_context()
-        #: TLS contexts whose certificate a reload loads again, each with the
-        #: settings' prefix ("tls": tls_cert and tls_key).
-        self._renewable: list[tuple[ssl.SSLContext, str]] = []
         if self._tls is not None:
             self.renews(self._tls, "tls")
         #: Checks credentials of connections from the network (see _serve_stream).

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, NamedTuple
 
@@ -78,7 +79,9 @@ class ClusterPublisher:
     module docstring). Create it with ``async with ClusterPublisher.open(seeds)``:
     its connections live in tasks of its own nursery. ``credentials`` are
     presented to every node it connects to (a node's own dead-letter
-    publisher presents its ``cluster_token``)."""
+    publisher presents its ``cluster_token``); with ``ssl_context`` (see
+    ``broky.security.tls.client_context``) every connection speaks TLS,
+    checking each node's certificate against the host it dials."""
 
     def __init__(
         self,
@@ -88,6 +91,7 @@ class ClusterPublisher:
         name: str,
         idempotent: bool = True,
         credentials: Credentials = ANONYMOUS,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster publisher needs at least one seed address")
@@ -97,6 +101,8 @@ class ClusterPublisher:
         self.name = name
         #: Presented on every connection (to each node it is sent to).
         self.credentials = credentials
+        #: TLS for every connection (None: plain TCP).
+        self.ssl_context = ssl_context
         #: Attempts that were refused or failed and retried.
         self.retries = 0
         self._clients: dict[str, tuple[Client, trio.Event]] = {}
@@ -119,9 +125,10 @@ class ClusterPublisher:
         *,
         idempotent: bool = True,
         credentials: Credentials = ANONYMOUS,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> AsyncIterator[ClusterPublisher]:
         async with trio.open_nursery() as nursery:
-            publisher = cls(nursery, seeds, retry_for, name, idempotent, credentials)
+            publisher = cls(nursery, seeds, retry_for, name, idempotent, credentials, ssl_context)
             try:
                 yield publisher
             finally:
@@ -215,7 +222,7 @@ class ClusterPublisher:
         started = False
         try:
             async with self.credentials.connect(
-                address, self.name, idempotent=bool(self.producer_id)
+                address, self.name, self.ssl_context, idempotent=bool(self.producer_id)
             ) as client:
                 # A lost connection fails the batch at once: this publisher
                 # retries it on whichever node leads now, not on this one.

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Final, Unpack
@@ -193,6 +194,7 @@ class ClusterConsumer:
         settings: ConsumerSettings,
         credentials: Credentials = ANONYMOUS,
         node_timeout: float = NODE_TIMEOUT,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster consumer needs at least one seed address")
@@ -209,6 +211,8 @@ class ClusterConsumer:
         self.credentials = credentials
         #: Seconds a node may leave a ping unanswered (module docstring).
         self.node_timeout = node_timeout
+        #: TLS for every connection (None: plain TCP).
+        self.ssl_context = ssl_context
         self.lost_settles = 0
         self.stats = ClusterConsumerStatistics()
         self._send, self._receive = trio.open_memory_channel[FollowedDelivery](HANDOFF)
@@ -228,6 +232,7 @@ class ClusterConsumer:
         name: str = "",
         credentials: Credentials = ANONYMOUS,
         node_timeout: float = NODE_TIMEOUT,
+        ssl_context: ssl.SSLContext | None = None,
         **settings: Unpack[ConsumerSettings],
     ) -> AsyncIterator[ClusterConsumer]:
         """Follow ``subscription`` of ``pattern`` from the ``seeds``.
@@ -235,7 +240,10 @@ class ClusterConsumer:
         raises the last error. ``node_timeout``: seconds a node it reads
         from may leave a ping unanswered before it is taken for dead or
         paused (module docstring). ``credentials``: presented to every
-        node. Wrong values raise ValueError at once."""
+        node. ``ssl_context``: TLS for every connection, checking each
+        node's certificate against the host it dials (see
+        ``broky.security.tls.client_context``). Wrong values raise
+        ValueError at once."""
         followed = cls(
             seeds,
             pattern,
@@ -246,6 +254,7 @@ class ClusterConsumer:
             settings,
             credentials,
             node_timeout,
+            ssl_context,
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(followed._follow)
@@ -349,7 +358,9 @@ class _Round:
         with trio.CancelScope(deadline=trio.current_time() + ATTACH_TIMEOUT) as attaching:
             try:
                 async with (
-                    followed.credentials.connect(address, followed.name) as client,
+                    followed.credentials.connect(
+                        address, followed.name, followed.ssl_context
+                    ) as client,
                     client.consumer(
                         followed.pattern,
                         subscription=followed.subscription,

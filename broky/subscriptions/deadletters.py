@@ -21,6 +21,7 @@ the leader acked the copy.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -85,9 +86,14 @@ class DeadLetters:
     """Carries out the dispatchers' ``DeadLetter`` events (see the module docstring)."""
 
     def __init__(
-        self, store: DurableStore, service: SubscriptionService, credentials: Credentials
+        self,
+        store: DurableStore,
+        service: SubscriptionService,
+        credentials: Credentials,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """``credentials``: the node's own, presented to other nodes' leaders."""
+        """``credentials`` and ``ssl_context`` (None: plain TCP): the node's
+        own, presented to other nodes' leaders."""
         self._store = store
         self._service = service
         self._appends = _Appends(self)
@@ -96,7 +102,7 @@ class DeadLetters:
         self._waiting: dict[
             int, tuple[PartitionSubscriptions, str, Dispatcher, DeadLetter, Run]
         ] = {}
-        self.leaders = LeaderDeadLetters(f"dead-letters-{store.worker}", credentials)
+        self.leaders = LeaderDeadLetters(f"dead-letters-{store.worker}", credentials, ssl_context)
 
     def send(
         self,

@@ -27,12 +27,16 @@ The publisher connects as the node itself, with the node's
 ``[[users]]`` configured an anonymous connection is refused, and every
 dead letter would go back to its partition's retry list for ever. The
 token's principal needs ``link = true`` on the peers, and may publish the
-dead-letter keys (a user's default ``publish`` is every key).
+dead-letter keys (a user's default ``publish`` is every key). Where the
+nodes' client ports speak TLS it connects with the node's own trust and
+certificate (``Config.peer_client_context``): a plain connection would be
+refused the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Final
 
@@ -67,9 +71,15 @@ class _Pending:
 class LeaderDeadLetters:
     """One worker's dead letters on their way to other nodes (module docstring)."""
 
-    def __init__(self, name: str, credentials: Credentials = ANONYMOUS) -> None:
+    def __init__(
+        self,
+        name: str,
+        credentials: Credentials = ANONYMOUS,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._name = name
         self._credentials = credentials
+        self._ssl_context = ssl_context
         self._send, self._receive = trio.open_memory_channel[_Pending](PENDING_LIMIT)
         self._publisher: ClusterPublisher | None = None
         #: Leaders named by refusals; the publisher's seeds.
@@ -93,7 +103,11 @@ class LeaderDeadLetters:
         worker's subscription service)."""
         first = await self._receive.receive()  # no connections before one is needed
         async with ClusterPublisher.open(
-            list(self._seeds), retry_for=RETRY_FOR, name=self._name, credentials=self._credentials
+            list(self._seeds),
+            retry_for=RETRY_FOR,
+            name=self._name,
+            credentials=self._credentials,
+            ssl_context=self._ssl_context,
         ) as publisher:
             self._publisher = publisher
             await self._publish(publisher, first)

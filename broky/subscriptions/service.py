@@ -20,6 +20,7 @@ with ``SubscriptionRefused`` naming those workers.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from itertools import chain
 from typing import Any
@@ -72,13 +73,15 @@ class SubscriptionService:
         store: DurableStore,
         advise: Advise | None = None,
         credentials: Credentials = ANONYMOUS,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """``credentials``: what this node presents to other nodes (its
-        ``cluster_token``) when it publishes a dead letter to their leaders."""
+        """``credentials`` and ``ssl_context``: what this node presents to
+        other nodes (its ``cluster_token``; ``Config.peer_client_context``)
+        when it publishes a dead letter to their leaders."""
         self.store = store
         self.partitions: dict[tuple[str, int], PartitionSubscriptions] = {}
         self.consumers: dict[int, ConsumerLink] = {}
-        self.dead_letters = DeadLetters(store, self, credentials)
+        self.dead_letters = DeadLetters(store, self, credentials, ssl_context)
         self.watch = Watch(self, advise)
         self._counters: dict[str, SubscriptionCounters] = {}
         self.deleting = DeletionMarks()

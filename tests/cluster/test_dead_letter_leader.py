@@ -11,14 +11,21 @@ etcd and every node are started here, on 127.0.0.1, and killed by PID.
 With ``[[users]]`` configured (``auth``) the copy goes out as the node
 itself, with its ``cluster_token``: it used to connect anonymously, be
 refused, and the dead letter looped the same way.
+
+With client TLS on every node as well (``tls``: ``tls_cert`` and, for
+mutual TLS, ``tls_client_ca``, one throwaway CA) the copy goes out over
+TLS, trusting that CA and presenting the node's certificate: it used to
+connect in plain TCP, be refused, and loop the same way.
 """
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from broky import Start
 from broky.client.cluster import ClusterPublisher
@@ -29,8 +36,10 @@ from broky.cluster.keys import ClusterKeys
 from broky.cluster.status import read_status
 from broky.replication.local_cluster import TopicSpec, fully_in_sync, leaders
 from broky.security.passwords import hash_secret
+from broky.security.tls import client_context
 from broky.storage.topics import partition_for
 from tests.cluster.replicated import local_nodes, wait_status
+from tests.security.helpers import write_cert
 
 SETTLE = 30.0
 ORDERS = TopicSpec(partitions=4)
@@ -56,12 +65,23 @@ def cluster_name(prefix: bytes) -> str:
     return "d" + prefix.decode().strip("/").replace("/", "-")
 
 
-@pytest.mark.parametrize("auth", [False, True], ids=["anonymous", "auth"])
+def tls_config(directory: Path) -> tuple[str, ssl.SSLContext]:
+    """Every node's client TLS settings (mutual TLS, one throwaway CA, one
+    certificate for 127.0.0.1), and the test clients' context."""
+    files = write_cert(trustme.CA(), directory, "node", "127.0.0.1")
+    config = f'tls_cert = "{files.cert}"\ntls_key = "{files.key}"\ntls_client_ca = "{files.ca}"\n'
+    return config, client_context(files.ca, files.cert, files.key)
+
+
+@pytest.mark.parametrize(
+    ("auth", "tls"), [(False, False), (True, False), (True, True)], ids=["anonymous", "auth", "tls"]
+)
 async def test_a_dead_letter_is_published_to_the_dead_letter_partitions_leader(
-    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path, auth: bool
+    etcd_url: str, etcd: EtcdClient, cluster_name: str, tmp_path: Path, auth: bool, tls: bool
 ) -> None:
     keys = ClusterKeys.for_cluster(cluster_name)
     credentials = APP if auth else ANONYMOUS
+    extra_config, context = tls_config(tmp_path) if tls else ("", None)
     with (
         trio.fail_after(90),
         local_nodes(
@@ -69,7 +89,7 @@ async def test_a_dead_letter_is_published_to_the_dead_letter_partitions_leader(
             cluster_name,
             tmp_path,
             topic=ORDERS,
-            extra_config=AUTH_CONFIG if auth else "",
+            extra_config=extra_config + (AUTH_CONFIG if auth else ""),
         ) as nodes,
     ):
         by_id = {node.node_id: node for node in nodes}
@@ -90,12 +110,12 @@ async def test_a_dead_letter_is_published_to_the_dead_letter_partitions_leader(
         )
         seeds = [node.address for node in nodes]
         async with ClusterPublisher.open(
-            seeds, retry_for=SETTLE, credentials=credentials
+            seeds, retry_for=SETTLE, credentials=credentials, ssl_context=context
         ) as publisher:
             [run] = await publisher.publish(poison_key, [b"poison"])
         assert dlq_leader is not None
         async with (
-            credentials.connect(by_id[dlq_leader].address) as reader,
+            credentials.connect(by_id[dlq_leader].address, ssl_context=context) as reader,
             reader.subscribe("_dlq.>", start=Start.earliest()) as dead,
             ClusterConsumer.open(
                 seeds,
@@ -103,6 +123,7 @@ async def test_a_dead_letter_is_published_to_the_dead_letter_partitions_leader(
                 subscription="cross",
                 start=Start.earliest(),
                 credentials=credentials,
+                ssl_context=context,
             ) as consumer,
         ):
             async for delivery in consumer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -314,3 +315,34 @@ def test_cluster_tls_settings_are_checked(tmp_path: Path) -> None:
             {**cluster, "cluster_tls_cert": files.cert, "cluster_tls_key": files.key,
              "cluster_tls_ca": files.ca, "cluster_tls_names": [" padded"]}
         )  # fmt: skip
+
+
+def test_a_nodes_client_connections_to_its_peers_trust_and_present_its_own_files(
+    tmp_path: Path,
+) -> None:
+    """What a node's dead-letter publisher speaks to other nodes' client
+    ports (Config.peer_client_context): TLS only where its own client port
+    speaks it; the nodes' CA and certificate when cluster_tls_* is set,
+    else tls_client_ca and its tls_cert."""
+    client_ca, cluster_ca = trustme.CA(), trustme.CA()
+    node = write_cert(client_ca, tmp_path, "node", "127.0.0.1")
+    linked = write_cert(cluster_ca, tmp_path, "linked", "127.0.0.1")
+    served = {"tls_cert": node.cert, "tls_key": node.key, "tls_client_ca": node.ca}
+    cluster = {
+        "cluster_tls_cert": linked.cert,
+        "cluster_tls_key": linked.key,
+        "cluster_tls_ca": linked.ca,
+    }
+    assert Config.from_mapping({}).peer_client_context() is None
+    assert Config.from_mapping(cluster).peer_client_context() is None
+    for settings, prefix, ca in [
+        (served, "tls", client_ca),
+        ({**served, **cluster}, "cluster_tls", cluster_ca),
+    ]:
+        found = Config.from_mapping(settings).peer_client_context()
+        assert found is not None
+        context, presented = found
+        assert presented == prefix
+        # That CA alone: not the system's, nor the other one.
+        expected = ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode())
+        assert context.get_ca_certs(binary_form=True) == [expected]
