@@ -9,3 +9,6 @@ def encode_located_chunk(
     partition: int,
     base_offset: int,
 ) -> bytes: ...
+
+# The same parameters as ``broky.protocol.located.encode_located_runs_pure``.
+def encode_located_runs(*arguments: object) -> list[bytes]: ...

@@ -181,6 +181,23 @@ class RecordBatch:
     def next_offset(self) -> int:
         return self.base_offset + self.count
 
+    def keys_between(self, start: int, stop: int) -> set[bytes]:
+        """The distinct keys of the runs with messages in ``[start, stop)``:
+        what a shared subscription's filter checks before it takes a whole
+        span as one range (keys repeat across a batch's runs)."""
+        keys = self.keys
+        found: set[bytes] = set()
+        offset = self.base_offset
+        key_at = 0
+        for count, key_length in zip(self.counts, self.key_lengths, strict=True):
+            if offset >= stop:
+                break
+            offset += count
+            if offset > start:
+                found.add(bytes(keys[key_at : key_at + key_length]))
+            key_at += key_length
+        return found
+
     def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
         """The runs with messages in ``[start, stop)``, in order, sliced to it.
 
@@ -223,6 +240,36 @@ class RecordBatch:
             offset = end
             message += count
             key_at += key_length
+
+
+@attrs.frozen(slots=True)
+class BatchSpan:
+    """Offsets ``[start, stop)`` of one verified record batch: the unit a
+    durable subscription reads, caches and delivers from.
+
+    One of these per stored batch, not per run: with keys changing on every
+    message a batch holds hundreds of one-message runs, and a
+    :class:`StoredBatch` for each was most of a subscription read's cost.
+    The runs are laid out only when delivered (``delivery.located_chunks``)
+    or when an ordered subscription needs each one's key (:meth:`runs`).
+    """
+
+    batch: RecordBatch
+    start: int
+    stop: int
+
+    @property
+    def base_offset(self) -> int:
+        return self.start
+
+    @property
+    def next_offset(self) -> int:
+        return self.stop
+
+    def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
+        """The span's runs with messages in ``[start, stop)``, sliced to both."""
+        upper = self.stop if stop is None else min(stop, self.stop)
+        return self.batch.runs(max(start, self.start), upper)
 
 
 def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
