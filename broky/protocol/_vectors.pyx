@@ -11,7 +11,7 @@ import sys
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 if sys.byteorder != "little":
     raise ImportError("the compiled vector builder assumes a little-endian host")
@@ -169,5 +169,52 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                 PyBuffer_Release(&messages_buffer)
         finally:
             PyBuffer_Release(&sizes_buffer)
+    finally:
+        PyBuffer_Release(&keys_buffer)
+
+
+# Keys remembered by address in ``distinct_keys`` before it turns to the set.
+cdef enum:
+    _KNOWN_KEYS = 16
+
+
+def distinct_keys(counts, key_lengths, keys, int64_t base_offset, int64_t start,
+                  int64_t stop):
+    """See ``broky.storage.batch_reading.distinct_keys_pure``: the same set,
+    with a ``bytes`` made only for a key unlike the (up to 16) distinct
+    ones met before it, instead of one per run."""
+    cdef Py_buffer keys_buffer
+    cdef Py_ssize_t runs = len(counts), index
+    cdef int64_t offset = base_offset, key_at = 0, key_length
+    cdef const char* known_at[_KNOWN_KEYS]
+    cdef int64_t known_length[_KNOWN_KEYS]
+    cdef int known = 0, slot
+    cdef const char* key
+    cdef set found = set()
+    if len(key_lengths) != runs:
+        raise ValueError("run columns of different lengths")
+    PyObject_GetBuffer(keys, &keys_buffer, PyBUF_SIMPLE)
+    try:
+        for index in range(runs):
+            if offset >= stop:
+                break
+            offset += <int64_t>counts[index]
+            key_length = key_lengths[index]
+            if key_length < 0 or key_at + key_length > keys_buffer.len:
+                raise ValueError("run table runs past the batch")
+            if offset > start:
+                key = <const char*>keys_buffer.buf + key_at
+                for slot in range(known):
+                    if (known_length[slot] == key_length
+                            and memcmp(known_at[slot], key, key_length) == 0):
+                        break
+                else:
+                    found.add(PyBytes_FromStringAndSize(key, key_length))
+                    if known < _KNOWN_KEYS:
+                        known_at[known] = key
+                        known_length[known] = key_length
+                        known += 1
+            key_at += key_length
+        return found
     finally:
         PyBuffer_Release(&keys_buffer)

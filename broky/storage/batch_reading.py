@@ -16,6 +16,7 @@ from itertools import accumulate
 import attrs
 from crc32c import crc32c
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import sum_u32, u32_array
 from broky.protocol.frames import Buffer
 from broky.storage.batch import (
@@ -151,6 +152,40 @@ def read_header(buf: Buffer, position: int) -> BatchHeader | str:
     return header
 
 
+def distinct_keys_pure(
+    counts: Sequence[int],
+    key_lengths: Sequence[int],
+    keys: Buffer,
+    base_offset: int,
+    start: int,
+    stop: int,
+) -> set[bytes]:
+    """The distinct keys of the runs (``counts`` messages each, the first at
+    ``base_offset``, their keys ``key_lengths`` long back to back in
+    ``keys``) with messages in ``[start, stop)``. The compiled twin
+    (``broky.protocol._vectors.distinct_keys``) makes a ``bytes`` only per
+    key it has not met, not per run."""
+    view = memoryview(keys)
+    found: set[bytes] = set()
+    offset = base_offset
+    key_at = 0
+    for count, key_length in zip(counts, key_lengths, strict=True):
+        if offset >= stop:
+            break
+        offset += count
+        if offset > start:
+            found.add(bytes(view[key_at : key_at + key_length]))
+        key_at += key_length
+    return found
+
+
+#: :func:`distinct_keys_pure` compiled, when it is built.
+distinct_keys_compiled = compiled_twin("broky.protocol._vectors", "distinct_keys")
+distinct_keys = distinct_keys_pure
+if distinct_keys_compiled is not None:
+    distinct_keys = distinct_keys_compiled
+
+
 @attrs.frozen(slots=True)
 class RecordBatch:
     """A verified batch of either version, as columns over the bytes read.
@@ -185,18 +220,9 @@ class RecordBatch:
         """The distinct keys of the runs with messages in ``[start, stop)``:
         what a shared subscription's filter checks before it takes a whole
         span as one range (keys repeat across a batch's runs)."""
-        keys = self.keys
-        found: set[bytes] = set()
-        offset = self.base_offset
-        key_at = 0
-        for count, key_length in zip(self.counts, self.key_lengths, strict=True):
-            if offset >= stop:
-                break
-            offset += count
-            if offset > start:
-                found.add(bytes(keys[key_at : key_at + key_length]))
-            key_at += key_length
-        return found
+        return distinct_keys(
+            self.counts, self.key_lengths, self.keys, self.base_offset, start, stop
+        )
 
     def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
         """The runs with messages in ``[start, stop)``, in order, sliced to it.

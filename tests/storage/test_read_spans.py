@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.storage.batch_reading import distinct_keys_compiled, distinct_keys_pure
 from broky.storage.config import LogConfig
 from broky.storage.log import PartitionLog
 from broky.storage.segment import Segment
@@ -109,3 +110,36 @@ def test_reading_another_segment_lets_go_of_the_kept_batch(tmp_path: Path) -> No
 def _keeps(segment: Segment) -> bool:
     """Whether ``segment`` holds on to a batch (and the read buffer it views)."""
     return segment._last_verified is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    keys=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 40)), min_size=1, max_size=60),
+    base=st.integers(0, 2**40),
+    where=st.integers(-2, 200),
+    length=st.integers(0, 200),
+)
+def test_compiled_distinct_keys_agree_with_the_pure_ones(
+    keys: list[tuple[int, int]], base: int, where: int, length: int
+) -> None:
+    """Runs over up to 41 keys of any length (past the 16 the compiled one
+    remembers by address), any range around them."""
+    counts = [count for count, _ in keys]
+    names = [b"k%d" % name if name % 5 else b"" for _, name in keys]
+    lengths = [len(name) for name in names]
+    column = b"".join(names)
+    start = base + where
+    stop = start + length
+    expected = {
+        name
+        for name, first, count in zip(
+            names, itertools.accumulate([base, *counts]), counts, strict=False
+        )
+        if first < stop and first + count > start
+    }
+    assert distinct_keys_pure(counts, lengths, column, base, start, stop) == expected
+    if distinct_keys_compiled is not None:
+        assert distinct_keys_compiled(counts, lengths, column, base, start, stop) == expected
+        assert distinct_keys_compiled(counts, lengths, memoryview(column), base, start, stop) == (
+            expected
+        )
