@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
@@ -67,6 +68,9 @@ class Pending:
     deadline: float
     slot: int
     live: int = 1
+    #: A span's offsets ``[first, stop)`` (``deliver_span``; 0, 0 otherwise).
+    first: int = 0
+    stop: int = 0
 
 
 def backoff_delay(backoff: Sequence[float], count: int) -> float:
@@ -275,7 +279,7 @@ class AckTracker:
         as one delivery (slot 0, count 1); the caller checked that none was
         delivered, acked or is due, and that ``stop <= durable_limit``."""
         offsets = range(first, stop)
-        span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first)
+        span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first, first, stop)
         self.counts.update(dict.fromkeys(offsets, 1))
         self.pending.update(dict.fromkeys(offsets, span))
         sequence = next(self._sequence)
@@ -339,6 +343,37 @@ class AckTracker:
                 for offset in done:
                     side.pop(offset, None)
         return ended, deliveries, waiting
+
+    def ack_spans(self, offsets: range) -> tuple[list[Pending], int]:
+        """Ack, in one step each, the span deliveries (``deliver_span``)
+        that ``offsets`` (step 1) covers whole from its start while each is
+        still whole (every offset pending with it, so none is acked, due or
+        counted twice). Returns those deliveries, now ended, and the offset
+        where this stopped: the caller acks the rest one by one. A consumer
+        settles what it was dealt as such ranges, so this is most acks of a
+        shared subscription."""
+        ended: list[Pending] = []
+        counts, pending = self.counts, self.pending
+        position, stop = offsets.start, offsets.stop
+        while position < stop:
+            held = pending.get(position)
+            if held is None or held.first != position or not position < held.stop <= stop:
+                break
+            span = range(position, held.stop)
+            if held.live != len(span):
+                break
+            deque(map(counts.__delitem__, span), 0)
+            deque(map(pending.__delitem__, span), 0)
+            held.live = 0
+            self.acked.add_range(position, held.stop - 1)
+            if self.errors:
+                for offset in span:
+                    self.errors.pop(offset, None)
+            ended.append(held)
+            position = held.stop
+        if ended:
+            self.dirty = True
+        return ended, position
 
     def release(self, offset: int, due: float, error: str = "") -> Pending | None:
         """Take ``offset`` back from its consumer, due again at ``due``."""
