@@ -222,10 +222,10 @@ class Dispatcher(DispatchCore):
     # --- acknowledgements ---------------------------------------------------------------
 
     def ack_ranges(self, consumer: int, ranges: Iterable[Sequence[int]], now: float) -> int:
-        """:meth:`ack` of a settle's offsets, given as its ranges: the span
-        deliveries of a shared subscription that a range covers whole
-        (``AckTracker.ack_spans``) are acked in one step each, the rest
-        offset by offset."""
+        """:meth:`ack` of a settle's offsets, given as its ranges: the parts
+        of a range that fall on span deliveries of a shared subscription
+        (``AckTracker.ack_spans``) are acked a span piece at a time, the
+        rest offset by offset."""
         if self.ordered:
             return self.ack(consumer, itertools.chain.from_iterable(ranges), now)
         freed: dict[int, int] = {}
@@ -236,8 +236,8 @@ class Dispatcher(DispatchCore):
                 rest.append(offsets)
                 continue
             ended, stopped = ack_spans(offsets)
-            for held in ended:
-                freed[held.consumer] = freed.get(held.consumer, 0) + held.stop - held.first
+            for held, count in ended:
+                freed[held.consumer] = freed.get(held.consumer, 0) + count
             if stopped < offsets.stop:
                 rest.append(range(stopped, offsets.stop))
         return self.ack(consumer, itertools.chain.from_iterable(rest), now, freed)

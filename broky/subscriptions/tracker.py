@@ -31,6 +31,7 @@ import itertools
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Final
 
 import attrs
@@ -344,33 +345,39 @@ class AckTracker:
                     side.pop(offset, None)
         return ended, deliveries, waiting
 
-    def ack_spans(self, offsets: range) -> tuple[list[Pending], int]:
-        """Ack, in one step each, the span deliveries (``deliver_span``)
-        that ``offsets`` (step 1) covers whole from its start while each is
-        still whole (every offset pending with it, so none is acked, due or
-        counted twice). Returns those deliveries, now ended, and the offset
-        where this stopped: the caller acks the rest one by one. A consumer
-        settles what it was dealt as such ranges, so this is most acks of a
-        shared subscription."""
-        ended: list[Pending] = []
+    def ack_spans(self, offsets: range) -> tuple[list[tuple[Pending, int]], int]:
+        """Ack ``offsets`` (step 1) from its start, a span delivery
+        (``deliver_span``) at a time, while each of its offsets here is
+        still pending with that delivery (so none is acked, due or counted
+        twice). Returns each delivery touched with how many of its offsets
+        ended, and the offset where this stopped: the caller acks the rest
+        one by one. A consumer settles what it was dealt as ranges (cut
+        where its client's settle batch filled), so this is most acks of a
+        shared subscription: per span piece a check and two deletes at C
+        speed per offset, one acked range, no list entry per offset."""
+        ended: list[tuple[Pending, int]] = []
         counts, pending = self.counts, self.pending
         position, stop = offsets.start, offsets.stop
         while position < stop:
             held = pending.get(position)
-            if held is None or held.first != position or not position < held.stop <= stop:
+            if held is None or not held.first <= position < held.stop:
                 break
-            span = range(position, held.stop)
-            if held.live != len(span):
+            piece = range(position, min(stop, held.stop))
+            size = len(piece)
+            if size > held.live:
                 break
-            deque(map(counts.__delitem__, span), 0)
-            deque(map(pending.__delitem__, span), 0)
-            held.live = 0
-            self.acked.add_range(position, held.stop - 1)
+            whole = size == held.stop - held.first  # then every offset is held (live)
+            if not whole and size > 1 and itemgetter(*piece)(pending).count(held) != size:
+                break
+            deque(map(counts.__delitem__, piece), 0)
+            deque(map(pending.__delitem__, piece), 0)
+            held.live -= size
+            self.acked.add_range(position, piece.stop - 1)
             if self.errors:
-                for offset in span:
+                for offset in piece:
                     self.errors.pop(offset, None)
-            ended.append(held)
-            position = held.stop
+            ended.append((held, size))
+            position = piece.stop
         if ended:
             self.dirty = True
         return ended, position

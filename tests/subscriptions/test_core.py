@@ -75,7 +75,7 @@ def test_a_shared_read_goes_as_spans_whose_offsets_settle_one_by_one() -> None:
     assert tracker.next_deadline() == 4.0  # the redelivered ones' (one timer each)
 
 
-def test_a_settle_acks_whole_spans_in_one_step_and_the_rest_one_by_one() -> None:
+def test_a_settle_acks_span_pieces_in_one_step_and_the_rest_one_by_one() -> None:
     dispatcher = ready(SubscriptionType.SHARED, 30, ack_timeout=2.0, backoff=())
     dispatcher.attach(1, 0.0, credit=10, max_in_flight=100)
     dispatcher.queue(0, 10)
@@ -93,12 +93,17 @@ def test_a_settle_acks_whole_spans_in_one_step_and_the_rest_one_by_one() -> None
     assert all(offset in tracker.acked for offset in range(10))
     assert 10 not in tracker.acked
     assert dispatcher.consumers[1].in_flight == 0
-    # Consumer 2 acks one whole span and half the next: the half goes one by one.
+    # Consumer 2 acks one whole span and half the next: a piece of it.
     assert dispatcher.ack_ranges(2, [range(10, 25)], 0.5) == 0
     assert dispatcher.consumers[2].in_flight == 5
     assert sorted(tracker.pending) == list(range(25, 30))
+    # 27 gets a delivery of its own: a range over it goes one by one.
+    dispatcher.in_progress(2, [27], 0.55)
+    assert dispatcher.ack_ranges(2, [range(25, 29)], 0.6) == 0
+    assert sorted(tracker.pending) == [29]
+    assert dispatcher.consumers[2].in_flight == 1
     # Acked again (nothing left to end) and a stale ack of another's span.
-    assert dispatcher.ack_ranges(1, [range(10), range(25, 30)], 0.6) == 5
+    assert dispatcher.ack_ranges(1, [range(10), range(29, 30)], 0.6) == 1
     assert dispatcher.consumers[2].in_flight == 0
     assert tracker.cursor == 30
     assert tracker.next_deadline() is None, "every span's timer is void"
