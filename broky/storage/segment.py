@@ -220,8 +220,10 @@ class Segment:
         self.index_path = stem + INDEX_SUFFIX
         self._write_fd: int | None = None
         self._read_fd: int | None = None
-        #: ``(byte position, batch)`` of the last batch a read decoded (``_verified``).
+        #: The last batch a read decoded, at its byte position, and the read
+        #: window over ``_read_fd`` (``_verified``).
         self._last_verified: tuple[int, RecordBatch] | None = None
+        self._window: _Window | None = None
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, offsets [{self.base_offset}, {self.next_offset}))"
@@ -402,19 +404,20 @@ class Segment:
         return spans, used
 
     def forget_verified(self) -> None:
-        """Let go of the batch kept by the last read (and the read buffer it
-        views): its log reader calls this when it reads another segment."""
+        """Let go of the kept batch and read window (up to a read's
+        ``max_bytes``): done when the log reads another segment."""
         self._last_verified = None
+        self._window = None
 
     def _verified(self, start: int, stop: int, max_bytes: int) -> Iterator[RecordBatch]:
         """The verified batches holding offsets in ``[start, stop)``, in order.
 
-        The last batch decoded is kept: a consumer's next read usually
-        begins inside it (a read stops at its caller's budget, mid-batch),
-        and then it is served again without a ``pread`` or a second CRC32C.
-        Batches never change under a segment (it only grows; a truncation
-        reopens a new ``Segment``), so the kept one stays right.
-        """
+        The last batch decoded and the read window are kept: a consumer's
+        next read usually begins inside that batch (reads stop mid-batch at
+        their caller's budget), served again with no ``pread`` or second
+        CRC32C, and the batches after it come from the same window. Bytes
+        never change under a segment (it only grows; a truncation reopens
+        a new ``Segment``), so what is kept stays right."""
         kept = self._last_verified
         if kept is not None and kept[1].base_offset <= start < kept[1].next_offset:
             position, batch = kept
@@ -422,7 +425,10 @@ class Segment:
             expected, position = batch.next_offset, position + batch.stored_bytes
         else:
             expected, position = self.index.position_for_offset(start)
-        window = _Window(self._reader(), self.size, max(READ_WINDOW_BYTES // 16, max_bytes))
+        window = self._window
+        if window is None:
+            window = self._window = _Window(self._reader(), 0)
+        window.end, window.window = self.size, max(READ_WINDOW_BYTES // 16, max_bytes)
         while position < self.size and expected < stop:
             got = window.get(position, BATCH_HEADER_BYTES)
             header = read_header(*got) if got is not None else "truncated header"
@@ -478,6 +484,7 @@ class Segment:
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd = None
+        self._window = None
 
     def abandon(self) -> None:
         """Close file descriptors without syncing or writing the index.
@@ -488,6 +495,7 @@ class Segment:
             if fd is not None:
                 os.close(fd)
         self._write_fd = self._read_fd = None
+        self._window = None
 
     def delete(self) -> None:
         """Remove the segment's files (the ``.log`` first: an orphan index is

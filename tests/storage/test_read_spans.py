@@ -1,6 +1,6 @@
-"""Reads by whole stored batches (``read_spans``) and the batch a segment
-keeps from its last read: the same messages as run by run reads, and no
-second ``pread`` for a read that goes on inside the kept batch."""
+"""Reads by whole stored batches (``read_spans``) and the batch and read
+window a segment keeps from its last read: the same messages as run by run
+reads, and no second ``pread`` for a read that goes on inside them."""
 
 from __future__ import annotations
 
@@ -77,7 +77,10 @@ def test_a_read_inside_the_kept_batch_reads_no_file(
         ]
         assert len(preads) == 1, "served from the kept batch"
         assert [(s.start, s.stop) for s in log.read_spans(7)] == [(7, 10), (10, 11)]
-        assert len(preads) == 2, "the next batch is read from the file"
+        assert len(preads) == 1, "the next batch comes from the window read already"
+        log.append([make_run(b"k", [b"grown"])])
+        assert flatten(log.read(11)) == [(11, b"k", b"grown")]
+        assert len(preads) == 2, "past the window: read from the file"
 
 
 def test_a_truncated_log_never_serves_the_batch_kept_before(tmp_path: Path) -> None:
