@@ -54,6 +54,12 @@ def test_spans_hold_what_run_reads_hold(
             runs = [run for span in spans for run in span.runs()]
             expected = log.read(start, 1 << 30, spans[-1].stop)
             assert flatten(runs) == flatten(expected)
+            for span in spans:  # as the batch's runs from its start, cut to the span
+                whole = flatten(span.batch.runs())
+                assert flatten(span.runs()) == [m for m in whole if span.start <= m[0] < span.stop]
+            # Message ``m<offset>`` at each offset: runs skipped and sliced right.
+            offsets = range(start, spans[-1].stop)
+            assert [(o, p) for o, _, p in flatten(runs)] == [(o, b"m%d" % o) for o in offsets]
 
 
 def test_a_read_inside_the_kept_batch_reads_no_file(
