@@ -26,7 +26,8 @@ test: lint
 	@command -v etcd >/dev/null || { apt-get update && apt-get install -y etcd-server; }
 	$(VENV)/bin/pytest -q
 	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration \
-		tests/client/test_decoding.py
+		tests/client/test_decoding.py tests/storage/test_read_spans.py \
+		tests/subscriptions/test_delivery.py tests/subscriptions/test_feed.py
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.
 bench: $(STAMP)

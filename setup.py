@@ -4,7 +4,9 @@
 ``broky.protocol._vectors``, ``broky.router._fanout``,
 ``broky.storage._partitions`` and ``broky.client._uniform`` (Cython) are the
 compiled twins of ``broky.protocol.frames.EncodedRunPure``,
-``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``,
+``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
+(and ``broky.protocol.located.encode_located_runs_pure``,
+``broky.storage.batch_reading.distinct_keys_pure``),
 ``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
 (and ``broky.storage.grouping.partition_groups_pure``) and
 ``broky.client.decoding.uniform_messages_pure``. Each is optional twice over: the

@@ -9,3 +9,14 @@ def encode_located_chunk(
     partition: int,
     base_offset: int,
 ) -> bytes: ...
+
+# The same parameters as ``broky.protocol.located.encode_located_runs_pure``.
+def encode_located_runs(*arguments: object) -> list[bytes]: ...
+def distinct_keys(
+    counts: Sequence[int],
+    key_lengths: Sequence[int],
+    keys: bytes | bytearray | memoryview,
+    base_offset: int,
+    start: int,
+    stop: int,
+) -> set[bytes]: ...

@@ -1,16 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Compiled twins of ``chunks.chunk_offsets_pure`` and
-``chunks.encode_located_chunk``: the runs vector of a Deliver frame, one
-uoffset per run, is built once per run of every frame a broker writes, and
-a subscription's delivery lays out one located chunk per run. Little-endian hosts only (elsewhere the import is refused
-and the pure version runs)."""
+"""Compiled twins of ``chunks.chunk_offsets_pure``,
+``chunks.encode_located_chunk`` and ``located.encode_located_runs_pure``:
+the runs vector of a Deliver frame, one uoffset per run, is built once per
+run of every frame a broker writes, and a subscription's delivery lays out
+one located chunk per run. Little-endian hosts only (elsewhere the import
+is refused and the pure version runs)."""
 
 import sys
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 if sys.byteorder != "little":
     raise ImportError("the compiled vector builder assumes a little-endian host")
@@ -49,6 +50,37 @@ cdef uint32_t _LOCATED_SIZES_UOFFSET = 28
 cdef uint16_t[8] _LOCATED_VTABLE = [16, 36, 20, 4, 24, 28, 32, 12]
 
 
+cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
+                    const char* sizes, int64_t sizes_len,
+                    const char* messages, int64_t messages_len,
+                    uint32_t partition, int64_t base_offset):
+    """The located chunk of one run, written into one new buffer."""
+    cdef int64_t sizes_end = 64 + 4 + sizes_len
+    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
+    cdef int64_t messages_end = messages_at + 4 + messages_len
+    cdef int64_t key_at = (messages_end + 3) & ~3
+    cdef int64_t key_end = key_at + 4 + key_len + 1
+    cdef int64_t chunk_end = (key_end + 7) & ~7
+    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    cdef char* out = PyBytes_AS_STRING(chunk)
+    memset(out, 0, chunk_end)
+    memcpy(out + 12, &_LOCATED_SOFFSET, 4)
+    memcpy(out + 16, &ts_broker, 8)
+    memcpy(out + 24, &base_offset, 8)
+    _put_u32(out, 32, <uint32_t>(key_at - 32))
+    _put_u32(out, 36, _LOCATED_SIZES_UOFFSET)
+    _put_u32(out, 40, <uint32_t>(messages_at - 40))
+    _put_u32(out, 44, partition)
+    memcpy(out + 48, _LOCATED_VTABLE, 16)
+    _put_u32(out, 64, <uint32_t>(sizes_len >> 2))
+    memcpy(out + 68, sizes, sizes_len)
+    _put_u32(out, messages_at, <uint32_t>messages_len)
+    memcpy(out + messages_at + 4, messages, messages_len)
+    _put_u32(out, key_at, <uint32_t>key_len)
+    memcpy(out + key_at + 4, key, key_len)
+    return chunk
+
+
 def encode_located_chunk(bytes key, int64_t ts_broker, sizes, messages,
                          uint32_t partition, int64_t base_offset):
     """See ``broky.protocol.chunks.encode_located_chunk``: the same bytes,
@@ -56,43 +88,133 @@ def encode_located_chunk(bytes key, int64_t ts_broker, sizes, messages,
     key-shared delivery lays out one of these per message)."""
     cdef Py_buffer sizes_buffer
     cdef Py_buffer messages_buffer
-    cdef int64_t sizes_len, messages_len, key_len, sizes_end, messages_at
-    cdef int64_t messages_end, key_at, key_end, chunk_end
-    cdef bytes chunk
-    cdef char* out
-    cdef uint32_t value
     PyObject_GetBuffer(sizes, &sizes_buffer, PyBUF_SIMPLE)
     try:
         PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
         try:
-            sizes_len = sizes_buffer.len
-            messages_len = messages_buffer.len
-            key_len = PyBytes_GET_SIZE(key)
-            sizes_end = 64 + 4 + sizes_len
-            messages_at = sizes_end + ((4 - sizes_end) & 7)
-            messages_end = messages_at + 4 + messages_len
-            key_at = (messages_end + 3) & ~3
-            key_end = key_at + 4 + key_len + 1
-            chunk_end = (key_end + 7) & ~7
-            chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
-            out = PyBytes_AS_STRING(chunk)
-            memset(out, 0, chunk_end)
-            memcpy(out + 12, &_LOCATED_SOFFSET, 4)
-            memcpy(out + 16, &ts_broker, 8)
-            memcpy(out + 24, &base_offset, 8)
-            _put_u32(out, 32, <uint32_t>(key_at - 32))
-            _put_u32(out, 36, _LOCATED_SIZES_UOFFSET)
-            _put_u32(out, 40, <uint32_t>(messages_at - 40))
-            _put_u32(out, 44, partition)
-            memcpy(out + 48, _LOCATED_VTABLE, 16)
-            _put_u32(out, 64, <uint32_t>(sizes_len >> 2))
-            memcpy(out + 68, sizes_buffer.buf, sizes_len)
-            _put_u32(out, messages_at, <uint32_t>messages_len)
-            memcpy(out + messages_at + 4, messages_buffer.buf, messages_len)
-            _put_u32(out, key_at, <uint32_t>key_len)
-            memcpy(out + key_at + 4, PyBytes_AS_STRING(key), key_len)
-            return chunk
+            return _located(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), ts_broker,
+                            <const char*>sizes_buffer.buf, sizes_buffer.len,
+                            <const char*>messages_buffer.buf, messages_buffer.len,
+                            partition, base_offset)
         finally:
             PyBuffer_Release(&messages_buffer)
     finally:
         PyBuffer_Release(&sizes_buffer)
+
+
+def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                        int64_t base_offset, int64_t start, int64_t stop,
+                        uint32_t partition, Py_ssize_t first_run=0,
+                        int64_t first_message=0, int64_t first_key=0,
+                        int64_t first_byte=0):
+    """See ``broky.protocol.located.encode_located_runs_pure``: the same
+    chunks, each written by ``_located`` straight from the columns' buffers,
+    with no Python object per run but its chunk. A run table or size table
+    that runs past its buffer raises ValueError (a verified batch never
+    does)."""
+    cdef Py_buffer keys_buffer
+    cdef Py_buffer sizes_buffer
+    cdef Py_buffer messages_buffer
+    cdef Py_ssize_t runs = len(counts), index
+    cdef int64_t offset = base_offset + first_message, end, count, key_length, first, last
+    cdef int64_t message = first_message, key_at = first_key, position = first_byte
+    cdef int64_t at, length, i
+    cdef const uint32_t* table
+    cdef list chunks = []
+    if len(ts_brokers) != runs or len(key_lengths) != runs:
+        raise ValueError("run columns of different lengths")
+    if first_run < 0 or first_message < 0 or first_key < 0 or first_byte < 0:
+        raise ValueError("a negative place to begin at")
+    PyObject_GetBuffer(keys, &keys_buffer, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(sizes, &sizes_buffer, PyBUF_SIMPLE)
+        try:
+            PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
+            try:
+                table = <const uint32_t*>sizes_buffer.buf
+                for index in range(first_run, runs):
+                    if offset >= stop:
+                        break
+                    count = counts[index]
+                    key_length = key_lengths[index]
+                    end = offset + count
+                    if (count < 0 or key_length < 0 or key_at + key_length > keys_buffer.len
+                            or 4 * (message + count) > sizes_buffer.len):
+                        raise ValueError("run table runs past the batch")
+                    at = position
+                    for i in range(count):
+                        position += table[message + i]
+                    if position > messages_buffer.len:
+                        raise ValueError("size table runs past the messages")
+                    if end > start:
+                        first = (start if start > offset else offset) - offset
+                        last = (stop if stop < end else end) - offset
+                        for i in range(first):
+                            at += table[message + i]
+                        length = 0
+                        for i in range(first, last):
+                            length += table[message + i]
+                        chunks.append(_located(
+                            <const char*>keys_buffer.buf + key_at, key_length,
+                            ts_brokers[index],
+                            <const char*>sizes_buffer.buf + 4 * (message + first),
+                            4 * (last - first),
+                            <const char*>messages_buffer.buf + at, length,
+                            partition, offset + first))
+                    offset = end
+                    message += count
+                    key_at += key_length
+                return chunks
+            finally:
+                PyBuffer_Release(&messages_buffer)
+        finally:
+            PyBuffer_Release(&sizes_buffer)
+    finally:
+        PyBuffer_Release(&keys_buffer)
+
+
+# Keys remembered by address in ``distinct_keys`` before it turns to the set.
+cdef enum:
+    _KNOWN_KEYS = 16
+
+
+def distinct_keys(counts, key_lengths, keys, int64_t base_offset, int64_t start,
+                  int64_t stop):
+    """See ``broky.storage.batch_reading.distinct_keys_pure``: the same set,
+    with a ``bytes`` made only for a key unlike the (up to 16) distinct
+    ones met before it, instead of one per run."""
+    cdef Py_buffer keys_buffer
+    cdef Py_ssize_t runs = len(counts), index
+    cdef int64_t offset = base_offset, key_at = 0, key_length
+    cdef const char* known_at[_KNOWN_KEYS]
+    cdef int64_t known_length[_KNOWN_KEYS]
+    cdef int known = 0, slot
+    cdef const char* key
+    cdef set found = set()
+    if len(key_lengths) != runs:
+        raise ValueError("run columns of different lengths")
+    PyObject_GetBuffer(keys, &keys_buffer, PyBUF_SIMPLE)
+    try:
+        for index in range(runs):
+            if offset >= stop:
+                break
+            offset += <int64_t>counts[index]
+            key_length = key_lengths[index]
+            if key_length < 0 or key_at + key_length > keys_buffer.len:
+                raise ValueError("run table runs past the batch")
+            if offset > start:
+                key = <const char*>keys_buffer.buf + key_at
+                for slot in range(known):
+                    if (known_length[slot] == key_length
+                            and memcmp(known_at[slot], key, key_length) == 0):
+                        break
+                else:
+                    found.add(PyBytes_FromStringAndSize(key, key_length))
+                    if known < _KNOWN_KEYS:
+                        known_at[known] = key
+                        known_length[known] = key_length
+                        known += 1
+            key_at += key_length
+        return found
+    finally:
+        PyBuffer_Release(&keys_buffer)

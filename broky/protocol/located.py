@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Final
 
+from broky.compiled import compiled_twin
 from broky.protocol.chunk_reading import read_chunk_run, vectors_layout
-from broky.protocol.chunks import CHUNK_TABLE_OFFSET, encode_located_chunk
+from broky.protocol.chunks import CHUNK_TABLE_OFFSET, encode_located_chunk, u32_array
 from broky.protocol.frames import Buffer, Run
 
 #: Where a located chunk's sizes vector starts (after its table and vtable).
@@ -107,6 +109,67 @@ def read_chunk_runs_pure(view: memoryview, start: int, count: int) -> list[Run |
 LocatedEncoder = Callable[[bytes, int, Buffer, Buffer, int, int], bytes]
 
 
+def encode_located_runs_pure(
+    ts_brokers: Sequence[int],
+    counts: Sequence[int],
+    key_lengths: Sequence[int],
+    keys: Buffer,
+    sizes: Buffer,
+    messages: Buffer,
+    base_offset: int,
+    start: int,
+    stop: int,
+    partition: int,
+    first_run: int = 0,
+    first_message: int = 0,
+    first_key: int = 0,
+    first_byte: int = 0,
+) -> list[bytes]:
+    """One located chunk per run of a stored batch's columns (one entry per
+    run in ``ts_brokers``, ``counts``, ``key_lengths``; ``keys``, ``sizes``,
+    ``messages`` back to back, the first run at ``base_offset``) with
+    messages in ``[start, stop)``, sliced to it: a subscription's delivery
+    straight from the columns, with no object per run in between (the
+    compiled twin, ``broky.protocol._vectors.encode_located_runs``, is what
+    makes that pay).
+
+    The walk begins at run ``first_run``, whose first message, key and
+    message bytes are the ``first_message``-th, at ``first_key`` and at
+    ``first_byte`` of their columns (a caller's index of the batch): one
+    offset of a batch of many runs (a key-shared delivery) then costs one
+    run, not a walk over every run before it."""
+    table = u32_array(memoryview(sizes))
+    sizes_view, messages_view, keys_view = memoryview(sizes), memoryview(messages), memoryview(keys)
+    chunks: list[bytes] = []
+    offset = base_offset + first_message
+    message, key_at, position = first_message, first_key, first_byte
+    columns = zip(ts_brokers, counts, key_lengths, strict=True)
+    for ts_broker, count, key_length in islice(columns, first_run, None):
+        end = offset + count
+        if offset >= stop:
+            break
+        if end > start:
+            first = max(start, offset) - offset
+            last = min(stop, end) - offset
+            at = position + sum(table[message : message + first])
+            length = sum(table[message + first : message + last])
+            chunks.append(
+                encode_located(
+                    bytes(keys_view[key_at : key_at + key_length]),
+                    ts_broker,
+                    sizes_view[4 * (message + first) : 4 * (message + last)],
+                    messages_view[at : at + length],
+                    partition,
+                    offset + first,
+                )
+            )
+        position += sum(table[message : message + count])
+        offset = end
+        message += count
+        key_at += key_length
+    return chunks
+
+
 def _compiled_encoder() -> LocatedEncoder | None:
     if os.environ.get("BROKY_PURE") == "1":
         return None
@@ -124,3 +187,8 @@ def _compiled_encoder() -> LocatedEncoder | None:
 #: one's ten-part pack and join).
 encode_located_compiled = _compiled_encoder()
 encode_located: LocatedEncoder = encode_located_compiled or encode_located_chunk
+#: :func:`encode_located_runs_pure` compiled, when it is built.
+encode_located_runs_compiled = compiled_twin("broky.protocol._vectors", "encode_located_runs")
+encode_located_runs = encode_located_runs_pure
+if encode_located_runs_compiled is not None:
+    encode_located_runs = encode_located_runs_compiled

@@ -10,12 +10,14 @@ exception from struct.
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, islice
 
 import attrs
 from crc32c import crc32c
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import sum_u32, u32_array
 from broky.protocol.frames import Buffer
 from broky.storage.batch import (
@@ -151,6 +153,40 @@ def read_header(buf: Buffer, position: int) -> BatchHeader | str:
     return header
 
 
+def distinct_keys_pure(
+    counts: Sequence[int],
+    key_lengths: Sequence[int],
+    keys: Buffer,
+    base_offset: int,
+    start: int,
+    stop: int,
+) -> set[bytes]:
+    """The distinct keys of the runs (``counts`` messages each, the first at
+    ``base_offset``, their keys ``key_lengths`` long back to back in
+    ``keys``) with messages in ``[start, stop)``. The compiled twin
+    (``broky.protocol._vectors.distinct_keys``) makes a ``bytes`` only per
+    key it has not met, not per run."""
+    view = memoryview(keys)
+    found: set[bytes] = set()
+    offset = base_offset
+    key_at = 0
+    for count, key_length in zip(counts, key_lengths, strict=True):
+        if offset >= stop:
+            break
+        offset += count
+        if offset > start:
+            found.add(bytes(view[key_at : key_at + key_length]))
+        key_at += key_length
+    return found
+
+
+#: :func:`distinct_keys_pure` compiled, when it is built.
+distinct_keys_compiled = compiled_twin("broky.protocol._vectors", "distinct_keys")
+distinct_keys = distinct_keys_pure
+if distinct_keys_compiled is not None:
+    distinct_keys = distinct_keys_compiled
+
+
 @attrs.frozen(slots=True)
 class RecordBatch:
     """A verified batch of either version, as columns over the bytes read.
@@ -181,21 +217,37 @@ class RecordBatch:
     def next_offset(self) -> int:
         return self.base_offset + self.count
 
+    def keys_between(self, start: int, stop: int) -> set[bytes]:
+        """The distinct keys of the runs with messages in ``[start, stop)``:
+        what a shared subscription's filter checks before it takes a whole
+        span as one range (keys repeat across a batch's runs)."""
+        return distinct_keys(
+            self.counts, self.key_lengths, self.keys, self.base_offset, start, stop
+        )
+
     def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
         """The runs with messages in ``[start, stop)``, in order, sliced to it.
 
-        Runs before ``start`` cost a little arithmetic each, no object.
+        Runs before ``start`` are skipped with a few C-speed passes over the
+        run table (a consumer's reads often begin deep inside a batch of
+        hundreds of one-message runs), no object and no Python step each.
         """
         stop = self.next_offset if stop is None else stop
-        offset = self.base_offset
-        message = key_at = 0
+        first_run = message = key_at = 0
+        if start > self.base_offset and len(self.counts) > 1:
+            ends = list(accumulate(self.counts))
+            first_run = bisect_right(ends, start - self.base_offset)
+            message = ends[first_run - 1] if first_run else 0
+            key_at = sum(self.key_lengths[:first_run])
+        offset = self.base_offset + message
         position = -1  # byte position of message ``message``, once needed
         sizes = u32_array(self.sizes)
         log_time = self.log_time
         one_run = self.version == 1
         producers = self.producers
+        columns = zip(self.ts_brokers, self.counts, self.key_lengths, strict=True)
         for index, (ts_broker, count, key_length) in enumerate(
-            zip(self.ts_brokers, self.counts, self.key_lengths, strict=True)
+            islice(columns, first_run, None), first_run
         ):
             end = offset + count
             if offset >= stop:
@@ -223,6 +275,36 @@ class RecordBatch:
             offset = end
             message += count
             key_at += key_length
+
+
+@attrs.frozen(slots=True)
+class BatchSpan:
+    """Offsets ``[start, stop)`` of one verified record batch: the unit a
+    durable subscription reads, caches and delivers from.
+
+    One of these per stored batch, not per run: with keys changing on every
+    message a batch holds hundreds of one-message runs, and a
+    :class:`StoredBatch` for each was most of a subscription read's cost.
+    The runs are laid out only when delivered (``delivery.located_chunks``)
+    or when an ordered subscription needs each one's key (:meth:`runs`).
+    """
+
+    batch: RecordBatch
+    start: int
+    stop: int
+
+    @property
+    def base_offset(self) -> int:
+        return self.start
+
+    @property
+    def next_offset(self) -> int:
+        return self.stop
+
+    def runs(self, start: int = 0, stop: int | None = None) -> Iterator[StoredBatch]:
+        """The span's runs with messages in ``[start, stop)``, sliced to both."""
+        upper = self.stop if stop is None else min(stop, self.stop)
+        return self.batch.runs(max(start, self.start), upper)
 
 
 def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:

@@ -11,15 +11,24 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 from broky.storage.batch import StoredBatch
+from broky.storage.batch_reading import BatchSpan
 from broky.storage.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
 from broky.storage.segment import Segment
 
 #: Default byte budget of ``read``: what one Deliver frame can carry with
 #: room to spare under the 4 MiB frame limit.
 DEFAULT_READ_BYTES: Final = 1024 * 1024
+
+
+class _Ends(Protocol):
+    @property
+    def next_offset(self) -> int: ...
+
+
+_Read = TypeVar("_Read", bound=_Ends)
 
 
 class LogReader:
@@ -32,6 +41,9 @@ class LogReader:
         self._bases = [segment.base_offset for segment in segments]
         #: The last offset of each key, built by the first ``last_offsets``.
         self._last_by_key: dict[bytes, int] | None = None
+        #: The segment whose last decoded batch is kept (``Segment._verified``):
+        #: one per log, so that reading on elsewhere frees its read buffer.
+        self._last_read: Segment | None = None
         self._closed = False
 
     # --- offsets -------------------------------------------------------------
@@ -66,17 +78,39 @@ class LogReader:
         An offset outside ``[start_offset, end_offset]`` raises
         OffsetOutOfRangeError; ``end_offset`` itself gives ``[]``.
         """
+        return self._collect(Segment.read, offset, max_bytes, stop_offset)
+
+    def read_spans(
+        self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, stop_offset: int | None = None
+    ) -> list[BatchSpan]:
+        """:meth:`read` by whole stored batches (``Segment.read_spans``): one
+        object per batch read rather than one per run, for a reader that
+        lays the runs out itself (durable subscriptions)."""
+        return self._collect(Segment.read_spans, offset, max_bytes, stop_offset)
+
+    def _collect(
+        self,
+        read_segment: Callable[[Segment, int, int, int, int], tuple[list[_Read], int]],
+        offset: int,
+        max_bytes: int,
+        stop_offset: int | None,
+    ) -> list[_Read]:
+        """The segment walk of :meth:`read` and :meth:`read_spans`."""
         self._check_open()
         end = self.end_offset
         if not self.start_offset <= offset <= end:
             raise OffsetOutOfRangeError(offset, self.start_offset, end)
         stop = end if stop_offset is None else min(stop_offset, end)
-        batches: list[StoredBatch] = []
+        batches: list[_Read] = []
         used = 0
         slot = bisect_right(self._bases, offset) - 1
         while offset < stop and slot < len(self._segments):
             segment = self._segments[slot]
-            found, used = segment.read(offset, stop, max_bytes, used)
+            if segment is not self._last_read:
+                if self._last_read is not None:
+                    self._last_read.forget_verified()
+                self._last_read = segment
+            found, used = read_segment(segment, offset, stop, max_bytes, used)
             batches.extend(found)
             if found:
                 offset = found[-1].next_offset

@@ -24,6 +24,7 @@ import attrs
 from broky.storage.batch import BATCH_HEADER_BYTES, StoredBatch
 from broky.storage.batch_reading import (
     BatchHeader,
+    BatchSpan,
     RecordBatch,
     decode_batch,
     read_header,
@@ -219,6 +220,10 @@ class Segment:
         self.index_path = stem + INDEX_SUFFIX
         self._write_fd: int | None = None
         self._read_fd: int | None = None
+        #: The last batch a read decoded, at its byte position, and the read
+        #: window over ``_read_fd`` (``_verified``).
+        self._last_verified: tuple[int, RecordBatch] | None = None
+        self._window: _Window | None = None
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, offsets [{self.base_offset}, {self.next_offset}))"
@@ -374,10 +379,57 @@ class Segment:
         than its budget. Every run served comes from a batch that passed its
         CRC32C; a bad one raises CorruptRecordError.
         """
-        window = _Window(self._reader(), self.size, max(READ_WINDOW_BYTES // 16, max_bytes))
-        expected, position = self.index.position_for_offset(start)
-        batches: list[StoredBatch] = []
-        while position < self.size:
+        runs: list[StoredBatch] = []
+        for batch in self._verified(start, stop, max_bytes):
+            for run in batch.runs(start, stop):
+                if used and used + run.stored_bytes > max_bytes:
+                    return runs, used
+                runs.append(run)
+                used += run.stored_bytes
+        return runs, used
+
+    def read_spans(
+        self, start: int, stop: int, max_bytes: int, used: int = 0
+    ) -> tuple[list[BatchSpan], int]:
+        """:meth:`read` by whole stored batches: one span per batch (sliced
+        to ``[start, stop)``), each counting its batch's whole stored bytes."""
+        spans: list[BatchSpan] = []
+        for batch in self._verified(start, stop, max_bytes):
+            if used and used + batch.stored_bytes > max_bytes:
+                break
+            spans.append(
+                BatchSpan(batch, max(start, batch.base_offset), min(stop, batch.next_offset))
+            )
+            used += batch.stored_bytes
+        return spans, used
+
+    def forget_verified(self) -> None:
+        """Let go of the kept batch and read window (up to a read's
+        ``max_bytes``): done when the log reads another segment."""
+        self._last_verified = None
+        self._window = None
+
+    def _verified(self, start: int, stop: int, max_bytes: int) -> Iterator[RecordBatch]:
+        """The verified batches holding offsets in ``[start, stop)``, in order.
+
+        The last batch decoded and the read window are kept: a consumer's
+        next read usually begins inside that batch (reads stop mid-batch at
+        their caller's budget), served again with no ``pread`` or second
+        CRC32C, and the batches after it come from the same window. Bytes
+        never change under a segment (it only grows; a truncation reopens
+        a new ``Segment``), so what is kept stays right."""
+        kept = self._last_verified
+        if kept is not None and kept[1].base_offset <= start < kept[1].next_offset:
+            position, batch = kept
+            yield batch
+            expected, position = batch.next_offset, position + batch.stored_bytes
+        else:
+            expected, position = self.index.position_for_offset(start)
+        window = self._window
+        if window is None:
+            window = self._window = _Window(self._reader(), 0)
+        window.end, window.window = self.size, max(READ_WINDOW_BYTES // 16, max_bytes)
+        while position < self.size and expected < stop:
             got = window.get(position, BATCH_HEADER_BYTES)
             header = read_header(*got) if got is not None else "truncated header"
             if not isinstance(header, str) and header.base_offset != expected:
@@ -385,21 +437,15 @@ class Segment:
             if isinstance(header, str):
                 raise CorruptRecordError(f"corrupt batch: {header}", self.path, position)
             expected = header.next_offset
-            if header.base_offset >= stop:
-                break
             if header.next_offset > start:
                 got = window.get(position, header.length)
                 if got is None:
                     raise CorruptRecordError("batch runs past the segment", self.path, position)
                 buffer, at = got
                 batch = decode_batch(buffer, at, self.path, position - at)
-                for run in batch.runs(start, stop):
-                    if used and used + run.stored_bytes > max_bytes:
-                        return batches, used
-                    batches.append(run)
-                    used += run.stored_bytes
+                self._last_verified = (position, batch)
+                yield batch
             position += header.length
-        return batches, used
 
     def batch_at(self, offset: int) -> tuple[int, int]:
         """``(byte position, base offset)`` of the batch holding ``offset``
@@ -438,6 +484,7 @@ class Segment:
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd = None
+        self._window = None
 
     def abandon(self) -> None:
         """Close file descriptors without syncing or writing the index.
@@ -448,6 +495,7 @@ class Segment:
             if fd is not None:
                 os.close(fd)
         self._write_fd = self._read_fd = None
+        self._window = None
 
     def delete(self) -> None:
         """Remove the segment's files (the ``.log`` first: an orphan index is

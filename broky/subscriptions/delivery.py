@@ -2,10 +2,10 @@
 and the dead-letter copy of a message (sans-IO).
 
 The dispatcher decides offsets; the driver reads their batches from the log
-(``BatchCache``) and this module lays them out: consecutive offsets of one
-stored batch travel as one run (a slice of it, no copy of the messages until
-the frame is joined), each run carrying its partition and base offset, so a
-consumer knows every message's (partition, offset). Messages delivered more
+(``BatchCache``, one span per stored batch) and this module lays them out:
+the delivered offsets of each stored run travel as one located chunk,
+written straight from the batch's columns, carrying its partition and base
+offset, so a consumer knows every message's (partition, offset). Messages delivered more
 than once are listed, with their counts, in a ``Redelivered`` frame just
 before the ``Deliver`` frame that carries them. A ``Redelivered`` also
 names the topic of every ``Deliver`` after it on the stream until the next
@@ -18,65 +18,90 @@ First deliveries of the topic a stream last named cost nothing extra.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate
 from typing import Final
 
-from broky.protocol.codec import encode_frame, runs_frame_parts
+from broky.protocol.codec import encode_frame, runs_frame_parts, u32_array
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
-from broky.protocol.located import encode_located
+from broky.protocol.located import encode_located_runs
 from broky.protocol.message import decode_message, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch
+from broky.storage.batch_reading import BatchSpan, RecordBatch
 
 #: Frame bytes a delivery frame may take, as a share of the consumer's frame
 #: limit: the rest is room for the frame's header and run tables.
 FRAME_SHARE: Final = 2
 
 
+class _RunIndex:
+    """Where each run of a batch begins in its columns: built once a round
+    per batch that a delivery begins inside (a key-shared consumer gets
+    single offsets all over a batch of hundreds of runs)."""
+
+    __slots__ = ("byte_starts", "key_starts", "run_offsets")
+
+    def __init__(self, batch: RecordBatch) -> None:
+        self.run_offsets = list(accumulate(batch.counts, initial=0))
+        self.key_starts = list(accumulate(batch.key_lengths, initial=0))
+        self.byte_starts = list(accumulate(u32_array(batch.sizes), initial=0))
+
+    def begin(self, message: int) -> tuple[int, int, int, int]:
+        """Run index, first message, key and byte position of the run that
+        holds the batch's ``message``-th message."""
+        run = bisect_right(self.run_offsets, message) - 1
+        first = self.run_offsets[run]
+        return run, first, self.key_starts[run], self.byte_starts[first]
+
+
 class BatchCache:
     """Stored batches of one partition by offset: what a driver round read.
 
-    Batches are added in any order but never overlap (they come from reads
-    of one log); ``find`` answers which batch holds an offset.
+    Spans (one per stored batch, ``LogReader.read_spans``) are added in any
+    order but never overlap (they come from reads of one log); ``find``
+    answers which run holds an offset.
     """
 
     def __init__(self) -> None:
         self._bases: list[int] = []
-        self._batches: list[StoredBatch] = []
+        self._spans: list[BatchSpan] = []
+        #: Run indexes of the held batches that deliveries began inside, by ``id``.
+        self._indexes: dict[int, _RunIndex] = {}
 
-    def add(self, batches: Iterable[StoredBatch]) -> None:
-        for batch in batches:
-            index = bisect_right(self._bases, batch.base_offset)
-            if index and self._batches[index - 1].next_offset > batch.base_offset:
+    def add(self, spans: Iterable[BatchSpan]) -> None:
+        for span in spans:
+            index = bisect_right(self._bases, span.start)
+            if index and self._spans[index - 1].stop > span.start:
                 continue  # held already
-            self._bases.insert(index, batch.base_offset)
-            self._batches.insert(index, batch)
+            self._bases.insert(index, span.start)
+            self._spans.insert(index, span)
 
     def find(self, offset: int) -> StoredBatch | None:
+        """The held run holding ``offset``, sliced to that one message."""
         index = bisect_right(self._bases, offset) - 1
-        if index < 0:
+        if index < 0 or offset >= self._spans[index].stop:
             return None
-        batch = self._batches[index]
-        return batch if offset < batch.next_offset else None
+        return next(self._spans[index].runs(offset, offset + 1))
 
-    def cover(self, first: int, stop: int) -> Iterator[tuple[StoredBatch | None, int, int]]:
-        """``[first, stop)`` in offset order as ``(batch, start, upto)``
-        pieces: the held batch covering ``[start, upto)``, or None over a
-        stretch no held batch covers. One bisection per call, then a step
-        per piece (a span of one-message runs is one piece per message)."""
-        bases, batches = self._bases, self._batches
-        count = len(batches)
+    def cover(self, first: int, stop: int) -> Iterator[tuple[BatchSpan | None, int, int]]:
+        """``[first, stop)`` in offset order as ``(span, start, upto)``
+        pieces: the held span covering ``[start, upto)``, or None over a
+        stretch no held span covers. One bisection per call, then a step
+        per piece (one per stored batch, however many runs it holds)."""
+        bases, spans = self._bases, self._spans
+        count = len(spans)
         index = bisect_right(bases, first) - 1
         offset = first
         while offset < stop:
-            if index >= 0 and offset < batches[index].next_offset:
-                batch: StoredBatch | None = batches[index]
-                upto = min(stop, batches[index].next_offset)
+            if index >= 0 and offset < spans[index].stop:
+                span: BatchSpan | None = spans[index]
+                upto = min(stop, spans[index].stop)
             else:
-                batch = None
+                span = None
                 upto = min(stop, bases[index + 1]) if index + 1 < count else stop
-            yield batch, offset, upto
+            yield span, offset, upto
             offset = upto
             if index + 1 < count and bases[index + 1] <= offset:
                 index += 1
@@ -89,18 +114,39 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         ranges: list[tuple[int, int]] = []
-        find = self.find
+        bases, held = self._bases, self._spans
         for first, stop in sorted(spans):
-            if stop == first + 1 and find(first) is not None:
-                continue  # one offset held (every key-shared delivery read this round)
-            for batch, offset, upto in self.cover(first, stop):
-                if batch is not None:
+            if stop == first + 1:
+                # One offset (every key-shared delivery read this round).
+                index = bisect_right(bases, first) - 1
+                if index >= 0 and first < held[index].stop:
+                    continue
+            for span, offset, upto in self.cover(first, stop):
+                if span is not None:
                     continue
                 if ranges and offset - ranges[-1][1] <= gap:
                     ranges[-1] = (ranges[-1][0], max(ranges[-1][1], upto))
                 else:
                     ranges.append((offset, upto))
         return ranges
+
+    def begin(self, batch: RecordBatch, offset: int) -> tuple[int, int, int, int]:
+        """Where ``encode_located_runs`` starts for ``offset`` of held
+        ``batch``: its run's index, first message, key and message bytes
+        (``first_run`` to ``first_byte``)."""
+        if offset <= batch.base_offset:
+            return 0, 0, 0, 0
+        index = self._indexes.get(id(batch))
+        if index is None:
+            index = self._indexes[id(batch)] = _RunIndex(batch)
+        return index.begin(offset - batch.base_offset)
+
+    def piece(self, offset: int) -> tuple[BatchSpan | None, int, int]:
+        """``cover(offset, offset + 1)``'s one piece, without a generator."""
+        index = bisect_right(self._bases, offset) - 1
+        if index < 0 or offset >= self._spans[index].stop:
+            return None, offset, offset + 1
+        return self._spans[index], offset, offset + 1
 
 
 def delivery_frames(
@@ -116,7 +162,9 @@ def delivery_frames(
     """The frames carrying ``deliveries`` (``(first, stop, delivery count)``:
     offsets ``[first, stop)`` in delivery order) to ``stream``, and the
     offsets the cache did not hold (trimmed from the log by retention: the
-    caller acks them away). Costs a step per stored run, not per offset.
+    caller acks them away). Costs a step per stored batch, and a located
+    chunk per stored run laid out from the batch's columns
+    (``encode_located_runs``), not a step per offset.
 
     ``name_topic``: the stream's last ``Redelivered`` named another topic
     (or none yet), so the first frame must name ``topic``."""
@@ -126,25 +174,64 @@ def delivery_frames(
     chunks: list[bytes] = []
     counts: list[tuple[int, int]] = []
     used = 0
-    run_batch: StoredBatch | None = None
+    run_span: BatchSpan | None = None
     run_start = run_stop = 0
+    #: Where the open run's entries begin in ``counts`` (ascending offsets).
+    run_counts = 0
 
     def close_run() -> None:
-        nonlocal run_batch, used
-        if run_batch is not None:
-            part = run_batch.slice(run_start, run_stop)
-            chunk = encode_located(
-                part.key, part.ts_broker, part.sizes, part.messages, partition, part.base_offset
-            )
+        nonlocal run_span, used
+        if run_span is None:
+            return
+        batch = run_span.batch
+        run_span = None
+        laid_out = encode_located_runs(
+            batch.ts_brokers,
+            batch.counts,
+            batch.key_lengths,
+            batch.keys,
+            batch.sizes,
+            batch.messages,
+            batch.base_offset,
+            run_start,
+            run_stop,
+            partition,
+            *begin(batch, run_start),
+        )
+        total = sum(map(len, laid_out))
+        if used + total <= budget:
+            chunks.extend(laid_out)
+            used += total
+            return
+        # Past the budget: the frame ends between two stored runs, and the
+        # redelivery counts of the runs after the cut go with them.
+        firsts = run_firsts(batch.base_offset, batch.counts)
+        for chunk, chunk_first in zip(laid_out, firsts, strict=True):
+            if used >= budget:
+                close_frame(chunk_first)
             chunks.append(chunk)
             used += len(chunk)
-            run_batch = None
 
-    def close_frame() -> None:
-        nonlocal used, name_topic
-        close_run()
+    def run_firsts(offset: int, stored_counts: Sequence[int]) -> Iterator[int]:
+        """The first offset of each stored run in ``[run_start, run_stop)``."""
+        for count in stored_counts:
+            if offset >= run_stop:
+                return
+            if offset + count > run_start:
+                yield max(offset, run_start)
+            offset += count
+
+    def close_frame(carry_from: int | None = None) -> None:
+        """End the frame; redelivery counts of the open run's offsets from
+        ``carry_from`` on stay for the next one."""
+        nonlocal used, name_topic, run_counts
         if not chunks:
             return
+        carried: list[tuple[int, int]] = []
+        if carry_from is not None:
+            cut = bisect_left(counts, (carry_from, 0), run_counts)
+            carried = counts[cut:]
+            del counts[cut:]
         if counts or name_topic:
             name_topic = False
             frames.append(
@@ -160,26 +247,29 @@ def delivery_frames(
             )
         frames.append(b"".join(runs_frame_parts(BodyType.DELIVER, stream, chunks)))
         chunks.clear()
-        counts.clear()
+        counts[:] = carried
+        run_counts = 0
         used = 0
 
-    find, cover = cache.find, cache.cover
+    piece, cover, begin = cache.piece, cache.cover, cache.begin
     for first, stop, count in deliveries:
         # One offset (every key-shared delivery) needs no cover generator.
-        pieces = ((find(first), first, stop),) if stop == first + 1 else cover(first, stop)
-        for batch, offset, upto in pieces:
-            if batch is None:
+        pieces = (piece(first),) if stop == first + 1 else cover(first, stop)
+        for span, offset, upto in pieces:
+            if span is None:
                 lost.extend(range(offset, upto))
                 continue
-            if run_batch is batch and offset == run_stop:
+            if run_span is span and offset == run_stop:
                 run_stop = upto
             else:
                 close_run()
                 if used >= budget:
                     close_frame()
-                run_batch, run_start, run_stop = batch, offset, upto
+                run_span, run_start, run_stop = span, offset, upto
+                run_counts = len(counts)
             if count > 1:
                 counts.extend((redelivered, count) for redelivered in range(offset, upto))
+    close_run()
     close_frame()
     return frames, lost
 

@@ -39,8 +39,9 @@ A consumer without room is skipped; in ordered types only its slots wait.
 
 from __future__ import annotations
 
+import itertools
 from bisect import insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
@@ -220,10 +221,35 @@ class Dispatcher(DispatchCore):
 
     # --- acknowledgements ---------------------------------------------------------------
 
-    def ack(self, consumer: int, offsets: Iterable[int], now: float) -> int:
+    def ack_ranges(self, consumer: int, ranges: Iterable[Sequence[int]], now: float) -> int:
+        """:meth:`ack` of a settle's offsets, given as its ranges: the parts
+        of a range that fall on span deliveries of a shared subscription
+        (``AckTracker.ack_spans``) are acked a span piece at a time, the
+        rest offset by offset."""
+        if self.ordered:
+            return self.ack(consumer, itertools.chain.from_iterable(ranges), now)
+        freed: dict[int, int] = {}
+        rest: list[Sequence[int]] = []
+        ack_spans = self.tracker.ack_spans
+        for offsets in ranges:
+            if not isinstance(offsets, range) or offsets.step != 1:
+                rest.append(offsets)
+                continue
+            ended, stopped = ack_spans(offsets)
+            for held, count in ended:
+                freed[held.consumer] = freed.get(held.consumer, 0) + count
+            if stopped < offsets.stop:
+                rest.append(range(stopped, offsets.stop))
+        return self.ack(consumer, itertools.chain.from_iterable(rest), now, freed)
+
+    def ack(
+        self, consumer: int, offsets: Iterable[int], now: float, freed: dict[int, int] | None = None
+    ) -> int:
         """Ack ``offsets`` (those never delivered, or acked already, are
         skipped); returns how many were stale (held by another consumer or
-        already taken back: accepted anyway, the work was done)."""
+        already taken back: accepted anyway, the work was done). ``freed``:
+        deliveries per holder that the caller ended already
+        (:meth:`ack_ranges`), counted in with the ones these offsets end."""
         stale = 0
         state = self.consumers.get(consumer)
         if state is not None:
@@ -237,7 +263,7 @@ class Dispatcher(DispatchCore):
         # Each holder's in-flight count drops once per holder, not per
         # offset; ordered types also free each offset's slot (``_forget``
         # inlined: a key-shared consumer acks offsets one by one).
-        freed: dict[int, int] = {}
+        freed = {} if freed is None else freed
         if self.ordered:
             held_by_slot, holders = self._held, self._holder
             for offset, pending in zip(ended, deliveries, strict=True):

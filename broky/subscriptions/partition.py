@@ -37,7 +37,7 @@ import trio
 from broky.durable.owner import PartitionOwner
 from broky.protocol.constants import StartKind
 from broky.router.matcher import SubscriptionIndex
-from broky.storage.batch import StoredBatch
+from broky.storage.batch_reading import BatchSpan
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
@@ -310,7 +310,7 @@ class PartitionSubscriptions:
             self.wake()  # a read stops at READ_BYTES: there may be more to read
 
     def _feed(
-        self, name: str, log_start: int, count: int, batches: list[StoredBatch], now: float
+        self, name: str, log_start: int, count: int, batches: list[BatchSpan], now: float
     ) -> None:
         dispatcher = self.dispatchers[name]
         matcher = self._filters[name]
@@ -387,44 +387,54 @@ class PartitionSubscriptions:
 
 
 def feed_batches(
-    dispatcher: Dispatcher, matcher: SubscriptionIndex[int], batches: list[StoredBatch], now: float
+    dispatcher: Dispatcher, matcher: SubscriptionIndex[int], spans: list[BatchSpan], now: float
 ) -> None:
-    """Feed ``batches`` (read from ``dispatcher.tracker.read_position``, in
+    """Feed ``spans`` (read from ``dispatcher.tracker.read_position``, in
     offset order) to ``dispatcher``: runs whose key ``matcher`` rejects are
     skipped; shared subscriptions queue consecutive runs as one range (a
-    stored run is often one message long) and deal them at once; ordered
-    types take message by message, key-shared by each message's slot."""
+    stored run is often one message long), a whole span at once when its
+    filter takes every key in it, and deal them at once; ordered types take
+    message by message, key-shared by each message's slot."""
     position = dispatcher.tracker.read_position
     key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
-    # Shared: consecutive matching batches are queued as one range (a
-    # stored run is often one message long).
+    # Shared: consecutive matching runs are queued as one range.
     queued_from = queued_to = position
-    for batch in batches:
-        offset = batch.base_offset
-        if not matcher.match(batch.key):
-            if queued_to > queued_from:
-                dispatcher.queue(queued_from, queued_to)
-            queued_from = queued_to = batch.next_offset
-            for skipped in range(offset, batch.next_offset):
-                dispatcher.skip(skipped)
-            continue
-        if not dispatcher.ordered:
-            if offset != queued_to:
+    for span in spans:
+        if not dispatcher.ordered and all(
+            matcher.match(key) for key in span.batch.keys_between(span.start, span.stop)
+        ):
+            if span.start != queued_to:
                 if queued_to > queued_from:
                     dispatcher.queue(queued_from, queued_to)
-                queued_from = offset
-            queued_to = batch.next_offset
+                queued_from = span.start
+            queued_to = span.stop
             continue
-        if not key_shared:
-            for fed in range(offset, batch.next_offset):
-                dispatcher.feed(fed, 0, now)
-            continue
-        if batch.count == 1 and not has_key_partition(batch.messages, 0):
-            # The usual key-shared run (keys change on every message).
-            dispatcher.feed(offset, slot_of(batch.key), now)
-            continue
-        for index, sticky in enumerate(sticky_keys(batch.key, batch.sizes, batch.messages)):
-            dispatcher.feed(offset + index, slot_of(sticky), now)
+        for batch in span.runs():
+            offset = batch.base_offset
+            if not matcher.match(batch.key):
+                if queued_to > queued_from:
+                    dispatcher.queue(queued_from, queued_to)
+                queued_from = queued_to = batch.next_offset
+                for skipped in range(offset, batch.next_offset):
+                    dispatcher.skip(skipped)
+                continue
+            if not dispatcher.ordered:
+                if offset != queued_to:
+                    if queued_to > queued_from:
+                        dispatcher.queue(queued_from, queued_to)
+                    queued_from = offset
+                queued_to = batch.next_offset
+                continue
+            if not key_shared:
+                for fed in range(offset, batch.next_offset):
+                    dispatcher.feed(fed, 0, now)
+                continue
+            if batch.count == 1 and not has_key_partition(batch.messages, 0):
+                # The usual key-shared run (keys change on every message).
+                dispatcher.feed(offset, slot_of(batch.key), now)
+                continue
+            for index, sticky in enumerate(sticky_keys(batch.key, batch.sizes, batch.messages)):
+                dispatcher.feed(offset + index, slot_of(sticky), now)
     if not dispatcher.ordered:
         if queued_to > queued_from:
             dispatcher.queue(queued_from, queued_to)
@@ -433,31 +443,31 @@ def feed_batches(
 
 def _read_new(
     partition_log: PartitionLog, wanted: dict[str, tuple[int, int]]
-) -> dict[str, tuple[int, list[StoredBatch]]]:
+) -> dict[str, tuple[int, list[BatchSpan]]]:
     """In the owner's thread: each dispatcher's next ``count`` offsets from
     its read position, with the log's start (retention may have moved it
     past the position: then the read begins there)."""
-    reads: dict[str, tuple[int, list[StoredBatch]]] = {}
+    reads: dict[str, tuple[int, list[BatchSpan]]] = {}
     log_start = partition_log.start_offset
     for name, (position, count) in wanted.items():
         start = max(position, log_start)
         stop = position + count
         reads[name] = (
             log_start,
-            partition_log.read(start, READ_BYTES, stop) if start < stop else [],
+            partition_log.read_spans(start, READ_BYTES, stop) if start < stop else [],
         )
     return reads
 
 
-def _read_ranges(partition_log: PartitionLog, ranges: list[tuple[int, int]]) -> list[StoredBatch]:
+def _read_ranges(partition_log: PartitionLog, ranges: list[tuple[int, int]]) -> list[BatchSpan]:
     """In the owner's thread: the batches holding ``[first, stop)`` ranges
     (what retention removed is left out)."""
-    batches: list[StoredBatch] = []
+    batches: list[BatchSpan] = []
     for first, stop in ranges:
         position = max(first, partition_log.start_offset)
         while position < stop:
             try:
-                found = partition_log.read(position, READ_BYTES, stop)
+                found = partition_log.read_spans(position, READ_BYTES, stop)
             except OffsetOutOfRangeError:
                 break
             if not found:

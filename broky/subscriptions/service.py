@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -425,7 +425,7 @@ class SubscriptionService:
             ranges = spans[number]
             count = sum(len(offsets) for offsets in ranges)
             dispatcher = partition.dispatchers[name]
-            stale += self._apply(dispatcher, link, frame, chain.from_iterable(ranges), count, now)
+            stale += self._apply(dispatcher, link, frame, ranges, count, now)
             partition.changed(name, count if frame.kind is SettleKind.ACK else 0)
         self._pump(link)
         if frame.sequence:
@@ -445,18 +445,20 @@ class SubscriptionService:
         dispatcher: Dispatcher,
         link: ConsumerLink,
         frame: Settle,
-        offsets: Iterable[int],
+        ranges: list[Sequence[int]],
         count: int,
         now: float,
     ) -> int:
-        """Apply ``frame``'s kind to ``offsets`` (``count`` of them) of one dispatcher."""
+        """Apply ``frame``'s kind to the offsets of ``ranges`` (``count`` of
+        them) of one dispatcher."""
         kind = frame.kind
         if kind is SettleKind.ACK:
-            stale = dispatcher.ack(link.id, offsets, now)
+            stale = dispatcher.ack_ranges(link.id, ranges, now)
             counters = self.counters(link.subscription)
             counters.acked += count
             counters.stale_acks += stale
             return stale
+        offsets = chain.from_iterable(ranges)
         if kind is SettleKind.NACK:
             delay = None if frame.delay_ms < 0 else frame.delay_ms / 1000
             dispatcher.nack(link.id, offsets, now, delay, frame.reason)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Final
 
 import attrs
@@ -67,6 +69,9 @@ class Pending:
     deadline: float
     slot: int
     live: int = 1
+    #: A span's offsets ``[first, stop)`` (``deliver_span``; 0, 0 otherwise).
+    first: int = 0
+    stop: int = 0
 
 
 def backoff_delay(backoff: Sequence[float], count: int) -> float:
@@ -275,7 +280,7 @@ class AckTracker:
         as one delivery (slot 0, count 1); the caller checked that none was
         delivered, acked or is due, and that ``stop <= durable_limit``."""
         offsets = range(first, stop)
-        span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first)
+        span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first, first, stop)
         self.counts.update(dict.fromkeys(offsets, 1))
         self.pending.update(dict.fromkeys(offsets, span))
         sequence = next(self._sequence)
@@ -339,6 +344,43 @@ class AckTracker:
                 for offset in done:
                     side.pop(offset, None)
         return ended, deliveries, waiting
+
+    def ack_spans(self, offsets: range) -> tuple[list[tuple[Pending, int]], int]:
+        """Ack ``offsets`` (step 1) from its start, a span delivery
+        (``deliver_span``) at a time, while each of its offsets here is
+        still pending with that delivery (so none is acked, due or counted
+        twice). Returns each delivery touched with how many of its offsets
+        ended, and the offset where this stopped: the caller acks the rest
+        one by one. A consumer settles what it was dealt as ranges (cut
+        where its client's settle batch filled), so this is most acks of a
+        shared subscription: per span piece a check and two deletes at C
+        speed per offset, one acked range, no list entry per offset."""
+        ended: list[tuple[Pending, int]] = []
+        counts, pending = self.counts, self.pending
+        position, stop = offsets.start, offsets.stop
+        while position < stop:
+            held = pending.get(position)
+            if held is None or not held.first <= position < held.stop:
+                break
+            piece = range(position, min(stop, held.stop))
+            size = len(piece)
+            if size > held.live:
+                break
+            whole = size == held.stop - held.first  # then every offset is held (live)
+            if not whole and size > 1 and itemgetter(*piece)(pending).count(held) != size:
+                break
+            deque(map(counts.__delitem__, piece), 0)
+            deque(map(pending.__delitem__, piece), 0)
+            held.live -= size
+            self.acked.add_range(position, piece.stop - 1)
+            if self.errors:
+                for offset in piece:
+                    self.errors.pop(offset, None)
+            ended.append((held, size))
+            position = piece.stop
+        if ended:
+            self.dirty = True
+        return ended, position
 
     def release(self, offset: int, due: float, error: str = "") -> Pending | None:
         """Take ``offset`` back from its consumer, due again at ``due``."""

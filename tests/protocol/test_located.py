@@ -27,6 +27,8 @@ from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Deliver, Run
 from broky.protocol.located import (
     encode_located_compiled,
+    encode_located_runs_compiled,
+    encode_located_runs_pure,
     read_chunk_runs_pure,
     read_located_run,
 )
@@ -127,3 +129,99 @@ def test_the_compiled_encoder_writes_the_pure_ones_bytes(run: Run, ts_broker: in
     assert encode_located_compiled(*viewed, run.partition, run.base_offset) == encode_located_chunk(
         *viewed, run.partition, run.base_offset
     )
+
+
+@st.composite
+def stored_columns(draw: st.DrawFn) -> tuple[list[Run], int, int, int]:
+    """Runs of 1-4 messages as one stored batch's columns hold them, the
+    batch's base offset and a ``[start, stop)`` around or inside it."""
+    drawn = [run for run in draw(st.lists(runs(), min_size=1, max_size=5)) if run.count] or [
+        Run(b"k", 1, 1, pack_sizes([1]), b"m")
+    ]
+    base = draw(st.integers(0, 2**40))
+    total = sum(run.count for run in drawn)
+    start = base + draw(st.integers(-2, total + 1))
+    return drawn, base, start, start + draw(st.integers(0, total + 2))
+
+
+@PROPERTY
+@given(case=stored_columns(), partition=st.integers(0, 2**32 - 1))
+def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
+    case: tuple[list[Run], int, int, int], partition: int
+) -> None:
+    drawn, base, start, stop = case
+    columns = (
+        [run.ts_broker for run in drawn],
+        [run.count for run in drawn],
+        [len(run.key) for run in drawn],
+        b"".join(run.key for run in drawn),
+        b"".join(run.sizes for run in drawn),
+        b"".join(run.messages for run in drawn),
+    )
+    chunks = encode_located_runs_pure(*columns, base, start, stop, partition)
+    expected: list[tuple[int, bytes, int, bytes]] = []
+    offset = base
+    for run in drawn:
+        sizes = struct.unpack(f"<{run.count}I", run.sizes)
+        at = 0
+        for size in sizes:
+            if start <= offset < stop:
+                expected.append(
+                    (offset, run.key, run.ts_broker, bytes(run.messages[at : at + size]))
+                )
+            offset += 1
+            at += size
+    laid_out = []
+    for chunk in chunks:
+        read = read_located_run(memoryview(chunk), 12)
+        assert read is not None
+        assert read.partition == partition
+        at = 0
+        for index, size in enumerate(struct.unpack(f"<{read.count}I", read.sizes)):
+            message = bytes(read.messages[at : at + size])
+            laid_out.append((read.base_offset + index, read.key, read.ts_broker, message))
+            at += size
+    assert laid_out == expected
+    # Begun at any run up to the first one in the range: the same chunks.
+    for first_run in range(len(drawn)):
+        before = drawn[:first_run]
+        if base + sum(run.count for run in before) > max(start, base):
+            break
+        begin = (
+            first_run,
+            sum(run.count for run in before),
+            sum(len(run.key) for run in before),
+            sum(len(run.messages) for run in before),
+        )
+        assert encode_located_runs_pure(*columns, base, start, stop, partition, *begin) == chunks
+        if encode_located_runs_compiled is not None:
+            compiled = encode_located_runs_compiled(*columns, base, start, stop, partition, *begin)
+            assert compiled == chunks
+    if encode_located_runs_compiled is not None:
+        assert encode_located_runs_compiled(*columns, base, start, stop, partition) == chunks
+        ts_brokers, counts, key_lengths, keys, stored_sizes, messages = columns
+        assert (
+            encode_located_runs_compiled(
+                ts_brokers,
+                counts,
+                key_lengths,
+                memoryview(keys),
+                memoryview(stored_sizes),
+                memoryview(messages),
+                base,
+                start,
+                stop,
+                partition,
+            )
+            == chunks
+        )
+
+
+def test_the_compiled_located_runs_refuse_columns_past_their_buffers() -> None:
+    if encode_located_runs_compiled is None:
+        pytest.skip("the compiled encoder is not in use (BROKY_PURE=1)")
+    sizes = pack_sizes([3])
+    with pytest.raises(ValueError, match="past"):
+        encode_located_runs_compiled([1], [2], [1], b"k", sizes, b"abc", 0, 0, 2, 0)
+    with pytest.raises(ValueError, match="past"):
+        encode_located_runs_compiled([1], [1], [1], b"k", pack_sizes([4]), b"abc", 0, 0, 1, 0)

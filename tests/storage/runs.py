@@ -48,3 +48,17 @@ def read_all(
         out.extend(flatten(batches))
         offset = batches[-1].next_offset
     return out
+
+
+def append_rounds(log: PartitionLog, rounds: list[list[int]]) -> None:
+    """One append per round, each of runs of the given sizes, keys cycling
+    over three and payloads ``m<offset>``."""
+    counter = 0
+    for round_sizes in rounds:
+        runs = []
+        for size in round_sizes:
+            runs.append(
+                make_run(b"k.%d" % (counter % 3), [b"m%d" % (counter + i) for i in range(size)])
+            )
+            counter += size
+        log.append(runs)

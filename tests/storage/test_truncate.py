@@ -11,20 +11,12 @@ from hypothesis import strategies as st
 from broky.storage.config import LogConfig
 from broky.storage.errors import OffsetOutOfRangeError
 from broky.storage.log import PartitionLog
-from tests.storage.runs import make_run, read_all
+from tests.storage.runs import append_rounds, make_run, read_all
 
 
 def _fill(log: PartitionLog, rounds: list[list[int]]) -> list[tuple[int, bytes, bytes]]:
     """Append one call per round, each with runs of the given sizes; return the records."""
-    counter = 0
-    for round_sizes in rounds:
-        runs = []
-        for size in round_sizes:
-            runs.append(
-                make_run(b"k.%d" % (counter % 3), [b"m%d" % (counter + i) for i in range(size)])
-            )
-            counter += size
-        log.append(runs)
+    append_rounds(log, rounds)
     log.sync()
     return read_all(log)
 

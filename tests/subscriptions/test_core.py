@@ -75,6 +75,42 @@ def test_a_shared_read_goes_as_spans_whose_offsets_settle_one_by_one() -> None:
     assert tracker.next_deadline() == 4.0  # the redelivered ones' (one timer each)
 
 
+def test_a_settle_acks_span_pieces_in_one_step_and_the_rest_one_by_one() -> None:
+    dispatcher = ready(SubscriptionType.SHARED, 30, ack_timeout=2.0, backoff=())
+    dispatcher.attach(1, 0.0, credit=10, max_in_flight=100)
+    dispatcher.queue(0, 10)
+    dispatcher.pump(0.0)
+    dispatcher.attach(2, 0.0, credit=20, max_in_flight=100)
+    for first in (10, 20):  # two reads: two spans
+        dispatcher.queue(first, first + 10)
+        dispatcher.pump(0.0)
+    assert dispatcher.events == [Deliver(1, 0, 1, 10), Deliver(2, 10, 1, 20), Deliver(2, 20, 1, 30)]
+    dispatcher.events.clear()
+    tracker = dispatcher.tracker
+    # Consumer 1's whole span, ended as one delivery.
+    assert dispatcher.ack_ranges(1, [range(10)], 0.5) == 0
+    assert tracker.pending.keys().isdisjoint(range(10)), "no offset of it left pending"
+    assert all(offset in tracker.acked for offset in range(10))
+    assert 10 not in tracker.acked
+    assert dispatcher.consumers[1].in_flight == 0
+    # Consumer 2 acks one whole span and half the next: a piece of it.
+    assert dispatcher.ack_ranges(2, [range(10, 25)], 0.5) == 0
+    assert dispatcher.consumers[2].in_flight == 5
+    assert sorted(tracker.pending) == list(range(25, 30))
+    # 27 gets a delivery of its own: a range over it goes one by one.
+    dispatcher.in_progress(2, [27], 0.55)
+    assert dispatcher.ack_ranges(2, [range(25, 29)], 0.6) == 0
+    assert sorted(tracker.pending) == [29]
+    assert dispatcher.consumers[2].in_flight == 1
+    # Acked again (nothing left to end) and a stale ack of another's span.
+    assert dispatcher.ack_ranges(1, [range(10), range(29, 30)], 0.6) == 1
+    assert dispatcher.consumers[2].in_flight == 0
+    assert tracker.cursor == 30
+    assert tracker.next_deadline() is None, "every span's timer is void"
+    dispatcher.tick(5.0)
+    assert deliveries(dispatcher) == []
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=14))
 def test_slot_table_stays_exactly_balanced_with_few_moves(steps: list[tuple[bool, int]]) -> None:

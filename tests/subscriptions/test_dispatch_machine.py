@@ -218,6 +218,28 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.acked_since_commit.update(o for o in offsets if o in self.dispatcher.tracker.acked)
         self.take_events()
 
+    @rule(data=st.data())
+    def ack_ranges(self, data: st.DataObject) -> None:
+        """A settle as a client sends it: all the consumer holds, or some
+        offsets it got, as ranges of consecutive offsets (whole spans are
+        acked in one step, ``AckTracker.ack_spans``)."""
+        picked = self.delivered_offsets(data)
+        if picked is None:
+            return
+        consumer, offsets = picked
+        tracker = self.dispatcher.tracker
+        if data.draw(st.booleans()):
+            offsets = [o for o, p in tracker.pending.items() if p.consumer == consumer]
+        ranges: list[range] = []
+        for offset in sorted(set(offsets)):
+            if ranges and ranges[-1].stop == offset:
+                ranges[-1] = range(ranges[-1].start, offset + 1)
+            else:
+                ranges.append(range(offset, offset + 1))
+        self.dispatcher.ack_ranges(consumer, ranges, self.now)
+        self.acked_since_commit.update(o for o in offsets if o in tracker.acked)
+        self.take_events()
+
     @rule(data=st.data(), delay=st.sampled_from([None, 0.0, 1.0]))
     def nack(self, data: st.DataObject, delay: float | None) -> None:
         picked = self.delivered_offsets(data)
