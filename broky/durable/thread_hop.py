@@ -9,10 +9,11 @@ this costs ~40: it skips what an owner does not need, the capacity limiter
 of owners: its partitions), the thread renaming (two ``prctl`` calls per
 call) and the context copy (a round reads no context variables).
 
-Like ``trio.to_thread.run_sync`` without ``abandon_on_cancel``, the call is
-not abandoned: a cancellation waits for the thread's result and is raised at
-the caller's next checkpoint, so a round is never half-done behind its
-owner's back.
+Like ``trio.to_thread.run_sync`` without ``abandon_on_cancel``: a caller
+already cancelled gets Cancelled without the call starting, and a started
+call is not abandoned: a cancellation waits for the thread's result and is
+raised at the caller's next checkpoint, so a round is never half-done behind
+its owner's back.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ T = TypeVar("T")
 
 async def run_in_thread(function: Callable[[], T]) -> T:
     """``function()`` in a worker thread; its result or exception here."""
+    await trio.lowlevel.checkpoint_if_cancelled()
     token = trio.lowlevel.current_trio_token()
     task = trio.lowlevel.current_task()
 

@@ -52,3 +52,12 @@ async def test_a_cancelled_call_waits_for_its_thread_then_raises_cancelled() -> 
         release.set()
     assert scope.cancelled_caught
     assert seen_on_return == [True]  # it returned only once the thread had finished
+
+
+async def test_a_caller_cancelled_before_the_call_does_not_start_it() -> None:
+    calls: list[int] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await run_in_thread(lambda: calls.append(1))
+    assert scope.cancelled_caught
+    assert calls == []
