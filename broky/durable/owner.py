@@ -24,6 +24,7 @@ from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.rounds import RoundPlan
+from broky.durable.thread_hop import run_in_thread
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import EncodedRun, Run
@@ -235,8 +236,8 @@ class PartitionOwner:
             runs, stamps, producers = _columns(parts)
             # Checked per round, on this thread: once a follower's
             # truncation is queued, no client run can land after it.
-            outcome, results = await trio.to_thread.run_sync(
-                self._round, [] if refusal else runs, stamps, producers, requests, tick
+            outcome, results = await run_in_thread(
+                partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
             )
             self._finish(parts, runs, stamps, refusal or outcome, nbytes, producers)
             if plan is not None and plan.answered:

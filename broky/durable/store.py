@@ -3,7 +3,7 @@
 Ownership: a ``PartitionLog`` is single-owner and blocking, so each one gets
 an owner task (``PartitionOwner.run``). Everything that touches the log —
 appends, fsyncs, reads for Fetch and replays, ``tick`` — is queued to the
-owner and done in one ``trio.to_thread.run_sync`` call per round, so the
+owner and done in one thread call (broky.durable.thread_hop) per round, so the
 event loop keeps serving while a disk works, and no two threads ever touch
 one log. Results come back to the trio thread, where the router is called
 (never awaited) and acks are released.

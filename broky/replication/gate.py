@@ -285,14 +285,16 @@ class PartitionReplica:
         while written and written[0].end < end:
             written.popleft()  # its fsync failed: the owner answered the error
         if runs and written and written[0].end == end:
+            # ``written`` showed it to the followers already: waking them
+            # again would only answer their long polls empty.
             written.popleft().attach(deliver, fail)
         else:
             leading.tokens.append(_Round(end, deliver, fail))
             leading.remember(offset, runs, stamps, producers)
             leading.isr.appended(end, len(leading.tokens), self.acks)
+            self._wake()  # followers waiting in a long poll fetch it now
         leading.isr.synced(end)
         self.settle()
-        self._wake()  # followers waiting in a long poll fetch it now
 
     # --- leadership ------------------------------------------------------------
 
@@ -334,7 +336,12 @@ class PartitionReplica:
             self.high_watermark = leading.isr.high_watermark
             if self.subscriptions is not None:
                 self.subscriptions.readable(self.high_watermark)
-            self._wake()
+            if self.high_watermark >= leading.isr.log_end:
+                # Nothing newer is on its way to the followers to carry the
+                # watermark: tell the waiting ones now. Under load the next
+                # round's answer carries it instead, and a wake here would
+                # answer each follower's long poll empty once per round.
+                self._wake()
 
     def _too_few(self, leading: _Leading) -> str:
         return (

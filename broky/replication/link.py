@@ -12,7 +12,8 @@ import logging
 
 import trio
 
-from broky.replication.wire import FrameReader, Message, ReplicationProtocolError, encode
+from broky.replication.frames import FrameReader, encode
+from broky.replication.wire import Message, ReplicationProtocolError
 
 log = logging.getLogger("broky.replication")
 

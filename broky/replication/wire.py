@@ -1,9 +1,11 @@
-"""The replication protocol between nodes, sans I/O: bytes in, messages out.
+"""The replication protocol between nodes: its messages, and the JSON
+headers of the rare ones.
 
-A frame is ``u32 length`` (of what follows), ``u32 header length``, a JSON
-header and, for ``Fetched``, the raw bytes of the runs (size tables and
-messages, copied from the leader's log unchanged). JSON keeps the headers
-readable in a packet capture and they are small next to the payload;
+broky.replication.frames frames them (bytes in, messages out, no I/O):
+``Fetch`` and ``Fetched``, a pair per partition and round, with binary
+headers (broky.replication.fetch_codec), the others with JSON headers from
+here, readable in a packet capture. A Fetched carries the raw bytes of its
+runs (size tables and messages, copied from the leader's log unchanged):
 the bytes that matter are never re-encoded.
 
 Messages, by direction:
@@ -29,23 +31,14 @@ import base64
 import binascii
 import enum
 import json
-import struct
 from typing import Any, Final
 
 import attrs
 
-from broky.protocol.errors import LocalProtocolError
-from broky.protocol.message import check_sizes
-
-#: Largest frame accepted: a fetch answer is bounded by FETCH_MAX_BYTES plus
-#: its headers, so 16 MiB leaves room and refuses garbage lengths early.
-MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 #: Bytes of runs one Fetched carries at most (the leader stops adding runs
 #: past it): large enough that a catching-up follower moves ~1 MiB per round
 #: trip, small enough to bound each follower's in-flight memory.
 FETCH_MAX_BYTES: Final = 1024 * 1024
-
-_LENGTHS = struct.Struct("<II")
 
 
 class ReplicationProtocolError(Exception):
@@ -199,32 +192,13 @@ class Progress:
 Message = Fetch | EpochEnd | Fetched | EpochEnded | Refused | ProgressRequest | Progress
 
 
-def encode(message: Message) -> bytes:
-    """One frame for ``message``."""
-    payload = b""
+def json_header(message: Message) -> bytes:
+    """The JSON header of any message but Fetch and Fetched (which
+    broky.replication.fetch_codec encodes), none of which has a payload."""
     header: dict[str, Any]
-    if isinstance(message, Fetched):
-        header = {
-            "t": "fetched",
-            "epoch": message.epoch,
-            "hw": message.high_watermark,
-            "state": None if message.state is None else _state_header(message.state),
-            "runs": [
-                [
-                    r.epoch,
-                    r.base_offset,
-                    r.count,
-                    r.key.hex(),
-                    r.ts_broker,
-                    len(r.sizes),
-                    len(r.messages),
-                    *((r.producer, r.sequence) if r.producer else ()),
-                ]
-                for r in message.runs
-            ],
-        }
-        payload = b"".join(part for r in message.runs for part in (r.sizes, r.messages))
-    elif isinstance(message, Refused):
+    if isinstance(message, Fetch | Fetched):
+        raise TypeError(f"{type(message).__name__} has a binary header")
+    if isinstance(message, Refused):
         header = {
             "t": "refused",
             "reason": message.reason.value,
@@ -247,11 +221,11 @@ def encode(message: Message) -> bytes:
         }
     else:
         header = {"t": type(message).__name__.lower(), **attrs.asdict(message)}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    return _LENGTHS.pack(4 + len(encoded) + len(payload), len(encoded)) + encoded + payload
+    return json.dumps(header, separators=(",", ":")).encode()
 
 
-def _state_header(update: StateUpdate) -> dict[str, Any]:
+def state_header(update: StateUpdate) -> dict[str, Any]:
+    """``update`` as JSON-ready data (a Fetched carries it as JSON: it is rare)."""
     return {
         "epoch": update.epoch,
         "version": update.version,
@@ -263,7 +237,9 @@ def _state_header(update: StateUpdate) -> dict[str, Any]:
     }
 
 
-def _state(header: object) -> StateUpdate | None:
+def state_from(header: object) -> StateUpdate | None:
+    """The StateUpdate of ``state_header``'s data; ReplicationProtocolError
+    (or KeyError, TypeError, ValueError) for any other shape."""
     if header is None:
         return None
     if not isinstance(header, dict):
@@ -300,20 +276,21 @@ def _str(value: object) -> str:
     return value
 
 
-def _decode(header: dict[str, Any], payload: memoryview) -> Message:
+def decode_json(data: bytes) -> Message:
+    """The message of a JSON header; ReplicationProtocolError for anything else."""
+    try:
+        header = json.loads(data)
+        if not isinstance(header, dict):
+            raise TypeError("header is not an object")
+        return _decode(header)
+    except ReplicationProtocolError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ReplicationProtocolError(f"malformed replication frame: {exc}") from exc
+
+
+def _decode(header: dict[str, Any]) -> Message:
     kind = header.pop("t")
-    if kind == "fetch":
-        return Fetch(
-            _str(header["topic"]),
-            _int(header["partition"]),
-            _int(header["epoch"]),
-            _str(header["node"]),
-            _int(header["node_epoch"]),
-            _int(header["offset"]),
-            _int(header["durable"]),
-            _int(header.get("state_epoch", -1)),
-            _int(header.get("state_version", -1)),
-        )
     if kind == "epochend":
         return EpochEnd(
             _str(header["topic"]),
@@ -335,52 +312,6 @@ def _decode(header: dict[str, Any], payload: memoryview) -> Message:
         )
     if kind in ("progressrequest", "progress"):
         return _decode_progress(kind, header)
-    if kind == "fetched":
-        runs = []
-        position = 0
-        for entry in header["runs"]:
-            if not isinstance(entry, list) or len(entry) not in (7, 9):
-                raise ReplicationProtocolError(f"not a run entry: {entry!r:.60}")
-            epoch, base, count, key, ts_broker, sizes_length, messages_length = entry[:7]
-            producer, sequence = (_int(entry[7]), _int(entry[8])) if len(entry) == 9 else (0, 0)
-            if not (0 < producer < 1 << 64 and 0 <= sequence < 1 << 64) and len(entry) == 9:
-                raise ReplicationProtocolError(f"not a producer identity: {entry[7:]!r:.60}")
-            count, sizes_length, messages_length = (
-                _int(count),
-                _int(sizes_length),
-                _int(messages_length),
-            )
-            sizes_end = position + sizes_length
-            messages_end = sizes_end + messages_length
-            if (
-                count < 1
-                or messages_length < 0
-                or sizes_length != 4 * count
-                or messages_end > len(payload)
-            ):
-                raise ReplicationProtocolError("a run's bytes do not match its header")
-            run = ReplicatedRun(
-                _int(epoch),
-                _int(base),
-                count,
-                bytes.fromhex(_str(key)),
-                _int(ts_broker),
-                bytes(payload[position:sizes_end]),
-                bytes(payload[sizes_end:messages_end]),
-                producer,
-                sequence,
-            )
-            try:
-                check_sizes(run.sizes, run.messages)
-            except LocalProtocolError as exc:
-                raise ReplicationProtocolError(f"a run's sizes do not add up: {exc}") from exc
-            runs.append(run)
-            position = messages_end
-        if position != len(payload):
-            raise ReplicationProtocolError("bytes left over after the runs")
-        return Fetched(
-            _int(header["epoch"]), _int(header["hw"]), tuple(runs), _state(header.get("state"))
-        )
     raise ReplicationProtocolError(f"unknown message type {kind!r}")
 
 
@@ -412,38 +343,3 @@ def _partition_progress(entry: object) -> PartitionProgress:
         _int(high_watermark),
         tuple(follower_lag),
     )
-
-
-class FrameReader:
-    """Bytes in, messages out; refuses a frame longer than MAX_FRAME_BYTES
-    before buffering it."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[Message]:
-        self._buffer += data
-        messages = []
-        while len(self._buffer) >= 4:
-            (length,) = struct.unpack_from("<I", self._buffer)
-            if length > MAX_FRAME_BYTES or length < 4:
-                raise ReplicationProtocolError(
-                    f"frame length {length} outside 4..{MAX_FRAME_BYTES}"
-                )
-            if len(self._buffer) < 4 + length:
-                break
-            frame = memoryview(bytes(self._buffer[4 : 4 + length]))
-            del self._buffer[: 4 + length]
-            (header_length,) = struct.unpack_from("<I", frame)
-            if header_length > length - 4:
-                raise ReplicationProtocolError("header longer than its frame")
-            try:
-                header = json.loads(bytes(frame[4 : 4 + header_length]))
-                if not isinstance(header, dict):
-                    raise TypeError("header is not an object")
-                messages.append(_decode(header, frame[4 + header_length :]))
-            except ReplicationProtocolError:
-                raise
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ReplicationProtocolError(f"malformed replication frame: {exc}") from exc
-        return messages

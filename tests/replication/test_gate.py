@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 import trio
+import trio.testing
 
 from broky.cluster.epochs import EpochHistory
 from broky.cluster.isr import IsrSettings, LeaderIsr
@@ -311,3 +312,33 @@ async def test_stepping_down_while_a_round_is_fsynced_fails_it_once() -> None:
     replica.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
     assert outcomes.failed == [ErrorCode.NOT_LEADER]
     assert outcomes.delivered == 0
+
+
+async def test_a_long_poll_is_woken_by_new_rounds_and_a_caught_up_watermark_only() -> None:
+    """Waking a waiting fetch answers it, and the follower sends another:
+    the leader's fsync of a round its followers already have, or a
+    watermark move while a newer round is on its way to them (whose answer
+    carries the watermark), must not answer it empty."""
+    replica, _ = _leading()
+    outcomes = _Outcomes()
+    answers: list[Fetched | Refused] = []
+
+    async def poll(durable: int) -> None:
+        answers.append(await replica.fetch(_fetch(durable)))
+
+    first, second = _run(4), _run(2)
+    async with trio.open_nursery() as nursery:
+        replica.written(0, [first], [7], None)
+        replica.written(4, [second], [8], None)
+        nursery.start_soon(poll, 6)  # the follower has both rounds: it waits
+        await trio.testing.wait_all_tasks_blocked()
+        replica.hold(0, [first], [7], outcomes.deliver, outcomes.fail)
+        await replica.fetch(_fetch(durable=4))  # another fetch acks the first
+        await trio.testing.wait_all_tasks_blocked()
+        assert (outcomes.delivered, replica.high_watermark) == (1, 4)
+        assert answers == []  # 4 < the log end 6: no empty answer
+        replica.hold(4, [second], [8], outcomes.deliver, outcomes.fail)
+        await replica.fetch(_fetch(durable=6))
+        await trio.testing.wait_all_tasks_blocked()
+    assert outcomes.delivered == 2
+    assert answers == [Fetched(3, 6, ())]  # caught up: the watermark goes out at once

@@ -9,13 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broky.replication.frames import MAX_FRAME_BYTES, FrameReader, encode
 from broky.replication.wire import (
-    MAX_FRAME_BYTES,
     EpochEnd,
     EpochEnded,
     Fetch,
     Fetched,
-    FrameReader,
     Message,
     PartitionProgress,
     Progress,
@@ -26,7 +25,6 @@ from broky.replication.wire import (
     ReplicationProtocolError,
     StateEntry,
     StateUpdate,
-    encode,
 )
 
 runs = st.builds(
@@ -163,7 +161,10 @@ _types = st.sampled_from(["fetch", "epochend", "epoch_ended", "refused", "fetche
 
 
 def _frame(header: dict[str, object], payload: bytes) -> bytes:
-    encoded = json.dumps(header).encode()
+    return _frame_bytes(json.dumps(header).encode(), payload)
+
+
+def _frame_bytes(encoded: bytes, payload: bytes) -> bytes:
     return (
         (4 + len(encoded) + len(payload)).to_bytes(4, "little")
         + len(encoded).to_bytes(4, "little")
@@ -172,9 +173,23 @@ def _frame(header: dict[str, object], payload: bytes) -> bytes:
     )
 
 
+def _binary_frame(kind: int, header: bytes, payload: bytes) -> bytes:
+    return _frame_bytes(bytes([kind]) + header, payload)
+
+
+def _mutated(message: Message, position: int, byte: int) -> bytes:
+    data = bytearray(encode(message))
+    data[8 + position % max(len(data) - 8, 1)] = byte
+    return bytes(data)
+
+
 @given(
     st.one_of(
         st.binary(max_size=200),
+        st.builds(
+            _binary_frame, st.sampled_from([1, 2]), st.binary(max_size=120), st.binary(max_size=40)
+        ),
+        st.builds(_mutated, messages, st.integers(0, 2**16), st.integers(0, 255)),
         st.builds(
             _frame,
             st.builds(
@@ -187,8 +202,9 @@ def _frame(header: dict[str, object], payload: bytes) -> bytes:
     )
 )
 def test_garbage_parses_or_raises_our_error(data: bytes) -> None:
-    """Any bytes (also well-framed JSON headers of any shape) decode or
-    raise ReplicationProtocolError, never a stray exception."""
+    """Any bytes (also well-framed JSON headers of any shape, binary Fetch and
+    Fetched headers of any content, valid frames with a byte changed) decode
+    or raise ReplicationProtocolError, never a stray exception."""
     with contextlib.suppress(ReplicationProtocolError):
         FrameReader().feed(data)
 
