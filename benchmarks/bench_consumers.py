@@ -42,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
+from operator import attrgetter
 from pathlib import Path
 
 import trio
@@ -62,6 +64,35 @@ from broky.protocol.message import encode_message, pack_sizes
 
 PAYLOAD = b"x" * 100
 CONSUMERS = 4
+_PARTITION = attrgetter("message.partition")
+_OFFSET = attrgetter("message.offset")
+_KEY = attrgetter("message.key")
+
+
+class Seen:
+    """Every delivery the consumers took, as columns in the order they took
+    their batches (the checker's record: lost, duplicates, per-key order).
+    Filled with C-level passes over each batch, so that the checker costs
+    the consumer process little next to the client library it measures;
+    keys are kept only where per-key order is checked."""
+
+    def __init__(self, keep_keys: bool) -> None:
+        self.partitions = array("q")
+        self.offsets = array("q")
+        self.keys: list[str] | None = [] if keep_keys else None
+        self.per_consumer = [0] * CONSUMERS
+
+    def add(self, batch: list[Delivery], consumer: int) -> None:
+        self.partitions.extend(map(_PARTITION, batch))
+        self.offsets.extend(map(_OFFSET, batch))
+        if self.keys is not None:
+            self.keys.extend(map(_KEY, batch))
+        self.per_consumer[consumer] += len(batch)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
 #: Messages per acked publish frame while loading the topic.
 LOAD_WINDOW = 20_000
 
@@ -139,7 +170,7 @@ async def _consume(
     subscription: str,
     kind: SubscriptionType,
     index: int,
-    seen: list[tuple[int, int, str, int]],
+    seen: Seen,
     stop: trio.Event,
     deadline: float,
     settings: ConsumerSettings,
@@ -153,7 +184,7 @@ async def _consume(
             while not stop.is_set():
                 with trio.move_on_after(0.2):
                     batch = await anext(batches)
-                    seen.extend((d.partition, d.offset, d.key, index) for d in batch)
+                    seen.add(batch, index)
                     await consumer.settle_all(batch)
         await consumer.flush()
 
@@ -169,7 +200,7 @@ async def consume_rate(
 ) -> dict[str, object]:
     """Load the topic, then time 4 consumers consuming and acking all of it."""
     published = await _load(address, messages, keys)
-    seen: list[tuple[int, int, str, int]] = []
+    seen = Seen(keep_keys=kind == "key-shared")
     stop = trio.Event()
     server_before = cpu_seconds(pid)
     client_before = time.process_time()
@@ -189,7 +220,7 @@ async def consume_rate(
             )
     elapsed = time.monotonic() - start
     server_seconds = cpu_seconds(pid) - server_before
-    unique = {(partition, offset) for partition, offset, _, _ in seen}
+    unique = set(zip(seen.partitions, seen.offsets, strict=True))
     figures: dict[str, object] = {
         "type": kind,
         "keys": keys,
@@ -204,14 +235,14 @@ async def consume_rate(
         "server_cpu": round(server_seconds / elapsed, 2),
         "client_cpu": round((time.process_time() - client_before) / elapsed, 2),
         "server_us_per_msg": round(server_seconds / max(len(unique), 1) * 1e6, 2),
-        "per_consumer": [sum(1 for *_, i in seen if i == index) for index in range(CONSUMERS)],
+        "per_consumer": seen.per_consumer,
     }
     if kind == "key-shared":
         figures["order_violations"] = _order_violations(seen)
     return figures
 
 
-def _order_violations(seen: list[tuple[int, int, str, int]]) -> int:
+def _order_violations(seen: Seen) -> int:
     """Deliveries of a key at or below the key's previous offset.
 
     ``seen`` is in the order the consumers took their batches; a key moves
@@ -219,9 +250,10 @@ def _order_violations(seen: list[tuple[int, int, str, int]]) -> int:
     which it did after recording it here, so without redeliveries (none in
     this scenario) per-key order shows as increasing offsets in ``seen``.
     """
+    assert seen.keys is not None
     last: dict[str, int] = {}
     violations = 0
-    for _, offset, key, _ in seen:
+    for offset, key in zip(seen.offsets, seen.keys, strict=True):
         if last.get(key, -1) >= offset:
             violations += 1
         last[key] = offset
