@@ -6,8 +6,8 @@ watermark cannot pass it). That follower becomes the leader with the batch
 in its log; the client, which never got the ack, retries the batch there.
 As one idempotent producer across nodes (``ClusterPublisher``), the retry
 is answered with the original offsets: stored once, nothing lost. With
-idempotence off the same scenario stores the batch twice, which shows the
-check would catch a regression.
+idempotence off the same scenario stores the batch at least twice, which
+shows the check would catch a regression.
 """
 
 from __future__ import annotations
@@ -116,5 +116,9 @@ async def test_a_retry_of_a_replicated_unacked_batch_is_stored_once(
         assert stored[payload(0, 2)] == stored[payload(0, 3)] == 1
         assert [a.offset for a in acked if a.seq == 2] == [first_of_batch]
     else:
-        assert verdict.duplicates == 2
-        assert stored[payload(0, 2)] == stored[payload(0, 3)] == 2
+        # Without idempotence every attempt that reached a leader is stored:
+        # at least the deposed leader's copy and the retry's, more when a
+        # loaded machine made the publisher time out an attempt and retry
+        # again (its 3 s attempt timeout).
+        assert verdict.duplicates >= 2
+        assert stored[payload(0, 2)] == stored[payload(0, 3)] >= 2
