@@ -18,7 +18,8 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.object cimport PyObject_GenericSetAttr
+from cpython.object cimport PyObject, PyObject_GenericSetAttr
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -381,8 +382,22 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
 # A Run built field by field: ``Run`` is a frozen attrs class, whose
 # ``__init__`` sets each of its eight slots through a bound
 # ``object.__setattr__`` call (about half of what decoding a one-message run
-# costs). PyObject_GenericSetAttr stores through the same slot descriptors
-# without the Python-level calls; every field is set, as ``__init__`` would.
+# costs). Its slots are plain object members (``__slots__``): where the
+# member descriptors say so, each field is stored straight at its offset
+# in the new object, which is what the descriptor's ``__set__`` does
+# after finding the descriptor by name (PyObject_GenericSetAttr, the
+# fallback where the layout is not as checked below).
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    int T_OBJECT_EX
+    int READONLY
+
 cdef object _RUN_NEW = Run.__new__
 cdef str _KEY = "key"
 cdef str _TS_BROKER = "ts_broker"
@@ -398,11 +413,65 @@ cdef object _ZERO = 0
 cdef int64_t _COPY_AT_MOST = 4096
 cdef object _NO_OFFSET = -1
 
+#: Run's eight field offsets in the field order of ``_new_run``, or all -1.
+cdef Py_ssize_t _OFFSETS[8]
+
+
+cdef bint _find_offsets() except -1:
+    """Fill ``_OFFSETS`` when every field of Run is a writable object slot
+    of Run's own (a member descriptor in its ``__dict__``); False, with
+    the generic path kept, otherwise (another Python, another attrs)."""
+    cdef PyMemberDef* member
+    names = (_KEY, _TS_BROKER, _COUNT, _SIZES, _MESSAGES, _PARTITION, _BASE_OFFSET, _CHUNK)
+    slots = Run.__dict__
+    for index in range(8):
+        _OFFSETS[index] = -1
+    found = []
+    for name in names:
+        descriptor = slots.get(name)
+        if descriptor is None or type(descriptor).__name__ != "member_descriptor":
+            return False
+        member = (<PyMemberDescrObject*><PyObject*>descriptor).d_member
+        if member.type != T_OBJECT_EX or member.flags & READONLY or member.offset <= 0:
+            return False
+        if member.offset + <Py_ssize_t>sizeof(PyObject*) > Run.__basicsize__:
+            return False
+        found.append(member.offset)
+    if len(set(found)) != 8:
+        return False
+    for index in range(8):
+        _OFFSETS[index] = found[index]
+    return True
+
+
+cdef bint _DIRECT = _find_offsets()
+#: Whether ``_new_run`` stores at the offsets (see ``_find_offsets``).
+DIRECT_SLOTS = _DIRECT
+
+
+cdef inline void _store(PyObject* target, Py_ssize_t offset, object value):
+    """Store ``value`` in the fresh object's slot at ``offset`` (empty:
+    ``tp_alloc`` zeroes an object's memory)."""
+    cdef PyObject** slot = <PyObject**>((<char*>target) + offset)
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
+
 
 cdef object _new_run(object key, int64_t ts_broker, int64_t count, object sizes,
                      object messages, object chunk, object partition=_ZERO,
                      object base_offset=_NO_OFFSET):
     cdef object run = _RUN_NEW(Run)
+    cdef PyObject* target = <PyObject*>run
+    if _DIRECT:
+        _store(target, _OFFSETS[0], key)
+        _store(target, _OFFSETS[1], ts_broker)
+        _store(target, _OFFSETS[2], count)
+        _store(target, _OFFSETS[3], sizes)
+        _store(target, _OFFSETS[4], messages)
+        _store(target, _OFFSETS[5], partition)
+        _store(target, _OFFSETS[6], base_offset)
+        _store(target, _OFFSETS[7], chunk)
+        return run
     PyObject_GenericSetAttr(run, _KEY, key)
     PyObject_GenericSetAttr(run, _TS_BROKER, ts_broker)
     PyObject_GenericSetAttr(run, _COUNT, count)

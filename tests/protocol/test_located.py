@@ -225,3 +225,27 @@ def test_the_compiled_located_runs_refuse_columns_past_their_buffers() -> None:
         encode_located_runs_compiled([1], [2], [1], b"k", sizes, b"abc", 0, 0, 2, 0)
     with pytest.raises(ValueError, match="past"):
         encode_located_runs_compiled([1], [1], [1], b"k", pack_sizes([4]), b"abc", 0, 0, 1, 0)
+
+
+def test_the_compiled_reader_stores_run_fields_at_their_slots() -> None:
+    """On CPython the compiled reader finds Run's eight fields as object
+    slots and stores them directly (the property tests above then check
+    that path); elsewhere it keeps storing them by name."""
+    if codec.read_chunk_runs_compiled is None:
+        pytest.skip("the compiled reader is not in use (BROKY_PURE=1)")
+    from broky.protocol import _forward  # noqa: PLC0415
+
+    assert _forward.DIRECT_SLOTS
+    run = Run(b"k.slot", 7, 1, pack_sizes([3]), b"abc", 5, 9)
+    frame = decode_frame(memoryview(_deliver([run], 1))[4:])
+    assert isinstance(frame, Deliver)
+    (read,) = frame.runs
+    assert (read.key, read.ts_broker, read.count, read.partition, read.base_offset) == (
+        b"k.slot",
+        7,
+        1,
+        5,
+        9,
+    )
+    assert bytes(read.sizes) == pack_sizes([3])
+    assert bytes(read.messages) == b"abc"
