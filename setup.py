@@ -9,7 +9,8 @@ compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.storage.batch_reading.distinct_keys_pure``),
 ``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
 (and ``broky.storage.grouping.partition_groups_pure``) and
-``broky.client.decoding.uniform_messages_pure``. Each is optional twice over: the
+``broky.client.decoding.uniform_messages_pure``; ``broky.protocol._run_slots``
+builds the compiled reader's Runs and has no twin of its own. Each is optional twice over: the
 build continues without it when compiling fails (``optional=True``), and
 Broky runs the pure-Python version whenever one is missing.
 """
@@ -26,6 +27,7 @@ else:
             Extension(name, [name.replace(".", "/") + ".pyx"], optional=True)
             for name in (
                 "broky.protocol._runs",
+                "broky.protocol._run_slots",
                 "broky.protocol._forward",
                 "broky.protocol._vectors",
                 "broky.router._fanout",

@@ -10,7 +10,3 @@ def walk(
     deliveries: bool = False,
 ) -> tuple[list[Received], int]: ...
 def read_chunk_runs(view: memoryview, start: int, count: int) -> list[Run | None]: ...
-
-#: Whether the compiled reader stores a Run's fields straight at its slots'
-#: offsets (the layout checked at import) rather than by name.
-DIRECT_SLOTS: bool

@@ -18,16 +18,15 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.object cimport PyObject, PyObject_GenericSetAttr
-from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from broky.protocol.chunk_reading import CHUNK_VTABLE, DELIVER_FRAME_START, PUBLISH_FRAME_STARTS
 from broky.protocol.located import LOCATED_VTABLE
 from broky.protocol.forward import MAX_COALESCED_BYTES, MAX_COALESCED_MESSAGES
+from broky.protocol._run_slots cimport new_run
 from broky.protocol._runs cimport EncodedRun
-from broky.protocol.frames import ForwardPublish, Run
+from broky.protocol.frames import ForwardPublish
 
 if sys.byteorder != "little":
     raise ImportError("the compiled forwarding reader assumes a little-endian host")
@@ -379,108 +378,9 @@ def walk(view, int64_t max_frame_bytes, int64_t limit, decode, bint deliveries=F
     return frames, position
 
 
-# A Run built field by field: ``Run`` is a frozen attrs class, whose
-# ``__init__`` sets each of its eight slots through a bound
-# ``object.__setattr__`` call (about half of what decoding a one-message run
-# costs). Its slots are plain object members (``__slots__``): where the
-# member descriptors say so, each field is stored straight at its offset
-# in the new object, which is what the descriptor's ``__set__`` does
-# after finding the descriptor by name (PyObject_GenericSetAttr, the
-# fallback where the layout is not as checked below).
-cdef extern from "structmember.h":
-    ctypedef struct PyMemberDef:
-        const char* name
-        int type
-        Py_ssize_t offset
-        int flags
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-    int T_OBJECT_EX
-    int READONLY
-
-cdef object _RUN_NEW = Run.__new__
-cdef str _KEY = "key"
-cdef str _TS_BROKER = "ts_broker"
-cdef str _COUNT = "count"
-cdef str _SIZES = "sizes"
-cdef str _MESSAGES = "messages"
-cdef str _PARTITION = "partition"
-cdef str _BASE_OFFSET = "base_offset"
-cdef str _CHUNK = "chunk"
-cdef object _ZERO = 0
 # Message bytes of a located run up to which ``read_chunk_runs`` copies it
 # out of the frame instead of viewing it (see there).
 cdef int64_t _COPY_AT_MOST = 4096
-cdef object _NO_OFFSET = -1
-
-#: Run's eight field offsets in the field order of ``_new_run``, or all -1.
-cdef Py_ssize_t _OFFSETS[8]
-
-
-cdef bint _find_offsets() except -1:
-    """Fill ``_OFFSETS`` when every field of Run is a writable object slot
-    of Run's own (a member descriptor in its ``__dict__``); False, with
-    the generic path kept, otherwise (another Python, another attrs)."""
-    cdef PyMemberDef* member
-    names = (_KEY, _TS_BROKER, _COUNT, _SIZES, _MESSAGES, _PARTITION, _BASE_OFFSET, _CHUNK)
-    slots = Run.__dict__
-    for index in range(8):
-        _OFFSETS[index] = -1
-    found = []
-    for name in names:
-        descriptor = slots.get(name)
-        if descriptor is None or type(descriptor).__name__ != "member_descriptor":
-            return False
-        member = (<PyMemberDescrObject*><PyObject*>descriptor).d_member
-        if member.type != T_OBJECT_EX or member.flags & READONLY or member.offset <= 0:
-            return False
-        if member.offset + <Py_ssize_t>sizeof(PyObject*) > Run.__basicsize__:
-            return False
-        found.append(member.offset)
-    if len(set(found)) != 8:
-        return False
-    for index in range(8):
-        _OFFSETS[index] = found[index]
-    return True
-
-
-cdef bint _DIRECT = _find_offsets()
-#: Whether ``_new_run`` stores at the offsets (see ``_find_offsets``).
-DIRECT_SLOTS = _DIRECT
-
-
-cdef inline void _store(PyObject* target, Py_ssize_t offset, object value):
-    """Store ``value`` in the fresh object's slot at ``offset`` (empty:
-    ``tp_alloc`` zeroes an object's memory)."""
-    cdef PyObject** slot = <PyObject**>((<char*>target) + offset)
-    Py_INCREF(value)
-    slot[0] = <PyObject*>value
-
-
-cdef object _new_run(object key, int64_t ts_broker, int64_t count, object sizes,
-                     object messages, object chunk, object partition=_ZERO,
-                     object base_offset=_NO_OFFSET):
-    cdef object run = _RUN_NEW(Run)
-    cdef PyObject* target = <PyObject*>run
-    if _DIRECT:
-        _store(target, _OFFSETS[0], key)
-        _store(target, _OFFSETS[1], ts_broker)
-        _store(target, _OFFSETS[2], count)
-        _store(target, _OFFSETS[3], sizes)
-        _store(target, _OFFSETS[4], messages)
-        _store(target, _OFFSETS[5], partition)
-        _store(target, _OFFSETS[6], base_offset)
-        _store(target, _OFFSETS[7], chunk)
-        return run
-    PyObject_GenericSetAttr(run, _KEY, key)
-    PyObject_GenericSetAttr(run, _TS_BROKER, ts_broker)
-    PyObject_GenericSetAttr(run, _COUNT, count)
-    PyObject_GenericSetAttr(run, _SIZES, sizes)
-    PyObject_GenericSetAttr(run, _MESSAGES, messages)
-    PyObject_GenericSetAttr(run, _PARTITION, partition)
-    PyObject_GenericSetAttr(run, _BASE_OFFSET, base_offset)
-    PyObject_GenericSetAttr(run, _CHUNK, chunk)
-    return run
 
 
 def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
@@ -518,7 +418,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                     sizes = whole[44 : 44 + 4 * chunk.count]
                     messages = whole[messages_at : messages_at + chunk.messages_len]
                 runs.append(
-                    _new_run(
+                    new_run(
                         PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
@@ -545,7 +445,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                     sizes = view[sizes_at : sizes_at + 4 * chunk.count]
                     messages = view[messages_at : messages_at + chunk.messages_len]
                 runs.append(
-                    _new_run(
+                    new_run(
                         PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,

@@ -233,9 +233,9 @@ def test_the_compiled_reader_stores_run_fields_at_their_slots() -> None:
     that path); elsewhere it keeps storing them by name."""
     if codec.read_chunk_runs_compiled is None:
         pytest.skip("the compiled reader is not in use (BROKY_PURE=1)")
-    from broky.protocol import _forward  # noqa: PLC0415
+    from broky.protocol import _run_slots  # noqa: PLC0415
 
-    assert _forward.DIRECT_SLOTS
+    assert _run_slots.DIRECT_SLOTS
     run = Run(b"k.slot", 7, 1, pack_sizes([3]), b"abc", 5, 9)
     frame = decode_frame(memoryview(_deliver([run], 1))[4:])
     assert isinstance(frame, Deliver)

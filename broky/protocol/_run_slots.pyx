@@ -1,0 +1,113 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""A Run built field by field, for the compiled chunk reader (``_forward``).
+
+``Run`` is a frozen attrs class, whose ``__init__`` sets each of its eight
+slots through a bound ``object.__setattr__`` call (about half of what
+decoding a one-message run costs). Its slots are plain object members
+(``__slots__``): where the member descriptors say so, each field is stored
+straight at its offset in the new object, which is what the descriptor's
+``__set__`` does after finding the descriptor by name
+(PyObject_GenericSetAttr, the fallback where the layout is not as checked
+below). It lives apart from ``_forward`` because it depends on nothing
+there: it knows Run's layout, not the wire's.
+"""
+
+from cpython.object cimport PyObject, PyObject_GenericSetAttr
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int64_t
+
+from broky.protocol.frames import Run
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    int T_OBJECT_EX
+    int READONLY
+
+cdef object _RUN_NEW = Run.__new__
+cdef str _KEY = "key"
+cdef str _TS_BROKER = "ts_broker"
+cdef str _COUNT = "count"
+cdef str _SIZES = "sizes"
+cdef str _MESSAGES = "messages"
+cdef str _PARTITION = "partition"
+cdef str _BASE_OFFSET = "base_offset"
+cdef str _CHUNK = "chunk"
+cdef object _ZERO = 0
+cdef object _NO_OFFSET = -1
+
+#: Run's eight field offsets in the field order of ``new_run``, or all -1.
+cdef Py_ssize_t _OFFSETS[8]
+
+
+cdef bint _find_offsets() except -1:
+    """Fill ``_OFFSETS`` when every field of Run is a writable object slot
+    of Run's own (a member descriptor in its ``__dict__``); False, with
+    the generic path kept, otherwise (another Python, another attrs)."""
+    cdef PyMemberDef* member
+    names = (_KEY, _TS_BROKER, _COUNT, _SIZES, _MESSAGES, _PARTITION, _BASE_OFFSET, _CHUNK)
+    slots = Run.__dict__
+    for index in range(8):
+        _OFFSETS[index] = -1
+    found = []
+    for name in names:
+        descriptor = slots.get(name)
+        if descriptor is None or type(descriptor).__name__ != "member_descriptor":
+            return False
+        member = (<PyMemberDescrObject*><PyObject*>descriptor).d_member
+        if member.type != T_OBJECT_EX or member.flags & READONLY or member.offset <= 0:
+            return False
+        if member.offset + <Py_ssize_t>sizeof(PyObject*) > Run.__basicsize__:
+            return False
+        found.append(member.offset)
+    if len(set(found)) != 8:
+        return False
+    for index in range(8):
+        _OFFSETS[index] = found[index]
+    return True
+
+
+cdef bint _DIRECT = _find_offsets()
+#: Whether ``new_run`` stores at the offsets (see ``_find_offsets``).
+DIRECT_SLOTS = _DIRECT
+
+
+cdef inline void _store(PyObject* target, Py_ssize_t offset, object value):
+    """Store ``value`` in the fresh object's slot at ``offset`` (empty:
+    ``tp_alloc`` zeroes an object's memory)."""
+    cdef PyObject** slot = <PyObject**>((<char*>target) + offset)
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
+
+
+cdef object new_run(object key, int64_t ts_broker, int64_t count, object sizes,
+                    object messages, object chunk, object partition=_ZERO,
+                    object base_offset=_NO_OFFSET):
+    """The Run of these fields, as ``Run(...)`` builds it but without its
+    per-field attribute lookups."""
+    cdef object run = _RUN_NEW(Run)
+    cdef PyObject* target = <PyObject*>run
+    if _DIRECT:
+        _store(target, _OFFSETS[0], key)
+        _store(target, _OFFSETS[1], ts_broker)
+        _store(target, _OFFSETS[2], count)
+        _store(target, _OFFSETS[3], sizes)
+        _store(target, _OFFSETS[4], messages)
+        _store(target, _OFFSETS[5], partition)
+        _store(target, _OFFSETS[6], base_offset)
+        _store(target, _OFFSETS[7], chunk)
+        return run
+    PyObject_GenericSetAttr(run, _KEY, key)
+    PyObject_GenericSetAttr(run, _TS_BROKER, ts_broker)
+    PyObject_GenericSetAttr(run, _COUNT, count)
+    PyObject_GenericSetAttr(run, _SIZES, sizes)
+    PyObject_GenericSetAttr(run, _MESSAGES, messages)
+    PyObject_GenericSetAttr(run, _PARTITION, partition)
+    PyObject_GenericSetAttr(run, _BASE_OFFSET, base_offset)
+    PyObject_GenericSetAttr(run, _CHUNK, chunk)
+    return run
