@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
-from itertools import chain
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -30,7 +29,7 @@ import trio
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.durable.acks import AckTicket
 from broky.durable.store import DurableStore
-from broky.protocol.constants import DeletePhase, ErrorCode, SettleKind
+from broky.protocol.constants import DeletePhase, ErrorCode
 from broky.protocol.frames import Consume, Settle
 from broky.replication.gate import PartitionReplica
 from broky.router.matcher import patterns_overlap
@@ -55,8 +54,7 @@ from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.replica import SubscriptionReplica
-from broky.subscriptions.settle_ranges import gather_ranges
-from broky.subscriptions.tracker import AckTracker
+from broky.subscriptions.settling import apply_settle
 from broky.subscriptions.watch import SubscriptionStatus, Watch
 
 log = logging.getLogger("broky.subscriptions")
@@ -395,101 +393,19 @@ class SubscriptionService:
     def grant(self, link: ConsumerLink, credit: int) -> None:
         """``Flow`` on the consumer's stream: more credit, for every partition."""
         link.state.credit += credit
-        self._pump(link)
+        self.pump(link)
 
-    def _pump(self, link: ConsumerLink) -> None:
+    def pump(self, link: ConsumerLink) -> None:
+        """Let every dispatcher of ``link`` deliver what its credit now allows."""
         now = trio.current_time()
         for partition, dispatcher in self._dispatchers(link):
             dispatcher.pump(now)
             partition.wake()
 
     def settle(self, link: ConsumerLink, frame: Settle) -> None:
-        """Apply a Settle; a ``Settled`` follows once it is committed if asked."""
-        topics = {topic for topic, _ in link.partitions}
-        topic = frame.topic or (next(iter(topics)) if len(topics) == 1 else "")
-        if topic not in topics:
-            link.error(
-                ErrorCode.UNKNOWN_TOPIC,
-                f"settle names topic {frame.topic!r}, which consumer stream {link.stream} "
-                f"does not read (it reads {', '.join(sorted(topics))}); nothing settled",
-            )
-            return
-        now = trio.current_time()
-        stale = 0
-        name = link.subscription
-        spans, unconfirmed = gather_ranges(
-            frame, lambda number: self._settled_tracker(link, topic, number)
-        )
-        touched = {number: self.partitions[topic, number] for number in spans}
-        for number, partition in touched.items():
-            ranges = spans[number]
-            count = sum(len(offsets) for offsets in ranges)
-            dispatcher = partition.dispatchers[name]
-            stale += self._apply(dispatcher, link, frame, ranges, count, now)
-            partition.changed(name, count if frame.kind is SettleKind.ACK else 0)
-        self._pump(link)
-        if frame.sequence:
-            self._receipt(link, frame.sequence, stale, unconfirmed, list(touched.values()))
-
-    def _settled_tracker(self, link: ConsumerLink, topic: str, number: int) -> AckTracker | None:
-        """The tracker a settle of ``link`` names with partition ``number`` of
-        ``topic`` reaches, or None when that is not one of its partitions."""
-        partition = self.partitions.get((topic, number))
-        dispatcher = partition.dispatchers.get(link.subscription) if partition else None
-        if dispatcher is None or (topic, number) not in link.partitions:
-            return None
-        return dispatcher.tracker
-
-    def _apply(
-        self,
-        dispatcher: Dispatcher,
-        link: ConsumerLink,
-        frame: Settle,
-        ranges: list[Sequence[int]],
-        count: int,
-        now: float,
-    ) -> int:
-        """Apply ``frame``'s kind to the offsets of ``ranges`` (``count`` of
-        them) of one dispatcher."""
-        kind = frame.kind
-        if kind is SettleKind.ACK:
-            stale = dispatcher.ack_ranges(link.id, ranges, now)
-            counters = self.counters(link.subscription)
-            counters.acked += count
-            counters.stale_acks += stale
-            return stale
-        offsets = chain.from_iterable(ranges)
-        if kind is SettleKind.NACK:
-            delay = None if frame.delay_ms < 0 else frame.delay_ms / 1000
-            dispatcher.nack(link.id, offsets, now, delay, frame.reason)
-        elif kind is SettleKind.TERM:
-            dispatcher.term(link.id, offsets, now, frame.reason or "terminated by the consumer")
-        else:
-            dispatcher.in_progress(link.id, offsets, now)
-        return 0
-
-    def _receipt(
-        self,
-        link: ConsumerLink,
-        sequence: int,
-        stale: int,
-        unconfirmed: int,
-        partitions: list[PartitionSubscriptions],
-    ) -> None:
-        """Send ``Settled`` once every touched partition committed."""
-        waiting = len(partitions)
-        if not waiting:
-            link.settled(sequence, stale, unconfirmed)
-            return
-
-        def one_committed() -> None:
-            nonlocal waiting
-            waiting -= 1
-            if not waiting:
-                link.settled(sequence, stale, unconfirmed)
-
-        for partition in partitions:
-            partition.committer.after_commit(one_committed)
+        """Apply a Settle; a ``Settled`` follows once it is committed if asked
+        (broky.subscriptions.settling)."""
+        apply_settle(self, link, frame)
 
     # --- dead letters and figures --------------------------------------------------------
 
