@@ -19,7 +19,8 @@ import attrs
 from broky.storage.batch import StoredBatch
 from broky.storage.batch_reading import RecordBatch
 from broky.storage.errors import CorruptRecordError
-from broky.storage.segment import LOG_SUFFIX, parse_stem, segment_stem, verified_batches
+from broky.storage.segment import LOG_SUFFIX, parse_stem, segment_stem
+from broky.storage.segment_scan import verified_batches
 
 
 @attrs.frozen(slots=True)

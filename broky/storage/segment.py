@@ -8,7 +8,8 @@ immutable, with an index file on disk.
 
 This module does file work only: append a buffer, read verified batches,
 scan and repair. Offsets, rolling, retention and fsync policy belong to
-``PartitionLog``.
+``PartitionLog``; the sequential reads (window, CRC scan, header walk) are in
+``broky.storage.segment_scan``.
 """
 
 from __future__ import annotations
@@ -22,16 +23,10 @@ from typing import Final
 import attrs
 
 from broky.storage.batch import BATCH_HEADER_BYTES, StoredBatch
-from broky.storage.batch_reading import (
-    BatchHeader,
-    BatchSpan,
-    RecordBatch,
-    decode_batch,
-    read_header,
-    verify_batch,
-)
+from broky.storage.batch_reading import BatchSpan, RecordBatch, decode_batch, read_header
 from broky.storage.errors import CorruptRecordError, StorageError
 from broky.storage.index import IndexSummary, SegmentIndex
+from broky.storage.segment_scan import READ_WINDOW_BYTES, ReadWindow, iter_headers, scan
 
 log = logging.getLogger("broky.storage")
 
@@ -40,10 +35,6 @@ INDEX_SUFFIX: Final = ".index"
 #: Digits of a segment's base offset in its file name: the width of the
 #: largest u64, so that lexical order is numeric order (Kafka's convention).
 OFFSET_DIGITS: Final = 20
-#: Bytes read per ``pread`` when scanning or reading sequentially: large
-#: enough that syscalls cost little next to CRC and parsing, small enough to
-#: stay in L2 cache while it is checked.
-READ_WINDOW_BYTES: Final = 1024 * 1024
 
 
 def segment_stem(base_offset: int) -> str:
@@ -66,122 +57,6 @@ def fsync_directory(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class _Window:
-    """Sequential reads of a file through a buffer refilled with ``pread``.
-
-    ``get(position, length)`` returns a buffer and the index where the byte at
-    ``position`` sits in it, refilling so that ``length`` bytes follow.
-    """
-
-    def __init__(self, fd: int, end: int, window: int = READ_WINDOW_BYTES) -> None:
-        self.fd = fd
-        self.end = end
-        self.window = window
-        self.buffer = b""
-        self.start = 0
-
-    def get(self, position: int, length: int) -> tuple[bytes, int] | None:
-        """``None`` when ``[position, position + length)`` passes the end."""
-        if position + length > self.end:
-            return None
-        at = position - self.start
-        if at < 0 or at + length > len(self.buffer):
-            size = min(max(length, self.window), self.end - position)
-            self.buffer = os.pread(self.fd, size, position)
-            self.start = position
-            at = 0
-            if len(self.buffer) < length:
-                return None
-        return self.buffer, at
-
-
-@attrs.frozen(slots=True)
-class ScanResult:
-    """What a CRC scan of a ``.log`` found."""
-
-    valid_bytes: int
-    next_offset: int
-    batches: int
-    last_log_time: int
-    error: str | None
-
-
-def verified_batches(fd: int, size: int) -> Iterator[tuple[int, RecordBatch | str]]:
-    """``(position, batch)`` for each valid batch from the start of a ``.log``.
-
-    Stops at the first invalid one, after yielding ``(position, reason)``
-    for it. Offset continuity is the caller's to check.
-    """
-    window = _Window(fd, size)
-    position = 0
-    while position < size:
-        got = window.get(position, BATCH_HEADER_BYTES)
-        header = read_header(*got) if got is not None else "truncated header"
-        if isinstance(header, str):
-            yield position, header
-            return
-        got = window.get(position, header.length)
-        batch = verify_batch(*got) if got is not None else "truncated batch"
-        yield position, batch
-        if isinstance(batch, str):
-            return
-        position += header.length
-
-
-def scan(fd: int, base_offset: int, size: int, index: SegmentIndex) -> ScanResult:
-    """Verify every batch from the start; fill ``index``; stop at the first bad one.
-
-    A batch is good when its framing and CRC32C hold and its base offset
-    continues the previous one (offsets are dense). Everything from the first
-    bad batch on is reported as invalid, whatever follows it: a torn write
-    leaves garbage after it, and bytes after garbage cannot be trusted to be
-    batch-aligned.
-    """
-    valid_bytes = 0
-    next_offset = base_offset
-    batches = 0
-    last_log_time = 0
-    error: str | None = None
-    for position, batch in verified_batches(fd, size):
-        if isinstance(batch, str):
-            error = batch
-            break
-        if batch.base_offset != next_offset:
-            error = f"base offset {batch.base_offset} where {next_offset} was due"
-            break
-        index.add(next_offset, position, batch.log_time)
-        next_offset = batch.next_offset
-        last_log_time = batch.log_time
-        batches += 1
-        valid_bytes = position + batch.stored_bytes
-    return ScanResult(valid_bytes, next_offset, batches, last_log_time, error)
-
-
-def iter_headers(fd: int, start: int, end: int) -> Iterator[tuple[BatchHeader, bytes]]:
-    """Each batch's header and the bytes that name its keys (its
-    ``table_bytes``: run table and keys) from ``start``, reading no messages.
-
-    For lookups that need no message bytes (time search, last offset per
-    key). The CRC is not checked: headers only steer reads, and every batch
-    served is verified whole.
-    """
-    window = _Window(fd, end)
-    position = start
-    while position < end:
-        got = window.get(position, BATCH_HEADER_BYTES)
-        if got is None:
-            return
-        header = read_header(*got)
-        if isinstance(header, str):
-            return
-        table_got = window.get(position + BATCH_HEADER_BYTES, header.table_bytes)
-        if table_got is None:
-            return
-        buffer, at = table_got
-        yield header, buffer[at : at + header.table_bytes]
-        position += header.length
 
 
 @attrs.frozen(slots=True)
@@ -223,7 +98,7 @@ class Segment:
         #: The last batch a read decoded, at its byte position, and the read
         #: window over ``_read_fd`` (``_verified``).
         self._last_verified: tuple[int, RecordBatch] | None = None
-        self._window: _Window | None = None
+        self._window: ReadWindow | None = None
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, offsets [{self.base_offset}, {self.next_offset}))"
@@ -427,7 +302,7 @@ class Segment:
             expected, position = self.index.position_for_offset(start)
         window = self._window
         if window is None:
-            window = self._window = _Window(self._reader(), 0)
+            window = self._window = ReadWindow(self._reader(), 0)
         window.end, window.window = self.size, max(READ_WINDOW_BYTES // 16, max_bytes)
         while position < self.size and expected < stop:
             got = window.get(position, BATCH_HEADER_BYTES)
