@@ -41,6 +41,7 @@ from broky.router.router import Router
 from broky.router.statistics import RouterStatistics
 from broky.security.auth import Authenticator
 from broky.security.quotas import QuotaLedger
+from broky.security.renewal import CertificateRenewal
 from broky.subscriptions.service import SubscriptionService
 from broky.subscriptions.watch import SubscriptionStatus
 
@@ -118,9 +119,8 @@ class Broker:
             )
             store.forward = self.forwarder.append
             self.router.durable_keys = lambda key: store.match(key) is not None
-        #: TLS contexts whose certificate a reload loads again, each with the
-        #: settings' prefix ("tls": tls_cert and tls_key).
-        self._renewable: list[tuple[ssl.SSLContext, str]] = []
+        #: TLS contexts whose certificate a reload loads again.
+        self._certificates = CertificateRenewal()
         peer_tls = self.config.peer_client_context()
         if peer_tls is not None:
             self.renews(*peer_tls)
@@ -415,7 +415,7 @@ class Broker:
             config.users, config.allow_anonymous, logins=previous.logins
         )
         self.config = updated
-        renewed = self._renew_certificates()
+        renewed = self._certificates.renew(self.config)
         revoked = ended = 0
         for connection in list(self._connections):
             outcome = connection.reauthorize(self.authenticator, previous)
@@ -437,23 +437,7 @@ class Broker:
         """Have ``reload`` load ``{prefix}_cert`` and ``{prefix}_key`` into
         ``context`` again: renewed certificates serve new handshakes, and
         connections already up keep theirs."""
-        self._renewable.append((context, prefix))
-
-    def _renew_certificates(self) -> list[str]:
-        """Load the certificates again; the prefixes of those loaded."""
-        renewed: list[str] = []
-        for context, prefix in self._renewable:
-            cert, key = (
-                getattr(self.config, f"{prefix}_cert"),
-                getattr(self.config, f"{prefix}_key"),
-            )
-            try:
-                context.load_cert_chain(cert, key)
-            except (OSError, ssl.SSLError) as exc:
-                log.error("%s_cert/%s_key could not be loaded again: %s", prefix, prefix, exc)
-            else:
-                renewed.append(prefix)
-        return renewed
+        self._certificates.add(context, prefix)
 
     def _advise(self, kind: str, payload: dict[str, Any]) -> None:
         self.observability.system.advise(Advisory(kind), payload)
