@@ -18,13 +18,13 @@ import sys
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport PyObject, PyObject_GenericSetAttr
+from cpython.object cimport PyObject
+from broky.protocol._run_slots cimport new_run
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
 import xxhash
 
-from broky.protocol.frames import Run
 from broky.storage.topics import key_partition
 
 if sys.byteorder != "little":
@@ -196,18 +196,8 @@ cdef object _run_partition(object run, object partitions, object default):
 cdef object _new_piece(object run, Py_ssize_t count, bytes sizes, bytes messages):
     """``Run(run.key, run.ts_broker, count, sizes, messages)`` without the
     frozen attrs ``__init__`` (an ``object.__setattr__`` call per field):
-    the slots are set with the generic setter, which the frozen class's
-    ``__setattr__`` does not stand in front of."""
-    cdef object piece = Run.__new__(Run)
-    PyObject_GenericSetAttr(piece, "key", run.key)
-    PyObject_GenericSetAttr(piece, "ts_broker", run.ts_broker)
-    PyObject_GenericSetAttr(piece, "count", count)
-    PyObject_GenericSetAttr(piece, "sizes", sizes)
-    PyObject_GenericSetAttr(piece, "messages", messages)
-    PyObject_GenericSetAttr(piece, "partition", 0)
-    PyObject_GenericSetAttr(piece, "base_offset", -1)
-    PyObject_GenericSetAttr(piece, "chunk", None)
-    return piece
+    built as the compiled chunk reader builds its runs (broky.protocol._run_slots)."""
+    return new_run(run.key, run.ts_broker, count, sizes, messages, None)
 
 
 cdef list _split_run(object run, list targets):
