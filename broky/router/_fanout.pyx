@@ -32,6 +32,27 @@ cdef int _flush(tuple route, list batch, Py_ssize_t messages, Py_ssize_t size) e
 cdef Py_ssize_t ADMIT_EVERY = 64
 
 
+cdef inline int _tally(dict table, list passed, object key, Py_ssize_t count,
+                       Py_ssize_t size) except -1:
+    """``broky.router.fanout.tally``: add a run to ``key``'s figures if the
+    key is tracked, else count it as passed; 0 when it is the
+    ``ADMIT_EVERY``-th untracked run, due for admission (``passed`` reset)."""
+    cdef PyObject* found = PyDict_GetItem(table, key)
+    cdef array.array figures
+    if found is not NULL:
+        figures = <array.array?><object>found
+        if figures.ob_descr.typecode != b'q' or Py_SIZE(figures) < 2:
+            raise TypeError("topic figures must be array('q') pairs")
+        figures.data.as_longlongs[0] += count
+        figures.data.as_longlongs[1] += size
+    elif <Py_ssize_t>passed[0] < ADMIT_EVERY - 1:
+        _add(passed, 0, 1)
+    else:
+        passed[0] = 0
+        return 0
+    return 1
+
+
 def fan_out(runs, Py_ssize_t start, routes, topics, list passed):
     """See ``broky.router.fanout.fan_out_pure``."""
     cdef Py_ssize_t stop = len(runs), position, count, size
@@ -44,7 +65,6 @@ def fan_out(runs, Py_ssize_t start, routes, topics, list passed):
     cdef dict topic_table = topics
     cdef dict route_table = routes
     cdef bint counting = topics is not None
-    cdef array.array figures
     cdef EncodedRun run
     for position in range(start, stop):
         run = <EncodedRun?>runs[position]
@@ -56,20 +76,9 @@ def fan_out(runs, Py_ssize_t start, routes, topics, list passed):
         subscriptions = <tuple>found
         count = run.count
         size = len(run.chunk)
-        if counting:
-            found = PyDict_GetItem(topic_table, key)
-            if found is not NULL:
-                figures = <array.array?><object>found
-                if figures.ob_descr.typecode != b'q' or Py_SIZE(figures) < 2:
-                    raise TypeError("topic figures must be array('q') pairs")
-                figures.data.as_longlongs[0] += count
-                figures.data.as_longlongs[1] += size
-            elif <Py_ssize_t>passed[0] < ADMIT_EVERY - 1:
-                _add(passed, 0, 1)
-            else:
-                passed[0] = 0
-                stop = position
-                break
+        if counting and not _tally(topic_table, passed, key, count, size):
+            stop = position
+            break
         published_runs += 1
         published_messages += count
         if not subscriptions:
@@ -134,8 +143,6 @@ def count_unrouted(Py_ssize_t shift, Py_ssize_t sizes_at, runs, dict table, list
     ``sizes_at``: broky.protocol.chunks' ``DURABLE_CHUNK_SHIFT`` and
     ``DURABLE_SIZES_AT``, bound by the caller)."""
     cdef Py_ssize_t messages = 0, count, size
-    cdef PyObject* found
-    cdef array.array figures
     for run in runs:
         key = run.key
         count = run.count
@@ -145,16 +152,6 @@ def count_unrouted(Py_ssize_t shift, Py_ssize_t sizes_at, runs, dict table, list
         else:
             size = _durable_size(sizes_at, len(key), len(run.sizes), len(run.messages))
         messages += count
-        found = PyDict_GetItem(table, key)
-        if found is not NULL:
-            figures = <array.array?><object>found
-            if figures.ob_descr.typecode != b'q' or Py_SIZE(figures) < 2:
-                raise TypeError("topic figures must be array('q') pairs")
-            figures.data.as_longlongs[0] += count
-            figures.data.as_longlongs[1] += size
-        elif <Py_ssize_t>passed[0] < ADMIT_EVERY - 1:
-            _add(passed, 0, 1)
-        else:
-            passed[0] = 0
+        if not _tally(table, passed, key, count, size):
             admit(key, count, size)
     return messages
