@@ -61,9 +61,32 @@ def local_nodes(
         for node in nodes:
             node.start()
         yield nodes
+    except BaseException:
+        print_node_logs(nodes)
+        raise
     finally:
         for node in nodes:
             node.stop(signal.SIGKILL)
+
+
+#: Log lines worth showing when a cluster test fails: roles, ISR changes,
+#: leases, warnings and errors (the rest is routine).
+_TELLING = ("ISR", "leading", "lease", "joined", "truncated", "WARNING", "ERROR", "Traceback")
+
+
+def print_node_logs(nodes: list[LocalNode], lines: int = 40) -> None:
+    """The last telling lines of each node's logs, printed (pytest shows
+    them with the failure): a fault that CI hits once in many runs must be
+    diagnosable from that one run."""
+    for node in nodes:
+        telling = [
+            line
+            for path in sorted(node.directory.glob("node.*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if any(word in line for word in _TELLING) and "(no partitions)" not in line
+        ]
+        print(f"--- {node.node_id} ({node.address}): last {lines} telling log lines")
+        print("\n".join(telling[-lines:]))
 
 
 async def wait_status(
