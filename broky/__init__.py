@@ -4,6 +4,7 @@ The public API is re-exported here; ``tests/test_exports.py`` keeps the list
 honest.
 """
 
+from broky.client.acked_runs import AckedRuns
 from broky.client.client import Client
 from broky.client.consumer import Consumer, ConsumerStatistics, Delivery
 from broky.client.durable import AckedRun, PartitionInfo, Start, SubscriptionDeletion
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AckTimeout",
     "AckedRun",
+    "AckedRuns",
     "AuthenticationError",
     "Broker",
     "BrokerStatistics",

@@ -10,6 +10,7 @@ from importlib.metadata import version
 import pytest
 
 import broky
+import broky.client.acked_runs
 import broky.client.client
 import broky.client.consumer
 import broky.client.durable
@@ -27,6 +28,7 @@ import broky.server
 #: Where each public name is defined (its one home).
 HOMES = {
     "AckedRun": broky.client.durable,
+    "AckedRuns": broky.client.acked_runs,
     "AuthenticationError": broky.client.errors,
     "PublishRefused": broky.client.errors,
     "hash_secret": broky.security.passwords,

@@ -24,7 +24,7 @@ from typing import Final
 
 import attrs
 
-from broky.client.durable import AckedRun
+from broky.client.acked_runs import AckedRuns
 from broky.client.errors import AckTimeout, BrokyError
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import PublishAck
@@ -62,8 +62,9 @@ class AckedFrames:
         self.next_sequence = 1
         self._unanswered: deque[SentFrame] = deque()
         self._resend: list[SentFrame] = []
-        #: Offsets acked since the last ``take_acked``.
-        self._acked: list[AckedRun] = []
+        #: Answers since the last ``take_acked``: each frame's key per run
+        #: and its PublishAck, kept as columns (broky.client.acked_runs).
+        self._acked: list[tuple[list[str], PublishAck]] = []
         #: The first non-retriable error since the last ``take_error``.
         self._error: BrokyError | None = None
         #: The last retriable error, reported if the retries run out.
@@ -121,12 +122,7 @@ class AckedFrames:
             return  # a broker bug must not kill the reader
         frame = self._unanswered.popleft()
         self.unacked_messages -= frame.count
-        keys = frame.keys
-        for run, partition, first, last in zip(
-            ack.runs, ack.partitions, ack.first_offsets, ack.last_offsets, strict=True
-        ):
-            key = keys[run] if run < len(keys) else ""
-            self._acked.append(AckedRun(key, partition, first, last))
+        self._acked.append((frame.keys, ack))  # columns checked equal by the decoder
 
     def failed(self, code: ErrorCode, message: str) -> None:
         """The oldest frame in flight was answered with an error."""
@@ -177,9 +173,9 @@ class AckedFrames:
             self.next_sequence = 1
         return lost
 
-    def take_acked(self) -> list[AckedRun]:
+    def take_acked(self) -> AckedRuns:
         acked, self._acked = self._acked, []
-        return acked
+        return AckedRuns(acked)
 
     def take_error(self) -> BrokyError | None:
         error, self._error = self._error, None

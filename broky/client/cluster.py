@@ -177,7 +177,7 @@ class ClusterPublisher:
                             uid=extras.uid,
                             ack=True,
                         )
-                    acked = await client.flush_acks()
+                    acked = list(await client.flush_acks())
                     self._leaders[key] = address
                     return acked
             except (BrokyError, trio.TooSlowError, OSError) as exc:

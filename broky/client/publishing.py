@@ -18,7 +18,7 @@ from typing import Final
 import trio
 
 from broky.client.acked import MAX_UNACKED_MESSAGES, AckedFrames, SentFrame
-from broky.client.durable import AckedRun
+from broky.client.acked_runs import AckedRuns
 from broky.client.errors import BrokyError, ConnectionClosed
 from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
 from broky.protocol.constants import (
@@ -286,7 +286,7 @@ class Publisher:
         acks.producer_id = producer_id
         acks.next_sequence = next_sequence
 
-    async def flush_acks(self) -> list[AckedRun]:
+    async def flush_acks(self) -> AckedRuns:
         """Send what ``publish(..., ack=True)`` queued and wait for every ack.
 
         Returns the offsets of everything acked since the last call, in

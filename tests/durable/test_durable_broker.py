@@ -33,7 +33,7 @@ def durable_config(data_dir: Path, **policy: Any) -> Config:
 async def publish_acked(client: Client, count: int, start: int = 0, keys: int = 5) -> list[Any]:
     for index in range(start, start + count):
         await client.publish(f"orders.k{index % keys}", str(index).encode(), ack=True)
-    return await client.flush_acks()
+    return list(await client.flush_acks())
 
 
 async def take(subscription: Any, count: int) -> list[Message]:
