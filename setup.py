@@ -6,6 +6,7 @@
 compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
 (and ``broky.protocol.located.encode_located_runs_pure``,
+``broky.protocol.chunks.encode_run_chunk_from_pure``,
 ``broky.storage.batch_reading.distinct_keys_pure``),
 ``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
 (and ``broky.storage.grouping.partition_groups_pure``) and

@@ -20,7 +20,8 @@ import trio
 from broky.client.acked import MAX_UNACKED_MESSAGES, AckedFrames, SentFrame
 from broky.client.acked_runs import AckedRuns
 from broky.client.errors import BrokyError, ConnectionClosed
-from broky.protocol.codec import encode_frame, encode_run_chunk, runs_frame_parts
+from broky.protocol.chunks import encode_run_chunk_from
+from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     MAX_KEY_BYTES,
@@ -31,7 +32,7 @@ from broky.protocol.constants import (
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import Frame, PublishAck
 from broky.protocol.keys import encode_key
-from broky.protocol.message import encode_message, pack_sizes
+from broky.protocol.message import encode_message
 from broky.protocol.producer_frames import producer_frame_parts
 
 #: Bytes a client buffers for sending before ``publish`` waits: enough for
@@ -62,6 +63,10 @@ DEFAULT_ACK_TIMEOUT: Final = 30.0
 #: about a second, so the pause stays short.
 _RETRY_PAUSE: Final = 0.02
 _MAX_RETRY_PAUSE: Final = 0.5
+#: Keys whose checked wire bytes a publisher remembers: one message per key
+#: over a working set of keys (device ids, order ids) checks each key once,
+#: not once per message.
+KEY_CACHE_SIZE: Final = 4096
 
 
 class Publisher:
@@ -80,6 +85,8 @@ class Publisher:
         # publish state: the open run, finished run chunks, finished frames
         self._run_key = b""
         self._run_key_text = ""
+        #: Key text -> its checked wire bytes (KEY_CACHE_SIZE at most).
+        self._keys: dict[str, bytes] = {}
         self._run_sizes: list[int] = []
         self._run_messages: list[bytes] = []
         self._run_bytes = 0
@@ -142,7 +149,12 @@ class Publisher:
             self._close_frame()
             self._ack_mode = ack
         if key != self._run_key_text:
-            encoded = encode_key(key, ErrorCode.INVALID_KEY)
+            encoded = self._keys.get(key)
+            if encoded is None:
+                encoded = encode_key(key, ErrorCode.INVALID_KEY)
+                if len(self._keys) >= KEY_CACHE_SIZE:
+                    self._keys.clear()  # a publisher of ever new keys: start over
+                self._keys[key] = encoded
             self._close_run()
             self._run_key_text = key
             self._run_key = encoded
@@ -213,9 +225,7 @@ class Publisher:
 
     def _close_run(self) -> None:
         if self._run_messages:
-            chunk = encode_run_chunk(
-                self._run_key, 0, pack_sizes(self._run_sizes), b"".join(self._run_messages)
-            )
+            chunk = encode_run_chunk_from(self._run_key, self._run_sizes, self._run_messages)
             count = len(self._run_sizes)
             self._run_sizes = []
             self._run_messages = []

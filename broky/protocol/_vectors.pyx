@@ -218,3 +218,62 @@ def distinct_keys(counts, key_lengths, keys, int64_t base_offset, int64_t start,
         return found
     finally:
         PyBuffer_Release(&keys_buffer)
+
+
+# A run chunk's fixed head (see ``chunks.encode_run_chunk``): its vtable
+# (size 12, table size 28, key@12 ts@4 sizes@16 messages@20), the table's
+# soffset (12) and, after ts_broker and the key uoffset, the sizes uoffset.
+cdef uint16_t[6] _RUN_VTABLE = [12, 28, 12, 4, 16, 20]
+cdef int32_t _RUN_SOFFSET = 12
+cdef uint32_t _RUN_SIZES_UOFFSET = 12
+
+
+def encode_run_chunk_from(bytes key, list sizes, list messages):
+    """See ``broky.protocol.chunks.encode_run_chunk_from_pure``: the chunk
+    of a run given as its message sizes and message buffers, written into
+    one new buffer (a client publishing one message per key closes a run
+    per message). A size that disagrees with its message raises ValueError."""
+    cdef Py_ssize_t count = len(sizes), index
+    cdef int64_t messages_len = 0, size, at
+    cdef uint32_t size32
+    cdef Py_buffer message
+    if len(messages) != count:
+        raise ValueError("a run's sizes and messages differ in number")
+    for index in range(count):
+        size = sizes[index]
+        if size != len(messages[index]):
+            raise ValueError("a run's message size disagrees with its message")
+        messages_len += size
+    cdef int64_t key_len = PyBytes_GET_SIZE(key)
+    cdef int64_t sizes_len = 4 * count
+    cdef int64_t sizes_end = 40 + 4 + sizes_len
+    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
+    cdef int64_t messages_end = messages_at + 4 + messages_len
+    cdef int64_t key_at = (messages_end + 3) & ~3
+    cdef int64_t key_end = key_at + 4 + key_len + 1
+    cdef int64_t chunk_end = (key_end + 7) & ~7
+    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    cdef char* out = PyBytes_AS_STRING(chunk)
+    memset(out, 0, chunk_end)
+    memcpy(out, _RUN_VTABLE, 12)
+    memcpy(out + 12, &_RUN_SOFFSET, 4)
+    _put_u32(out, 24, <uint32_t>(key_at - 24))
+    _put_u32(out, 28, _RUN_SIZES_UOFFSET)
+    _put_u32(out, 32, <uint32_t>(messages_at - 32))
+    _put_u32(out, 40, <uint32_t>count)
+    at = messages_at + 4
+    for index in range(count):
+        size32 = <uint32_t>sizes[index]
+        memcpy(out + 44 + 4 * index, &size32, 4)
+        PyObject_GetBuffer(messages[index], &message, PyBUF_SIMPLE)
+        try:
+            if message.len != size32:
+                raise ValueError("a run's message changed size while being encoded")
+            memcpy(out + at, message.buf, message.len)
+        finally:
+            PyBuffer_Release(&message)
+        at += size32
+    _put_u32(out, messages_at, <uint32_t>messages_len)
+    _put_u32(out, key_at, <uint32_t>key_len)
+    memcpy(out + key_at + 4, PyBytes_AS_STRING(key), key_len)
+    return chunk

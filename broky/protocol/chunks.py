@@ -273,6 +273,32 @@ def encode_chunk(run: Run) -> bytes:
     return encode_run_chunk(run.key, run.ts_broker, run.sizes, run.messages)
 
 
+def encode_run_chunk_from_pure(key: bytes, sizes: list[int], messages: list[bytes]) -> bytes:
+    """The chunk of a run given as its messages' sizes and buffers (a
+    publisher's open run). ``broky.protocol._vectors.encode_run_chunk_from``
+    writes the same bytes into one buffer; a property test holds them equal."""
+    if len(sizes) != len(messages) or any(
+        size != len(message) for size, message in zip(sizes, messages, strict=True)
+    ):
+        raise ValueError("a run's sizes and messages disagree")
+    return encode_run_chunk(key, 0, struct.pack(f"<{len(sizes)}I", *sizes), b"".join(messages))
+
+
+def _compiled_run_chunk() -> Callable[[bytes, list[int], list[bytes]], bytes] | None:
+    if os.environ.get("BROKY_PURE") == "1":
+        return None
+    try:
+        from broky.protocol._vectors import encode_run_chunk_from as compiled  # noqa: PLC0415
+    except ImportError:
+        return None  # not built, or built from older sources
+    return compiled
+
+
+#: The compiled encoder when it is built.
+encode_run_chunk_from_compiled = _compiled_run_chunk()
+encode_run_chunk_from = encode_run_chunk_from_compiled or encode_run_chunk_from_pure
+
+
 def chunk_offsets_pure(chunks: Sequence[bytes], position: int) -> tuple[bytes, int]:
     """The uoffsets of a runs vector whose first run's table is ``position``
     bytes after the first uoffset (packed little-endian), and the chunks'

@@ -68,8 +68,8 @@ def test_acked_runs_read_as_the_eager_list(
     assert (lazy == [*expected, AckedRun("x", 0, 0, 0)]) is False
     more = AckedRun("x", 0, 0, 0)
     assert lazy + lazy == expected + expected
-    assert lazy + [more] == [*expected, more]
-    assert [more] + lazy == [more, *expected]
+    assert lazy + [more] == [*expected, more]  # noqa: RUF005 (the operator is under test)
+    assert [more] + lazy == [more, *expected]  # noqa: RUF005
 
 
 def test_nothing_acked_is_an_empty_sequence() -> None:

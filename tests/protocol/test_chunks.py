@@ -19,7 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.protocol.chunk_reading import read_chunk_run, read_runs_frame
-from broky.protocol.chunks import forward_chunk
+from broky.protocol.chunks import (
+    encode_run_chunk_from_compiled,
+    encode_run_chunk_from_pure,
+    forward_chunk,
+)
 from broky.protocol.codec import (
     _decode_run,
     decode_frame,
@@ -194,3 +198,29 @@ def test_nonzero_padding_is_re_encoded_not_forwarded(garbage_at: str) -> None:
     assert received.chunk is None
     (encoded,) = Router().encode(decoded.runs, stamp_ts_broker=False)
     assert encoded.chunk == encode_run_chunk(run.key, 0, run.sizes, run.messages)
+
+
+@given(
+    key=st.binary(max_size=40),
+    messages=st.lists(st.binary(max_size=60), max_size=8),
+)
+def test_the_run_chunk_of_a_publishers_open_run_is_the_same_compiled_or_pure(
+    key: bytes, messages: list[bytes]
+) -> None:
+    """A publisher closes its open run (sizes and buffers) with the compiled
+    encoder when it is built; it writes the pure one's bytes, which decode
+    to the run that was open."""
+    sizes = [len(message) for message in messages]
+    pure = encode_run_chunk_from_pure(key, sizes, messages)
+    assert pure == encode_run_chunk(key, 0, pack_sizes(sizes), b"".join(messages))
+    if encode_run_chunk_from_compiled is not None:
+        assert encode_run_chunk_from_compiled(key, sizes, messages) == pure
+        if messages:
+            wrong = [*sizes[:-1], sizes[-1] + 1]
+            with pytest.raises(ValueError, match="disagrees"):
+                encode_run_chunk_from_compiled(key, wrong, messages)
+            with pytest.raises(ValueError, match="differ in number"):
+                encode_run_chunk_from_compiled(key, sizes, messages[:-1])
+    if messages:
+        with pytest.raises(ValueError, match="disagree"):
+            encode_run_chunk_from_pure(key, [*sizes[:-1], sizes[-1] + 1], messages)
