@@ -50,20 +50,34 @@ cdef uint32_t _LOCATED_SIZES_UOFFSET = 28
 cdef uint16_t[8] _LOCATED_VTABLE = [16, 36, 20, 4, 24, 28, 32, 12]
 
 
+cdef bytes _chunk_buffer(int64_t sizes_at, int64_t key_len, int64_t sizes_len,
+                        int64_t messages_len, int64_t* messages_at, int64_t* key_at):
+    """A zeroed chunk whose size table starts at ``sizes_at``, laid out as
+    ``chunks._chunk_layout`` lays it out, with its three vectors' lengths
+    written; sets where the messages vector and the key string start."""
+    cdef int64_t sizes_end = sizes_at + 4 + sizes_len
+    messages_at[0] = sizes_end + ((4 - sizes_end) & 7)
+    cdef int64_t messages_end = messages_at[0] + 4 + messages_len
+    key_at[0] = (messages_end + 3) & ~3
+    cdef int64_t key_end = key_at[0] + 4 + key_len + 1
+    cdef int64_t chunk_end = (key_end + 7) & ~7
+    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    cdef char* out = PyBytes_AS_STRING(chunk)
+    memset(out, 0, chunk_end)
+    _put_u32(out, sizes_at, <uint32_t>(sizes_len >> 2))
+    _put_u32(out, messages_at[0], <uint32_t>messages_len)
+    _put_u32(out, key_at[0], <uint32_t>key_len)
+    return chunk
+
+
 cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
                     const char* sizes, int64_t sizes_len,
                     const char* messages, int64_t messages_len,
                     uint32_t partition, int64_t base_offset):
     """The located chunk of one run, written into one new buffer."""
-    cdef int64_t sizes_end = 64 + 4 + sizes_len
-    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
-    cdef int64_t messages_end = messages_at + 4 + messages_len
-    cdef int64_t key_at = (messages_end + 3) & ~3
-    cdef int64_t key_end = key_at + 4 + key_len + 1
-    cdef int64_t chunk_end = (key_end + 7) & ~7
-    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    cdef int64_t messages_at, key_at
+    cdef bytes chunk = _chunk_buffer(64, key_len, sizes_len, messages_len, &messages_at, &key_at)
     cdef char* out = PyBytes_AS_STRING(chunk)
-    memset(out, 0, chunk_end)
     memcpy(out + 12, &_LOCATED_SOFFSET, 4)
     memcpy(out + 16, &ts_broker, 8)
     memcpy(out + 24, &base_offset, 8)
@@ -72,11 +86,8 @@ cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
     _put_u32(out, 40, <uint32_t>(messages_at - 40))
     _put_u32(out, 44, partition)
     memcpy(out + 48, _LOCATED_VTABLE, 16)
-    _put_u32(out, 64, <uint32_t>(sizes_len >> 2))
     memcpy(out + 68, sizes, sizes_len)
-    _put_u32(out, messages_at, <uint32_t>messages_len)
     memcpy(out + messages_at + 4, messages, messages_len)
-    _put_u32(out, key_at, <uint32_t>key_len)
     memcpy(out + key_at + 4, key, key_len)
     return chunk
 
@@ -245,22 +256,14 @@ def encode_run_chunk_from(bytes key, list sizes, list messages):
             raise ValueError("a run's message size disagrees with its message")
         messages_len += size
     cdef int64_t key_len = PyBytes_GET_SIZE(key)
-    cdef int64_t sizes_len = 4 * count
-    cdef int64_t sizes_end = 40 + 4 + sizes_len
-    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
-    cdef int64_t messages_end = messages_at + 4 + messages_len
-    cdef int64_t key_at = (messages_end + 3) & ~3
-    cdef int64_t key_end = key_at + 4 + key_len + 1
-    cdef int64_t chunk_end = (key_end + 7) & ~7
-    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    cdef int64_t messages_at, key_at
+    cdef bytes chunk = _chunk_buffer(40, key_len, 4 * count, messages_len, &messages_at, &key_at)
     cdef char* out = PyBytes_AS_STRING(chunk)
-    memset(out, 0, chunk_end)
     memcpy(out, _RUN_VTABLE, 12)
     memcpy(out + 12, &_RUN_SOFFSET, 4)
     _put_u32(out, 24, <uint32_t>(key_at - 24))
     _put_u32(out, 28, _RUN_SIZES_UOFFSET)
     _put_u32(out, 32, <uint32_t>(messages_at - 32))
-    _put_u32(out, 40, <uint32_t>count)
     at = messages_at + 4
     for index in range(count):
         size32 = <uint32_t>sizes[index]
@@ -273,7 +276,5 @@ def encode_run_chunk_from(bytes key, list sizes, list messages):
         finally:
             PyBuffer_Release(&message)
         at += size32
-    _put_u32(out, messages_at, <uint32_t>messages_len)
-    _put_u32(out, key_at, <uint32_t>key_len)
     memcpy(out + key_at + 4, PyBytes_AS_STRING(key), key_len)
     return chunk
