@@ -82,6 +82,16 @@ async def change_isr(
     The new ISR must keep the leader and stay within the replicas (else
     StateError); it is committed only if no one changed the key since it
     was read."""
+    state, _ = await change_isr_at(client, keys, term, isr)
+    return state
+
+
+async def change_isr_at(
+    client: EtcdClient, keys: ClusterKeys, term: Term, isr: Sequence[IsrEntry]
+) -> tuple[VbucketState, int]:
+    """``change_isr``, also returning the etcd revision that committed it:
+    a leader's watch may still deliver older states of the key after the
+    answer, and must not take them over this one."""
     key = keys.vbucket(term.vbucket)
     for _ in range(ISR_ATTEMPTS):
         stored = await check_leader(client, keys, term)
@@ -91,7 +101,7 @@ async def change_isr(
             [Compare.modified(key, stored.kv.mod_revision)], [Put(key, state.to_json())], [Get(key)]
         )
         if result.succeeded:
-            return state
+            return state, result.revision
     raise IsrConflict(
         f"vbucket {term.vbucket}: the ISR change lost {ISR_ATTEMPTS} races with other writers"
     )

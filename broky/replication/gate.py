@@ -132,6 +132,9 @@ class _Leading:
     def __init__(self, term: Term, isr: LeaderIsr) -> None:
         self.term = term
         self.isr = isr
+        #: The etcd revision of the vbucket state whose ISR ``isr`` holds
+        #: (broky.replication.service takes only newer ones).
+        self.isr_revision = 0
         #: The held rounds, in log order (LeaderIsr answers in that order).
         self.tokens: deque[_Round] = deque()
         #: The rounds shown to followers whose fsync has not returned yet.

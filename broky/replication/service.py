@@ -31,8 +31,8 @@ import trio
 
 from broky.cluster.epochs import EpochHistory
 from broky.cluster.etcd_wire import EtcdError
-from broky.cluster.isr import IsrRuleError, IsrSettings, LeaderIsr
-from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr
+from broky.cluster.isr import IsrSettings, LeaderIsr
+from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr_at
 from broky.cluster.placement import vbucket_of
 from broky.cluster.state import IsrEntry, StateError, VbucketState
 from broky.cluster.vbuckets import StoredState
@@ -51,6 +51,7 @@ from broky.replication.events import (
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
+from broky.replication.isr_sync import take_isr, took_answer
 from broky.replication.link import ReplicationLink
 from broky.replication.member import Member
 from broky.replication.wire import (
@@ -256,8 +257,8 @@ class ReplicationService:
                 # A node outside the replica set keeps the role "none" while
                 # moves change the leader: its NotLeader must name the new one.
                 replica.leader_hint = hint
-                if role.kind == "lead" and state is not None:
-                    self._sync_isr(replica, state)
+                if role.kind == "lead" and stored is not None:
+                    self._sync_isr(replica, stored.state, stored.kv.mod_revision)
                 continue
             if current is not None:
                 current[1].cancel()
@@ -265,8 +266,8 @@ class ReplicationService:
             replica.leader_hint = hint
             scope = trio.CancelScope()
             self._roles[key] = (role, scope)
-            if role.term is not None and state is not None:
-                nursery.start_soon(self._lead, replica, role.term, state, hint, scope)
+            if role.term is not None and stored is not None:
+                nursery.start_soon(self._lead, replica, role.term, stored, hint, scope)
             elif role.kind == "follow":
                 follower = Follower(
                     replica, role.leader_address, role.epoch, role.node_epoch, self.switch
@@ -282,31 +283,29 @@ class ReplicationService:
             if self.dropped.dropped(key, None if stored is None else stored.state):
                 self.dropped.delete(replica)
 
-    def _sync_isr(self, replica: PartitionReplica, state: VbucketState) -> None:
-        """Take an ISR the controller changed (a dead follower removed)."""
+    def _sync_isr(self, replica: PartitionReplica, state: VbucketState, revision: int) -> None:
+        """Take an ISR the controller changed (a dead follower removed), as
+        etcd stored it at ``revision`` (newer ones only: broky.replication.isr_sync)."""
         leading = replica.leading
-        if leading is not None and leading.isr.replicas != state.replicas:
-            leading.isr.replicas_changed(state.replicas)  # a move added or dropped one
-        if leading is None or leading.isr.pending_isr is not None:
+        if leading is None:
             return
-        before = leading.isr.committed_isr
-        if set(state.isr) != set(before):
-            try:
-                leading.isr.isr_committed(state.isr)
-            except IsrRuleError as exc:
-                log.warning("%s: ISR from etcd not taken: %s", replica.name, exc)
-            else:
-                self._isr_changed(replica, leading.isr, before, "controller")
+        taken = take_isr(leading, state, revision)
+        if taken.refused is not None:
+            log.warning("%s: ISR from etcd not taken: %s", replica.name, taken.refused)
+        if taken.before is not None:
+            self._isr_changed(replica, leading.isr, taken.before, "controller")
+        if taken.refused is not None or taken.before is not None:
             replica.settle()
 
     async def _lead(
         self,
         replica: PartitionReplica,
         term: Term,
-        state: VbucketState,
+        stored: StoredState,
         hint: str,
         scope: trio.CancelScope,
     ) -> None:
+        state = stored.state
         with scope:
             owner = replica.owner
             history = replica.history
@@ -334,6 +333,13 @@ class ReplicationService:
             )
             replica.lead(term, isr, hint)
             log.info("%s: leading at epoch %d from offset %d", replica.name, term.epoch, end)
+            if replica.leading is not None:
+                replica.leading.isr_revision = stored.kv.mod_revision
+            # Changes etcd made while this log was being installed went by
+            # with nobody leading here to take them: take the newest now.
+            latest = self.node.vbuckets.states().get(term.vbucket)
+            if latest is not None and term.holds(latest.state):
+                self._sync_isr(replica, latest.state, latest.kv.mod_revision)
             if replica.subscriptions is not None:
                 # The subscriptions as this node stored them (as a follower).
                 await replica.subscriptions.lead(term.epoch)
@@ -375,7 +381,7 @@ class ReplicationService:
             return True
         committed = False
         try:
-            changed = await change_isr(self.node.client, self.node.keys, term, agreed)
+            changed, revision = await change_isr_at(self.node.client, self.node.keys, term, agreed)
             committed = True
         except Fenced as exc:
             log.warning("%s: %s", replica.name, exc)
@@ -393,6 +399,10 @@ class ReplicationService:
         log.info("%s: ISR now %s", replica.name, changed.isr)
         before = isr.committed_isr
         isr.isr_committed(changed.isr)
+        took_answer(
+            [led.leading for led in (replica, *siblings.values()) if led.leading is not None],
+            revision,
+        )
         self._isr_changed(replica, isr, before, "leader")
         for sibling_isr, sibling_before in vbucket_isr.settle(held, changed.isr):
             self._isr_changed(siblings[id(sibling_isr)], sibling_isr, sibling_before, "leader")
