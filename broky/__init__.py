@@ -5,7 +5,8 @@ honest.
 """
 
 from broky.client.client import Client
-from broky.client.consumer import Consumer, ConsumerStatistics, Delivery
+from broky.client.consumer import Consumer, ConsumerStatistics
+from broky.client.delivery import Delivery
 from broky.client.durable import AckedRun, PartitionInfo, Start, SubscriptionDeletion
 from broky.client.errors import (
     AckTimeout,

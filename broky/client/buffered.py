@@ -138,25 +138,37 @@ class BufferedRuns(Generic[Item]):
                 await trio.lowlevel.checkpoint()
             else:
                 await self._wait_for_runs()
-            items: list[Item] = []
-            taken = 0
-            # Whole runs while they fit, so a batch is sliced only when one
-            # run alone exceeds ``limit``.
-            while runs and (not taken or taken + runs[0].count <= limit):
-                run = runs.popleft()
-                taken += run.count
-                try:
-                    converted = self._convert(run)
-                except RemoteProtocolError as exc:
-                    log.warning("stream %d: dropped an undecodable run: %s", self.stream, exc)
-                    continue
-                if items:
-                    items += converted
-                else:
-                    items = converted
+            items, taken = self._take(limit)
             self._consumed(taken)
             if items:
                 return items
+
+    def _take(self, limit: int) -> tuple[list[Item], int]:
+        """Convert buffered runs, whole runs while they fit ``limit`` items
+        (so a batch is sliced only when one run alone exceeds it), at least
+        one; returns the items and the messages the runs held (an
+        undecodable run is logged and counted, its items dropped)."""
+        runs = self._runs
+        items: list[Item] = []
+        taken = 0
+        while runs and (not taken or taken + runs[0].count <= limit):
+            run = runs.popleft()
+            taken += run.count
+            items = self._convert_one(run, items)
+        return items, taken
+
+    def _convert_one(self, run: Run, items: list[Item]) -> list[Item]:
+        """``items`` followed by ``run``'s, or ``items`` alone when the run
+        is undecodable (logged)."""
+        try:
+            converted = self._convert(run)
+        except RemoteProtocolError as exc:
+            log.warning("stream %d: dropped an undecodable run: %s", self.stream, exc)
+            return items
+        if items:
+            items += converted
+            return items
+        return converted
 
     async def _wait_for_runs(self) -> None:
         """Wait until a run is buffered; raise the stream's error, or

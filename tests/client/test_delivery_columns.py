@@ -1,0 +1,203 @@
+"""Deliveries built straight from buffered runs, and batches folded into ranges.
+
+``convert_runs`` (compiled) must do exactly what ``convert_runs_pure`` does
+on any runs, intact or with bytes flipped: the same runs taken, the same
+Deliveries, the same counts popped, the same run stopped at; and what a
+consumer hands out must be what ``decode_run`` decodes, whichever way each
+run went. ``settle_ranges`` twins agree, and the ranges cover exactly the
+deliveries' offsets. ``RangeSet.add_range`` holds what adding each offset
+would.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import pytest
+import trio
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from trio.testing import MockClock
+
+from broky.client.consumer import Consumer
+from broky.client.consumer_options import consumer_options
+from broky.client.delivery import (
+    Counts,
+    Delivery,
+    _twins,
+    convert_runs_pure,
+    settle_ranges,
+    settle_ranges_pure,
+)
+from broky.client.settling import RangeSet, SettleBatcher
+from broky.protocol.constants import SettleKind
+from broky.protocol.errors import RemoteProtocolError
+from broky.protocol.frames import Run
+from broky.protocol.message import Message, decode_run, encode_message
+from tests.client.test_consumer_tracking import Recorder
+from tests.client.test_decoding import _run, runs
+
+PROPERTY = settings(max_examples=300, deadline=None)
+compiled = pytest.mark.skipif(_twins is None, reason="the compiled delivery builder is not built")
+flips = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3)
+
+
+def _flipped(run: Run, changes: list[tuple[int, int]]) -> Run:
+    data = bytearray(run.messages)
+    for position, value in changes:
+        if data:
+            data[position % len(data)] = value
+    return Run(
+        run.key, run.ts_broker, run.count, run.sizes, bytes(data), run.partition, run.base_offset
+    )
+
+
+def _fields(delivery: Delivery) -> tuple[object, ...]:
+    return (delivery.topic, delivery.delivery_count, delivery.message, delivery.tags)
+
+
+def _consumer() -> Consumer:
+    return Consumer(Recorder(), 1, consumer_options("orders.>", "s", "shared", {}))
+
+
+@compiled
+@PROPERTY
+@given(
+    st.lists(st.tuples(runs(), flips), max_size=6),
+    st.integers(0, 8),
+    st.integers(1, 80),
+    st.integers(0, 40),
+    st.lists(st.integers(-1, 60), max_size=4),
+)
+@example(  # two runs that exactly fill the limit, the second with a redelivered count
+    [
+        (_run([encode_message(b"p", ts_producer=n) for n in (1, 2)], b"k", 5, base), [])
+        for base in (0, 2)
+    ],
+    8,
+    4,
+    0,
+    [3],
+)
+def test_compiled_converter_does_what_the_pure_one_does(
+    drawn: list[tuple[Run, list[tuple[int, int]]]],
+    max_runs: int,
+    limit: int,
+    taken: int,
+    counted: list[int],
+) -> None:
+    assert _twins is not None
+    convert_compiled = _twins[0]
+    consumer = _consumer()
+    buffered = [_flipped(run, changes) for run, changes in drawn]
+    counts: Counts = {("t", 3, offset): 2 + offset for offset in counted}
+    results = []
+    for convert in (convert_compiled, convert_runs_pure):
+        left, popped, into = deque(buffered), dict(counts), []  # type: ignore[var-annotated]
+        used_taken = convert(left, max_runs, limit, taken, consumer, "t", popped, into)
+        results.append((used_taken, len(left), popped, [_fields(item) for item in into]))
+        assert all(type(item) is Delivery for item in into)
+    assert results[0] == results[1]
+
+
+@PROPERTY
+@given(st.lists(st.tuples(runs(), flips), max_size=5), st.integers(1, 60))
+def test_a_consumer_hands_out_what_decode_run_decodes(
+    drawn: list[tuple[Run, list[tuple[int, int]]]], limit: int
+) -> None:
+    """Fast runs through ``convert_runs``, the rest through ``_convert``:
+    in order, the messages ``decode_run`` decodes (undecodable runs dropped)."""
+    consumer = _consumer()
+    buffered = [_flipped(run, changes) for run, changes in drawn]
+    expected: list[Message] = []
+    for run in buffered:
+        try:
+            expected += decode_run(run)
+        except RemoteProtocolError:  # the consumer drops it, logged
+            continue
+    if buffered:
+        consumer._deliver(tuple(buffered))
+    got: list[Message] = []
+
+    async def take_all() -> None:
+        # Until it waits for more runs: the autojump clock then ends it.
+        with trio.move_on_after(60):
+            for _ in range(sum(run.count for run in buffered) + 1):
+                batch = await consumer._next_batch(limit)
+                assert len(batch) <= max(limit, *(run.count for run in buffered))
+                got.extend(delivery.message for delivery in batch)
+
+    trio.run(take_all, clock=MockClock(autojump_threshold=0))
+    assert got == expected
+
+
+def test_a_run_of_another_layout_keeps_its_message_and_the_next_runs_still_convert() -> None:
+    consumer = _consumer()
+    tagged = _run([encode_message(b"t", tags=[("a", "b")])], b"k", 1, 10)
+    plain = _run([encode_message(b"p"), encode_message(b"q")], b"k", 1, 11)
+    consumer._deliver((plain, tagged, plain))
+    batch = trio.run(consumer._next_batch, 100)
+    assert [delivery.payload for delivery in batch] == [b"p", b"q", b"t", b"p", b"q"]
+    assert batch[2].tags == (("a", "b"),)
+    assert [delivery.offset for delivery in batch] == [11, 12, 10, 11, 12]
+
+
+deliveries = st.lists(
+    st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 2), st.integers(0, 12)), max_size=40
+)
+
+
+def _deliveries(drawn: list[tuple[str, int, int]]) -> list[Delivery]:
+    consumer = _consumer()
+    return [
+        Delivery(consumer, Message("k", b"", partition=partition, offset=offset), topic, 1)
+        for topic, partition, offset in drawn
+    ]
+
+
+@PROPERTY
+@given(deliveries)
+def test_settle_ranges_cover_the_deliveries_in_order(drawn: list[tuple[str, int, int]]) -> None:
+    ranges = settle_ranges(_deliveries(drawn))
+    assert ranges == settle_ranges_pure(_deliveries(drawn))
+    unfolded = [
+        (topic, partition, offset)
+        for topic, partition, first, last in ranges
+        for offset in range(first, last + 1)
+    ]
+    assert unfolded == drawn
+    # Maximal: neighbouring ranges could not have been one.
+    for before, after in itertools.pairwise(ranges):
+        assert before[:2] != after[:2] or after[2] != before[3] + 1
+
+
+def test_a_batch_of_consecutive_deliveries_is_one_range() -> None:
+    batch = _deliveries([("a", 1, offset) for offset in range(500)])
+    assert settle_ranges(batch) == [("a", 1, 0, 499)]
+
+
+@PROPERTY
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 6)), max_size=30))
+def test_add_range_holds_what_adding_each_offset_holds(spans: list[tuple[int, int]]) -> None:
+    ranges = RangeSet()
+    held: set[int] = set()
+    for first, length in spans:
+        ranges.add_range(first, first + length)
+        held.update(range(first, first + length + 1))
+    expected: list[tuple[int, int]] = []
+    for offset in sorted(held):
+        if expected and expected[-1][1] + 1 == offset:
+            expected[-1] = (expected[-1][0], offset)
+        else:
+            expected.append((offset, offset))
+    assert ranges.ranges() == expected
+
+
+def test_a_range_counts_every_offset_toward_the_batch() -> None:
+    batcher = SettleBatcher(1, max_offsets=10)
+    assert not batcher.add_range(SettleKind.ACK, "t", 0, 0, 8)
+    assert batcher.pending == 9
+    assert batcher.add_range(SettleKind.ACK, "t", 0, 9, 9)
+    (frame,) = batcher.take()
+    assert (frame.first_offsets, frame.last_offsets) == ((0,), (9,))
