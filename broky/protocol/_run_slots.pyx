@@ -10,9 +10,21 @@ straight at its offset in the new object, which is what the descriptor's
 (PyObject_GenericSetAttr, the fallback where the layout is not as checked
 below). It lives apart from ``_forward`` because it depends on nothing
 there: it knows Run's layout, not the wire's.
+
+A Run built here is untracked by the cycle collector: its fields are bytes,
+ints, None and memoryviews of a received frame, none of which can refer
+back to a Run, so it can never be part of a cycle. A consumer buffers up to
+its credit of runs (one per message when keys change on every message:
+tens of thousands per connection), and each collection of the older
+generations walked all of them: with 80,000 runs alive, decoding a
+one-message run cost 1,445 ns tracked against 333 ns untracked
+(``decode_frame`` of 5,000-run Deliver frames, 16 frames kept alive).
 """
 
 from cpython.object cimport PyObject, PyObject_GenericSetAttr
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void* op)
 from libc.stdint cimport int64_t
 
 from broky.protocol.frames import Run
@@ -92,6 +104,8 @@ cdef object new_run(object key, int64_t ts_broker, int64_t count, object sizes,
         store_slot(target, _OFFSETS[5], partition)
         store_slot(target, _OFFSETS[6], base_offset)
         store_slot(target, _OFFSETS[7], chunk)
+        # Out of the cycle collector's sight: see the module docstring.
+        PyObject_GC_UnTrack(target)
         return run
     PyObject_GenericSetAttr(run, _KEY, key)
     PyObject_GenericSetAttr(run, _TS_BROKER, ts_broker)
