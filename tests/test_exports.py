@@ -12,6 +12,7 @@ import pytest
 import broky
 import broky.client.client
 import broky.client.consumer
+import broky.client.delivery
 import broky.client.durable
 import broky.client.errors
 import broky.client.subscription
@@ -43,7 +44,7 @@ HOMES = {
     "Consumer": broky.client.consumer,
     "ConsumerRefused": broky.client.errors,
     "ConsumerStatistics": broky.client.consumer,
-    "Delivery": broky.client.consumer,
+    "Delivery": broky.client.delivery,
     "ErrorCode": broky.protocol.constants,
     "LocalProtocolError": broky.protocol.errors,
     "Message": broky.protocol.message,

@@ -26,6 +26,7 @@ from broky.client.decoding import FAST_PREFIX
 from broky.client._fixed_layout cimport (
     LENGTH_AT, PAYLOAD_AT, PAYLOAD_UOFFSET, PREFIX_BYTES, STAMP_AT, UOFFSET_AT, PyType_GenericAlloc,
 )
+from broky.protocol._forward cimport Chunk, _chunk_at, _read_located
 from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
 
 if sys.byteorder != "little":
@@ -109,18 +110,54 @@ cdef object _new_delivery():
     return delivery
 
 
+cdef int _append_deliveries(list into, object consumer, object topic, dict counts, object key,
+                            object partition, object ts_broker, int64_t base,
+                            const uint8_t* sizes, const uint8_t* data,
+                            Py_ssize_t count) except -1:
+    """Append the Deliveries of a run's ``count`` messages at ``data``, all
+    in the fixed layout (``_all_fixed`` said so), the first at offset
+    ``base`` (-1: none)."""
+    cdef Py_ssize_t index, position = 0
+    cdef const uint8_t* start
+    cdef int64_t stamp
+    cdef object offset, delivery_count, delivery
+    cdef PyObject* target
+    for index in range(count):
+        start = data + position
+        memcpy(&stamp, start + STAMP_AT, 8)
+        offset = PyLong_FromLongLong(base + index) if base >= 0 else _NO_OFFSET
+        delivery_count = counts.pop((topic, partition, offset), _ONE) if counts else _ONE
+        delivery = _new_delivery()
+        target = <PyObject*>delivery
+        store_slot(target, _DELIVERY[D_CONSUMER], consumer)
+        store_slot(target, _DELIVERY[D_MESSAGE], None)
+        store_slot(target, _DELIVERY[D_TS_BROKER], ts_broker)
+        store_slot(target, _DELIVERY[D_TS_PRODUCER], PyLong_FromLongLong(stamp))
+        store_slot(target, _DELIVERY[D_COUNT], delivery_count)
+        store_slot(target, _DELIVERY[D_KEY], key)
+        store_slot(target, _DELIVERY[D_OFFSET], offset)
+        store_slot(target, _DELIVERY[D_PARTITION], partition)
+        store_slot(
+            target,
+            _DELIVERY[D_PAYLOAD],
+            PyBytes_FromStringAndSize(<const char*>start + PAYLOAD_AT, _u32(start + LENGTH_AT)),
+        )
+        store_slot(target, _DELIVERY[D_TOPIC], topic)
+        into.append(delivery)
+        position += _u32(sizes + 4 * index)
+    return 0
+
+
 def convert_runs(object runs, Py_ssize_t max_runs, Py_ssize_t limit, Py_ssize_t taken,
                  object consumer, object topic, dict counts, list into):
     """See ``broky.client.delivery.convert_runs_pure``."""
-    cdef Py_ssize_t used = 0, count, index, position
+    cdef Py_ssize_t used = 0, count
     cdef Py_buffer sizes_buffer, messages_buffer
     cdef const uint8_t* sizes
     cdef const uint8_t* data
-    cdef const uint8_t* start
-    cdef int64_t base, stamp
+    cdef int64_t base
     cdef bint fixed
-    cdef object run, key_bytes, key, partition, ts_broker, offset, delivery_count, delivery
-    cdef PyObject* target
+    cdef object run, key_bytes
     if _delivery_type is None:
         raise RuntimeError("bind() was not called, or refused the types")
     while used < max_runs and runs:
@@ -145,38 +182,15 @@ def convert_runs(object runs, Py_ssize_t max_runs, Py_ssize_t limit, Py_ssize_t 
                 if not fixed:
                     break
                 runs.popleft()
-                key = PyUnicode_DecodeUTF8(
-                    PyBytes_AS_STRING(key_bytes), PyBytes_GET_SIZE(key_bytes), "replace"
-                )
                 base = PyLong_AsLongLong(_slot(run, _RUN[R_BASE_OFFSET]))
-                partition = _slot(run, _RUN[R_PARTITION]) if base >= 0 else _NO_OFFSET
-                ts_broker = _slot(run, _RUN[R_TS_BROKER])
-                position = 0
-                for index in range(count):
-                    start = data + position
-                    memcpy(&stamp, start + STAMP_AT, 8)
-                    offset = PyLong_FromLongLong(base + index) if base >= 0 else _NO_OFFSET
-                    delivery_count = counts.pop((topic, partition, offset), _ONE) if counts else _ONE
-                    delivery = _new_delivery()
-                    target = <PyObject*>delivery
-                    store_slot(target, _DELIVERY[D_CONSUMER], consumer)
-                    store_slot(target, _DELIVERY[D_MESSAGE], None)
-                    store_slot(target, _DELIVERY[D_TS_BROKER], ts_broker)
-                    store_slot(target, _DELIVERY[D_TS_PRODUCER], PyLong_FromLongLong(stamp))
-                    store_slot(target, _DELIVERY[D_COUNT], delivery_count)
-                    store_slot(target, _DELIVERY[D_KEY], key)
-                    store_slot(target, _DELIVERY[D_OFFSET], offset)
-                    store_slot(target, _DELIVERY[D_PARTITION], partition)
-                    store_slot(
-                        target,
-                        _DELIVERY[D_PAYLOAD],
-                        PyBytes_FromStringAndSize(
-                            <const char*>start + PAYLOAD_AT, _u32(start + LENGTH_AT)
-                        ),
-                    )
-                    store_slot(target, _DELIVERY[D_TOPIC], topic)
-                    into.append(delivery)
-                    position += _u32(sizes + 4 * index)
+                _append_deliveries(
+                    into, consumer, topic, counts,
+                    PyUnicode_DecodeUTF8(
+                        PyBytes_AS_STRING(key_bytes), PyBytes_GET_SIZE(key_bytes), "replace"
+                    ),
+                    _slot(run, _RUN[R_PARTITION]) if base >= 0 else _NO_OFFSET,
+                    _slot(run, _RUN[R_TS_BROKER]), base, sizes, data, count,
+                )
             finally:
                 PyBuffer_Release(&messages_buffer)
         finally:
@@ -184,6 +198,53 @@ def convert_runs(object runs, Py_ssize_t max_runs, Py_ssize_t limit, Py_ssize_t 
         used += 1
         taken += count
     return used, taken
+
+
+def convert_located(object frame, Py_ssize_t limit, Py_ssize_t taken, object consumer,
+                    object topic, dict counts, list into):
+    """``convert_runs`` over the runs a ``FrameRuns`` (broky.client.buffered)
+    has left in its frame, read in place (no Run built), advancing it past
+    each one converted: whole runs while ``taken`` plus their messages stays
+    within ``limit`` (the first whatever its size when ``taken`` is 0),
+    stopping before a run not all in the fixed layout. Returns (runs
+    converted, ``taken`` plus their messages)."""
+    cdef Py_buffer frame_buffer
+    cdef const uint8_t* buf
+    cdef int64_t size, slot = frame.slot, base_offset
+    cdef Py_ssize_t runs = frame.runs, done = 0
+    cdef uint32_t partition
+    cdef Chunk chunk
+    if _delivery_type is None:
+        raise RuntimeError("bind() was not called, or refused the types")
+    PyObject_GetBuffer(frame.buffer, &frame_buffer, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>frame_buffer.buf
+        size = frame_buffer.len
+        while runs:
+            if slot < 0 or slot + 4 > size or not _read_located(
+                buf, size, _chunk_at(buf, slot), &chunk, &partition, &base_offset
+            ):
+                break  # not what count_located checked: take_run says so
+            if taken and taken + chunk.count > limit:
+                break
+            if not _all_fixed(chunk.sizes, chunk.count, chunk.messages, chunk.messages_len):
+                break
+            _append_deliveries(
+                into, consumer, topic, counts,
+                PyUnicode_DecodeUTF8(<const char*>chunk.key, chunk.key_len, "replace"),
+                PyLong_FromLongLong(partition) if base_offset >= 0 else _NO_OFFSET,
+                PyLong_FromLongLong(chunk.ts_broker), base_offset, chunk.sizes, chunk.messages,
+                chunk.count,
+            )
+            slot += 4
+            runs -= 1
+            done += 1
+            taken += chunk.count
+    finally:
+        PyBuffer_Release(&frame_buffer)
+        frame.slot = slot
+        frame.runs = runs
+    return done, taken
 
 
 def settle_ranges(deliveries):

@@ -28,10 +28,10 @@ from typing import Final, Protocol
 import attrs
 import trio
 
-from broky.client.buffered import BufferedRuns, CreditOwner
+from broky.client.buffered import BufferedRuns, CreditOwner, FrameRuns
 from broky.client.consumer_options import ConsumerOptions
 from broky.client.decoding import decode_delivered_run
-from broky.client.delivery import Delivery, convert_runs, settle_ranges
+from broky.client.delivery import Delivery, convert_located, convert_runs, settle_ranges
 from broky.client.errors import (
     BrokyError,
     ConnectionClosed,
@@ -42,7 +42,7 @@ from broky.client.errors import (
 from broky.client.settling import SettleBatcher
 from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Redelivered, Run, Settled, Unsubscribe
+from broky.protocol.frames import LocatedDeliver, Redelivered, Run, Settled, Unsubscribe
 
 log = logging.getLogger("broky.client")
 
@@ -118,13 +118,23 @@ class Consumer(BufferedRuns[Delivery]):
     # called by the client's reader task --------------------------------------
 
     def _deliver(self, runs: tuple[Run, ...]) -> None:
+        self._buffer_items(len(runs))
+        super()._deliver(runs)
+
+    def _deliver_located(self, frame: LocatedDeliver) -> None:
+        if frame.runs:
+            self._buffer_items(1)
+        super()._deliver_located(frame)
+
+    def _buffer_items(self, items: int) -> None:
+        """Count ``items`` more buffered items (runs, or frames of runs) of
+        the topic the last Redelivered named."""
         topic = self._next_topic
         topics = self._topics
         if topics and topics[-1][0] == topic:
-            topics[-1] = (topic, topics[-1][1] + len(runs))
+            topics[-1] = (topic, topics[-1][1] + items)
         else:
-            topics.append((topic, len(runs)))
-        super()._deliver(runs)
+            topics.append((topic, items))
 
     def _receive(self, frame: Redelivered | Settled) -> None:
         if isinstance(frame, Settled):
@@ -156,21 +166,42 @@ class Consumer(BufferedRuns[Delivery]):
 
     def _take(self, limit: int) -> tuple[list[Delivery], int]:
         """``BufferedRuns._take``, the runs of each topic span converted in
-        one ``convert_runs`` call; a run it stops at (a message not in the
-        fixed layout) goes through ``_convert``."""
+        one ``convert_runs`` call, a frame's runs in one ``convert_located``
+        call; a run either stops at (a message not in the fixed layout)
+        goes through ``_convert``."""
         runs = self._runs
         items: list[Delivery] = []
         taken = 0
-        while runs and (not taken or taken + runs[0].count <= limit):
+        counts = self._counts
+        while runs:
+            front = runs[0]
             topic, left = self._topics[0]
-            used, taken = convert_runs(runs, left, limit, taken, self, topic, self._counts, items)
+            if isinstance(front, FrameRuns):
+                done = 0
+                if convert_located is not None:
+                    done, taken = convert_located(front, limit, taken, self, topic, counts, items)
+                if not front.runs:
+                    runs.popleft()
+                    self._took_runs(topic, left, 1)
+                elif not done:
+                    # Its next run is of another layout or does not fit:
+                    # taken out as a Run, it goes the way of any other.
+                    self._split(front)
+                continue
+            if taken and taken + front.count > limit:
+                break
+            used, taken = convert_runs(runs, left, limit, taken, self, topic, counts, items)
             if used:
                 self._took_runs(topic, left, used)
                 continue
-            run = runs.popleft()
-            taken += run.count
-            items = self._convert_one(run, items)
+            runs.popleft()
+            taken += front.count
+            items = self._convert_one(front, items)
         return items, taken
+
+    def _split_off(self) -> None:
+        topic, left = self._topics[0]
+        self._topics[0] = (topic, left + 1)
 
     def _took_runs(self, topic: str, left: int, used: int) -> None:
         """Count ``used`` runs off the oldest topic span (``left`` runs)."""

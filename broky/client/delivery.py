@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
+from broky.client.buffered import FrameRuns
 from broky.client.decoding import _FAST_HEAD, _PAYLOAD_AT, _PAYLOAD_UOFFSET, FAST_PREFIX
 from broky.compiled import compiled_twin
 from broky.protocol.codec import u32_array
@@ -186,7 +187,7 @@ def _fast_rows(run: Run) -> list[tuple[bytes, int]] | None:
 
 
 def convert_runs_pure(
-    runs: deque[Run],
+    runs: deque[Run | FrameRuns],
     max_runs: int,
     limit: int,
     taken: int,
@@ -199,12 +200,15 @@ def convert_runs_pure(
     them) into Deliveries of ``topic`` appended to ``into``: whole runs
     while ``taken`` plus their messages stays within ``limit`` (the first
     whatever its size when ``taken`` is 0), stopping before a run not all in
-    the fixed layout. A message's delivery count is popped from ``counts``
-    (1 when absent). Returns (runs converted, ``taken`` plus their messages).
-    (``broky.client._deliveries.convert_runs`` is the compiled twin.)"""
+    the fixed layout and before a ``FrameRuns``. A message's delivery count
+    is popped from ``counts`` (1 when absent). Returns (runs converted,
+    ``taken`` plus their messages). (``broky.client._deliveries.convert_runs``
+    is the compiled twin.)"""
     used = 0
     while used < max_runs and runs:
         run = runs[0]
+        if not isinstance(run, Run):
+            break  # runs left in a frame: convert_located's
         count = run.count
         if taken and taken + count > limit:
             break
@@ -257,19 +261,27 @@ def settle_ranges_pure(deliveries: Sequence[Delivery]) -> list[SettleRange]:
 
 
 ConvertRuns = Callable[
-    [deque[Run], int, int, int, "Consumer", str, Counts, list[Delivery]], tuple[int, int]
+    [deque[Run | FrameRuns], int, int, int, "Consumer", str, Counts, list[Delivery]],
+    tuple[int, int],
 ]
 SettleRanges = Callable[[Sequence[Delivery]], list[SettleRange]]
+ConvertLocated = Callable[
+    [FrameRuns, int, int, "Consumer", str, Counts, list[Delivery]], tuple[int, int]
+]
 
 
-def _compiled() -> tuple[ConvertRuns, SettleRanges] | None:
+def _compiled() -> tuple[ConvertRuns, SettleRanges, ConvertLocated] | None:
     """The compiled twins, bound to ``Delivery`` (None: not built, or
     ``Delivery``'s slots not laid out as they expect)."""
     module = "broky.client._deliveries"
     bind: Callable[[type, type], bool] | None = compiled_twin(module, "bind")
     if bind is None or not bind(Delivery, Run):
         return None
-    return compiled_twin(module, "convert_runs"), compiled_twin(module, "settle_ranges")
+    return (
+        compiled_twin(module, "convert_runs"),
+        compiled_twin(module, "settle_ranges"),
+        compiled_twin(module, "convert_located"),
+    )
 
 
 _twins = _compiled()
@@ -277,3 +289,7 @@ _twins = _compiled()
 convert_runs: Final[ConvertRuns] = convert_runs_pure if _twins is None else _twins[0]
 #: ``settle_ranges_pure`` or its compiled twin.
 settle_ranges: Final[SettleRanges] = settle_ranges_pure if _twins is None else _twins[1]
+#: The compiled reader of a ``FrameRuns``'s runs in place, or None: its
+#: pure counterpart is ``FrameRuns.take_run`` then ``convert_runs_pure``
+#: (the consumer's path without it), as the frame's runs decode anyway.
+convert_located: Final[ConvertLocated | None] = None if _twins is None else _twins[2]

@@ -20,6 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
+from broky.client.buffered import FrameRuns
 from broky.client.consumer import Consumer
 from broky.client.consumer_options import consumer_options
 from broky.client.delivery import (
@@ -31,9 +32,12 @@ from broky.client.delivery import (
     settle_ranges_pure,
 )
 from broky.client.settling import RangeSet, SettleBatcher
-from broky.protocol.constants import SettleKind
+from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT
+from broky.protocol.chunks import encode_located_chunk, runs_frame_parts
+from broky.protocol.codec import count_located, decode_frame, decode_located
+from broky.protocol.constants import BodyType, SettleKind
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Run
+from broky.protocol.frames import Deliver, LocatedDeliver, Run
 from broky.protocol.message import Message, decode_run, encode_message
 from tests.client.test_consumer_tracking import Recorder
 from tests.client.test_decoding import _run, runs
@@ -94,7 +98,8 @@ def test_compiled_converter_does_what_the_pure_one_does(
     counts: Counts = {("t", 3, offset): 2 + offset for offset in counted}
     results = []
     for convert in (convert_compiled, convert_runs_pure):
-        left, popped, into = deque(buffered), dict(counts), []  # type: ignore[var-annotated]
+        left: deque[Run | FrameRuns] = deque(buffered)
+        popped, into = dict(counts), []  # type: ignore[var-annotated]
         used_taken = convert(left, max_runs, limit, taken, consumer, "t", popped, into)
         results.append((used_taken, len(left), popped, [_fields(item) for item in into]))
         assert all(type(item) is Delivery for item in into)
@@ -201,3 +206,87 @@ def test_a_range_counts_every_offset_toward_the_batch() -> None:
     assert batcher.add_range(SettleKind.ACK, "t", 0, 9, 9)
     (frame,) = batcher.take()
     assert (frame.first_offsets, frame.last_offsets) == ((0,), (9,))
+
+
+def _deliver_frame(drawn: list[Run], flips_at: list[tuple[int, int]]) -> bytes:
+    """A Deliver frame (after its size prefix) of ``drawn`` as located
+    chunks, with bytes past its header flipped."""
+    chunks = [
+        encode_located_chunk(
+            run.key, run.ts_broker, run.sizes, run.messages, run.partition, run.base_offset
+        )
+        for run in drawn
+    ]
+    frame = bytearray(b"".join(runs_frame_parts(BodyType.DELIVER, 1, chunks))[4:])
+    for position, value in flips_at:
+        at = RUNS_FRAME_RUNS_AT + position
+        if at < len(frame):
+            frame[at] = value
+    return bytes(frame)
+
+
+def _taken(consumer: Consumer, limit: int) -> list[list[tuple[object, ...]]]:
+    """Every batch of at most ``limit`` the consumer hands out, until it waits."""
+    got: list[list[tuple[object, ...]]] = []
+
+    async def take_all() -> None:
+        with trio.move_on_after(60):
+            for _ in range(consumer.buffered_messages + 1):
+                batch = await consumer._next_batch(limit)
+                got.append(list(map(_fields, batch)))
+
+    trio.run(take_all, clock=MockClock(autojump_threshold=0))
+    return got
+
+
+def _outcome(decode: object, frame: bytes) -> object:
+    assert callable(decode)
+    try:
+        return decode(memoryview(frame))
+    except RemoteProtocolError:
+        return "malformed"
+
+
+@PROPERTY
+@given(
+    st.lists(runs(), max_size=6),
+    st.lists(st.tuples(st.integers(0, 3_000), st.integers(0, 255)), max_size=3),
+    st.integers(1, 60),
+)
+def test_runs_left_in_the_frame_give_what_decoded_runs_give(
+    drawn: list[Run], flips_at: list[tuple[int, int]], limit: int
+) -> None:
+    """A durable Deliver read in place (``decode_located``, a consumer's
+    ``convert_located`` or, at a run of another layout, ``take_run``) hands
+    out what the frame's decoded runs give, and fails to decode alike."""
+    frame = _deliver_frame(drawn, flips_at)
+    located, reference = _outcome(decode_located, frame), _outcome(decode_frame, frame)
+    if reference == "malformed" or located == "malformed":
+        assert located == reference
+        return
+    assert isinstance(reference, Deliver)
+    consumer, expected = _consumer(), _consumer()
+    if isinstance(located, LocatedDeliver):
+        assert located.count == sum(run.count for run in reference.runs)
+        consumer._deliver_located(located)
+    else:
+        assert located == reference
+        consumer._deliver(reference.runs)
+    expected._deliver(reference.runs)
+    assert consumer.buffered_messages == expected.buffered_messages
+    assert _taken(consumer, limit) == _taken(expected, limit)
+
+
+def test_a_client_reads_a_durable_deliver_in_place() -> None:
+    frame = _deliver_frame([_run([encode_message(b"p")] * 3, b"k", 1, 40)], [])
+    decoded = decode_located(memoryview(frame))
+    if count_located is None:
+        assert isinstance(decoded, Deliver)  # the pure reader: every frame decodes as usual
+        return
+    assert isinstance(decoded, LocatedDeliver)
+    assert (decoded.runs, decoded.count) == (1, 3)
+    consumer = _consumer()
+    consumer._deliver_located(decoded)
+    batches = _taken(consumer, 2)
+    offsets = [[fields[2].offset for fields in batch] for batch in batches]  # type: ignore[attr-defined]
+    assert offsets == [[40, 41], [42]]  # one run converted whole, handed out in batches of 2
