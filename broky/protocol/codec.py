@@ -295,11 +295,6 @@ if read_chunk_runs_compiled is not None:
     from broky.protocol._forward import count_located
 
 
-def located_runs(frame: LocatedDeliver) -> tuple[Run, ...]:
-    """The runs of ``frame``, as ``decode_frame`` would have decoded them."""
-    return _runs_at(frame.buffer, frame.runs_at, frame.runs)
-
-
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
     if body_type == BodyType.PUBLISH:
         stream, stamp, runs, ack, producer, first, producers, sequences = table_fields(

@@ -12,6 +12,7 @@ would.
 from __future__ import annotations
 
 import itertools
+import struct
 from collections import deque
 
 import pytest
@@ -32,12 +33,13 @@ from broky.client.delivery import (
     settle_ranges_pure,
 )
 from broky.client.settling import RangeSet, SettleBatcher
-from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT
+from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT, read_runs_frame
 from broky.protocol.chunks import encode_located_chunk, runs_frame_parts
 from broky.protocol.codec import count_located, decode_frame, decode_located
 from broky.protocol.constants import BodyType, SettleKind
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Deliver, LocatedDeliver, Run
+from broky.protocol.located import read_chunk_runs_pure, read_located_run
 from broky.protocol.message import Message, decode_run, encode_message
 from tests.client.test_consumer_tracking import Recorder
 from tests.client.test_decoding import _run, runs
@@ -290,3 +292,30 @@ def test_a_client_reads_a_durable_deliver_in_place() -> None:
     batches = _taken(consumer, 2)
     offsets = [[fields[2].offset for fields in batch] for batch in batches]  # type: ignore[attr-defined]
     assert offsets == [[40, 41], [42]]  # one run converted whole, handed out in batches of 2
+
+
+@pytest.mark.skipif(count_located is None, reason="the compiled chunk reader is not in use")
+@PROPERTY
+@given(
+    st.lists(runs(), max_size=6),
+    st.lists(st.tuples(st.integers(0, 3_000), st.integers(0, 255)), max_size=3),
+)
+def test_count_located_accepts_exactly_what_the_pure_reader_reads_as_located(
+    drawn: list[Run], flips_at: list[tuple[int, int]]
+) -> None:
+    frame = memoryview(_deliver_frame(drawn, flips_at))
+    head = read_runs_frame(frame)
+    if head is None:
+        return
+    runs_count = head[4]
+    read = read_chunk_runs_pure(frame, RUNS_FRAME_RUNS_AT, runs_count)
+    slots = struct.unpack_from(f"<{runs_count}I", frame, RUNS_FRAME_RUNS_AT)
+    located = [
+        read_located_run(frame, RUNS_FRAME_RUNS_AT + 4 * index + uoffset)
+        for index, uoffset in enumerate(slots)
+    ]
+    expected = -1
+    if all(run is not None for run in located) and read == located:
+        expected = sum(run.count for run in located if run is not None)
+    assert count_located is not None
+    assert count_located(frame, RUNS_FRAME_RUNS_AT, runs_count) == expected
