@@ -10,10 +10,11 @@ compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.storage.batch_reading.distinct_keys_pure``),
 ``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
 (and ``broky.storage.grouping.partition_groups_pure``) and
-``broky.client.decoding.uniform_messages_pure``; ``broky.protocol._run_slots``
-builds the compiled reader's Runs and has no twin of its own. Each is optional twice over: the
-build continues without it when compiling fails (``optional=True``), and
-Broky runs the pure-Python version whenever one is missing.
+``broky.client.decoding.uniform_messages_pure``; ``broky.client._deliveries`` is the twin
+of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
+``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.
+Each is optional twice over: the build continues without it when compiling fails
+(``optional=True``), and Broky runs the pure-Python version whenever one is missing.
 """
 
 from setuptools import Extension, setup
@@ -34,6 +35,7 @@ else:
                 "broky.router._fanout",
                 "broky.storage._partitions",
                 "broky.client._uniform",
+                "broky.client._deliveries",
             )
         ],
         compiler_directives={"language_level": "3"},

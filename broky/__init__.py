@@ -6,7 +6,8 @@ honest.
 
 from broky.client.acked_runs import AckedRuns
 from broky.client.client import Client
-from broky.client.consumer import Consumer, ConsumerStatistics, Delivery
+from broky.client.consumer import Consumer, ConsumerStatistics
+from broky.client.delivery import Delivery
 from broky.client.durable import AckedRun, PartitionInfo, Start, SubscriptionDeletion
 from broky.client.errors import (
     AckTimeout,

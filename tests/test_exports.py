@@ -13,6 +13,7 @@ import broky
 import broky.client.acked_runs
 import broky.client.client
 import broky.client.consumer
+import broky.client.delivery
 import broky.client.durable
 import broky.client.errors
 import broky.client.subscription
@@ -45,7 +46,7 @@ HOMES = {
     "Consumer": broky.client.consumer,
     "ConsumerRefused": broky.client.errors,
     "ConsumerStatistics": broky.client.consumer,
-    "Delivery": broky.client.consumer,
+    "Delivery": broky.client.delivery,
     "ErrorCode": broky.protocol.constants,
     "LocalProtocolError": broky.protocol.errors,
     "Message": broky.protocol.message,

@@ -22,24 +22,16 @@ from cpython.tuple cimport PyTuple_SET_ITEM
 from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcmp, memcpy
 
+from broky.client._fixed_layout cimport (
+    LENGTH_AT, PAYLOAD_AT, PAYLOAD_UOFFSET, PREFIX_BYTES, STAMP_AT, UOFFSET_AT, PyType_GenericAlloc,
+)
+
 if sys.byteorder != "little":
     raise ImportError("the compiled run cutter assumes a little-endian host")
 
-cdef extern from "Python.h":
-    PyObject* PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t items) except NULL
-
-# Offsets in the fixed layout (see broky.client.decoding): ts_producer, the
-# payload's uoffset and length, its bytes; the uoffset every such message
-# has; the fields of a Message.
+# The fields of a Message.
 cdef enum:
-    STAMP_AT = 24
-    UOFFSET_AT = 32
-    LENGTH_AT = 48
-    PAYLOAD_AT = 52
-    PAYLOAD_UOFFSET = 16
-    PREFIX_BYTES = 24
     FIELDS = 9
-
 
 cdef inline void _set(object message, Py_ssize_t index, object value):
     Py_INCREF(value)  # PyTuple_SET_ITEM steals a reference

@@ -11,15 +11,18 @@ here once; each subclass says how a run becomes items.
 from __future__ import annotations
 
 import logging
+import struct
 from collections import deque
 from typing import Final, Generic, Protocol, TypeVar
 
 import trio
 
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Flow, Frame, Run
+from broky.protocol.frames import Flow, Frame, LocatedDeliver, Run
+from broky.protocol.located import read_located_run
 
 log = logging.getLogger("broky.client")
+_U32: Final = struct.Struct("<I")
 
 #: Items the per-item iterator converts at once, in whole runs: one trio
 #: checkpoint per this many (see ``BufferedRuns._decoded``).
@@ -30,6 +33,33 @@ ITERATION_MESSAGES: Final = 256
 BATCH_MESSAGES: Final = 512
 
 Item = TypeVar("Item")
+
+
+class FrameRuns:
+    """The runs of a ``LocatedDeliver`` not taken yet, left in its frame:
+    the next run's uoffset is at ``slot`` of ``buffer``, ``runs`` of them
+    remain. A consumer's compiled builder reads them in place
+    (``delivery.convert_located``); ``take_run`` reads the next one as a Run
+    for every other path. Owned by one stream's buffer, not shared."""
+
+    __slots__ = ("buffer", "runs", "slot")
+
+    def __init__(self, frame: LocatedDeliver) -> None:
+        self.buffer = frame.buffer
+        self.slot = frame.runs_at
+        self.runs = frame.runs
+
+    def take_run(self) -> Run:
+        """The next run (a located chunk: ``count_located`` checked it when
+        the frame arrived)."""
+        view = memoryview(self.buffer)
+        slot = self.slot
+        run = read_located_run(view, slot + _U32.unpack_from(view, slot)[0])
+        if run is None:
+            raise RemoteProtocolError("a checked located chunk no longer reads as one")
+        self.slot = slot + 4
+        self.runs -= 1
+        return run
 
 
 class CreditOwner(Protocol):
@@ -53,7 +83,7 @@ class BufferedRuns(Generic[Item]):
         self._client = client
         self.stream = stream
         self._credit = credit
-        self._runs: deque[Run] = deque()
+        self._runs: deque[Run | FrameRuns] = deque()
         self._buffered = 0
         self._batch: list[Item] = []
         self._position = 0
@@ -75,6 +105,13 @@ class BufferedRuns(Generic[Item]):
         self._runs.extend(runs)
         self._buffered += sum(run.count for run in runs)
         self._ready.set()
+
+    def _deliver_located(self, frame: LocatedDeliver) -> None:
+        """Buffer ``frame``'s runs where they are: each is read when taken."""
+        if frame.runs:
+            self._runs.append(FrameRuns(frame))
+            self._buffered += frame.count
+            self._ready.set()
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -138,25 +175,56 @@ class BufferedRuns(Generic[Item]):
                 await trio.lowlevel.checkpoint()
             else:
                 await self._wait_for_runs()
-            items: list[Item] = []
-            taken = 0
-            # Whole runs while they fit, so a batch is sliced only when one
-            # run alone exceeds ``limit``.
-            while runs and (not taken or taken + runs[0].count <= limit):
-                run = runs.popleft()
-                taken += run.count
-                try:
-                    converted = self._convert(run)
-                except RemoteProtocolError as exc:
-                    log.warning("stream %d: dropped an undecodable run: %s", self.stream, exc)
-                    continue
-                if items:
-                    items += converted
-                else:
-                    items = converted
+            items, taken = self._take(limit)
             self._consumed(taken)
             if items:
                 return items
+
+    def _take(self, limit: int) -> tuple[list[Item], int]:
+        """Convert buffered runs, whole runs while they fit ``limit`` items
+        (so a batch is sliced only when one run alone exceeds it), at least
+        one; returns the items and the messages the runs held (an
+        undecodable run is logged and counted, its items dropped)."""
+        runs = self._runs
+        items: list[Item] = []
+        taken = 0
+        while runs:
+            run = runs[0]
+            if isinstance(run, FrameRuns):
+                run = self._split(run)
+            if taken and taken + run.count > limit:
+                break
+            runs.popleft()
+            taken += run.count
+            items = self._convert_one(run, items)
+        return items, taken
+
+    def _split(self, frame: FrameRuns) -> Run:
+        """Take ``frame``'s next run out in front of it (in its place once it
+        was the last one) and return it."""
+        run = frame.take_run()
+        if frame.runs:
+            self._runs.appendleft(run)
+            self._split_off()
+        else:
+            self._runs[0] = run
+        return run
+
+    def _split_off(self) -> None:
+        """A buffered frame became two items: a run, then the frame."""
+
+    def _convert_one(self, run: Run, items: list[Item]) -> list[Item]:
+        """``items`` followed by ``run``'s, or ``items`` alone when the run
+        is undecodable (logged)."""
+        try:
+            converted = self._convert(run)
+        except RemoteProtocolError as exc:
+            log.warning("stream %d: dropped an undecodable run: %s", self.stream, exc)
+            return items
+        if items:
+            items += converted
+            return items
+        return converted
 
     async def _wait_for_runs(self) -> None:
         """Wait until a run is buffered; raise the stream's error, or

@@ -459,7 +459,7 @@ class Client(Receiver):
                 if not data:
                     self._shutdown(ConnectionClosed(self._lost("the broker closed the connection")))
                     return
-                for frame in machine.receive_data(data):
+                for frame in machine.receive_deliveries(data):
                     self._handle(frame)
         except RemoteProtocolError as exc:
             self._shutdown(BrokyError(exc.code, f"the broker broke the protocol: {exc}"))

@@ -58,9 +58,10 @@ import attrs
 import trio
 
 from broky.client.client import Client
-from broky.client.consumer import Consumer, Delivery
+from broky.client.consumer import Consumer
 from broky.client.consumer_options import ConsumerSettings, SubscriptionType
 from broky.client.credentials import ANONYMOUS, Credentials
+from broky.client.delivery import Delivery
 from broky.client.errors import BrokyError, ConnectionClosed
 from broky.protocol.constants import ErrorCode
 from broky.protocol.message import Message, Tags

@@ -20,7 +20,6 @@ broker stops sending once what is granted has arrived.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -29,9 +28,10 @@ from typing import Final, Protocol
 import attrs
 import trio
 
-from broky.client.buffered import BufferedRuns, CreditOwner
+from broky.client.buffered import BufferedRuns, CreditOwner, FrameRuns
 from broky.client.consumer_options import ConsumerOptions
 from broky.client.decoding import decode_delivered_run
+from broky.client.delivery import Delivery, convert_located, convert_runs, settle_ranges
 from broky.client.errors import (
     BrokyError,
     ConnectionClosed,
@@ -42,8 +42,7 @@ from broky.client.errors import (
 from broky.client.settling import SettleBatcher
 from broky.protocol.constants import ErrorCode, SettleKind
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Redelivered, Run, Settled, Unsubscribe
-from broky.protocol.message import Message, Tags
+from broky.protocol.frames import LocatedDeliver, Redelivered, Run, Settled, Unsubscribe
 
 log = logging.getLogger("broky.client")
 
@@ -61,88 +60,6 @@ class ConsumerOwner(CreditOwner, Protocol):
     def _adopt(self, consumer: Consumer) -> None: ...
 
     def _forget(self, subscription: object) -> None: ...
-
-
-class Delivery:
-    """One delivered message of a durable subscription and the means to settle it.
-
-    Settle each delivery once: ``ack`` (done), ``nack`` (redeliver, now or
-    after ``delay`` seconds), ``term`` (never redeliver: to the dead-letter
-    topic) or, any number of times before, ``in_progress`` (still working:
-    restarts the ack timeout). The calls only record the outcome; the
-    consumer sends outcomes in batches (``Consumer.flush`` to wait for them).
-    """
-
-    __slots__ = ("_consumer", "delivery_count", "message", "topic")
-
-    def __init__(self, consumer: Consumer, message: Message, topic: str, count: int) -> None:
-        self._consumer = consumer
-        #: The decoded message (key, payload, tags, partition, offset, stamps).
-        self.message = message
-        #: The durable topic (the ``[[durable]]`` name) holding the message,
-        #: as the broker named it ("" only from a broker that named none
-        #: before this delivery, see ``Consumer``).
-        self.topic = topic
-        #: How many times the broker has delivered this message, this time included.
-        self.delivery_count = count
-
-    @property
-    def key(self) -> str:
-        return self.message.key
-
-    @property
-    def payload(self) -> bytes:
-        return self.message.payload
-
-    @property
-    def tags(self) -> Tags:
-        """The message's attributes, as (name, value) pairs in publish order."""
-        return self.message.tags
-
-    @property
-    def partition(self) -> int:
-        return self.message.partition
-
-    @property
-    def offset(self) -> int:
-        return self.message.offset
-
-    @property
-    def retry_count(self) -> int:
-        """Deliveries before this one (0 on the first delivery)."""
-        return self.delivery_count - 1
-
-    @property
-    def age(self) -> float:
-        """Seconds since the broker received the message (its ``ts_broker``),
-        by this machine's clock; 0.0 when the message has no broker stamp."""
-        stamp = self.message.ts_broker
-        return max(0.0, (time.time_ns() - stamp) / 1e9) if stamp else 0.0
-
-    async def ack(self) -> None:
-        """Done with the message: it is never delivered again once the ack is committed."""
-        self._consumer._settle(SettleKind.ACK, (self,))
-
-    async def nack(self, delay: float | None = None) -> None:
-        """Redeliver the message after ``delay`` seconds (None: the
-        subscription's backoff schedule; 0: now), to this or another consumer."""
-        delay_ms = -1 if delay is None else max(0, round(delay * 1000))
-        self._consumer._settle(SettleKind.NACK, (self,), delay_ms)
-
-    async def term(self, reason: str = "") -> None:
-        """Never redeliver: the message goes to the dead-letter topic with
-        ``reason`` and is acked here."""
-        self._consumer._settle(SettleKind.TERM, (self,), reason=reason)
-
-    async def in_progress(self) -> None:
-        """Still working on it: the broker restarts its ack timeout."""
-        self._consumer._settle(SettleKind.IN_PROGRESS, (self,))
-
-    def __repr__(self) -> str:
-        return (
-            f"Delivery(topic={self.topic!r}, partition={self.partition}, offset={self.offset}, "
-            f"key={self.key!r}, delivery_count={self.delivery_count})"
-        )
 
 
 @attrs.frozen
@@ -201,13 +118,23 @@ class Consumer(BufferedRuns[Delivery]):
     # called by the client's reader task --------------------------------------
 
     def _deliver(self, runs: tuple[Run, ...]) -> None:
+        self._buffer_items(len(runs))
+        super()._deliver(runs)
+
+    def _deliver_located(self, frame: LocatedDeliver) -> None:
+        if frame.runs:
+            self._buffer_items(1)
+        super()._deliver_located(frame)
+
+    def _buffer_items(self, items: int) -> None:
+        """Count ``items`` more buffered items (runs, or frames of runs) of
+        the topic the last Redelivered named."""
         topic = self._next_topic
         topics = self._topics
         if topics and topics[-1][0] == topic:
-            topics[-1] = (topic, topics[-1][1] + len(runs))
+            topics[-1] = (topic, topics[-1][1] + items)
         else:
-            topics.append((topic, len(runs)))
-        super()._deliver(runs)
+            topics.append((topic, items))
 
     def _receive(self, frame: Redelivered | Settled) -> None:
         if isinstance(frame, Settled):
@@ -237,12 +164,55 @@ class Consumer(BufferedRuns[Delivery]):
 
     # iteration ----------------------------------------------------------------
 
-    def _convert(self, run: Run) -> list[Delivery]:
+    def _take(self, limit: int) -> tuple[list[Delivery], int]:
+        """``BufferedRuns._take``, the runs of each topic span converted in
+        one ``convert_runs`` call, a frame's runs in one ``convert_located``
+        call; a run either stops at (a message not in the fixed layout)
+        goes through ``_convert``."""
+        runs = self._runs
+        items: list[Delivery] = []
+        taken = 0
+        counts = self._counts
+        while runs:
+            front = runs[0]
+            topic, left = self._topics[0]
+            if isinstance(front, FrameRuns):
+                done = 0
+                if convert_located is not None:
+                    done, taken = convert_located(front, limit, taken, self, topic, counts, items)
+                if not front.runs:
+                    runs.popleft()
+                    self._took_runs(topic, left, 1)
+                elif not done:
+                    # Its next run is of another layout or does not fit:
+                    # taken out as a Run, it goes the way of any other.
+                    self._split(front)
+                continue
+            if taken and taken + front.count > limit:
+                break
+            used, taken = convert_runs(runs, left, limit, taken, self, topic, counts, items)
+            if used:
+                self._took_runs(topic, left, used)
+                continue
+            runs.popleft()
+            taken += front.count
+            items = self._convert_one(front, items)
+        return items, taken
+
+    def _split_off(self) -> None:
         topic, left = self._topics[0]
-        if left == 1:
+        self._topics[0] = (topic, left + 1)
+
+    def _took_runs(self, topic: str, left: int, used: int) -> None:
+        """Count ``used`` runs off the oldest topic span (``left`` runs)."""
+        if left == used:
             self._topics.popleft()
         else:
-            self._topics[0] = (topic, left - 1)
+            self._topics[0] = (topic, left - used)
+
+    def _convert(self, run: Run) -> list[Delivery]:
+        topic, left = self._topics[0]
+        self._took_runs(topic, left, 1)
         counts = self._counts
         try:
             messages = decode_delivered_run(run)
@@ -278,10 +248,9 @@ class Consumer(BufferedRuns[Delivery]):
             raise SubscriptionError(
                 ErrorCode.UNKNOWN_STREAM, "the consumer is closed: settle before leaving its block"
             )
-        add = self._batcher.add
-        for delivery in deliveries:
-            message = delivery.message
-            if add(kind, delivery.topic, message.partition, message.offset, delay_ms, reason):
+        add = self._batcher.add_range
+        for topic, partition, first, last in settle_ranges(deliveries):
+            if add(kind, topic, partition, first, last, delay_ms, reason):
                 self._send_settles()
         self._outcomes[kind] += len(deliveries)
         if self._batcher.pending:

@@ -31,6 +31,7 @@ from broky.protocol.frames import (
     Error,
     Fetched,
     Frame,
+    LocatedDeliver,
     Notice,
     Partitions,
     Ping,
@@ -78,8 +79,12 @@ class Receiver(Publisher):
         self._refused: PublishRefused | None = None
         self.on_error: Callable[[Error], None] = self._log_error
 
-    def _handle(self, frame: Frame) -> None:
-        if type(frame) is Deliver:
+    def _handle(self, frame: Frame | LocatedDeliver) -> None:
+        if type(frame) is LocatedDeliver:
+            subscription = self._subscriptions.get(frame.stream)
+            if subscription is not None:
+                subscription._deliver_located(frame)
+        elif type(frame) is Deliver:
             subscription = self._subscriptions.get(frame.stream)
             if subscription is not None:
                 subscription._deliver(frame.runs)

@@ -46,35 +46,31 @@ class RangeSet:
         self._lasts: list[int] = []
 
     def add(self, offset: int) -> None:
-        """Hold ``offset``; O(1) when it extends the highest range."""
-        lasts = self._lasts
-        if lasts and offset == lasts[-1] + 1:
-            lasts[-1] = offset
+        """Hold ``offset``."""
+        self.add_range(offset, offset)
+
+    def add_range(self, first: int, last: int) -> None:
+        """Hold every offset of ``[first, last]`` (``first <= last``); O(1)
+        when it extends the highest range or lies above it, else merges
+        the ranges it touches (found by bisection)."""
+        firsts, lasts = self._firsts, self._lasts
+        if not lasts or first > lasts[-1] + 1:
+            firsts.append(first)
+            lasts.append(last)
             return
-        if not lasts or offset > lasts[-1]:
-            self._firsts.append(offset)
-            lasts.append(offset)
+        if first >= firsts[-1]:
+            lasts[-1] = max(lasts[-1], last)
             return
-        firsts = self._firsts
-        # The range that starts at or before ``offset`` (index - 1), if any.
-        index = bisect.bisect_right(firsts, offset)
-        if index and offset <= lasts[index - 1] + 1:
-            if offset <= lasts[index - 1]:
-                return
-            lasts[index - 1] = offset
-            index -= 1
-        elif index < len(firsts) and firsts[index] == offset + 1:
-            firsts[index] = offset
+        # Ranges [low, high) touch [first, last]: each ends at or after
+        # first - 1 and starts at or before last + 1.
+        low = bisect.bisect_left(lasts, first - 1)
+        high = bisect.bisect_right(firsts, last + 1)
+        if low == high:
+            firsts.insert(low, first)
+            lasts.insert(low, last)
             return
-        else:
-            firsts.insert(index, offset)
-            lasts.insert(index, offset)
-            return
-        # ``offset`` extended range ``index`` at its top: join the next one if they touch.
-        if index + 1 < len(firsts) and firsts[index + 1] == offset + 1:
-            lasts[index] = lasts[index + 1]
-            del firsts[index + 1]
-            del lasts[index + 1]
+        firsts[low:high] = [min(first, firsts[low])]
+        lasts[low:high] = [max(last, lasts[high - 1])]
 
     def ranges(self) -> list[tuple[int, int]]:
         """The held ranges, lowest first."""
@@ -129,6 +125,21 @@ class SettleBatcher:
         reason: str = "",
     ) -> bool:
         """Record one message's outcome; True once the batch should be sent now."""
+        return self.add_range(kind, topic, partition, offset, offset, delay_ms, reason)
+
+    def add_range(
+        self,
+        kind: SettleKind,
+        topic: str,
+        partition: int,
+        first: int,
+        last: int,
+        delay_ms: int = -1,
+        reason: str = "",
+    ) -> bool:
+        """Record one outcome for each offset of ``[first, last]`` (a batch
+        of deliveries folds into a few of these: one call per range, not per
+        message); True once the batch should be sent now."""
         group = (kind, topic, delay_ms, reason)
         if (group, partition) == self._last:
             ranges = self._last_ranges
@@ -141,8 +152,8 @@ class SettleBatcher:
                 found = partitions[partition] = RangeSet()
             ranges = found
             self._last, self._last_ranges = (group, partition), ranges
-        ranges.add(offset)
-        self._pending += 1
+        ranges.add_range(first, last)
+        self._pending += last - first + 1
         return self._pending >= self.max_offsets
 
     def take(self) -> list[Settle]:

@@ -1,6 +1,6 @@
 from collections.abc import Callable
 
-from broky.protocol.frames import Frame, Received, Run
+from broky.protocol.frames import Buffer, Frame, Received, Run
 
 def walk(
     view: memoryview,
@@ -10,3 +10,4 @@ def walk(
     deliveries: bool = False,
 ) -> tuple[list[Received], int]: ...
 def read_chunk_runs(view: memoryview, start: int, count: int) -> list[Run | None]: ...
+def count_located(view: Buffer, start: int, count: int) -> int: ...

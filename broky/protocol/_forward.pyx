@@ -59,19 +59,6 @@ cdef inline uint64_t _u64(const uint8_t* p) noexcept nogil:
     return value
 
 
-cdef struct Chunk:
-    # One run chunk as read: pointers into the frame being walked.
-    const uint8_t* start
-    int64_t length
-    const uint8_t* key
-    int64_t key_len
-    const uint8_t* sizes
-    const uint8_t* messages
-    int64_t messages_len
-    int64_t count
-    int64_t ts_broker
-
-
 cdef bint _read_chunk(const uint8_t* buf, int64_t size, int64_t start, int64_t limit,
                       Chunk* out) noexcept:
     """Whether the chunk at ``start`` is laid out as encode_run_chunk lays it
@@ -391,7 +378,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
     vtable)."""
     cdef Py_buffer view_buffer
     cdef const uint8_t* buf
-    cdef int64_t size, slot, chunk_start
+    cdef int64_t size, chunk_start
     cdef Py_ssize_t index
     cdef Chunk chunk
     cdef int64_t messages_at, sizes_at, base_offset
@@ -403,8 +390,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
         buf = <const uint8_t*>view_buffer.buf
         size = view_buffer.len
         for index in range(count):
-            slot = start + 4 * index
-            chunk_start = slot + <int64_t>_u32(buf + slot) - 12
+            chunk_start = _chunk_at(buf, start + 4 * index)
             if _read_chunk(buf, size, chunk_start, 0, &chunk):
                 if chunk.length <= _COPIED_CHUNK_BYTES:  # copies: see _COPIED_CHUNK_BYTES
                     sizes = PyBytes_FromStringAndSize(<const char*>chunk.start + 44, 4 * chunk.count)
@@ -461,3 +447,32 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
     finally:
         PyBuffer_Release(&view_buffer)
     return runs
+
+
+def count_located(view, Py_ssize_t start, Py_ssize_t count):
+    """The messages of the ``count`` runs whose uoffsets start at ``start``
+    (known to lie in ``view``) when every one is a located chunk
+    (``_read_located``: what ``read_chunk_runs`` reads as one), else -1.
+    A durable Deliver frame that passes is handed to its consumer whole
+    (``frames.LocatedDeliver``), its runs read in place as they are taken."""
+    cdef Chunk chunk
+    cdef uint32_t partition
+    cdef int64_t base_offset, total = 0
+    cdef Py_ssize_t index
+    cdef Py_buffer view_buffer
+    PyObject_GetBuffer(view, &view_buffer, PyBUF_SIMPLE)
+    try:
+        for index in range(count):
+            if not _read_located(
+                <const uint8_t*>view_buffer.buf,
+                view_buffer.len,
+                _chunk_at(<const uint8_t*>view_buffer.buf, start + 4 * index),
+                &chunk,
+                &partition,
+                &base_offset,
+            ):
+                return -1
+            total += chunk.count
+    finally:
+        PyBuffer_Release(&view_buffer)
+    return total

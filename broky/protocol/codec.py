@@ -55,6 +55,7 @@ from broky.protocol.frames import (
     Flow,
     Frame,
     Hello,
+    LocatedDeliver,
     Notice,
     Ping,
     Pong,
@@ -288,6 +289,10 @@ def _compiled_chunk_runs() -> Callable[[memoryview, int, int], list[Run | None]]
 #: The compiled chunk reader (``broky.protocol._forward``) when it is built.
 read_chunk_runs_compiled = _compiled_chunk_runs()
 read_chunk_runs = read_chunk_runs_compiled or read_chunk_runs_pure
+#: Its check that a frame's runs are all located chunks (``LocatedDeliver``).
+count_located: Callable[[Buffer, int, int], int] | None = None
+if read_chunk_runs_compiled is not None:
+    from broky.protocol._forward import count_located
 
 
 def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR0911
@@ -402,6 +407,23 @@ def _decode_body(buf: Buffer, body_type: int, table: int) -> Frame:  # noqa: PLR
             stream=scalar(_U32, buf, stream), kind=notice_kind, count=scalar(_U64, buf, count)
         )
     raise malformed(f"unknown frame body type {body_type}")
+
+
+def decode_located(buf: Buffer) -> Frame | LocatedDeliver:
+    """``decode_frame``, but a Deliver whose runs are all located chunks
+    comes out as a ``LocatedDeliver`` where the compiled chunk reader is
+    built (it checked every chunk; elsewhere every frame decodes as usual)."""
+    if count_located is not None:
+        try:
+            head = read_runs_frame(buf)
+        except struct.error:
+            head = None  # decode_frame says what is wrong with it
+        if head is not None and head[0] == BodyType.DELIVER:
+            runs = head[4]
+            messages = count_located(buf, RUNS_FRAME_RUNS_AT, runs)
+            if messages >= 0:
+                return LocatedDeliver(head[1], buf, RUNS_FRAME_RUNS_AT, runs, messages)
+    return decode_frame(buf)
 
 
 def decode_frame(buf: Buffer) -> Frame:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from typing import Final, cast
 
-from broky.protocol.codec import decode_frame
+from broky.protocol.codec import decode_frame, decode_located
 from broky.protocol.constants import PREAMBLE_SIZE, ErrorCode
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.forward import receive_forwarding
@@ -40,6 +40,7 @@ from broky.protocol.frames import (
     Frame,
     Hello,
     ListPartitions,
+    LocatedDeliver,
     Notice,
     Partitions,
     Ping,
@@ -77,6 +78,7 @@ class State(enum.Enum):
 _OPEN_FRAMES: Final[dict[Role, tuple[type, ...]]] = {
     Role.CLIENT: (
         Deliver,
+        LocatedDeliver,
         Subscribed,
         Notice,
         Ping,
@@ -138,6 +140,12 @@ class ProtocolMachine:
         """
         return cast(list[Frame], self._receive(data, forward=False))
 
+    def receive_deliveries(self, data: bytes | bytearray) -> list[Frame | LocatedDeliver]:
+        """``receive_data`` for the client's reader: a durable Deliver whose
+        runs are all located chunks comes out as a ``LocatedDeliver``
+        (``codec.decode_located``), its runs left in the frame."""
+        return cast(list[Frame | LocatedDeliver], self._receive(data, forward=False, located=True))
+
     def receive_forwarding(self, data: bytes | bytearray) -> list[Received]:
         """``receive_data`` for a broker that routes Publish frames as they
         came: unacked, unstamped Publish frames whose runs are all laid out
@@ -151,7 +159,9 @@ class ProtocolMachine:
         out as ForwardPublish on the Deliver's stream."""
         return self._receive(data, forward=True)
 
-    def _receive(self, data: bytes | bytearray, *, forward: bool) -> list[Received]:
+    def _receive(
+        self, data: bytes | bytearray, *, forward: bool, located: bool = False
+    ) -> list[Received]:
         if self.state is State.CLOSED:
             return []
         try:
@@ -175,7 +185,8 @@ class ProtocolMachine:
                     deliveries=self.role is Role.CLIENT,
                 )
             else:
-                frames = [decode_frame(view) for view in self.reader.feed(data)]
+                decode = decode_located if located else decode_frame
+                frames = [decode(view) for view in self.reader.feed(data)]
             if self.state is State.HANDSHAKE and frames:
                 self._check_handshake(frames[0])
                 start = 1

@@ -213,6 +213,26 @@ class Deliver:
 
 
 @attrs.frozen(slots=True)
+class LocatedDeliver:
+    """A durable Deliver whose runs are all located chunks
+    (``broky.protocol.located``), left in the frame: ``runs`` uoffsets
+    starting at ``runs_at`` in ``buffer``, ``count`` messages in all.
+
+    Only ``ProtocolMachine.receive_deliveries`` hands these out (the
+    client's reader), and only where the compiled chunk reader checked every
+    chunk: a consumer then reads each run in place when the application
+    takes it, with no ``Run`` built per run (one per message when keys
+    change on every message). Never encoded: on the wire it is a Deliver.
+    """
+
+    stream: int
+    buffer: Buffer = attrs.field(eq=False, repr=False)
+    runs_at: int
+    runs: int
+    count: int
+
+
+@attrs.frozen(slots=True)
 class Flow:
     """Grant ``credit`` more messages to a subscription."""
 
@@ -424,5 +444,6 @@ Frame: TypeAlias = (
     | DeletedSubscription
 )
 #: What a ProtocolMachine hands over: wire frames, and on a server that asks
-#: for it, Publish frames to forward as they came (ForwardPublish).
-Received: TypeAlias = Frame | ForwardPublish
+#: for it, Publish frames to forward as they came (ForwardPublish), on a
+#: client that asks for it, durable Delivers left in place (LocatedDeliver).
+Received: TypeAlias = Frame | ForwardPublish | LocatedDeliver

@@ -14,8 +14,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broky.client.consumer import Consumer, Delivery
+from broky.client.consumer import Consumer
 from broky.client.consumer_options import consumer_options
+from broky.client.delivery import Delivery
 from broky.protocol.constants import SettleKind
 from broky.protocol.frames import Frame, Settle, Settled
 from broky.protocol.message import Message

@@ -11,6 +11,7 @@ encoder writes exactly the pure one's bytes.
 from __future__ import annotations
 
 import contextlib
+import gc
 import struct
 
 import attrs
@@ -249,3 +250,6 @@ def test_the_compiled_reader_stores_run_fields_at_their_slots() -> None:
     )
     assert bytes(read.sizes) == pack_sizes([3])
     assert bytes(read.messages) == b"abc"
+    # Holding nothing that can refer back to it, it is left out of the
+    # cycle collector's walks (see _run_slots).
+    assert not gc.is_tracked(read)
