@@ -15,10 +15,16 @@ slot (draining, ``dispatch.py``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from itertools import repeat
 from typing import Final
 
 import xxhash
+
+from broky.compiled import compiled_twin
+from broky.protocol.codec import u32_array
+from broky.storage.batch_reading import RecordBatch
+from broky.storage.topics import has_key_partition, key_partition
 
 #: Slots per subscription: 16 bits of the key hash.
 SLOTS: Final = 65536
@@ -31,6 +37,56 @@ def slot_of(sticky_key: bytes) -> int:
     return xxhash.xxh3_64_intdigest(sticky_key) >> 48
 
 
+def message_slots_pure(batch: RecordBatch, start: int, stop: int) -> list[int]:
+    """The slot of each message in ``[start, stop)`` of a verified record
+    batch, read from its columns: the slot of its sticky key, its
+    ``key_partition`` or else its run's key.
+
+    Why columns and one list: a key-shared subscription over keys that
+    change on every message would otherwise make a run object per message
+    to learn its key. Each distinct run key is hashed once per call. The
+    compiled twin (``broky.storage._partitions.message_slots``) reads the
+    same fields in C and gives the same slots, or raises the same errors.
+    """
+    view = batch.messages
+    size_table = u32_array(batch.sizes)
+    known: dict[bytes, int] = {}
+    slots: list[int] = []
+    offset = batch.base_offset
+    message = key_at = position = 0
+    for count, key_length in zip(batch.counts, batch.key_lengths, strict=True):
+        if offset >= stop:
+            break
+        if offset + count <= start:
+            position += sum(size_table[message : message + count])
+        else:
+            key = bytes(batch.keys[key_at : key_at + key_length])
+            run_slot = known.get(key)
+            if run_slot is None:
+                run_slot = known[key] = slot_of(key)
+            for index in range(message, message + count):
+                size = size_table[index]
+                if start <= offset + index - message < stop:
+                    sticky = (
+                        key_partition(view[position : position + size])
+                        if has_key_partition(view, position)
+                        else b""
+                    )
+                    slots.append(slot_of(sticky) if sticky else run_slot)
+                position += size
+        offset += count
+        message += count
+        key_at += key_length
+    return slots
+
+
+#: :func:`message_slots_pure` compiled, when it is built.
+message_slots_compiled: Callable[[RecordBatch, int, int], list[int]] | None = compiled_twin(
+    "broky.storage._partitions", "message_slots"
+)
+message_slots = message_slots_compiled or message_slots_pure
+
+
 class SlotTable:
     """Slot → consumer id, balanced to within one slot (see the module docstring).
 
@@ -41,14 +97,15 @@ class SlotTable:
     """
 
     def __init__(self) -> None:
-        self._owners: list[int] = [NOBODY] * SLOTS
+        #: Slot → owner; read it, change it only through join and leave.
+        self.owners: list[int] = [NOBODY] * SLOTS
         #: Slots per consumer, in join order (ties go to earlier joiners).
         self.counts: dict[int, int] = {}
         #: Each owner's slots, in the order it got them.
         self._slots: dict[int, list[int]] = {NOBODY: list(range(SLOTS))}
 
     def owner(self, slot: int) -> int:
-        return self._owners[slot]
+        return self.owners[slot]
 
     def slots_of(self, consumer: int) -> list[int]:
         return sorted(self._slots.get(consumer, ()))
@@ -75,7 +132,7 @@ class SlotTable:
         return (min(self.counts.values()), max(self.counts.values()))
 
     def _rebalance(self, gone: set[int]) -> list[tuple[int, int, int]]:
-        owners = self._owners
+        owners = self.owners
         counts = self.counts
         held = self._slots
         # The slots that must move (and their owners): the leavers', the
