@@ -157,8 +157,10 @@ class Dispatcher(DispatchCore):
         Why a batch: a key-shared subscription over keys that change on
         every message runs this per message, so the usual case (never
         delivered, its slot's owner has room, nothing of the slot waiting)
-        is decided here inline, and consecutive offsets that go to one
-        consumer leave as one :class:`Deliver` (one run of one frame)."""
+        is decided here inline, each consumer's offsets become one pending
+        delivery (``AckTracker.deliver_group``: one object, one timer), and
+        consecutive offsets that go to one consumer leave as one
+        :class:`Deliver` (one run of one frame)."""
         assert self.ordered
         tracker = self.tracker
         acked, counts, due = tracker.acked, tracker.counts, tracker.due
@@ -168,9 +170,12 @@ class Dispatcher(DispatchCore):
         key_shared = self.options.type is SubscriptionType.KEY_SHARED
         owners = self.table.owners if key_shared else None
         consumers, holders, held_by_slot = self.consumers, self._holder, self._held
-        waiting_by_slot, events = self._waiting, self.events
-        deliver, limit = tracker.deliver, tracker.durable_limit
+        waiting_by_slot, events, slot_at = self._waiting, self.events, self._slot_at
+        limit = tracker.durable_limit
         last: Deliver | None = None
+        # Each consumer's offsets of this feed, handed out as one delivery
+        # (one pending object and one timer) once decided.
+        groups: dict[int, list[int]] = {}
         for offset, given in enumerate(slots, first):
             if not fresh:
                 if not self._take_read(offset):
@@ -192,7 +197,12 @@ class Dispatcher(DispatchCore):
                     and state.in_flight < state.max_in_flight
                     and holders.get(slot, owner) == owner
                 ):
-                    deliver(offset, owner, now, slot)
+                    group = groups.get(owner)
+                    if group is None:
+                        groups[owner] = [offset]
+                    else:
+                        group.append(offset)
+                    slot_at[offset] = slot
                     if not state.in_flight:
                         state.last_progress = now
                     state.in_flight += 1
@@ -212,6 +222,8 @@ class Dispatcher(DispatchCore):
             if not self._try_deliver(slot, offset, now):
                 waiting_by_slot[slot] = [offset]
                 self.parked += 1
+        for owner, offsets in groups.items():
+            tracker.deliver_group(offsets, owner, now)
 
     def queue(self, first: int, stop: int) -> None:
         """Messages ``[first, stop)`` read in offset order, for a shared
@@ -289,11 +301,11 @@ class Dispatcher(DispatchCore):
         # inlined: a key-shared consumer acks offsets one by one).
         freed = {} if freed is None else freed
         if self.ordered:
-            held_by_slot, holders = self._held, self._holder
+            held_by_slot, holders, slot_at = self._held, self._holder, self._slot_at
             for offset, pending in zip(ended, deliveries, strict=True):
                 holder = pending.consumer
                 freed[holder] = freed.get(holder, 0) + 1
-                slot = pending.slot
+                slot = slot_at.pop(offset, 0)
                 held = held_by_slot.get(slot)
                 if held is not None:
                     held.pop(offset, None)

@@ -57,6 +57,9 @@ class DispatchCore:
         # Ordered types: per slot, the holder of its pending messages and how many.
         self._holder: dict[int, int] = {}
         self._held: dict[int, dict[int, None]] = {}
+        #: Ordered types: the slot of each pending offset (a delivery may
+        #: group offsets of several slots: ``AckTracker.deliver_group``).
+        self._slot_at: dict[int, int] = {}
         #: Ordered types: offsets waiting per slot (parked or due again), sorted.
         self._waiting: dict[int, list[int]] = {}
         self.parked = 0
@@ -98,19 +101,22 @@ class DispatchCore:
         if not waiting:
             del self._waiting[slot]
 
-    def _forget(self, offset: int, pending: Pending) -> None:
+    def _forget(self, offset: int, pending: Pending) -> int:
         """``offset``'s pending delivery ended (acked, released): free its
-        consumer and slot."""
+        consumer and slot; returns the slot (0 in shared subscriptions)."""
         state = self.consumers.get(pending.consumer)
         if state is not None:
             state.in_flight -= 1
-        if self.ordered:
-            held = self._held.get(pending.slot)
-            if held is not None:
-                held.pop(offset, None)
-                if not held:
-                    del self._held[pending.slot]
-                    del self._holder[pending.slot]
+        if not self.ordered:
+            return 0
+        slot = self._slot_at.pop(offset, 0)
+        held = self._held.get(slot)
+        if held is not None:
+            held.pop(offset, None)
+            if not held:
+                del self._held[slot]
+                del self._holder[slot]
+        return slot
 
     def _release(self, offset: int, due: float, error: str = "") -> None:
         """Take ``offset`` back for redelivery at ``due``; in ordered types the
@@ -119,16 +125,15 @@ class DispatchCore:
         pending = tracker.release(offset, due, error)
         if pending is None:
             return
-        self._forget(offset, pending)
+        slot = self._forget(offset, pending)
         self.redelivered += 1
-        self._requeue(offset, pending.slot, due)
+        self._requeue(offset, slot, due)
         if self.ordered:
-            later = sorted(o for o in self._held.get(pending.slot, {}) if o > offset)
+            later = sorted(o for o in self._held.get(slot, {}) if o > offset)
             for other in later:
                 taken = tracker.release(other, due)
                 if taken is not None:
-                    self._forget(other, taken)
-                    self._requeue(other, taken.slot, due)
+                    self._requeue(other, self._forget(other, taken), due)
 
     def _requeue(self, offset: int, slot: int, due: float) -> None:
         tracker = self.tracker
@@ -167,12 +172,13 @@ class DispatchCore:
         if limit and count >= limit:
             self._dead_letter(offset, count)
             return True
-        pending = tracker.deliver(offset, state.id, now, slot)
+        pending = tracker.deliver(offset, state.id, now)
         if not state.in_flight:
             state.last_progress = now
         state.in_flight += 1
         state.credit -= 1
         if self.ordered:
+            self._slot_at[offset] = slot
             self._holder[slot] = state.id
             held = self._held.get(slot)
             if held is None:
