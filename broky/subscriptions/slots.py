@@ -31,6 +31,12 @@ SLOTS: Final = 65536
 #: The owner of a slot while no consumer is attached.
 NOBODY: Final = -1
 
+#: Slots that changed owner in a join or leave: ``(slots, old owner, new
+#: owner)``, one per old owner and new owner, not a tuple per slot (a
+#: consumer's join or leave moves tens of thousands of slots in every
+#: partition of the subscription, and made as many tuples).
+Move = tuple[list[int], int, int]
+
 
 def slot_of(sticky_key: bytes) -> int:
     """The slot of a message's sticky key."""
@@ -110,15 +116,15 @@ class SlotTable:
     def slots_of(self, consumer: int) -> list[int]:
         return sorted(self._slots.get(consumer, ()))
 
-    def join(self, consumer: int) -> list[tuple[int, int, int]]:
-        """Add ``consumer``; returns the moves as ``(slot, old owner, new owner)``."""
+    def join(self, consumer: int) -> list[Move]:
+        """Add ``consumer``; returns the moves (see :data:`Move`)."""
         if consumer in self.counts:
             return []
         self.counts[consumer] = 0
         self._slots[consumer] = []
         return self._rebalance(set())
 
-    def leave(self, consumer: int) -> list[tuple[int, int, int]]:
+    def leave(self, consumer: int) -> list[Move]:
         """Remove ``consumer``; its slots go to the others (or to nobody)."""
         if consumer not in self.counts:
             return []
@@ -131,23 +137,26 @@ class SlotTable:
             return (0, 0)
         return (min(self.counts.values()), max(self.counts.values()))
 
-    def _rebalance(self, gone: set[int]) -> list[tuple[int, int, int]]:
+    def _rebalance(self, gone: set[int]) -> list[Move]:
         owners = self.owners
         counts = self.counts
         held = self._slots
-        # The slots that must move (and their owners): the leavers', the
-        # unowned ones, and (below) what each remaining consumer holds above
-        # its target. Moved in slices, C-speed, not slot by slot.
+        # The slots that must move: the leavers', the unowned ones, and
+        # (below) what each remaining consumer holds above its target, with
+        # whose they were as (owner, how many) pieces of ``free``. Moved in
+        # slices, C-speed, not slot by slot.
         free: list[int] = []
-        olds: list[int] = []
+        sources: list[tuple[int, int]] = []
         for owner in (*sorted(gone), NOBODY):
-            slots = held.pop(owner, ())
+            slots = held.pop(owner, [])
             free.extend(slots)
-            olds.extend(repeat(owner, len(slots)))
+            sources.append((owner, len(slots)))
         if not counts:
             _assign(owners, free, NOBODY)
             held[NOBODY] = free
-            return [move for move in zip(free, olds, repeat(NOBODY)) if move[1] != NOBODY]
+            return [
+                move for move in _moves(free, sources, 0, len(free), NOBODY) if move[1] != NOBODY
+            ]
         base, extra = divmod(SLOTS, len(counts))
         # The consumers that already hold the most keep the ``extra`` slots:
         # that is what moves the fewest slots.
@@ -158,10 +167,10 @@ class SlotTable:
             if excess > 0:
                 mine = held[consumer]
                 free.extend(mine[-excess:])
-                olds.extend(repeat(consumer, excess))
+                sources.append((consumer, excess))
                 del mine[-excess:]
                 counts[consumer] -= excess
-        moves: list[tuple[int, int, int]] = []
+        moves: list[Move] = []
         taken = 0
         for consumer in ranked:
             wanted = targets[consumer] - counts[consumer]
@@ -170,12 +179,32 @@ class SlotTable:
             slots = free[taken : taken + wanted]
             _assign(owners, slots, consumer)
             held[consumer].extend(slots)
-            moves.extend(zip(slots, olds[taken : taken + wanted], repeat(consumer)))
+            moves.extend(_moves(free, sources, taken, taken + wanted, consumer))
             counts[consumer] += wanted
             taken += wanted
         return moves
 
 
+def _moves(
+    free: list[int], sources: list[tuple[int, int]], first: int, stop: int, new: int
+) -> list[Move]:
+    """The moves of ``free[first:stop]`` to ``new``: one per piece of
+    ``free`` that one old owner gave (``sources``, in ``free``'s order)."""
+    moves: list[Move] = []
+    at = 0
+    for old, count in sources:
+        low, high = max(at, first), min(at + count, stop)
+        if low < high:
+            moves.append((free[low:high], old, new))
+        at += count
+    return moves
+
+
 def _assign(owners: list[int], slots: list[int], owner: int) -> None:
-    """``owners[slot] = owner`` for every slot, without a Python step each."""
-    deque(map(owners.__setitem__, slots, repeat(owner)), maxlen=0)
+    """``owners[slot] = owner`` for every slot, without a Python step each
+    (every slot at once, the first join's and the last leave's, as one
+    list fill)."""
+    if len(slots) == len(owners):
+        owners[:] = repeat(owner, len(owners))
+    else:
+        deque(map(owners.__setitem__, slots, repeat(owner)), maxlen=0)

@@ -121,10 +121,13 @@ def test_slot_table_stays_exactly_balanced_with_few_moves(steps: list[tuple[bool
         low, high = table.spread()
         assert high - low <= 1
         assert sum(table.counts.values()) == (SLOTS if table.counts else 0)
+        moved = [slot for slots, _, _ in moves for slot in slots]
+        assert len(moved) == len(set(moved))
         if join and before and len(table.counts) > before:
-            assert len(moves) == SLOTS // len(table.counts)  # only the newcomer's share moves
-        for slot, _, new in moves:
-            assert table.owner(slot) == new
+            assert len(moved) == SLOTS // len(table.counts)  # only the newcomer's share moves
+        for slots, old, new in moves:
+            assert old != new
+            assert all(table.owner(slot) == new for slot in slots)
     if not table.counts:
         assert table.owner(0) == NOBODY
 
