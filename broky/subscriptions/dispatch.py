@@ -47,7 +47,6 @@ from collections.abc import Iterable, Sequence
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
     Consumer,
-    Deliver,
     Evict,
     SubscriptionBusy,
     SubscriptionType,
@@ -158,24 +157,19 @@ class Dispatcher(DispatchCore):
         Why a batch: a key-shared subscription over keys that change on
         every message runs this per message, so the usual case (never
         delivered, its slot's owner has room, nothing of the slot waiting)
-        is decided here inline, each consumer's offsets become one pending
-        delivery (``AckTracker.deliver_group``: one object, one timer), and
-        consecutive offsets that go to one consumer leave as one
-        :class:`Deliver` (one run of one frame)."""
+        is decided here inline and handed out by ``_hand_fresh``: each
+        consumer's offsets become one pending delivery, consecutive ones
+        one :class:`Deliver`."""
         assert self.ordered
         tracker = self.tracker
-        acked, counts, due = tracker.acked, tracker.counts, tracker.due
+        counts, due = tracker.counts, tracker.due
         # Read right at the position with nothing acked ahead: no offset
         # here is acked or pending (deliveries never pass the read position).
-        fresh = first == tracker.read_position and not acked.reaches(first)
+        fresh = first == tracker.read_position and not tracker.acked.reaches(first)
         key_shared = self.options.type is SubscriptionType.KEY_SHARED
         owners = self.table.owners if key_shared else None
-        consumers, holders, held_by_slot = self.consumers, self._holder, self._held
-        waiting_by_slot, events, slot_at = self._waiting, self.events, self._slot_at
+        consumers, holders, waiting_by_slot = self.consumers, self._holder, self._waiting
         limit = tracker.durable_limit
-        last: Deliver | None = None
-        # Each consumer's offsets of this feed, handed out as one delivery
-        # (one pending object and one timer) once decided.
         groups: dict[int, list[int]] = {}
         for offset, given in enumerate(slots, first):
             if not fresh:
@@ -198,33 +192,12 @@ class Dispatcher(DispatchCore):
                     and state.in_flight < state.max_in_flight
                     and holders.get(slot, owner) == owner
                 ):
-                    group = groups.get(owner)
-                    if group is None:
-                        groups[owner] = [offset]
-                    else:
-                        group.append(offset)
-                    slot_at[offset] = slot
-                    if not state.in_flight:
-                        state.last_progress = now
-                    state.in_flight += 1
-                    state.credit -= 1
-                    holders[slot] = owner
-                    held = held_by_slot.get(slot)
-                    if held is None:
-                        held_by_slot[slot] = {offset: None}
-                    else:
-                        held[offset] = None
-                    if last is not None and last.stop == offset and last.consumer == owner:
-                        last.stop += 1
-                    else:
-                        last = Deliver(owner, offset, 1, offset + 1)
-                        events.append(last)
+                    self._hand_fresh(state, offset, slot, now, groups)
                     continue
             if not self._try_deliver(slot, offset, now):
                 waiting_by_slot[slot] = [offset]
                 self.parked += 1
-        for owner, offsets in groups.items():
-            tracker.deliver_group(offsets, owner, now)
+        self._deliver_groups(groups, now)
 
     def queue(self, first: int, stop: int) -> None:
         """Messages ``[first, stop)`` read in offset order, for a shared

@@ -188,6 +188,51 @@ class DispatchCore:
         self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
         return True
 
+    def _hand_fresh(
+        self, state: Consumer, offset: int, slot: int, now: float, groups: dict[int, list[int]]
+    ) -> None:
+        """Deliver never-delivered ``offset`` of ``slot`` (ordered types) to
+        ``state``'s consumer, which has room and may hold the slot; the
+        caller checked. The tracker learns of it with the consumer's other
+        offsets in ``groups`` (``_deliver_groups``: one pending delivery and
+        one timer per consumer, not per message), and an offset right after
+        the consumer's last delivery event joins that event (one run of one
+        frame)."""
+        owner = state.id
+        group = groups.get(owner)
+        if group is None:
+            groups[owner] = [offset]
+        else:
+            group.append(offset)
+        self._slot_at[offset] = slot
+        if not state.in_flight:
+            state.last_progress = now
+        state.in_flight += 1
+        state.credit -= 1
+        self._holder[slot] = owner
+        held = self._held.get(slot)
+        if held is None:
+            self._held[slot] = {offset: None}
+        else:
+            held[offset] = None
+        events = self.events
+        last = events[-1] if events else None
+        if (
+            isinstance(last, Deliver)
+            and last.stop == offset
+            and last.consumer == owner
+            and last.count == 1
+        ):
+            last.stop += 1
+        else:
+            events.append(Deliver(owner, offset, 1, offset + 1))
+
+    def _deliver_groups(self, groups: dict[int, list[int]], now: float) -> None:
+        """Record ``_hand_fresh``'s deliveries with the tracker."""
+        for owner, offsets in groups.items():
+            offsets.sort()
+            self.tracker.deliver_group(offsets, owner, now)
+
     def pump(self, now: float) -> None:
         """Deliver every waiting message that may go now."""
         if not self.ordered:
@@ -200,15 +245,32 @@ class DispatchCore:
         if not free:
             return
         owner_of = self.owner_of
+        tracker = self.tracker
+        counts, due = tracker.counts, tracker.due
+        groups: dict[int, list[int]] = {}
         for slot in list(self._waiting):
-            if owner_of(slot) not in free:
+            owner = owner_of(slot)
+            if owner not in free:
                 continue
+            state = self.consumers[owner]
             waiting = self._waiting[slot]
-            while waiting and self._try_deliver(slot, waiting[0], now):
+            while waiting:
+                offset = waiting[0]
+                if (
+                    offset not in counts  # parked at its first read: the usual one
+                    and offset not in due
+                    and offset < tracker.durable_limit
+                    and state.room > 0
+                    and self._holder.get(slot, owner) == owner
+                ):
+                    self._hand_fresh(state, offset, slot, now, groups)
+                elif not self._try_deliver(slot, offset, now):
+                    break
                 del waiting[0]
                 self.parked -= 1
             if not waiting:
                 del self._waiting[slot]
+        self._deliver_groups(groups, now)
 
     def _pump_shared(self, now: float) -> None:
         tracker = self.tracker

@@ -136,3 +136,18 @@ def test_consecutive_offsets_of_one_consumer_leave_as_one_delivery() -> None:
     assert dispatcher.events == [Deliver(1, 0, 1, 2), Deliver(2, 2, 1, 3), Deliver(1, 3, 1, 6)]
     assert sorted(dispatcher.tracker.pending) == list(range(6))
     assert dispatcher.consumers[1].in_flight == 5
+
+
+def test_parked_offsets_released_by_a_grant_leave_as_one_delivery() -> None:
+    """``pump``: messages parked while their consumer had no credit go out
+    on its grant as one pending delivery, consecutive ones as one event,
+    every slot's in offset order."""
+    dispatcher = Dispatcher(Options(type=SubscriptionType.KEY_SHARED), SubscriptionImage(0), 10)
+    dispatcher.attach(1, 0.0, credit=0, max_in_flight=100)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    dispatcher.feed_slots(0, [7, 7, 9, 7, 9], 0.0)
+    assert (dispatcher.events, dispatcher.parked) == ([], 5)
+    dispatcher.grant(1, 100, 0.0)
+    assert sorted((e.offset, e.stop) for e in dispatcher.events) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert len(set(map(id, dispatcher.tracker.pending.values()))) == 1
+    assert (dispatcher.parked, dispatcher.consumers[1].in_flight) == (0, 5)
