@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twins of ``broky.storage.topics.message_partitions_pure`` and
-``broky.storage.grouping.partition_groups_pure``.
+"""Compiled twins of ``broky.storage.topics.message_partitions_pure``,
+``broky.storage.grouping.partition_groups_pure`` and
+``broky.subscriptions.slots.message_slots_pure``.
 
 Why: a durable topic's owner is chosen per message when messages carry
 their own ``key_partition`` (or when every message has its own key, one
@@ -130,6 +131,92 @@ cdef object _message_partition(
     if partition_key:
         return _xxh3(partition_key) % partitions
     return default
+
+
+cdef object _message_slot(
+    object messages, const uint8_t* buf, int64_t total, int64_t position, int64_t size,
+    object run_slot,
+):
+    """The key-shared slot of the message of ``size`` bytes at ``position``
+    of ``buf``: its ``key_partition``'s, else ``run_slot`` (its run key's)."""
+    cdef int64_t start = -1, end = 0
+    cdef object sticky
+    if not _has_key_partition(buf, total, position):
+        return run_slot
+    if position + size <= total:
+        start = _key_start(buf + position, size, &end)
+    if start >= 0:
+        sticky = PyBytes_FromStringAndSize(<const char*>(buf + position + start), end - start)
+    else:
+        sticky = key_partition(memoryview(messages)[position : position + size])
+    if sticky:
+        return _xxh3(sticky) >> 48
+    return run_slot
+
+
+def message_slots(batch, int64_t start, int64_t stop):
+    """See ``broky.subscriptions.slots.message_slots_pure``."""
+    cdef object counts = batch.counts, key_lengths = batch.key_lengths, messages = batch.messages
+    cdef Py_buffer keys_buffer, sizes_buffer, messages_buffer
+    cdef const uint8_t* size_table
+    cdef Py_ssize_t runs = len(counts), run, index, sized
+    cdef int64_t offset = batch.base_offset, key_at = 0, position = 0, count, key_length, size
+    cdef Py_ssize_t message = 0
+    cdef dict known = {}
+    cdef list slots = []
+    cdef object key, run_slot
+    cdef PyObject* entry
+    if len(key_lengths) != runs:
+        raise ValueError("run columns of different lengths")
+    PyObject_GetBuffer(batch.keys, &keys_buffer, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(batch.sizes, &sizes_buffer, PyBUF_SIMPLE)
+        try:
+            PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
+            try:
+                size_table = <const uint8_t*>sizes_buffer.buf
+                sized = sizes_buffer.len // 4
+                for run in range(runs):
+                    if offset >= stop:
+                        break
+                    count = counts[run]
+                    key_length = key_lengths[run]
+                    if (count < 0 or message + count > sized or key_length < 0
+                            or key_at + key_length > keys_buffer.len):
+                        raise IndexError("run table runs past the batch")
+                    if offset + count <= start:
+                        for index in range(message, message + count):
+                            position += _u32(size_table + 4 * index)
+                    else:
+                        key = PyBytes_FromStringAndSize(
+                            <const char*>keys_buffer.buf + key_at, key_length
+                        )
+                        entry = PyDict_GetItem(known, key)
+                        if entry == NULL:
+                            run_slot = _xxh3(key) >> 48
+                            known[key] = run_slot
+                        else:
+                            run_slot = <object>entry
+                        for index in range(message, message + count):
+                            size = _u32(size_table + 4 * index)
+                            if start <= offset + index - message < stop:
+                                slots.append(
+                                    _message_slot(
+                                        messages, <const uint8_t*>messages_buffer.buf,
+                                        messages_buffer.len, position, size, run_slot,
+                                    )
+                                )
+                            position += size
+                    offset += count
+                    message += count
+                    key_at += key_length
+            finally:
+                PyBuffer_Release(&messages_buffer)
+        finally:
+            PyBuffer_Release(&sizes_buffer)
+    finally:
+        PyBuffer_Release(&keys_buffer)
+    return slots
 
 
 def message_partitions(messages, sizes, Py_ssize_t partitions, default):

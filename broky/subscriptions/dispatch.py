@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import itertools
 from bisect import insort
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
     Consumer,
-    Deliver,
     Evict,
     SubscriptionBusy,
     SubscriptionType,
@@ -143,51 +143,61 @@ class Dispatcher(DispatchCore):
 
     def feed(self, offset: int, slot: int, now: float) -> None:
         """A message read from ``tracker.read_position``, in offset order."""
-        if not self._take_read(offset):
-            return
-        if not self.ordered:
+        if self.ordered:
+            self.feed_slots(offset, (slot,), now)
+        elif self._take_read(offset):
             self._ready.append(offset)
             self._pump_shared(now)
-            return
-        slot = slot if self.options.type is SubscriptionType.KEY_SHARED else 0
-        waiting = self._waiting.get(slot)
-        if waiting:
-            insort(waiting, offset)
-            self.parked += 1
-            return
+
+    def feed_slots(self, first: int, slots: Sequence[int], now: float) -> None:
+        """Messages ``first, first + 1, ...`` read from ``tracker.read_position``
+        for an ordered type, ``slots`` their slots (key-shared; the others
+        use slot 0 whatever is given).
+
+        Why a batch: a key-shared subscription over keys that change on
+        every message runs this per message, so the usual case (never
+        delivered, its slot's owner has room, nothing of the slot waiting)
+        is decided here inline and handed out by ``_hand_fresh``: each
+        consumer's offsets become one pending delivery, consecutive ones
+        one :class:`Deliver`."""
+        assert self.ordered
         tracker = self.tracker
-        if (
-            offset not in tracker.counts
-            and offset not in tracker.due
-            and offset < tracker.durable_limit
-        ):
-            # The usual message, never delivered: ``_try_deliver`` and
-            # ``_hand`` inlined (a key-shared subscription runs this per
-            # message; their calls were a third of its feeding).
-            owner = self.owner_of(slot)
-            state = self.consumers.get(owner)
-            if (
-                state is not None
-                and state.credit > 0
-                and state.in_flight < state.max_in_flight
-                and self._holder.get(slot, owner) == owner
-            ):
-                tracker.deliver(offset, owner, now, slot)
-                if not state.in_flight:
-                    state.last_progress = now
-                state.in_flight += 1
-                state.credit -= 1
-                self._holder[slot] = owner
-                held = self._held.get(slot)
-                if held is None:
-                    self._held[slot] = {offset: None}
-                else:
-                    held[offset] = None
-                self.events.append(Deliver(owner, offset, 1, offset + 1))
-                return
-        if not self._try_deliver(slot, offset, now):
-            self._waiting[slot] = [offset]
-            self.parked += 1
+        counts, due = tracker.counts, tracker.due
+        # Read right at the position with nothing acked ahead: no offset
+        # here is acked or pending (deliveries never pass the read position).
+        fresh = first == tracker.read_position and not tracker.acked.reaches(first)
+        key_shared = self.options.type is SubscriptionType.KEY_SHARED
+        owners = self.table.owners if key_shared else None
+        consumers, holders, waiting_by_slot = self.consumers, self._holder, self._waiting
+        limit = tracker.durable_limit
+        groups: dict[int, list[int]] = {}
+        for offset, given in enumerate(slots, first):
+            if not fresh:
+                if not self._take_read(offset):
+                    continue
+            elif offset >= tracker.read_position:
+                tracker.read_position = offset + 1
+            slot = given if key_shared else 0
+            waiting = waiting_by_slot.get(slot)
+            if waiting:
+                insort(waiting, offset)
+                self.parked += 1
+                continue
+            if offset not in counts and offset not in due and offset < limit:
+                owner = self.active if owners is None else owners[slot]
+                state = consumers.get(owner)
+                if (
+                    state is not None
+                    and state.credit > 0
+                    and state.in_flight < state.max_in_flight
+                    and holders.get(slot, owner) == owner
+                ):
+                    self._hand_fresh(state, offset, slot, now, groups)
+                    continue
+            if not self._try_deliver(slot, offset, now):
+                waiting_by_slot[slot] = [offset]
+                self.parked += 1
+        self._deliver_groups(groups, now)
 
     def queue(self, first: int, stop: int) -> None:
         """Messages ``[first, stop)`` read in offset order, for a shared
@@ -265,20 +275,17 @@ class Dispatcher(DispatchCore):
         # inlined: a key-shared consumer acks offsets one by one).
         freed = {} if freed is None else freed
         if self.ordered:
-            held_by_slot, holders = self._held, self._holder
-            for offset, pending in zip(ended, deliveries, strict=True):
-                holder = pending.consumer
-                freed[holder] = freed.get(holder, 0) + 1
-                slot = pending.slot
+            held_by_slot, holders, slot_at = self._held, self._holder, self._slot_at
+            for offset in ended:
+                slot = slot_at.pop(offset, 0)
                 held = held_by_slot.get(slot)
                 if held is not None:
                     held.pop(offset, None)
                     if not held:
                         del held_by_slot[slot], holders[slot]
-        else:
-            for pending in deliveries:
-                holder = pending.consumer
-                freed[holder] = freed.get(holder, 0) + 1
+        # Counted per delivery (a group holds many of the offsets), at C speed.
+        for pending, count in Counter(deliveries).items():
+            freed[pending.consumer] = freed.get(pending.consumer, 0) + count
         for holder, count in freed.items():
             if holder != consumer:
                 stale += count

@@ -57,6 +57,9 @@ class DispatchCore:
         # Ordered types: per slot, the holder of its pending messages and how many.
         self._holder: dict[int, int] = {}
         self._held: dict[int, dict[int, None]] = {}
+        #: Ordered types: the slot of each pending offset (a delivery may
+        #: group offsets of several slots: ``AckTracker.deliver_group``).
+        self._slot_at: dict[int, int] = {}
         #: Ordered types: offsets waiting per slot (parked or due again), sorted.
         self._waiting: dict[int, list[int]] = {}
         self.parked = 0
@@ -98,19 +101,22 @@ class DispatchCore:
         if not waiting:
             del self._waiting[slot]
 
-    def _forget(self, offset: int, pending: Pending) -> None:
+    def _forget(self, offset: int, pending: Pending) -> int:
         """``offset``'s pending delivery ended (acked, released): free its
-        consumer and slot."""
+        consumer and slot; returns the slot (0 in shared subscriptions)."""
         state = self.consumers.get(pending.consumer)
         if state is not None:
             state.in_flight -= 1
-        if self.ordered:
-            held = self._held.get(pending.slot)
-            if held is not None:
-                held.pop(offset, None)
-                if not held:
-                    del self._held[pending.slot]
-                    del self._holder[pending.slot]
+        if not self.ordered:
+            return 0
+        slot = self._slot_at.pop(offset, 0)
+        held = self._held.get(slot)
+        if held is not None:
+            held.pop(offset, None)
+            if not held:
+                del self._held[slot]
+                del self._holder[slot]
+        return slot
 
     def _release(self, offset: int, due: float, error: str = "") -> None:
         """Take ``offset`` back for redelivery at ``due``; in ordered types the
@@ -119,16 +125,15 @@ class DispatchCore:
         pending = tracker.release(offset, due, error)
         if pending is None:
             return
-        self._forget(offset, pending)
+        slot = self._forget(offset, pending)
         self.redelivered += 1
-        self._requeue(offset, pending.slot, due)
+        self._requeue(offset, slot, due)
         if self.ordered:
-            later = sorted(o for o in self._held.get(pending.slot, {}) if o > offset)
+            later = sorted(o for o in self._held.get(slot, {}) if o > offset)
             for other in later:
                 taken = tracker.release(other, due)
                 if taken is not None:
-                    self._forget(other, taken)
-                    self._requeue(other, taken.slot, due)
+                    self._requeue(other, self._forget(other, taken), due)
 
     def _requeue(self, offset: int, slot: int, due: float) -> None:
         tracker = self.tracker
@@ -167,12 +172,13 @@ class DispatchCore:
         if limit and count >= limit:
             self._dead_letter(offset, count)
             return True
-        pending = tracker.deliver(offset, state.id, now, slot)
+        pending = tracker.deliver(offset, state.id, now)
         if not state.in_flight:
             state.last_progress = now
         state.in_flight += 1
         state.credit -= 1
         if self.ordered:
+            self._slot_at[offset] = slot
             self._holder[slot] = state.id
             held = self._held.get(slot)
             if held is None:
@@ -181,6 +187,51 @@ class DispatchCore:
                 held[offset] = None
         self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
         return True
+
+    def _hand_fresh(
+        self, state: Consumer, offset: int, slot: int, now: float, groups: dict[int, list[int]]
+    ) -> None:
+        """Deliver never-delivered ``offset`` of ``slot`` (ordered types) to
+        ``state``'s consumer, which has room and may hold the slot; the
+        caller checked. The tracker learns of it with the consumer's other
+        offsets in ``groups`` (``_deliver_groups``: one pending delivery and
+        one timer per consumer, not per message), and an offset right after
+        the consumer's last delivery event joins that event (one run of one
+        frame)."""
+        owner = state.id
+        group = groups.get(owner)
+        if group is None:
+            groups[owner] = [offset]
+        else:
+            group.append(offset)
+        self._slot_at[offset] = slot
+        if not state.in_flight:
+            state.last_progress = now
+        state.in_flight += 1
+        state.credit -= 1
+        self._holder[slot] = owner
+        held = self._held.get(slot)
+        if held is None:
+            self._held[slot] = {offset: None}
+        else:
+            held[offset] = None
+        events = self.events
+        last = events[-1] if events else None
+        if (
+            isinstance(last, Deliver)
+            and last.stop == offset
+            and last.consumer == owner
+            and last.count == 1
+        ):
+            last.stop += 1
+        else:
+            events.append(Deliver(owner, offset, 1, offset + 1))
+
+    def _deliver_groups(self, groups: dict[int, list[int]], now: float) -> None:
+        """Record ``_hand_fresh``'s deliveries with the tracker."""
+        for owner, offsets in groups.items():
+            offsets.sort()
+            self.tracker.deliver_group(offsets, owner, now)
 
     def pump(self, now: float) -> None:
         """Deliver every waiting message that may go now."""
@@ -194,15 +245,32 @@ class DispatchCore:
         if not free:
             return
         owner_of = self.owner_of
+        tracker = self.tracker
+        counts, due = tracker.counts, tracker.due
+        groups: dict[int, list[int]] = {}
         for slot in list(self._waiting):
-            if owner_of(slot) not in free:
+            owner = owner_of(slot)
+            if owner not in free:
                 continue
+            state = self.consumers[owner]
             waiting = self._waiting[slot]
-            while waiting and self._try_deliver(slot, waiting[0], now):
+            while waiting:
+                offset = waiting[0]
+                if (
+                    offset not in counts  # parked at its first read: the usual one
+                    and offset not in due
+                    and offset < tracker.durable_limit
+                    and state.room > 0
+                    and self._holder.get(slot, owner) == owner
+                ):
+                    self._hand_fresh(state, offset, slot, now, groups)
+                elif not self._try_deliver(slot, offset, now):
+                    break
                 del waiting[0]
                 self.parked -= 1
             if not waiting:
                 del self._waiting[slot]
+        self._deliver_groups(groups, now)
 
     def _pump_shared(self, now: float) -> None:
         tracker = self.tracker

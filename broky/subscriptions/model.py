@@ -50,11 +50,13 @@ class Deliver:
     """Deliver offsets ``[offset, stop)`` to ``consumer``, each for the
     ``count``-th time. A shared dispatcher deals consecutive offsets never
     delivered before as one span (one event, one pending delivery, one
-    timer); every other delivery is one offset (``stop == offset + 1``).
+    timer); an ordered one (``Dispatcher.feed_slots``) sends consecutive
+    offsets fed to one consumer as one event, each its own pending delivery.
 
-    Not frozen: a key-shared dispatcher builds one of these per message, and
-    a frozen attrs class pays an ``object.__setattr__`` per field (about a
-    third of a microsecond here). Nothing changes one after it is built."""
+    Not frozen: a key-shared dispatcher builds one of these per run of a
+    consumer's messages (often one message), and a frozen attrs class pays
+    an ``object.__setattr__`` per field (about a third of a microsecond
+    here); ``feed_slots`` also grows ``stop`` of the event it just made."""
 
     consumer: int
     offset: int

@@ -41,13 +41,13 @@ from broky.storage.batch_reading import BatchSpan
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
-from broky.storage.topics import has_key_partition, sticky_keys
+from broky.storage.topics import sticky_keys
 from broky.subscriptions.commits import GroupCommitter
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
-from broky.subscriptions.slots import NOBODY, slot_of
+from broky.subscriptions.slots import NOBODY, message_slots, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
 if TYPE_CHECKING:
@@ -391,31 +391,41 @@ def feed_batches(
 ) -> None:
     """Feed ``spans`` (read from ``dispatcher.tracker.read_position``, in
     offset order) to ``dispatcher``: runs whose key ``matcher`` rejects are
-    skipped; shared subscriptions queue consecutive runs as one range (a
-    stored run is often one message long), a whole span at once when its
-    filter takes every key in it, and deal them at once; ordered types take
-    message by message, key-shared by each message's slot."""
+    skipped. A span whose filter takes every key in it goes whole: shared
+    subscriptions queue consecutive spans as one range and deal them at
+    once; key-shared ones take the span's slots from its columns in one
+    pass (``message_slots``), with no object per run (a stored run is often
+    one message long); the other ordered types feed it on slot 0. Otherwise
+    run by run: shared subscriptions still queue consecutive runs as one
+    range; ordered types take each run's messages, key-shared by each
+    message's slot."""
     position = dispatcher.tracker.read_position
     key_shared = dispatcher.options.type is SubscriptionType.KEY_SHARED
     # Shared: consecutive matching runs are queued as one range.
     queued_from = queued_to = position
     for span in spans:
-        if not dispatcher.ordered and all(
-            matcher.match(key) for key in span.batch.keys_between(span.start, span.stop)
-        ):
+        batch = span.batch
+        if all(matcher.match(key) for key in batch.keys_between(span.start, span.stop)):
+            if key_shared:
+                slots = message_slots(batch, span.start, span.stop)
+                dispatcher.feed_slots(span.start, slots, now)
+                continue
+            if dispatcher.ordered:
+                dispatcher.feed_slots(span.start, [0] * (span.stop - span.start), now)
+                continue
             if span.start != queued_to:
                 if queued_to > queued_from:
                     dispatcher.queue(queued_from, queued_to)
                 queued_from = span.start
             queued_to = span.stop
             continue
-        for batch in span.runs():
-            offset = batch.base_offset
-            if not matcher.match(batch.key):
+        for run in span.runs():
+            offset = run.base_offset
+            if not matcher.match(run.key):
                 if queued_to > queued_from:
                     dispatcher.queue(queued_from, queued_to)
-                queued_from = queued_to = batch.next_offset
-                for skipped in range(offset, batch.next_offset):
+                queued_from = queued_to = run.next_offset
+                for skipped in range(offset, run.next_offset):
                     dispatcher.skip(skipped)
                 continue
             if not dispatcher.ordered:
@@ -423,18 +433,13 @@ def feed_batches(
                     if queued_to > queued_from:
                         dispatcher.queue(queued_from, queued_to)
                     queued_from = offset
-                queued_to = batch.next_offset
+                queued_to = run.next_offset
                 continue
             if not key_shared:
-                for fed in range(offset, batch.next_offset):
-                    dispatcher.feed(fed, 0, now)
+                dispatcher.feed_slots(offset, [0] * run.count, now)
                 continue
-            if batch.count == 1 and not has_key_partition(batch.messages, 0):
-                # The usual key-shared run (keys change on every message).
-                dispatcher.feed(offset, slot_of(batch.key), now)
-                continue
-            for index, sticky in enumerate(sticky_keys(batch.key, batch.sizes, batch.messages)):
-                dispatcher.feed(offset + index, slot_of(sticky), now)
+            sticky = sticky_keys(run.key, run.sizes, run.messages)
+            dispatcher.feed_slots(offset, [slot_of(key) for key in sticky], now)
     if not dispatcher.ordered:
         if queued_to > queued_from:
             dispatcher.queue(queued_from, queued_to)

@@ -15,20 +15,82 @@ slot (draining, ``dispatch.py``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from itertools import repeat
 from typing import Final
 
 import xxhash
+
+from broky.compiled import compiled_twin
+from broky.protocol.codec import u32_array
+from broky.storage.batch_reading import RecordBatch
+from broky.storage.topics import has_key_partition, key_partition
 
 #: Slots per subscription: 16 bits of the key hash.
 SLOTS: Final = 65536
 #: The owner of a slot while no consumer is attached.
 NOBODY: Final = -1
 
+#: Slots that changed owner in a join or leave: ``(slots, old owner, new
+#: owner)``, one per old owner and new owner, not a tuple per slot (a
+#: consumer's join or leave moves tens of thousands of slots in every
+#: partition of the subscription, and made as many tuples).
+Move = tuple[list[int], int, int]
+
 
 def slot_of(sticky_key: bytes) -> int:
     """The slot of a message's sticky key."""
     return xxhash.xxh3_64_intdigest(sticky_key) >> 48
+
+
+def message_slots_pure(batch: RecordBatch, start: int, stop: int) -> list[int]:
+    """The slot of each message in ``[start, stop)`` of a verified record
+    batch, read from its columns: the slot of its sticky key, its
+    ``key_partition`` or else its run's key.
+
+    Why columns and one list: a key-shared subscription over keys that
+    change on every message would otherwise make a run object per message
+    to learn its key. Each distinct run key is hashed once per call. The
+    compiled twin (``broky.storage._partitions.message_slots``) reads the
+    same fields in C and gives the same slots, or raises the same errors.
+    """
+    view = batch.messages
+    size_table = u32_array(batch.sizes)
+    known: dict[bytes, int] = {}
+    slots: list[int] = []
+    offset = batch.base_offset
+    message = key_at = position = 0
+    for count, key_length in zip(batch.counts, batch.key_lengths, strict=True):
+        if offset >= stop:
+            break
+        if offset + count <= start:
+            position += sum(size_table[message : message + count])
+        else:
+            key = bytes(batch.keys[key_at : key_at + key_length])
+            run_slot = known.get(key)
+            if run_slot is None:
+                run_slot = known[key] = slot_of(key)
+            for index in range(message, message + count):
+                size = size_table[index]
+                if start <= offset + index - message < stop:
+                    sticky = (
+                        key_partition(view[position : position + size])
+                        if has_key_partition(view, position)
+                        else b""
+                    )
+                    slots.append(slot_of(sticky) if sticky else run_slot)
+                position += size
+        offset += count
+        message += count
+        key_at += key_length
+    return slots
+
+
+#: :func:`message_slots_pure` compiled, when it is built.
+message_slots_compiled: Callable[[RecordBatch, int, int], list[int]] | None = compiled_twin(
+    "broky.storage._partitions", "message_slots"
+)
+message_slots = message_slots_compiled or message_slots_pure
 
 
 class SlotTable:
@@ -41,27 +103,28 @@ class SlotTable:
     """
 
     def __init__(self) -> None:
-        self._owners: list[int] = [NOBODY] * SLOTS
+        #: Slot → owner; read it, change it only through join and leave.
+        self.owners: list[int] = [NOBODY] * SLOTS
         #: Slots per consumer, in join order (ties go to earlier joiners).
         self.counts: dict[int, int] = {}
         #: Each owner's slots, in the order it got them.
         self._slots: dict[int, list[int]] = {NOBODY: list(range(SLOTS))}
 
     def owner(self, slot: int) -> int:
-        return self._owners[slot]
+        return self.owners[slot]
 
     def slots_of(self, consumer: int) -> list[int]:
         return sorted(self._slots.get(consumer, ()))
 
-    def join(self, consumer: int) -> list[tuple[int, int, int]]:
-        """Add ``consumer``; returns the moves as ``(slot, old owner, new owner)``."""
+    def join(self, consumer: int) -> list[Move]:
+        """Add ``consumer``; returns the moves (see :data:`Move`)."""
         if consumer in self.counts:
             return []
         self.counts[consumer] = 0
         self._slots[consumer] = []
         return self._rebalance(set())
 
-    def leave(self, consumer: int) -> list[tuple[int, int, int]]:
+    def leave(self, consumer: int) -> list[Move]:
         """Remove ``consumer``; its slots go to the others (or to nobody)."""
         if consumer not in self.counts:
             return []
@@ -74,23 +137,26 @@ class SlotTable:
             return (0, 0)
         return (min(self.counts.values()), max(self.counts.values()))
 
-    def _rebalance(self, gone: set[int]) -> list[tuple[int, int, int]]:
-        owners = self._owners
+    def _rebalance(self, gone: set[int]) -> list[Move]:
+        owners = self.owners
         counts = self.counts
         held = self._slots
-        # The slots that must move (and their owners): the leavers', the
-        # unowned ones, and (below) what each remaining consumer holds above
-        # its target. Moved in slices, C-speed, not slot by slot.
+        # The slots that must move: the leavers', the unowned ones, and
+        # (below) what each remaining consumer holds above its target, with
+        # whose they were as (owner, how many) pieces of ``free``. Moved in
+        # slices, C-speed, not slot by slot.
         free: list[int] = []
-        olds: list[int] = []
+        sources: list[tuple[int, int]] = []
         for owner in (*sorted(gone), NOBODY):
-            slots = held.pop(owner, ())
+            slots = held.pop(owner, [])
             free.extend(slots)
-            olds.extend(repeat(owner, len(slots)))
+            sources.append((owner, len(slots)))
         if not counts:
             _assign(owners, free, NOBODY)
             held[NOBODY] = free
-            return [move for move in zip(free, olds, repeat(NOBODY)) if move[1] != NOBODY]
+            return [
+                move for move in _moves(free, sources, 0, len(free), NOBODY) if move[1] != NOBODY
+            ]
         base, extra = divmod(SLOTS, len(counts))
         # The consumers that already hold the most keep the ``extra`` slots:
         # that is what moves the fewest slots.
@@ -101,10 +167,10 @@ class SlotTable:
             if excess > 0:
                 mine = held[consumer]
                 free.extend(mine[-excess:])
-                olds.extend(repeat(consumer, excess))
+                sources.append((consumer, excess))
                 del mine[-excess:]
                 counts[consumer] -= excess
-        moves: list[tuple[int, int, int]] = []
+        moves: list[Move] = []
         taken = 0
         for consumer in ranked:
             wanted = targets[consumer] - counts[consumer]
@@ -113,12 +179,32 @@ class SlotTable:
             slots = free[taken : taken + wanted]
             _assign(owners, slots, consumer)
             held[consumer].extend(slots)
-            moves.extend(zip(slots, olds[taken : taken + wanted], repeat(consumer)))
+            moves.extend(_moves(free, sources, taken, taken + wanted, consumer))
             counts[consumer] += wanted
             taken += wanted
         return moves
 
 
+def _moves(
+    free: list[int], sources: list[tuple[int, int]], first: int, stop: int, new: int
+) -> list[Move]:
+    """The moves of ``free[first:stop]`` to ``new``: one per piece of
+    ``free`` that one old owner gave (``sources``, in ``free``'s order)."""
+    moves: list[Move] = []
+    at = 0
+    for old, count in sources:
+        low, high = max(at, first), min(at + count, stop)
+        if low < high:
+            moves.append((free[low:high], old, new))
+        at += count
+    return moves
+
+
 def _assign(owners: list[int], slots: list[int], owner: int) -> None:
-    """``owners[slot] = owner`` for every slot, without a Python step each."""
-    deque(map(owners.__setitem__, slots, repeat(owner)), maxlen=0)
+    """``owners[slot] = owner`` for every slot, without a Python step each
+    (every slot at once, the first join's and the last leave's, as one
+    list fill)."""
+    if len(slots) == len(owners):
+        owners[:] = repeat(owner, len(owners))
+    else:
+        deque(map(owners.__setitem__, slots, repeat(owner)), maxlen=0)

@@ -56,20 +56,21 @@ class SubscriptionImage:
 
 @attrs.define(slots=True, eq=False)
 class Pending:
-    """A delivery of one offset, or of a span of consecutive offsets handed
-    out at once (``AckTracker.deliver_span``: every offset of the span maps
-    to this one object, so a span costs one object and one timer, not one
-    per message): who holds it, which delivery, until when, and ``live``,
-    how many of its offsets are still pending with it (its timer is void at
-    0). Compared by identity: ``tracker.pending[offset] is span`` says the
-    offset is still held under this delivery."""
+    """A delivery of one offset, or of several handed out at once
+    (``AckTracker.deliver_span``, consecutive offsets; ``deliver_group``,
+    ascending ones: every offset maps to this one object, so a group costs
+    one object and one timer, not one per message): who holds it, which
+    delivery, until when, and ``live``, how many of its offsets are still
+    pending with it (its timer is void at 0). Compared by identity:
+    ``tracker.pending[offset] is span`` says the offset is still held under
+    this delivery. The slot of an ordered type's offset is the dispatcher's
+    to keep (a group may span slots)."""
 
     consumer: int
     count: int
     deadline: float
-    slot: int
     live: int = 1
-    #: A span's offsets ``[first, stop)`` (``deliver_span``; 0, 0 otherwise).
+    #: A group's bounds ``[first, stop)`` (0, 0 for one offset).
     first: int = 0
     stop: int = 0
 
@@ -259,7 +260,7 @@ class AckTracker:
             self.limit = self.read_position + self.lease
             self.dirty = True
 
-    def deliver(self, offset: int, consumer: int, now: float, slot: int = 0) -> Pending:
+    def deliver(self, offset: int, consumer: int, now: float) -> Pending:
         """Hand ``offset`` to ``consumer``; the caller checked ``may_deliver``."""
         count = self.counts.get(offset, 0) + 1
         self.counts[offset] = count
@@ -268,7 +269,7 @@ class AckTracker:
             self.dirty = True
         self.due.pop(offset, None)
         deadline = now + self.ack_timeout
-        pending = Pending(consumer, count, deadline, slot)
+        pending = Pending(consumer, count, deadline)
         self.pending[offset] = pending
         self._deadlines.push((deadline, offset, next(self._sequence), offset + 1))
         if offset >= self.read_position:
@@ -277,14 +278,24 @@ class AckTracker:
 
     def deliver_span(self, first: int, stop: int, consumer: int, now: float) -> Pending:
         """Hand the never-delivered offsets ``[first, stop)`` to ``consumer``
-        as one delivery (slot 0, count 1); the caller checked that none was
+        as one delivery (count 1); the caller checked that none was
         delivered, acked or is due, and that ``stop <= durable_limit``."""
-        offsets = range(first, stop)
-        span = Pending(consumer, 1, now + self.ack_timeout, 0, stop - first, first, stop)
+        return self.deliver_group(range(first, stop), consumer, now)
+
+    def deliver_group(self, offsets: Sequence[int], consumer: int, now: float) -> Pending:
+        """Hand never-delivered ``offsets`` (ascending, not necessarily
+        consecutive: an ordered dispatcher's messages of one consumer in one
+        feed) to ``consumer`` as one delivery (count 1, one timer),
+        under the same conditions as ``deliver_span``. Its ``[first, stop)``
+        bounds the offsets; which of them it holds is ``pending``'s say
+        (``pending[offset] is`` it), so the expiry scan checks each one."""
+        first, stop = offsets[0], offsets[-1] + 1
+        span = Pending(consumer, 1, now + self.ack_timeout, len(offsets), first, stop)
         self.counts.update(dict.fromkeys(offsets, 1))
         self.pending.update(dict.fromkeys(offsets, span))
         sequence = next(self._sequence)
-        self._spans[sequence] = span
+        if stop != first + 1:  # one offset's timer finds it in ``pending``
+            self._spans[sequence] = span
         self._deadlines.push((span.deadline, first, sequence, stop))
         self.read_position = max(self.read_position, stop)
         return span
@@ -366,7 +377,9 @@ class AckTracker:
             size = len(piece)
             if size > held.live:
                 break
-            whole = size == held.stop - held.first  # then every offset is held (live)
+            # Then every offset is held (live): a group with gaps has fewer
+            # live offsets than its bounds hold, and stopped above.
+            whole = size == held.stop - held.first
             if not whole and size > 1 and itemgetter(*piece)(pending).count(held) != size:
                 break
             deque(map(counts.__delitem__, piece), 0)
@@ -407,7 +420,7 @@ class AckTracker:
             return False
         if pending.live > 1:
             pending.live -= 1
-            pending = Pending(consumer, pending.count, 0.0, pending.slot)
+            pending = Pending(consumer, pending.count, 0.0)
             self.pending[offset] = pending
         pending.deadline = now + self.ack_timeout
         timer = (pending.deadline, offset, next(self._sequence), offset + 1)

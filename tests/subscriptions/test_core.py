@@ -17,7 +17,7 @@ from broky.subscriptions.model import (
     SubscriptionType,
 )
 from broky.subscriptions.slots import NOBODY, SLOTS, SlotTable, slot_of
-from broky.subscriptions.tracker import AckedRanges, SubscriptionImage, backoff_delay
+from broky.subscriptions.tracker import AckedRanges, AckTracker, SubscriptionImage, backoff_delay
 
 
 @given(st.lists(st.integers(0, 200), max_size=120), st.integers(0, 20))
@@ -121,10 +121,13 @@ def test_slot_table_stays_exactly_balanced_with_few_moves(steps: list[tuple[bool
         low, high = table.spread()
         assert high - low <= 1
         assert sum(table.counts.values()) == (SLOTS if table.counts else 0)
+        moved = [slot for slots, _, _ in moves for slot in slots]
+        assert len(moved) == len(set(moved))
         if join and before and len(table.counts) > before:
-            assert len(moves) == SLOTS // len(table.counts)  # only the newcomer's share moves
-        for slot, _, new in moves:
-            assert table.owner(slot) == new
+            assert len(moved) == SLOTS // len(table.counts)  # only the newcomer's share moves
+        for slots, old, new in moves:
+            assert old != new
+            assert all(table.owner(slot) == new for slot in slots)
     if not table.counts:
         assert table.owner(0) == NOBODY
 
@@ -295,3 +298,20 @@ def test_failover_spreads_partitions_over_the_top_priority_consumers() -> None:
         dispatcher.detach(1, 1.0)
         dispatcher.detach(3, 1.0)
     assert {d.active for d in partitions} == {4}  # the lower priority takes over
+
+
+def test_a_group_delivery_expires_only_its_unacked_offsets() -> None:
+    """``deliver_group``: ascending offsets with gaps, one timer; the acked
+    offset is not redelivered, the gap (another consumer's) never was the
+    group's, and the timer is void once every offset of it ended."""
+    tracker = AckTracker(SubscriptionImage(0, limit=100), ack_timeout=5.0)
+    group = tracker.deliver_group([3, 5, 9], 1, 0.0)
+    other = tracker.deliver(4, 2, 0.0)
+    assert (group.live, tracker.read_position) == (3, 10)
+    tracker.ack_delivered([5])
+    assert tracker.next_deadline() == 5.0
+    assert list(tracker.expired(5.0)) == [(3, group), (9, group), (4, other)]
+    assert tracker.release(3, 6.0) is group
+    assert tracker.release(9, 6.0) is group
+    assert group.live == 0
+    assert tracker.next_deadline() is None

@@ -186,8 +186,10 @@ class DispatcherMachine(RuleBasedStateMachine):
         start = dispatcher.tracker.read_position
         stop = min(start + wanted, len(self.keys))
         if dispatcher.ordered:
-            for offset in range(start, stop):
-                dispatcher.feed(offset, self.slot(offset), self.now)
+            # As the driver does: a read's slots at once (``feed_slots``
+            # groups each consumer's offsets into one delivery).
+            slots = [self.slot(offset) for offset in range(start, stop)]
+            dispatcher.feed_slots(start, slots, self.now)
         else:
             # As the driver does: queue the whole read, then deal it in slices.
             dispatcher.queue(start, stop)
@@ -319,9 +321,10 @@ class DispatcherMachine(RuleBasedStateMachine):
         dispatcher = self.dispatcher
         if not dispatcher.ordered:
             return
+        keyed = self.options.type is SubscriptionType.KEY_SHARED
         holders: dict[int, set[int]] = {}
-        for pending in dispatcher.tracker.pending.values():
-            holders.setdefault(pending.slot, set()).add(pending.consumer)
+        for offset, pending in dispatcher.tracker.pending.items():
+            holders.setdefault(self.slot(offset) if keyed else 0, set()).add(pending.consumer)
         assert all(len(h) == 1 for h in holders.values()), holders
 
     @invariant()
