@@ -15,6 +15,7 @@ ISR it holds, and a state is taken only if it is newer.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import attrs
@@ -65,3 +66,21 @@ def took_answer(leaderships: list[HoldsIsr], revision: int) -> None:
     committed at ``revision``: older states from the watch are stale now."""
     for leading in leaderships:
         leading.isr_revision = max(leading.isr_revision, revision)
+
+
+def live_proposal(
+    isr: LeaderIsr, now: float, live: Collection[IsrEntry]
+) -> tuple[IsrEntry, ...] | None:
+    """``isr.propose`` without lives etcd no longer lists (``live``: each
+    member's current life): a follower that died after its last ack looks
+    caught up to the ISR rules, and re-adding it would hold the high
+    watermark back until it lagged out. None (nothing pending) when no
+    change is left."""
+    proposal = isr.propose(now)
+    if proposal is None:
+        return None
+    kept = tuple(entry for entry in proposal if entry == isr.leader or entry in live)
+    if set(kept) == set(isr.committed_isr):
+        isr.isr_failed()
+        return None
+    return kept

@@ -51,7 +51,7 @@ from broky.replication.events import (
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
-from broky.replication.isr_sync import take_isr, took_answer
+from broky.replication.isr_sync import live_proposal, take_isr, took_answer
 from broky.replication.link import ReplicationLink
 from broky.replication.member import Member
 from broky.replication.wire import (
@@ -428,19 +428,9 @@ class ReplicationService:
         )
 
     def _proposal(self, isr: LeaderIsr) -> tuple[IsrEntry, ...] | None:
-        """``isr.propose`` without lives etcd no longer lists: a follower
-        that died after its last ack looks caught up to the ISR rules, and
-        re-adding it would hold the high watermark back until it lagged out."""
-        proposal = isr.propose(time.monotonic())
-        if proposal is None:
-            return None
         members = self.node.membership.members()
         live = {(node, member.epoch) for node, member in members.items()}
-        kept = tuple(entry for entry in proposal if entry == isr.leader or entry in live)
-        if set(kept) == set(isr.committed_isr):
-            isr.isr_failed()
-            return None
-        return kept
+        return live_proposal(isr, time.monotonic(), live)
 
     # --- serving followers ------------------------------------------------------
 

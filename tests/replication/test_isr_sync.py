@@ -7,7 +7,7 @@ import attrs
 
 from broky.cluster.isr import Acks, IsrSettings, LeaderIsr
 from broky.cluster.state import IsrEntry, VbucketState
-from broky.replication.isr_sync import Taken, take_isr, took_answer
+from broky.replication.isr_sync import Taken, live_proposal, take_isr, took_answer
 
 LEADER: IsrEntry = ("L", 1)
 F1: IsrEntry = ("F1", 1)
@@ -74,3 +74,15 @@ def test_nothing_is_taken_while_the_leaders_own_change_is_pending() -> None:
     assert take_isr(leading, state(F1, F2), 20) == Taken()
     assert leading.isr_revision == 10
     assert set(leading.isr.committed_isr) == {LEADER, F1, F2}
+
+
+def test_a_follower_whose_life_ended_is_not_proposed_back() -> None:
+    """F2 acked and then died (etcd lists it in a new life, or not at all):
+    the ISR rules see it caught up, but proposing it would hold the HW back."""
+    leading = leading_with(F1, revision=10)
+    leading.isr.follower_ack("F2", 1, 3, 10, 0.5)
+    assert live_proposal(leading.isr, 0.6, {LEADER, F1, ("F2", 2)}) is None
+    assert leading.isr.pending_isr is None  # nothing left pending
+    proposal = live_proposal(leading.isr, 0.7, {LEADER, F1, F2})
+    assert proposal is not None
+    assert set(proposal) == {LEADER, F1, F2}
