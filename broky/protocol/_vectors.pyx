@@ -114,10 +114,9 @@ def encode_located_chunk(bytes key, int64_t ts_broker, sizes, messages,
 
 
 def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
-                        int64_t base_offset, int64_t start, int64_t stop,
-                        uint32_t partition, Py_ssize_t first_run=0,
-                        int64_t first_message=0, int64_t first_key=0,
-                        int64_t first_byte=0):
+                        int64_t base_offset, ranges, uint32_t partition,
+                        Py_ssize_t first_run=0, int64_t first_message=0,
+                        int64_t first_key=0, int64_t first_byte=0):
     """See ``broky.protocol.located.encode_located_runs_pure``: the same
     chunks, each written by ``_located`` straight from the columns' buffers,
     with no Python object per run but its chunk. A run table or size table
@@ -126,14 +125,17 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
     cdef Py_buffer keys_buffer
     cdef Py_buffer sizes_buffer
     cdef Py_buffer messages_buffer
-    cdef Py_ssize_t runs = len(counts), index
+    cdef list bounds = list(ranges)
+    cdef Py_ssize_t runs = len(counts), index, pairs = len(bounds) // 2, pair = 0, later
     cdef int64_t offset = base_offset + first_message, end, count, key_length, first, last
     cdef int64_t message = first_message, key_at = first_key, position = first_byte
-    cdef int64_t at, length, i
+    cdef int64_t run_at, at, length, i, range_start, range_stop
     cdef const uint32_t* table
     cdef list chunks = []
     if len(ts_brokers) != runs or len(key_lengths) != runs:
         raise ValueError("run columns of different lengths")
+    if len(bounds) % 2:
+        raise ValueError("ranges must be (start, stop) pairs")
     if first_run < 0 or first_message < 0 or first_key < 0 or first_byte < 0:
         raise ValueError("a negative place to begin at")
     PyObject_GetBuffer(keys, &keys_buffer, PyBUF_SIMPLE)
@@ -144,7 +146,9 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
             try:
                 table = <const uint32_t*>sizes_buffer.buf
                 for index in range(first_run, runs):
-                    if offset >= stop:
+                    while pair < pairs and <int64_t>bounds[2 * pair + 1] <= offset:
+                        pair += 1
+                    if pair == pairs:
                         break
                     count = counts[index]
                     key_length = key_lengths[index]
@@ -152,14 +156,23 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                     if (count < 0 or key_length < 0 or key_at + key_length > keys_buffer.len
                             or 4 * (message + count) > sizes_buffer.len):
                         raise ValueError("run table runs past the batch")
-                    at = position
+                    run_at = position
                     for i in range(count):
                         position += table[message + i]
                     if position > messages_buffer.len:
                         raise ValueError("size table runs past the messages")
-                    if end > start:
-                        first = (start if start > offset else offset) - offset
-                        last = (stop if stop < end else end) - offset
+                    later = pair
+                    while later < pairs:
+                        range_start = bounds[2 * later]
+                        if range_start >= end:
+                            break
+                        range_stop = bounds[2 * later + 1]
+                        later += 1
+                        first = (range_start if range_start > offset else offset) - offset
+                        last = (range_stop if range_stop < end else end) - offset
+                        if first >= last:
+                            continue
+                        at = run_at
                         for i in range(first):
                             at += table[message + i]
                         length = 0

@@ -117,8 +117,7 @@ def encode_located_runs_pure(
     sizes: Buffer,
     messages: Buffer,
     base_offset: int,
-    start: int,
-    stop: int,
+    ranges: Sequence[int],
     partition: int,
     first_run: int = 0,
     first_message: int = 0,
@@ -127,30 +126,45 @@ def encode_located_runs_pure(
 ) -> list[bytes]:
     """One located chunk per run of a stored batch's columns (one entry per
     run in ``ts_brokers``, ``counts``, ``key_lengths``; ``keys``, ``sizes``,
-    ``messages`` back to back, the first run at ``base_offset``) with
-    messages in ``[start, stop)``, sliced to it: a subscription's delivery
-    straight from the columns, with no object per run in between (the
-    compiled twin, ``broky.protocol._vectors.encode_located_runs``, is what
-    makes that pay).
+    ``messages`` back to back, the first run at ``base_offset``) and range
+    of ``ranges`` they share messages with, sliced to them, in offset order:
+    a subscription's delivery straight from the columns, with no object per
+    run in between (the compiled twin,
+    ``broky.protocol._vectors.encode_located_runs``, is what makes that pay).
+
+    ``ranges`` is flat ``start, stop`` pairs of offsets, ascending and not
+    overlapping: all of one consumer's deliveries from one batch in one
+    call (key-shared over many keys hands a consumer a message here and
+    there across a batch; a call per message was most of a delivery's cost).
 
     The walk begins at run ``first_run``, whose first message, key and
     message bytes are the ``first_message``-th, at ``first_key`` and at
     ``first_byte`` of their columns (a caller's index of the batch): one
-    offset of a batch of many runs (a key-shared delivery) then costs one
-    run, not a walk over every run before it."""
+    offset of a batch of many runs then costs one run, not a walk over every
+    run before it."""
+    if len(ranges) % 2:
+        raise ValueError("ranges must be (start, stop) pairs")
+    pairs = list(zip(ranges[::2], ranges[1::2], strict=True))
     table = u32_array(memoryview(sizes))
     sizes_view, messages_view, keys_view = memoryview(sizes), memoryview(messages), memoryview(keys)
     chunks: list[bytes] = []
     offset = base_offset + first_message
     message, key_at, position = first_message, first_key, first_byte
+    pair = 0
     columns = zip(ts_brokers, counts, key_lengths, strict=True)
     for ts_broker, count, key_length in islice(columns, first_run, None):
-        end = offset + count
-        if offset >= stop:
+        while pair < len(pairs) and pairs[pair][1] <= offset:
+            pair += 1
+        if pair == len(pairs):
             break
-        if end > start:
+        end = offset + count
+        for start, stop in islice(pairs, pair, None):
+            if start >= end:
+                break
             first = max(start, offset) - offset
             last = min(stop, end) - offset
+            if first >= last:
+                continue
             at = position + sum(table[message : message + first])
             length = sum(table[message + first : message + last])
             chunks.append(

@@ -164,7 +164,10 @@ def delivery_frames(
     offsets the cache did not hold (trimmed from the log by retention: the
     caller acks them away). Costs a step per stored batch, and a located
     chunk per stored run laid out from the batch's columns
-    (``encode_located_runs``), not a step per offset.
+    (``encode_located_runs``), not a step per offset: deliveries that go on
+    up one batch are laid out by one call, however many they are (a
+    key-shared consumer's share of a batch over many keys is scattered
+    deliveries of a message or two each).
 
     ``name_topic``: the stream's last ``Redelivered`` named another topic
     (or none yet), so the first frame must name ``topic``."""
@@ -174,8 +177,9 @@ def delivery_frames(
     chunks: list[bytes] = []
     counts: list[tuple[int, int]] = []
     used = 0
+    #: The open run: ascending ``start, stop`` pairs of one held span.
     run_span: BatchSpan | None = None
-    run_start = run_stop = 0
+    run_ranges: list[int] = []
     #: Where the open run's entries begin in ``counts`` (ascending offsets).
     run_counts = 0
 
@@ -193,10 +197,9 @@ def delivery_frames(
             batch.sizes,
             batch.messages,
             batch.base_offset,
-            run_start,
-            run_stop,
+            run_ranges,
             partition,
-            *begin(batch, run_start),
+            *begin(batch, run_ranges[0]),
         )
         total = sum(map(len, laid_out))
         if used + total <= budget:
@@ -205,20 +208,28 @@ def delivery_frames(
             return
         # Past the budget: the frame ends between two stored runs, and the
         # redelivery counts of the runs after the cut go with them.
-        firsts = run_firsts(batch.base_offset, batch.counts)
+        firsts = (
+            first
+            for pair in range(0, len(run_ranges), 2)
+            for first in run_firsts(
+                batch.base_offset, batch.counts, run_ranges[pair], run_ranges[pair + 1]
+            )
+        )
         for chunk, chunk_first in zip(laid_out, firsts, strict=True):
             if used >= budget:
                 close_frame(chunk_first)
             chunks.append(chunk)
             used += len(chunk)
 
-    def run_firsts(offset: int, stored_counts: Sequence[int]) -> Iterator[int]:
-        """The first offset of each stored run in ``[run_start, run_stop)``."""
+    def run_firsts(
+        offset: int, stored_counts: Sequence[int], start: int, stop: int
+    ) -> Iterator[int]:
+        """The first offset of each stored run in ``[start, stop)``."""
         for count in stored_counts:
-            if offset >= run_stop:
+            if offset >= stop:
                 return
-            if offset + count > run_start:
-                yield max(offset, run_start)
+            if offset + count > start:
+                yield max(offset, start)
             offset += count
 
     def close_frame(carry_from: int | None = None) -> None:
@@ -259,13 +270,16 @@ def delivery_frames(
             if span is None:
                 lost.extend(range(offset, upto))
                 continue
-            if run_span is span and offset == run_stop:
-                run_stop = upto
+            if run_span is span and offset >= run_ranges[-1]:
+                if offset == run_ranges[-1]:
+                    run_ranges[-1] = upto
+                else:
+                    run_ranges += (offset, upto)
             else:
                 close_run()
                 if used >= budget:
                     close_frame()
-                run_span, run_start, run_stop = span, offset, upto
+                run_span, run_ranges = span, [offset, upto]
                 run_counts = len(counts)
             if count > 1:
                 counts.extend((redelivered, count) for redelivered in range(offset, upto))

@@ -329,22 +329,25 @@ class PartitionSubscriptions:
         """Send deliveries (per consumer, in decision order), dead letters, evictions."""
         service = self.service
         per_consumer: dict[int, list[tuple[int, int, int]]] = {}
+        # Counted in the one pass over the events (a key-shared round has a
+        # delivery per message or two: a second pass per consumer showed).
+        delivered = redelivered = 0
         for event in events:
             if isinstance(event, Deliver):
-                per_consumer.setdefault(event.consumer, []).append(
-                    (event.offset, event.stop, event.count)
-                )
+                first, stop, count = event.offset, event.stop, event.count
+                per_consumer.setdefault(event.consumer, []).append((first, stop, count))
+                delivered += stop - first
+                if count > 1:
+                    redelivered += stop - first
             elif isinstance(event, DeadLetter):
                 service.dead_letters.send(self, name, event, cache)
             else:
                 service.evict(event.consumer, self.dispatchers[name].options.ack_timeout)
         counters = service.counters(name)
+        counters.delivered += delivered
+        counters.redelivered += redelivered
         for consumer, deliveries in per_consumer.items():
             link = service.consumers.get(consumer)
-            counters.delivered += sum(stop - first for first, stop, _ in deliveries)
-            counters.redelivered += sum(
-                stop - first for first, stop, count in deliveries if count > 1
-            )
             if link is None:
                 continue  # gone meanwhile: its detach released these
             frames, lost = delivery_frames(

@@ -145,13 +145,9 @@ def stored_columns(draw: st.DrawFn) -> tuple[list[Run], int, int, int]:
     return drawn, base, start, start + draw(st.integers(0, total + 2))
 
 
-@PROPERTY
-@given(case=stored_columns(), partition=st.integers(0, 2**32 - 1))
-def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
-    case: tuple[list[Run], int, int, int], partition: int
-) -> None:
-    drawn, base, start, stop = case
-    columns = (
+def _columns(drawn: list[Run]) -> tuple[list[int], list[int], list[int], bytes, bytes, bytes]:
+    """``drawn`` as one stored batch's columns."""
+    return (
         [run.ts_broker for run in drawn],
         [run.count for run in drawn],
         [len(run.key) for run in drawn],
@@ -159,7 +155,16 @@ def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
         b"".join(run.sizes for run in drawn),
         b"".join(run.messages for run in drawn),
     )
-    chunks = encode_located_runs_pure(*columns, base, start, stop, partition)
+
+
+@PROPERTY
+@given(case=stored_columns(), partition=st.integers(0, 2**32 - 1))
+def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
+    case: tuple[list[Run], int, int, int], partition: int
+) -> None:
+    drawn, base, start, stop = case
+    columns = _columns(drawn)
+    chunks = encode_located_runs_pure(*columns, base, [start, stop], partition)
     expected: list[tuple[int, bytes, int, bytes]] = []
     offset = base
     for run in drawn:
@@ -194,12 +199,14 @@ def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
             sum(len(run.key) for run in before),
             sum(len(run.messages) for run in before),
         )
-        assert encode_located_runs_pure(*columns, base, start, stop, partition, *begin) == chunks
+        assert encode_located_runs_pure(*columns, base, [start, stop], partition, *begin) == chunks
         if encode_located_runs_compiled is not None:
-            compiled = encode_located_runs_compiled(*columns, base, start, stop, partition, *begin)
+            compiled = encode_located_runs_compiled(
+                *columns, base, [start, stop], partition, *begin
+            )
             assert compiled == chunks
     if encode_located_runs_compiled is not None:
-        assert encode_located_runs_compiled(*columns, base, start, stop, partition) == chunks
+        assert encode_located_runs_compiled(*columns, base, [start, stop], partition) == chunks
         ts_brokers, counts, key_lengths, keys, stored_sizes, messages = columns
         assert (
             encode_located_runs_compiled(
@@ -210,12 +217,44 @@ def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
                 memoryview(stored_sizes),
                 memoryview(messages),
                 base,
-                start,
-                stop,
+                [start, stop],
                 partition,
             )
             == chunks
         )
+
+
+@PROPERTY
+@given(
+    case=stored_columns(),
+    bounds=st.lists(st.integers(-2, 24), max_size=8, unique=True),
+    partition=st.integers(0, 2**32 - 1),
+)
+def test_located_runs_over_several_ranges_are_each_ranges_chunks_in_turn(
+    case: tuple[list[Run], int, int, int], bounds: list[int], partition: int
+) -> None:
+    """A consumer's scattered deliveries from one batch in one call: the
+    chunks one call per range would give, in offset order, compiled or not."""
+    drawn, base, _, _ = case
+    columns = _columns(drawn)
+    ranges = [base + bound for bound in sorted(bounds)[: len(bounds) // 2 * 2]]
+    expected = [
+        chunk
+        for pair in range(0, len(ranges), 2)
+        for chunk in encode_located_runs_pure(*columns, base, ranges[pair : pair + 2], partition)
+    ]
+    assert encode_located_runs_pure(*columns, base, ranges, partition) == expected
+    if encode_located_runs_compiled is not None:
+        assert encode_located_runs_compiled(*columns, base, ranges, partition) == expected
+
+
+@pytest.mark.parametrize("encode", [encode_located_runs_pure, encode_located_runs_compiled])
+def test_located_runs_refuse_ranges_that_are_not_pairs(encode: object) -> None:
+    if encode is None:
+        pytest.skip("the compiled encoder is not in use (BROKY_PURE=1)")
+    assert callable(encode)
+    with pytest.raises(ValueError, match="pairs"):
+        encode([1], [1], [1], b"k", pack_sizes([1]), b"m", 0, [0, 1, 2], 0)
 
 
 def test_the_compiled_located_runs_refuse_columns_past_their_buffers() -> None:
@@ -223,9 +262,9 @@ def test_the_compiled_located_runs_refuse_columns_past_their_buffers() -> None:
         pytest.skip("the compiled encoder is not in use (BROKY_PURE=1)")
     sizes = pack_sizes([3])
     with pytest.raises(ValueError, match="past"):
-        encode_located_runs_compiled([1], [2], [1], b"k", sizes, b"abc", 0, 0, 2, 0)
+        encode_located_runs_compiled([1], [2], [1], b"k", sizes, b"abc", 0, [0, 2], 0)
     with pytest.raises(ValueError, match="past"):
-        encode_located_runs_compiled([1], [1], [1], b"k", pack_sizes([4]), b"abc", 0, 0, 1, 0)
+        encode_located_runs_compiled([1], [1], [1], b"k", pack_sizes([4]), b"abc", 0, [0, 1], 0)
 
 
 def test_the_compiled_reader_stores_run_fields_at_their_slots() -> None:

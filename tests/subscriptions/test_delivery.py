@@ -3,6 +3,8 @@ subscription definitions: properties over any batches and any deliveries."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,9 +12,11 @@ from hypothesis import strategies as st
 from broky.protocol.codec import decode_frame
 from broky.protocol.constants import StartKind, SubscriptionKind
 from broky.protocol.frames import Consume, Deliver, Redelivered, Run
+from broky.protocol.located import encode_located_runs
 from broky.protocol.message import decode_run, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch, encode_runs
 from broky.storage.batch_reading import BatchSpan, decode_batch
+from broky.subscriptions import delivery
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, dead_letter_run, delivery_frames
 
@@ -147,3 +151,29 @@ def test_definitions_round_trip_and_refuse_what_they_cannot_be() -> None:
             Definition.from_consume(bad)
     with pytest.raises(DefinitionError):
         Definition.from_json('{"version": 2}')
+
+
+def test_scattered_deliveries_from_one_batch_are_laid_out_by_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key-shared consumer's share of a batch over many keys (every other
+    message here) costs one encoder call, not one per delivery."""
+    calls: list[list[int]] = []
+    encode = encode_located_runs
+
+    def counted(*args: Any) -> list[bytes]:
+        calls.append(list(args[7]))
+        return encode(*args)
+
+    monkeypatch.setattr(delivery, "encode_located_runs", counted)
+    cache = BatchCache()
+    cache.add([span(100, [1] * 10)])
+    deliveries = [(offset, offset + 1, 1) for offset in range(100, 110, 2)]
+    frames, lost = delivery_frames(9, "orders", 3, deliveries, cache, 1 << 20, name_topic=False)
+    assert calls == [[100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
+    assert lost == []
+    (frame,) = (decode_frame(data[4:]) for data in frames)
+    assert isinstance(frame, Deliver)
+    assert [message.offset for run in frame.runs for message in decode_run(run)] == list(
+        range(100, 110, 2)
+    )
