@@ -7,9 +7,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import select
 import signal
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from broky.protocol.message import decode_run
 from broky.storage.config import FsyncPolicy, LogConfig
@@ -77,12 +79,17 @@ def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
         child = CONTEXT.Process(target=writer, args=(directory, write_end, cycle))
         child.start()
         os.close(write_end)
-        time.sleep(rng.uniform(0.002, 0.03))
-        os.kill(child.pid or 0, signal.SIGKILL)
-        child.join()
-        assert child.exitcode == -signal.SIGKILL
-        with os.fdopen(read_end, "rb") as acks:
-            lines = acks.read().split(b"\n")
+        with os.fdopen(read_end, "rb", buffering=0) as acks:
+            # The kill lands a random time after the writer's first
+            # acknowledgement, not after its start: on a loaded machine a
+            # start can take longer than the sleep, and a cycle would test
+            # nothing.
+            first = _first_line(acks, deadline)
+            time.sleep(rng.uniform(0.002, 0.03))
+            os.kill(child.pid or 0, signal.SIGKILL)
+            child.join()
+            assert child.exitcode == -signal.SIGKILL
+            lines = (first + acks.read()).split(b"\n")
         for line in lines[:-1]:  # the last piece may be a line cut short
             first, last = map(int, line.split())
             assert first == acknowledged + 1, "acknowledged offsets are dense"
@@ -99,4 +106,16 @@ def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
     log = PartitionLog.open(directory, CONFIG)
     with log:
         assert check(log, 0) == log.end_offset
-        assert log.end_offset > 1000, "the writers got real work done"
+        assert log.end_offset >= CYCLES, "every writer acknowledged something"
+
+
+def _first_line(pipe: BinaryIO, deadline: float) -> bytes:
+    """Read up to and including the first newline (the first acknowledgement)."""
+    got = b""
+    while not got.endswith(b"\n"):
+        ready, _, _ = select.select([pipe], [], [], max(deadline - time.monotonic(), 0))
+        assert ready, "a writer acknowledged nothing in time"
+        chunk = pipe.read(1)
+        assert chunk, "the writer died before its first acknowledgement"
+        got += chunk
+    return got
