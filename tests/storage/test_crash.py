@@ -84,12 +84,12 @@ def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
             # acknowledgement, not after its start: on a loaded machine a
             # start can take longer than the sleep, and a cycle would test
             # nothing.
-            first = _first_line(acks, deadline)
+            head = _first_line(acks, deadline)
             time.sleep(rng.uniform(0.002, 0.03))
             os.kill(child.pid or 0, signal.SIGKILL)
             child.join()
             assert child.exitcode == -signal.SIGKILL
-            lines = (first + acks.read()).split(b"\n")
+            lines = (head + acks.read()).split(b"\n")
         for line in lines[:-1]:  # the last piece may be a line cut short
             first, last = map(int, line.split())
             assert first == acknowledged + 1, "acknowledged offsets are dense"
