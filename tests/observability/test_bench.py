@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +95,31 @@ ROWS = (
 LOSS_FIELDS = ("published", "delivered", "expected", "lost", "loss_pct", "lossless")
 
 
-@pytest.fixture(scope="module")
-def core_rows() -> list[dict[str, Any]]:
-    targets = ["broky", "pump", *(name for name, binary in PEERS.items() if shutil.which(binary))]
+def run_core(targets: list[str], rows: Sequence[str], steps: int = 1) -> list[dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_core", "--duration", "0.3", "--warmup", "0.1",
-         "--max-steps", "1", "--workers", "1", "--targets", ",".join(targets),
-         *(arg for row in ROWS for arg in ("--scenario", row))],
+         "--max-steps", str(steps), "--workers", "1", "--targets", ",".join(targets),
+         *(arg for row in rows for arg in ("--scenario", row))],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def core_rows() -> list[dict[str, Any]]:
+    # Without the pump: it doubles the run, and one row shows its ratio
+    # (test_core_rows_divide_by_the_pump_of_the_same_run).
+    return run_core(["broky", *(n for n, binary in PEERS.items() if shutil.which(binary))], ROWS)
+
+
+def test_core_rows_divide_by_the_pump_of_the_same_run() -> None:
+    results = run_core(["broky", "pump"], ["fanin"], steps=0)
+    ran = {(r["target"], r["kind"]): r for r in results if r.get("row") == "fanin"}
+    assert ran[("pump", "flat_out")]["delivered"] > 0
+    broky = ran[("broky", "flat_out")]
+    expected = broky["delivered_per_s"] / ran[("pump", "flat_out")]["delivered_per_s"]
+    assert broky["ratio_to_pump"] == round(expected, 3)
 
 
 @pytest.mark.parametrize("row", ROWS)
