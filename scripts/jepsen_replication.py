@@ -9,7 +9,7 @@ summary: fault counts, acked messages, lost / divergent / out-of-order
 was gone (must be 0), and the failover-time distribution. Exits 1 if the
 checker found a violation. ``--netns`` runs etcd and the nodes in network
 namespaces with real link partitions as the faults (as root; the CI test
-``tests/cluster/test_partitions.py`` runs 20), with ``--workers N`` worker
+``tests/cluster/test_partitions.py`` runs 12), with ``--workers N`` worker
 processes per node. Keep --keep to look at the
 nodes' logs.
 """

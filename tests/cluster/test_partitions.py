@@ -3,7 +3,9 @@ Jepsen-style run of tests/cluster/jepsen.py with the faults of
 tests/cluster/net_faults.py only.
 
 etcd and three ``broky serve`` nodes each run in a namespace of their own
-on one bridge; clients publish from the root namespace. 20 faults: a
+on one bridge; clients publish from the root namespace. 12 faults (the
+kills and pauses of tests/cluster/test_replication.py add 20 more;
+``scripts/jepsen_replication.py --netns`` runs any number): a
 follower cut off from its peers, a leader isolated from etcd and peers
 (a probe keeps publishing to it), a node's link down. At the end every
 acked publish is on every replica at its offset, replicas agree byte for
@@ -22,7 +24,7 @@ import trio
 from tests.cluster import jepsen, net_faults
 from tests.cluster.netns import NetnsUnavailable
 
-CYCLES = 20
+CYCLES = 12
 
 
 @pytest.mark.slow
