@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import itertools
 from bisect import insort
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from broky.subscriptions.ack_pass import free_slots
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
     Consumer,
@@ -264,7 +264,7 @@ class Dispatcher(DispatchCore):
         state = self.consumers.get(consumer)
         if state is not None:
             state.last_progress = now
-        ended, deliveries, waiting = self.tracker.ack_delivered(offsets)
+        ended, lost, waiting = self.tracker.ack_delivered(offsets)
         for offset in waiting:
             slot = self._slot_waiting(offset)
             if slot is not None:
@@ -272,19 +272,12 @@ class Dispatcher(DispatchCore):
                 stale += 1
         # Each holder's in-flight count drops once per holder, not per
         # offset; ordered types also free each offset's slot (``_forget``
-        # inlined: a key-shared consumer acks offsets one by one).
+        # for all of them in one pass: a key-shared consumer acks scattered
+        # offsets).
         freed = {} if freed is None else freed
-        if self.ordered:
-            held_by_slot, holders, slot_at = self._held, self._holder, self._slot_at
-            for offset in ended:
-                slot = slot_at.pop(offset, 0)
-                held = held_by_slot.get(slot)
-                if held is not None:
-                    held.pop(offset, None)
-                    if not held:
-                        del held_by_slot[slot], holders[slot]
-        # Counted per delivery (a group holds many of the offsets), at C speed.
-        for pending, count in Counter(deliveries).items():
+        if self.ordered and ended:
+            free_slots(self._slot_at, self._held, self._holder, ended)
+        for pending, count in lost.items():
             freed[pending.consumer] = freed.get(pending.consumer, 0) + count
         for holder, count in freed.items():
             if holder != consumer:

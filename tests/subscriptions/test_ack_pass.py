@@ -1,0 +1,125 @@
+"""The per-offset steps of an ack (``broky.subscriptions.ack_pass``): each
+pure function against a plain model, and its compiled twin
+(``broky.subscriptions._acks``) giving exactly the same results and leaving
+exactly the same structures behind."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broky.subscriptions import ack_pass
+from broky.subscriptions.acked_ranges import AckedRanges
+
+#: Offsets drawn from a small window, so that runs, neighbours and repeats are common.
+_OFFSET = st.integers(0, 60)
+
+
+def _twins(pure: object, compiled: object) -> list[object]:
+    return [pure] if compiled is None else [pure, compiled]
+
+
+def test_the_compiled_twins_are_built() -> None:
+    """``make`` builds them; a silent fallback would leave the slow path on."""
+    twins = (ack_pass.take_acked_compiled, ack_pass.merge_acked_compiled)
+    if os.environ.get("BROKY_PURE") == "1":
+        assert twins == (None, None)
+        assert ack_pass.free_slots_compiled is None
+        assert ack_pass.merge_acked is ack_pass.merge_acked_pure
+        return
+    assert all(twins), "broky.subscriptions._acks not built"
+    assert ack_pass.free_slots_compiled is not None
+
+
+@given(
+    st.dictionaries(_OFFSET, st.integers(1, 3)),
+    st.dictionaries(_OFFSET, st.integers(0, 2)),
+    st.sets(_OFFSET),
+    st.lists(_OFFSET, max_size=80),
+)
+def test_take_acked_takes_each_delivered_offset_once(
+    counts: dict[int, int], holders: dict[int, int], due: set[int], offsets: list[int]
+) -> None:
+    deliveries = [object() for _ in range(3)]
+    pending = {offset: deliveries[index] for offset, index in holders.items() if offset in counts}
+    due_at = dict.fromkeys(due, 1.0)
+    taken = [offset for offset in dict.fromkeys(offsets) if offset in counts]
+    ended = [offset for offset in taken if offset in pending]
+    lost: dict[object, int] = {}
+    for offset in ended:
+        lost[pending[offset]] = lost.get(pending[offset], 0) + 1
+    expected = (
+        sorted(taken),
+        ended,
+        lost,
+        [offset for offset in taken if offset not in pending and offset in due],
+    )
+    for take in _twins(ack_pass.take_acked_pure, ack_pass.take_acked_compiled):
+        assert callable(take)
+        left_counts, left_pending = dict(counts), dict(pending)
+        assert take(left_counts, left_pending, due_at, iter(offsets)) == expected
+        assert left_counts == {o: c for o, c in counts.items() if o not in taken}
+        assert left_pending == {o: p for o, p in pending.items() if o not in taken}
+
+
+@given(st.sets(_OFFSET), st.integers(0, 10), st.sets(_OFFSET))
+def test_merge_acked_is_adding_each_offset(acked: set[int], cursor: int, new: set[int]) -> None:
+    """The ranges and cursor after one merge of unacked offsets are those
+    that adding them one by one gives."""
+    offsets = sorted(offset for offset in new - acked if offset >= cursor)
+    model = AckedRanges(cursor)
+    for offset in sorted(acked):
+        model.add(offset)
+    start = (model.cursor, model.ranges())
+    offsets = [offset for offset in offsets if offset not in model]
+    for offset in offsets:
+        model.add(offset)
+    for merge in _twins(ack_pass.merge_acked_pure, ack_pass.merge_acked_compiled):
+        assert callable(merge)
+        firsts = [first for first, _ in start[1]]
+        lasts = [last for _, last in start[1]]
+        assert merge(firsts, lasts, start[0], offsets) == model.cursor
+        assert list(zip(firsts, lasts, strict=True)) == list(model.ranges())
+
+
+@given(st.dictionaries(_OFFSET, st.integers(0, 4)), st.lists(_OFFSET, max_size=60))
+def test_free_slots_releases_slots_holding_nothing(
+    slot_at: dict[int, int], ended: list[int]
+) -> None:
+    """Each ended offset leaves its slot's held offsets; a slot left holding
+    none loses its holder; the other slots keep theirs."""
+    held: dict[int, dict[int, None]] = {}
+    for offset, slot in slot_at.items():
+        held.setdefault(slot, {})[offset] = None
+    holders = {slot: slot + 100 for slot in held}
+    gone = set(ended)
+    expected_held = {
+        slot: {o: None for o in offsets if o not in gone}
+        for slot, offsets in held.items()
+        if set(offsets) - gone
+    }
+    for free in _twins(ack_pass.free_slots_pure, ack_pass.free_slots_compiled):
+        assert callable(free)
+        left_slot_at, left_held = dict(slot_at), copy.deepcopy(held)
+        left_holders = dict(holders)
+        free(left_slot_at, left_held, left_holders, list(ended))
+        assert left_slot_at == {o: s for o, s in slot_at.items() if o not in gone}
+        assert left_held == expected_held
+        assert left_holders == {slot: slot + 100 for slot in expected_held}
+
+
+@pytest.mark.parametrize("name", ["merge_acked_pure", "merge_acked_compiled"])
+def test_merge_acked_moves_the_cursor_over_every_range_it_reaches(name: str) -> None:
+    """Acking the gap below the lowest range takes that range under the
+    cursor too (it must not stay a range at the cursor)."""
+    merge: Callable[[list[int], list[int], int, list[int]], int] | None = getattr(ack_pass, name)
+    if merge is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    firsts, lasts = [3, 8], [5, 9]
+    assert merge(firsts, lasts, 0, [0, 1, 2, 6, 7]) == 10
+    assert (firsts, lasts) == ([], [])
