@@ -12,8 +12,8 @@ compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 (and ``broky.storage.grouping.partition_groups_pure``) and
 ``broky.client.decoding.uniform_messages_pure``; ``broky.client._deliveries`` is the twin
 of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
-``broky.subscriptions._acks`` of ``broky.subscriptions.ack_pass.take_acked_pure``,
-``merge_acked_pure`` and ``free_slots_pure``;
+``broky.subscriptions._passes`` of ``broky.subscriptions.ack_pass.take_acked_pure``,
+``merge_acked_pure``, ``free_slots_pure`` and ``broky.subscriptions.slots.assign_pure``;
 ``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.
 Each is optional twice over: the build continues without it when compiling fails
 (``optional=True``), and Broky runs the pure-Python version whenever one is missing.
@@ -38,7 +38,7 @@ else:
                 "broky.storage._partitions",
                 "broky.client._uniform",
                 "broky.client._deliveries",
-                "broky.subscriptions._acks",
+                "broky.subscriptions._passes",
             )
         ],
         compiler_directives={"language_level": "3"},

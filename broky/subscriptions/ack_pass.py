@@ -7,9 +7,9 @@ tracker's counts and pending deliveries, merge it into the acked ranges,
 free its slot. Done offset by offset in Python these were ~18 % of a
 broker's event loop in ``bench_consumers``' key-shared row. Each step here
 is one loop over all of a settle's offsets of a partition, with a compiled
-twin (``broky.subscriptions._acks``) that runs the same loop in C and gives
+twin (``broky.subscriptions._passes``) that runs the same loop in C and gives
 the same results (hypothesis holds them equal,
-``tests/subscriptions/test_ack_pass.py``); ``BROKY_PURE=1`` or a missing
+``tests/subscriptions/test_passes.py``); ``BROKY_PURE=1`` or a missing
 build runs these.
 
 The structures are the callers' (the tracker's dicts and acked ranges, the
@@ -136,7 +136,7 @@ def free_slots_pure(
 MergeAcked = Callable[[list[int], list[int], int, list[int]], int]
 FreeSlots = Callable[[dict[int, int], dict[int, dict[int, None]], dict[int, int], list[int]], None]
 
-_MODULE = "broky.subscriptions._acks"
+_MODULE = "broky.subscriptions._passes"
 #: The compiled twins, when built (None otherwise, and with ``BROKY_PURE=1``).
 take_acked_compiled: TakeAcked | None = compiled_twin(_MODULE, "take_acked")
 merge_acked_compiled: MergeAcked | None = compiled_twin(_MODULE, "merge_acked")

@@ -1,7 +1,8 @@
-"""The per-offset steps of an ack (``broky.subscriptions.ack_pass``): each
-pure function against a plain model, and its compiled twin
-(``broky.subscriptions._acks``) giving exactly the same results and leaving
-exactly the same structures behind."""
+"""The subscription core's bulk passes: the per-offset steps of an ack
+(``broky.subscriptions.ack_pass``) and the slot table's owner stores
+(``broky.subscriptions.slots.assign_pure``). Each pure function against a
+plain model, and its compiled twin (``broky.subscriptions._passes``) giving
+exactly the same results and leaving exactly the same structures behind."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broky.subscriptions import ack_pass
+from broky.subscriptions import ack_pass, slots
 from broky.subscriptions.acked_ranges import AckedRanges
 
 #: Offsets drawn from a small window, so that runs, neighbours and repeats are common.
@@ -30,10 +31,12 @@ def test_the_compiled_twins_are_built() -> None:
     if os.environ.get("BROKY_PURE") == "1":
         assert twins == (None, None)
         assert ack_pass.free_slots_compiled is None
+        assert slots.assign_compiled is None
         assert ack_pass.merge_acked is ack_pass.merge_acked_pure
         return
-    assert all(twins), "broky.subscriptions._acks not built"
+    assert all(twins), "broky.subscriptions._passes not built"
     assert ack_pass.free_slots_compiled is not None
+    assert slots.assign_compiled is not None
 
 
 @given(
@@ -123,3 +126,23 @@ def test_merge_acked_moves_the_cursor_over_every_range_it_reaches(name: str) -> 
     firsts, lasts = [3, 8], [5, 9]
     assert merge(firsts, lasts, 0, [0, 1, 2, 6, 7]) == 10
     assert (firsts, lasts) == ([], [])
+
+
+@given(st.lists(st.integers(0, 40), max_size=60), st.integers(-1, 5))
+def test_assign_stores_the_owner_of_every_slot(moved: list[int], owner: int) -> None:
+    before = [slot % 3 for slot in range(41)]
+    expected = [owner if slot in moved else previous for slot, previous in enumerate(before)]
+    for assign in _twins(slots.assign_pure, slots.assign_compiled):
+        assert callable(assign)
+        owners = list(before)
+        assign(owners, list(moved), owner)
+        assert owners == expected
+
+
+def test_compiled_assign_refuses_a_slot_out_of_range_changing_nothing() -> None:
+    if slots.assign_compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    owners = [0, 0, 0]
+    with pytest.raises(IndexError):
+        slots.assign_compiled(owners, [1, 3], 7)
+    assert owners == [0, 0, 0]

@@ -1,14 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twins of ``broky.subscriptions.ack_pass``'s ``take_acked_pure``,
-``merge_acked_pure`` and ``free_slots_pure`` (see that module for what they
-do and why): the same loops with C-level dict and list calls and int64
-arithmetic, so an acked offset costs a few dict operations at C speed
-rather than a dozen bytecodes each. Offsets are int64 (the wire's width);
-one outside it raises OverflowError, where the pure twins would go on.
+"""Compiled twins of the subscription core's bulk passes:
+``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
+and ``free_slots_pure``, and ``broky.subscriptions.slots.assign_pure`` (see
+those modules for what they do and why): the same loops with C-level dict
+and list calls and int64 arithmetic, so an acked offset costs a few dict
+operations at C speed rather than a dozen bytecodes each, and a moved slot
+one pointer store. Offsets are int64 (the wire's width); one outside it
+raises OverflowError, where the pure twins would go on.
 """
 
 from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+
+
+cdef extern from "Python.h":
+    void Py_DecRef(PyObject* value)
 from libc.stdint cimport int64_t
 
 cdef object _ZERO = 0
@@ -146,3 +154,20 @@ def free_slots(dict slot_at, dict held_by_slot, dict holders, list ended):
             if not held:
                 del held_by_slot[slot]
                 del holders[slot]
+
+
+def assign(list owners, list slots, object owner):
+    cdef Py_ssize_t size = PyList_GET_SIZE(owners), at, slot
+    cdef PyObject* old
+    # Checked first: a slot that is no index of ``owners`` raises
+    # IndexError with nothing changed (the callers never pass one).
+    for at in range(PyList_GET_SIZE(slots)):
+        slot = <object>PyList_GET_ITEM(slots, at)
+        if slot < 0 or slot >= size:
+            raise IndexError("list assignment index out of range")
+    for at in range(PyList_GET_SIZE(slots)):
+        slot = <object>PyList_GET_ITEM(slots, at)
+        old = PyList_GET_ITEM(owners, slot)
+        Py_INCREF(owner)
+        PyList_SET_ITEM(owners, slot, owner)
+        Py_DecRef(old)
