@@ -30,6 +30,7 @@ test: lint
 		tests/subscriptions/test_delivery.py tests/subscriptions/test_feed.py \
 		tests/client/test_delivery_columns.py tests/subscriptions/test_message_slots.py \
 		tests/subscriptions/test_passes.py tests/subscriptions/test_core.py \
+		tests/subscriptions/test_settle_ranges.py \
 		tests/subscriptions/test_dispatch_machine.py
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.

@@ -1,10 +1,14 @@
 """Types of the compiled twins of ``broky.subscriptions.ack_pass``'s pure
-functions and of ``broky.subscriptions.slots.assign_pure``."""
+functions, of ``broky.subscriptions.slots.assign_pure`` and of
+``broky.subscriptions.settle_ranges.gather_ranges_pure``."""
 
 from broky.subscriptions.ack_pass import FreeSlots, MergeAcked, TakeAcked
+from broky.subscriptions.settle_ranges import GatherRanges
 
 take_acked: TakeAcked
 merge_acked: MergeAcked
 free_slots: FreeSlots
 
 def assign(owners: list[int], slots: list[int], owner: int) -> None: ...
+
+gather_ranges: GatherRanges

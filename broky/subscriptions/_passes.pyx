@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twins of the subscription core's bulk passes:
 ``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
-and ``free_slots_pure``, and ``broky.subscriptions.slots.assign_pure`` (see
+and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure`` and
+``broky.subscriptions.settle_ranges.gather_ranges_pure`` (see
 those modules for what they do and why): the same loops with C-level dict
 and list calls and int64 arithmetic, so an acked offset costs a few dict
 operations at C speed rather than a dozen bytecodes each, and a moved slot
@@ -19,7 +20,10 @@ cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
 from libc.stdint cimport int64_t
 
+from broky.protocol.constants import SettleKind
+
 cdef object _ZERO = 0
+cdef object _ACK = SettleKind.ACK
 
 
 def take_acked(dict counts, dict pending, dict due, offsets):
@@ -171,3 +175,54 @@ def assign(list owners, list slots, object owner):
         Py_INCREF(owner)
         PyList_SET_ITEM(owners, slot, owner)
         Py_DecRef(old)
+
+
+def gather_ranges(frame, tracker_of):
+    cdef bint acking = frame.kind is _ACK
+    cdef tuple numbers = frame.partitions
+    cdef tuple firsts = frame.first_offsets
+    cdef tuple lasts = frame.last_offsets
+    cdef Py_ssize_t count = len(numbers), at
+    cdef dict spans = {}
+    cdef dict found = {}
+    cdef int64_t first, last, cursor = 0, position = 0
+    cdef object unconfirmed = 0
+    cdef list singles = None
+    cdef list ranges = None
+    cdef object number, entry, tracker, last_number = None
+    if len(firsts) != count or len(lasts) != count:
+        raise ValueError("a settle's partitions and offsets differ in length")
+    for at in range(count):
+        number = numbers[at]
+        # A settle's ranges come grouped by partition: the last one's
+        # entry is kept in locals, the others looked up.
+        if last_number is None or number != last_number:
+            entry = found.get(number, found)
+            if entry is found:
+                tracker = tracker_of(number)
+                if tracker is None:
+                    entry = None
+                else:
+                    entry = (tracker.cursor, tracker.read_position, [])
+                    spans[number] = [entry[2]]
+                found[number] = entry
+            last_number = number
+            if entry is None:
+                singles = None
+            else:
+                cursor, position, singles = entry
+                ranges = spans[number]
+        if singles is None:
+            continue
+        first = firsts[at]
+        last = lasts[at]
+        if acking and first == last and cursor <= first < position:
+            singles.append(firsts[at])
+            continue
+        if last < position:
+            ranges.append(range(first if first > cursor else cursor, last + 1))
+            continue
+        ranges.append(range(first if first > cursor else cursor, position))
+        # In Python ints: ``last + 1`` may pass int64 (the wire's width).
+        unconfirmed += lasts[at] + 1 - (first if first > position else position)
+    return spans, unconfirmed
