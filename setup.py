@@ -13,8 +13,9 @@ compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.client.decoding.uniform_messages_pure``; ``broky.client._deliveries`` is the twin
 of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
 ``broky.subscriptions._passes`` of ``broky.subscriptions.ack_pass.take_acked_pure``,
-``merge_acked_pure``, ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure`` and
-``broky.subscriptions.settle_ranges.gather_ranges_pure``;
+``merge_acked_pure``, ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
+``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
+``broky.subscriptions.delivery.delivery_segments_pure``;
 ``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.
 Each is optional twice over: the build continues without it when compiling fails
 (``optional=True``), and Broky runs the pure-Python version whenever one is missing.

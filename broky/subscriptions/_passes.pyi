@@ -1,8 +1,10 @@
 """Types of the compiled twins of ``broky.subscriptions.ack_pass``'s pure
 functions, of ``broky.subscriptions.slots.assign_pure`` and of
-``broky.subscriptions.settle_ranges.gather_ranges_pure``."""
+``broky.subscriptions.settle_ranges.gather_ranges_pure`` and of
+``broky.subscriptions.delivery.delivery_segments_pure``."""
 
 from broky.subscriptions.ack_pass import FreeSlots, MergeAcked, TakeAcked
+from broky.subscriptions.delivery import DeliverySegments
 from broky.subscriptions.settle_ranges import GatherRanges
 
 take_acked: TakeAcked
@@ -12,3 +14,4 @@ free_slots: FreeSlots
 def assign(owners: list[int], slots: list[int], owner: int) -> None: ...
 
 gather_ranges: GatherRanges
+delivery_segments: DeliverySegments

@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twins of the subscription core's bulk passes:
 ``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
-and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure`` and
-``broky.subscriptions.settle_ranges.gather_ranges_pure`` (see
+and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
+``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
+``broky.subscriptions.delivery.delivery_segments_pure`` (see
 those modules for what they do and why): the same loops with C-level dict
 and list calls and int64 arithmetic, so an acked offset costs a few dict
 operations at C speed rather than a dozen bytecodes each, and a moved slot
@@ -226,3 +227,47 @@ def gather_ranges(frame, tracker_of):
         # In Python ints: ``last + 1`` may pass int64 (the wire's width).
         unconfirmed += lasts[at] + 1 - (first if first > position else position)
     return spans, unconfirmed
+
+
+def delivery_segments(deliveries, list bases, list stops):
+    cdef list segments = []
+    cdef list lost = []
+    cdef list ranges = None
+    cdef list counts = None
+    cdef Py_ssize_t held = len(bases), index, current = -1
+    cdef int64_t first, stop, offset, upto, span_stop, redelivered
+    cdef object count
+    if len(stops) != held:
+        raise ValueError("held spans' bases and stops differ in length")
+    for delivery in deliveries:
+        first, stop, count = delivery
+        offset = first
+        index = _bisect_right(bases, offset) - 1
+        while offset < stop:
+            if index >= 0 and offset < <int64_t>stops[index]:
+                span_stop = stops[index]
+                upto = stop if stop < span_stop else span_stop
+                if index == current and offset >= <int64_t>ranges[len(ranges) - 1]:
+                    if offset == <int64_t>ranges[len(ranges) - 1]:
+                        ranges[len(ranges) - 1] = upto
+                    else:
+                        ranges.append(offset)
+                        ranges.append(upto)
+                else:
+                    current = index
+                    ranges = [offset, upto]
+                    counts = []
+                    segments.append((index, ranges, counts))
+                if count > 1:
+                    for redelivered in range(offset, upto):
+                        counts.append((redelivered, count))
+            else:
+                if index + 1 < held and <int64_t>bases[index + 1] < stop:
+                    upto = bases[index + 1]
+                else:
+                    upto = stop
+                lost.extend(range(offset, upto))
+            offset = upto
+            if index + 1 < held and <int64_t>bases[index + 1] <= offset:
+                index += 1
+    return segments, lost
