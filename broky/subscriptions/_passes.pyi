@@ -1,10 +1,12 @@
 """Types of the compiled twins of ``broky.subscriptions.ack_pass``'s pure
 functions, of ``broky.subscriptions.slots.assign_pure`` and of
 ``broky.subscriptions.settle_ranges.gather_ranges_pure`` and of
-``broky.subscriptions.delivery.delivery_segments_pure``."""
+``broky.subscriptions.delivery.delivery_segments_pure``, and the compiled
+fresh-read loop of ``Dispatcher.feed_slots``."""
 
 from broky.subscriptions.ack_pass import FreeSlots, MergeAcked, TakeAcked
 from broky.subscriptions.delivery import DeliverySegments
+from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.settle_ranges import GatherRanges
 
 take_acked: TakeAcked
@@ -15,3 +17,5 @@ def assign(owners: list[int], slots: list[int], owner: int) -> None: ...
 
 gather_ranges: GatherRanges
 delivery_segments: DeliverySegments
+
+def feed_fresh(dispatcher: Dispatcher, first: int, slots: list[int], now: float) -> None: ...

@@ -2,8 +2,9 @@
 """Compiled twins of the subscription core's bulk passes:
 ``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
 and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
-``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
-``broky.subscriptions.delivery.delivery_segments_pure`` (see
+``broky.subscriptions.settle_ranges.gather_ranges_pure``,
+``broky.subscriptions.delivery.delivery_segments_pure`` and the fresh-read
+loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` (see
 those modules for what they do and why): the same loops with C-level dict
 and list calls and int64 arithmetic, so an acked offset costs a few dict
 operations at C speed rather than a dozen bytecodes each, and a moved slot
@@ -21,10 +22,36 @@ cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
 from libc.stdint cimport int64_t
 
+from broky.protocol._run_slots cimport slot_offsets, store_slot
+
+from bisect import insort
+
 from broky.protocol.constants import SettleKind
 
 cdef object _ZERO = 0
 cdef object _ACK = SettleKind.ACK
+#: ``broky.subscriptions.model.Deliver``, imported at the first feed: the
+#: model imports the tracker, which loads this module.
+cdef object _Deliver = None
+#: Deliver's slot offsets (consumer, offset, count, stop), when they are
+#: plain object slots (``_run_slots.slot_offsets``): an event is then built
+#: without its attrs ``__init__`` (a third of a fresh delivery's cost here).
+cdef Py_ssize_t _DELIVER_AT[4]
+cdef bint _DELIVER_DIRECT = False
+cdef object _ONE = 1
+
+
+cdef object _new_deliver(object consumer, object offset, object stop):
+    """``Deliver(consumer, offset, 1, stop)``."""
+    if not _DELIVER_DIRECT:
+        return _Deliver(consumer, offset, _ONE, stop)
+    cdef object event = _Deliver.__new__(_Deliver)
+    cdef PyObject* target = <PyObject*>event
+    store_slot(target, _DELIVER_AT[0], consumer)
+    store_slot(target, _DELIVER_AT[1], offset)
+    store_slot(target, _DELIVER_AT[2], _ONE)
+    store_slot(target, _DELIVER_AT[3], stop)
+    return event
 
 
 def take_acked(dict counts, dict pending, dict due, offsets):
@@ -271,3 +298,90 @@ def delivery_segments(deliveries, list bases, list stops):
             if index + 1 < held and <int64_t>bases[index + 1] <= offset:
                 index += 1
     return segments, lost
+
+
+cdef inline bint _has_room(object state) except -1:
+    """Whether a consumer may take one more message (credit and in-flight bound)."""
+    return state.credit > 0 and state.in_flight < state.max_in_flight
+
+
+cdef inline bint _continues(object last, object owner, object offset) except -1:
+    """Whether event ``last`` is a first delivery to ``owner`` that ends
+    right before ``offset`` (it then grows instead of a new event)."""
+    if not isinstance(last, _Deliver):
+        return False
+    return last.stop == offset and last.consumer == owner and last.count == 1
+
+
+def feed_fresh(dispatcher, int64_t first, list slots, object now):
+    """``Dispatcher.feed_slots`` of a key-shared dispatcher for offsets read
+    right at its read position with nothing acked ahead (its ``fresh``
+    case): the same decisions and the same state, the usual offset (its
+    slot's owner has room, nothing of the slot waits) handed out here in C
+    as ``_hand_fresh`` does, the others through the dispatcher's own
+    methods."""
+    global _Deliver, _DELIVER_DIRECT
+    if _Deliver is None:
+        from broky.subscriptions.model import Deliver
+        _DELIVER_DIRECT = slot_offsets(Deliver, ("consumer", "offset", "count", "stop"), _DELIVER_AT)
+        _Deliver = Deliver
+    tracker = dispatcher.tracker
+    cdef dict counts = tracker.counts
+    cdef dict due = tracker.due
+    cdef list owners = dispatcher.table.owners
+    cdef dict consumers = dispatcher.consumers
+    cdef dict holders = dispatcher._holder
+    cdef dict waiting_by_slot = dispatcher._waiting
+    cdef dict slot_at = dispatcher._slot_at
+    cdef dict held_by_slot = dispatcher._held
+    cdef list events = dispatcher.events
+    cdef int64_t limit = tracker.durable_limit
+    cdef dict groups = {}
+    cdef Py_ssize_t at, parked = 0, size = len(slots)
+    cdef object offset, slot, owner, state, group, held, last, waiting
+    try_deliver = dispatcher._try_deliver
+    for at in range(size):
+        offset = first + at
+        slot = slots[at]
+        waiting = waiting_by_slot.get(slot)
+        if waiting:
+            insort(waiting, offset)
+            parked += 1
+            continue
+        if first + at < limit and offset not in counts and offset not in due:
+            owner = owners[slot]
+            state = consumers.get(owner)
+            if state is not None and _has_room(state) and holders.get(slot, owner) == owner:
+                owner = state.id
+                group = groups.get(owner)
+                if group is None:
+                    groups[owner] = [offset]
+                else:
+                    (<list>group).append(offset)
+                slot_at[offset] = slot
+                if not state.in_flight:
+                    state.last_progress = now
+                state.in_flight += 1
+                state.credit -= 1
+                holders[slot] = owner
+                held = held_by_slot.get(slot)
+                if held is None:
+                    held_by_slot[slot] = {offset: None}
+                else:
+                    (<dict>held)[offset] = None
+                last = events[len(events) - 1] if events else None
+                if _continues(last, owner, offset):
+                    last.stop += 1
+                else:
+                    events.append(_new_deliver(owner, offset, first + at + 1))
+                continue
+        # The slow path sees the read position the pure loop would have set.
+        tracker.read_position = first + at + 1
+        if not try_deliver(slot, offset, now):
+            waiting_by_slot[slot] = [offset]
+            parked += 1
+    if tracker.read_position < first + size:
+        tracker.read_position = first + size
+    if parked:
+        dispatcher.parked += parked
+    dispatcher._deliver_groups(groups, now)

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import itertools
 from bisect import insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from broky.compiled import compiled_twin
 from broky.subscriptions.ack_pass import free_slots
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
@@ -55,6 +56,11 @@ from broky.subscriptions.slots import NOBODY
 from broky.subscriptions.tracker import (
     SubscriptionImage,
     backoff_delay,
+)
+
+#: The compiled fresh-read loop of a key-shared ``feed_slots``, when built.
+feed_fresh_compiled: Callable[[Dispatcher, int, list[int], float], None] | None = compiled_twin(
+    "broky.subscriptions._passes", "feed_fresh"
 )
 
 
@@ -159,7 +165,10 @@ class Dispatcher(DispatchCore):
         delivered, its slot's owner has room, nothing of the slot waiting)
         is decided here inline and handed out by ``_hand_fresh``: each
         consumer's offsets become one pending delivery, consecutive ones
-        one :class:`Deliver`."""
+        one :class:`Deliver`. A key-shared dispatcher's fresh read (the
+        usual one) runs this loop compiled when it is built
+        (``broky.subscriptions._passes.feed_fresh``, the same decisions and
+        state, held equal by ``tests/subscriptions/test_passes.py``)."""
         assert self.ordered
         tracker = self.tracker
         counts, due = tracker.counts, tracker.due
@@ -167,6 +176,9 @@ class Dispatcher(DispatchCore):
         # here is acked or pending (deliveries never pass the read position).
         fresh = first == tracker.read_position and not tracker.acked.reaches(first)
         key_shared = self.options.type is SubscriptionType.KEY_SHARED
+        if fresh and key_shared and feed_fresh_compiled is not None and slots:
+            feed_fresh_compiled(self, first, list(slots), now)
+            return
         owners = self.table.owners if key_shared else None
         consumers, holders, waiting_by_slot = self.consumers, self._holder, self._waiting
         limit = tracker.durable_limit

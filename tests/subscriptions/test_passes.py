@@ -1,6 +1,7 @@
 """The subscription core's bulk passes: the per-offset steps of an ack
-(``broky.subscriptions.ack_pass``) and the slot table's owner stores
-(``broky.subscriptions.slots.assign_pure``). Each pure function against a
+(``broky.subscriptions.ack_pass``), the slot table's owner stores
+(``broky.subscriptions.slots.assign_pure``) and a key-shared dispatcher's
+fresh feed (``Dispatcher.feed_slots``). Each pure function against a
 plain model, and its compiled twin (``broky.subscriptions._passes``) giving
 exactly the same results and leaving exactly the same structures behind."""
 
@@ -14,8 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broky.subscriptions import ack_pass, slots
+from broky.subscriptions import ack_pass, dispatch, slots
 from broky.subscriptions.acked_ranges import AckedRanges
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import Deliver, Options, SubscriptionType
+from broky.subscriptions.slots import slot_of
+from broky.subscriptions.tracker import SubscriptionImage
 
 #: Offsets drawn from a small window, so that runs, neighbours and repeats are common.
 _OFFSET = st.integers(0, 60)
@@ -146,3 +151,77 @@ def test_compiled_assign_refuses_a_slot_out_of_range_changing_nothing() -> None:
     with pytest.raises(IndexError):
         slots.assign_compiled(owners, [1, 3], 7)
     assert owners == [0, 0, 0]
+
+
+def _dispatcher_state(dispatcher: Dispatcher) -> object:
+    """Everything a feed can change, as plain values."""
+    tracker = dispatcher.tracker
+    return (
+        [
+            (e.consumer, e.offset, e.count, e.stop)
+            for e in dispatcher.events
+            if isinstance(e, Deliver)
+        ],
+        [e for e in dispatcher.events if not isinstance(e, Deliver)],
+        tracker.read_position,
+        tracker.counts,
+        {
+            o: (p.consumer, p.count, p.deadline, p.live, p.first, p.stop)
+            for o, p in tracker.pending.items()
+        },
+        tracker.due,
+        tracker.next_deadline(),
+        dispatcher._slot_at,
+        dispatcher._held,
+        dispatcher._holder,
+        dispatcher._waiting,
+        dispatcher.parked,
+        {c: (s.credit, s.in_flight, s.last_progress) for c, s in dispatcher.consumers.items()},
+    )
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 8), st.integers(1, 8)), min_size=1, max_size=4),
+    st.lists(st.integers(0, 5), max_size=30),
+    st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    st.sets(st.integers(0, 29)),
+    st.booleans(),
+)
+def test_the_compiled_fresh_feed_decides_as_the_pure_one(
+    consumers: list[tuple[int, int]],
+    earlier: list[int],
+    fed: list[int],
+    nacked: set[int],
+    committed: bool,
+) -> None:
+    """A key-shared dispatcher in any state an earlier read, its nacks
+    (offsets due again, slots waiting) and credit left it in, fed a fresh
+    read: the compiled loop (``_passes.feed_fresh``) leaves every structure
+    as the pure ``feed_slots`` loop does."""
+    if dispatch.feed_fresh_compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    keys = [slot_of(f"key-{key}".encode()) for key in range(6)]
+    dispatcher = Dispatcher(
+        Options(type=SubscriptionType.KEY_SHARED, ack_timeout=5.0, lease=24),
+        SubscriptionImage(0),
+        end_offset=100,
+    )
+    for consumer, (credit, max_in_flight) in enumerate(consumers):
+        dispatcher.attach(consumer, 0.0, credit=credit, max_in_flight=max_in_flight)
+    if committed:
+        dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    dispatcher.feed_slots(0, [keys[key] for key in earlier], 1.0)
+    for offset in sorted(nacked):
+        held = dispatcher.tracker.pending.get(offset)
+        if held is not None:
+            dispatcher.nack(held.consumer, [offset], 1.5, 0.0)
+    first = dispatcher.tracker.read_position
+    slots = [keys[key] for key in fed]
+    compiled, pure = copy.deepcopy(dispatcher), copy.deepcopy(dispatcher)
+    compiled.feed_slots(first, slots, 2.0)
+    saved, dispatch.feed_fresh_compiled = dispatch.feed_fresh_compiled, None
+    try:
+        pure.feed_slots(first, slots, 2.0)
+    finally:
+        dispatch.feed_fresh_compiled = saved
+    assert _dispatcher_state(compiled) == _dispatcher_state(pure)
