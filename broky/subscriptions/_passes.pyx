@@ -3,7 +3,9 @@
 ``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
 and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
 ``broky.subscriptions.settle_ranges.gather_ranges_pure``,
-``broky.subscriptions.delivery.delivery_segments_pure`` and the fresh-read
+``broky.subscriptions.delivery.delivery_segments_pure``,
+``broky.subscriptions.round_events``' ``needed_spans_pure`` and
+``sort_events_pure``, and the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` (see
 those modules for what they do and why): the same loops with C-level dict
 and list calls and int64 arithmetic, so an acked offset costs a few dict
@@ -22,7 +24,7 @@ cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
 from libc.stdint cimport int64_t
 
-from broky.protocol._run_slots cimport slot_offsets, store_slot
+from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
 
 from bisect import insort
 
@@ -33,12 +35,24 @@ cdef object _ACK = SettleKind.ACK
 #: ``broky.subscriptions.model.Deliver``, imported at the first feed: the
 #: model imports the tracker, which loads this module.
 cdef object _Deliver = None
+cdef object _DeadLetter = None
 #: Deliver's slot offsets (consumer, offset, count, stop), when they are
 #: plain object slots (``_run_slots.slot_offsets``): an event is then built
 #: without its attrs ``__init__`` (a third of a fresh delivery's cost here).
 cdef Py_ssize_t _DELIVER_AT[4]
 cdef bint _DELIVER_DIRECT = False
+cdef tuple _DELIVER_FIELDS = ("consumer", "offset", "count", "stop")
 cdef object _ONE = 1
+
+
+cdef int _load_model() except -1:
+    """Import the event classes (at first use: see ``_Deliver``)."""
+    global _Deliver, _DeadLetter, _DELIVER_DIRECT
+    from broky.subscriptions.model import DeadLetter, Deliver
+    _DELIVER_DIRECT = slot_offsets(Deliver, _DELIVER_FIELDS, _DELIVER_AT)
+    _DeadLetter = DeadLetter
+    _Deliver = Deliver
+    return 0
 
 
 cdef object _new_deliver(object consumer, object offset, object stop):
@@ -320,11 +334,8 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     slot's owner has room, nothing of the slot waits) handed out here in C
     as ``_hand_fresh`` does, the others through the dispatcher's own
     methods."""
-    global _Deliver, _DELIVER_DIRECT
     if _Deliver is None:
-        from broky.subscriptions.model import Deliver
-        _DELIVER_DIRECT = slot_offsets(Deliver, ("consumer", "offset", "count", "stop"), _DELIVER_AT)
-        _Deliver = Deliver
+        _load_model()
     tracker = dispatcher.tracker
     cdef dict counts = tracker.counts
     cdef dict due = tracker.due
@@ -385,3 +396,54 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     if parked:
         dispatcher.parked += parked
     dispatcher._deliver_groups(groups, now)
+
+
+cdef inline object _field(object event, Py_ssize_t index):
+    """Field ``index`` of a Deliver (consumer, offset, count, stop), read
+    from its slot when the layout was checked (``_DELIVER_DIRECT``)."""
+    cdef PyObject* value
+    if _DELIVER_DIRECT:
+        value = load_slot(<PyObject*>event, _DELIVER_AT[index])
+        if value != NULL:
+            return <object>value
+    return getattr(event, _DELIVER_FIELDS[index])
+
+
+def needed_spans(batches):
+    cdef list spans = []
+    if _Deliver is None:
+        _load_model()
+    for batch in batches:
+        for event in batch:
+            if type(event) is _Deliver or isinstance(event, _Deliver):
+                spans.append((_field(event, 1), _field(event, 3)))
+            elif isinstance(event, _DeadLetter):
+                spans.append((event.offset, event.offset + 1))
+    return spans
+
+
+def sort_events(list events):
+    cdef dict per_consumer = {}
+    cdef list others = []
+    cdef object mine, consumer, offset, stop, count
+    cdef object delivered = 0, redelivered = 0, size
+    if _Deliver is None:
+        _load_model()
+    for event in events:
+        if type(event) is not _Deliver and not isinstance(event, _Deliver):
+            others.append(event)
+            continue
+        consumer = _field(event, 0)
+        offset = _field(event, 1)
+        count = _field(event, 2)
+        stop = _field(event, 3)
+        size = stop - offset
+        mine = per_consumer.get(consumer)
+        if mine is None:
+            per_consumer[consumer] = [(offset, stop, count)]
+        else:
+            (<list>mine).append((offset, stop, count))
+        delivered += size
+        if count > 1:
+            redelivered += size
+    return per_consumer, delivered, redelivered, others

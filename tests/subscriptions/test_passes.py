@@ -1,7 +1,8 @@
 """The subscription core's bulk passes: the per-offset steps of an ack
 (``broky.subscriptions.ack_pass``), the slot table's owner stores
-(``broky.subscriptions.slots.assign_pure``) and a key-shared dispatcher's
-fresh feed (``Dispatcher.feed_slots``). Each pure function against a
+(``broky.subscriptions.slots.assign_pure``), a key-shared dispatcher's
+fresh feed (``Dispatcher.feed_slots``) and a driver round's event passes
+(``broky.subscriptions.round_events``). Each pure function against a
 plain model, and its compiled twin (``broky.subscriptions._passes``) giving
 exactly the same results and leaving exactly the same structures behind."""
 
@@ -15,10 +16,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broky.subscriptions import ack_pass, dispatch, slots
+from broky.subscriptions import ack_pass, dispatch, round_events, slots
 from broky.subscriptions.acked_ranges import AckedRanges
 from broky.subscriptions.dispatch import Dispatcher
-from broky.subscriptions.model import Deliver, Options, SubscriptionType
+from broky.subscriptions.model import (
+    DeadLetter,
+    Deliver,
+    Event,
+    Evict,
+    Options,
+    SubscriptionType,
+)
 from broky.subscriptions.slots import slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -37,11 +45,14 @@ def test_the_compiled_twins_are_built() -> None:
         assert twins == (None, None)
         assert ack_pass.free_slots_compiled is None
         assert slots.assign_compiled is None
+        assert round_events.sort_events_compiled is None
         assert ack_pass.merge_acked is ack_pass.merge_acked_pure
         return
     assert all(twins), "broky.subscriptions._passes not built"
     assert ack_pass.free_slots_compiled is not None
     assert slots.assign_compiled is not None
+    assert round_events.sort_events_compiled is not None
+    assert round_events.needed_spans_compiled is not None
 
 
 @given(
@@ -225,3 +236,43 @@ def test_the_compiled_fresh_feed_decides_as_the_pure_one(
     finally:
         dispatch.feed_fresh_compiled = saved
     assert _dispatcher_state(compiled) == _dispatcher_state(pure)
+
+
+_EVENT = st.one_of(
+    st.builds(
+        Deliver, st.integers(0, 3), st.integers(0, 50), st.integers(1, 3), st.integers(0, 60)
+    ),
+    st.builds(DeadLetter, st.integers(0, 50), st.integers(1, 5), st.sampled_from(["", "poison"])),
+    st.builds(Evict, st.integers(0, 3)),
+)
+
+
+@given(st.lists(st.lists(_EVENT, max_size=12), max_size=4))
+def test_a_rounds_events_sort_alike_compiled_or_pure(batches: list[list[Event]]) -> None:
+    """What a round reads for its events and how it groups each
+    dispatcher's: the compiled passes answer as the pure ones, which keep
+    the events' order (deliveries per consumer, the others apart)."""
+    spans = round_events.needed_spans_pure(batches)
+    assert spans == [
+        (e.offset, e.stop if isinstance(e, Deliver) else e.offset + 1)
+        for batch in batches
+        for e in batch
+        if not isinstance(e, Evict)
+    ]
+    for events in batches:
+        per_consumer, delivered, redelivered, others = round_events.sort_events_pure(events)
+        deliveries = [e for e in events if isinstance(e, Deliver)]
+        assert others == [e for e in events if not isinstance(e, Deliver)]
+        assert delivered == sum(e.stop - e.offset for e in deliveries)
+        assert redelivered == sum(e.stop - e.offset for e in deliveries if e.count > 1)
+        assert per_consumer == {
+            c: [(e.offset, e.stop, e.count) for e in deliveries if e.consumer == c]
+            for c in dict.fromkeys(e.consumer for e in deliveries)
+        }
+    if round_events.needed_spans_compiled is None or round_events.sort_events_compiled is None:
+        return
+    assert round_events.needed_spans_compiled(batches) == spans
+    for events in batches:
+        sorted_compiled = round_events.sort_events_compiled(events)
+        assert sorted_compiled == round_events.sort_events_pure(events)
+        assert list(sorted_compiled[0]) == list(round_events.sort_events_pure(events)[0])
