@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import itertools
 from bisect import insort
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from broky.compiled import compiled_twin
+from broky.subscriptions.ack_pass import free_slots
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
     Consumer,
@@ -55,6 +56,11 @@ from broky.subscriptions.slots import NOBODY
 from broky.subscriptions.tracker import (
     SubscriptionImage,
     backoff_delay,
+)
+
+#: The compiled fresh-read loop of a key-shared ``feed_slots``, when built.
+feed_fresh_compiled: Callable[[Dispatcher, int, list[int], float], None] | None = compiled_twin(
+    "broky.subscriptions._passes", "feed_fresh"
 )
 
 
@@ -159,7 +165,10 @@ class Dispatcher(DispatchCore):
         delivered, its slot's owner has room, nothing of the slot waiting)
         is decided here inline and handed out by ``_hand_fresh``: each
         consumer's offsets become one pending delivery, consecutive ones
-        one :class:`Deliver`."""
+        one :class:`Deliver`. A key-shared dispatcher's fresh read (the
+        usual one) runs this loop compiled when it is built
+        (``broky.subscriptions._passes.feed_fresh``, the same decisions and
+        state, held equal by ``tests/subscriptions/test_passes.py``)."""
         assert self.ordered
         tracker = self.tracker
         counts, due = tracker.counts, tracker.due
@@ -167,6 +176,9 @@ class Dispatcher(DispatchCore):
         # here is acked or pending (deliveries never pass the read position).
         fresh = first == tracker.read_position and not tracker.acked.reaches(first)
         key_shared = self.options.type is SubscriptionType.KEY_SHARED
+        if fresh and key_shared and feed_fresh_compiled is not None and slots:
+            feed_fresh_compiled(self, first, list(slots), now)
+            return
         owners = self.table.owners if key_shared else None
         consumers, holders, waiting_by_slot = self.consumers, self._holder, self._waiting
         limit = tracker.durable_limit
@@ -264,7 +276,7 @@ class Dispatcher(DispatchCore):
         state = self.consumers.get(consumer)
         if state is not None:
             state.last_progress = now
-        ended, deliveries, waiting = self.tracker.ack_delivered(offsets)
+        ended, lost, waiting = self.tracker.ack_delivered(offsets)
         for offset in waiting:
             slot = self._slot_waiting(offset)
             if slot is not None:
@@ -272,19 +284,12 @@ class Dispatcher(DispatchCore):
                 stale += 1
         # Each holder's in-flight count drops once per holder, not per
         # offset; ordered types also free each offset's slot (``_forget``
-        # inlined: a key-shared consumer acks offsets one by one).
+        # for all of them in one pass: a key-shared consumer acks scattered
+        # offsets).
         freed = {} if freed is None else freed
-        if self.ordered:
-            held_by_slot, holders, slot_at = self._held, self._holder, self._slot_at
-            for offset in ended:
-                slot = slot_at.pop(offset, 0)
-                held = held_by_slot.get(slot)
-                if held is not None:
-                    held.pop(offset, None)
-                    if not held:
-                        del held_by_slot[slot], holders[slot]
-        # Counted per delivery (a group holds many of the offsets), at C speed.
-        for pending, count in Counter(deliveries).items():
+        if self.ordered and ended:
+            free_slots(self._slot_at, self._held, self._holder, ended)
+        for pending, count in lost.items():
             freed[pending.consumer] = freed.get(pending.consumer, 0) + count
         for holder, count in freed.items():
             if holder != consumer:

@@ -244,12 +244,15 @@ class DispatchCore:
         free = {consumer for consumer, state in self.consumers.items() if state.room > 0}
         if not free:
             return
-        owner_of = self.owner_of
+        # The owner of each waiting slot read straight from the table (as
+        # ``feed_slots`` does): this loop visits every waiting slot on every
+        # ack and grant, and ``owner_of`` cost two method calls a slot.
+        owners = self.table.owners if self.options.type is SubscriptionType.KEY_SHARED else None
         tracker = self.tracker
         counts, due = tracker.counts, tracker.due
         groups: dict[int, list[int]] = {}
         for slot in list(self._waiting):
-            owner = owner_of(slot)
+            owner = self.active if owners is None else owners[slot]
             if owner not in free:
                 continue
             state = self.consumers[owner]

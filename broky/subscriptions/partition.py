@@ -47,6 +47,7 @@ from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
+from broky.subscriptions.round_events import needed_spans, sort_events
 from broky.subscriptions.slots import NOBODY, message_slots, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -278,12 +279,7 @@ class PartitionSubscriptions:
         for dispatcher in self.dispatchers.values():
             dispatcher.events = []
         retry, self.dead_letter_retry = self.dead_letter_retry, []
-        needed = [
-            (event.offset, event.stop if isinstance(event, Deliver) else event.offset + 1)
-            for batch in events.values()
-            for event in batch
-            if isinstance(event, Deliver | DeadLetter)
-        ]
+        needed = needed_spans(events.values())
         needed.extend((event.offset, event.offset + 1) for _, event in retry)
         missing = cache.missing(needed, READ_GAP)
         if missing:
@@ -328,18 +324,11 @@ class PartitionSubscriptions:
     ) -> None:
         """Send deliveries (per consumer, in decision order), dead letters, evictions."""
         service = self.service
-        per_consumer: dict[int, list[tuple[int, int, int]]] = {}
-        # Counted in the one pass over the events (a key-shared round has a
-        # delivery per message or two: a second pass per consumer showed).
-        delivered = redelivered = 0
-        for event in events:
-            if isinstance(event, Deliver):
-                first, stop, count = event.offset, event.stop, event.count
-                per_consumer.setdefault(event.consumer, []).append((first, stop, count))
-                delivered += stop - first
-                if count > 1:
-                    redelivered += stop - first
-            elif isinstance(event, DeadLetter):
+        # One pass over the events (compiled: a key-shared round has a
+        # delivery per message or two), then the others in order.
+        per_consumer, delivered, redelivered, others = sort_events(events)
+        for event in others:
+            if isinstance(event, DeadLetter):
                 service.dead_letters.send(self, name, event, cache)
             else:
                 service.evict(event.consumer, self.dispatchers[name].options.ack_timeout)

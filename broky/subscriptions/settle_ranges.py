@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from broky.compiled import compiled_twin
 from broky.protocol.constants import SettleKind
 from broky.protocol.frames import Settle
 from broky.subscriptions.tracker import AckTracker
 
+GatherRanges = Callable[
+    [Settle, Callable[[int], AckTracker | None]], tuple[dict[int, list[Sequence[int]]], int]
+]
 
-def gather_ranges(
+
+def gather_ranges_pure(
     frame: Settle, tracker_of: Callable[[int], AckTracker | None]
 ) -> tuple[dict[int, list[Sequence[int]]], int]:
     """The offsets ``frame`` settles, as sequences by partition number, and
@@ -32,7 +37,12 @@ def gather_ranges(
     all is acked; offsets at or above the read position were not read since
     this worker started (delivered before a restart: a consumer spread over
     workers outlives its owners), so they come again and count as
-    unconfirmed."""
+    unconfirmed.
+
+    Each range of a key-shared consumer's settle is mostly one offset, so
+    this loop runs once per acked message: the compiled twin
+    (``broky.subscriptions._passes.gather_ranges``) runs it in C with the
+    same results."""
     acking = frame.kind is SettleKind.ACK
     spans: dict[int, list[Sequence[int]]] = {}
     found: dict[int, tuple[AckTracker, list[int]] | None] = {}
@@ -58,3 +68,10 @@ def gather_ranges(
         if last >= position:
             unconfirmed += last + 1 - max(first, position)
     return spans, unconfirmed
+
+
+#: :func:`gather_ranges_pure` compiled, when it is built.
+gather_ranges_compiled: GatherRanges | None = compiled_twin(
+    "broky.subscriptions._passes", "gather_ranges"
+)
+gather_ranges: GatherRanges = gather_ranges_compiled or gather_ranges_pure

@@ -28,7 +28,6 @@ at most one per broker crash.
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
@@ -36,6 +35,8 @@ from typing import Final
 
 import attrs
 
+from broky.subscriptions.ack_pass import take_acked
+from broky.subscriptions.acked_ranges import AckedRanges
 from broky.subscriptions.timers import TimerQueue
 
 #: Offsets leased ahead of the read position in each image: one commit per
@@ -81,103 +82,6 @@ def backoff_delay(backoff: Sequence[float], count: int) -> float:
     if not backoff or count < 1:
         return 0.0
     return backoff[min(count - 1, len(backoff) - 1)]
-
-
-class AckedRanges:
-    """A cursor and the sorted, disjoint, inclusive ranges acked above it."""
-
-    def __init__(self, cursor: int, ranges: Sequence[tuple[int, int]] = ()) -> None:
-        self.cursor = cursor
-        self._firsts: list[int] = []
-        self._lasts: list[int] = []
-        for given_first, last in sorted(ranges):
-            if last < self.cursor:
-                continue
-            first = max(given_first, self.cursor)
-            if first == self.cursor:
-                self.cursor = last + 1
-            elif self._lasts and first <= self._lasts[-1] + 1:
-                self._lasts[-1] = max(self._lasts[-1], last)
-            else:
-                self._firsts.append(first)
-                self._lasts.append(last)
-
-    def __contains__(self, offset: int) -> bool:
-        if offset < self.cursor:
-            return True
-        index = bisect_right(self._firsts, offset) - 1
-        return index >= 0 and self._lasts[index] >= offset
-
-    def __len__(self) -> int:
-        """The number of ranges above the cursor (what ``max_ack_ranges`` caps)."""
-        return len(self._firsts)
-
-    def ranges(self) -> tuple[tuple[int, int], ...]:
-        return tuple(zip(self._firsts, self._lasts, strict=True))
-
-    def reaches(self, offset: int) -> bool:
-        """Whether a range above the cursor ends at or after ``offset``."""
-        return bool(self._lasts) and self._lasts[-1] >= offset
-
-    def add_range(self, first: int, last: int) -> None:
-        """Mark ``[first, last]`` acked: one bisection and one splice, however
-        long the range (settles carry ranges)."""
-        if last < self.cursor:
-            return
-        first = max(first, self.cursor)
-        firsts, lasts = self._firsts, self._lasts
-        if first == self.cursor:  # the usual shared case: the cursor moves
-            self.cursor = last + 1
-            while firsts and firsts[0] <= self.cursor:
-                self.cursor = max(self.cursor, lasts[0] + 1)
-                del firsts[0], lasts[0]
-            return
-        if not lasts or first > lasts[-1] + 1:  # above every range
-            firsts.append(first)
-            lasts.append(last)
-            return
-        # The ranges touching [first - 1, last + 1] merge with it.
-        low = bisect_left(lasts, first - 1)
-        high = bisect_right(firsts, last + 1)
-        if low < high:
-            first = min(first, firsts[low])
-            last = max(last, lasts[high - 1])
-        firsts[low:high] = [first]
-        lasts[low:high] = [last]
-        if firsts[0] == self.cursor:
-            self.cursor = lasts[0] + 1
-            del firsts[0], lasts[0]
-
-    def add(self, offset: int) -> bool:
-        """Mark ``offset`` acked; False if it already was."""
-        if offset in self:
-            return False
-        self.add_new(offset)
-        return True
-
-    def add_new(self, offset: int) -> None:
-        """Mark acked an ``offset`` the caller knows is not acked yet (an
-        offset still counted as delivered): ``add`` without its lookup."""
-        firsts, lasts = self._firsts, self._lasts
-        if offset == self.cursor:
-            self.cursor += 1
-            if firsts and firsts[0] == self.cursor:
-                self.cursor = lasts[0] + 1
-                del firsts[0], lasts[0]
-            return
-        index = bisect_right(firsts, offset) - 1
-        joins_left = index >= 0 and lasts[index] == offset - 1
-        joins_right = index + 1 < len(firsts) and firsts[index + 1] == offset + 1
-        if joins_left and joins_right:
-            lasts[index] = lasts[index + 1]
-            del firsts[index + 1], lasts[index + 1]
-        elif joins_left:
-            lasts[index] = offset
-        elif joins_right:
-            firsts[index + 1] = offset
-        else:
-            firsts.insert(index + 1, offset)
-            lasts.insert(index + 1, offset)
 
 
 class AckTracker:
@@ -306,55 +210,33 @@ class AckTracker:
         if offset >= self.read_position:
             self.read_position = offset + 1
 
-    def ack_delivered(self, offsets: Iterable[int]) -> tuple[list[int], list[Pending], list[int]]:
+    def ack_delivered(
+        self, offsets: Iterable[int]
+    ) -> tuple[list[int], dict[Pending, int], list[int]]:
         """Mark acked every offset of ``offsets`` that was delivered and is
         not acked yet (the others are skipped: an ack of a message never
         delivered acks nothing). Returns the offsets whose pending delivery
-        ended and those deliveries (parallel lists: no tuple per offset),
-        and the acked offsets that were waiting for a redelivery (``due``,
-        not pending).
+        ended, how many of them each delivery held (its ``live`` is
+        lowered by as many), and the acked offsets that were waiting for a
+        redelivery (``due``, not pending).
 
-        Per offset this is two dict pops; the acked ranges take one splice
-        per consecutive run of ``offsets`` (a settled range is one)."""
-        counts, pending, due = self.counts, self.pending, self.due
-        ended: list[int] = []
-        deliveries: list[Pending] = []
-        waiting: list[int] = []
-        done: list[int] = []
-        for offset in offsets:
-            if counts.pop(offset, None) is None:
-                continue
-            held = pending.pop(offset, None)
-            if held is None:
-                if offset in due:
-                    waiting.append(offset)
-            else:
-                held.live -= 1
-                ended.append(offset)
-                deliveries.append(held)
-            done.append(offset)
+        Two passes over the offsets, each at C speed when compiled
+        (``ack_pass``): one takes them out of the counts and pending
+        deliveries, one merges them into the acked ranges (a key-shared
+        consumer's acks are scattered offsets: one splice per settle, not
+        one per offset)."""
+        done, ended, lost, waiting = take_acked(self.counts, self.pending, self.due, offsets)
         if not done:
-            return ended, deliveries, waiting
+            return ended, lost, waiting
         self.dirty = True
-        acked = self.acked
-        first = previous = done[0]
-        for offset in itertools.islice(done, 1, None):
-            if offset != previous + 1:
-                if first == previous:
-                    acked.add_new(first)
-                else:
-                    acked.add_range(first, previous)
-                first = offset
-            previous = offset
-        if first == previous:
-            acked.add_new(first)
-        else:
-            acked.add_range(first, previous)
-        for side in (due, self.errors, self._persist):
+        for held, count in lost.items():
+            held.live -= count
+        self.acked.add_sorted(done)
+        for side in (self.due, self.errors, self._persist):
             if side:
                 for offset in done:
                     side.pop(offset, None)
-        return ended, deliveries, waiting
+        return ended, lost, waiting
 
     def ack_spans(self, offsets: range) -> tuple[list[tuple[Pending, int]], int]:
         """Ack ``offsets`` (step 1) from its start, a span delivery

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from broky.storage.errors import StorageError
 from broky.storage.state import StateStore
+from broky.subscriptions.acked_ranges import AckedRanges
 from broky.subscriptions.commits import GroupCommitter, all_committed
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.image import decode_image, encode_image
 from broky.subscriptions.model import Deliver, Options, SubscriptionType
-from broky.subscriptions.tracker import AckedRanges, SubscriptionImage
+from broky.subscriptions.tracker import SubscriptionImage
 
 
 @given(

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.subscriptions.acked_ranges import AckedRanges
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import (
     DeadLetter,
@@ -17,7 +18,7 @@ from broky.subscriptions.model import (
     SubscriptionType,
 )
 from broky.subscriptions.slots import NOBODY, SLOTS, SlotTable, slot_of
-from broky.subscriptions.tracker import AckedRanges, AckTracker, SubscriptionImage, backoff_delay
+from broky.subscriptions.tracker import AckTracker, SubscriptionImage, backoff_delay
 
 
 @given(st.lists(st.integers(0, 200), max_size=120), st.integers(0, 20))

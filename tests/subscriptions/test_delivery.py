@@ -110,6 +110,9 @@ def test_missing_merges_ranges_of_what_is_not_held() -> None:
     assert cache.missing([(0, 1), (15, 16), (30, 31)], gap=20) == [(0, 31)]
     # Spans: only their parts outside held batches.
     assert cache.missing([(8, 18), (12, 13), (30, 33)]) == [(8, 10), (15, 18), (30, 33)]
+    # A span inside the held batch needs nothing; one running past it, its tail.
+    assert cache.missing([(11, 14), (10, 15)]) == []
+    assert cache.missing([(11, 14), (13, 17)]) == [(15, 17)]
 
 
 def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:
@@ -177,3 +180,52 @@ def test_scattered_deliveries_from_one_batch_are_laid_out_by_one_call(
     assert [message.offset for run in frame.runs for message in decode_run(run)] == list(
         range(100, 110, 2)
     )
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 6)), max_size=6),
+    st.lists(
+        st.tuples(st.integers(0, 60), st.integers(1, 6), st.sampled_from([1, 1, 2, 5])),
+        max_size=25,
+    ),
+)
+def test_the_compiled_segments_pass_cuts_as_the_pure_one(
+    layout: list[tuple[int, int]], deliveries: list[tuple[int, int, int]]
+) -> None:
+    """Held spans with gaps between them, deliveries in any order, some
+    past or between the spans, some redelivered: the same segments and the
+    same lost offsets, in the same order."""
+    compiled = delivery.delivery_segments_compiled
+    if compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    bases: list[int] = []
+    stops: list[int] = []
+    position = 0
+    for gap, length in layout:
+        bases.append(position + gap)
+        stops.append(position + gap + length)
+        position += gap + length
+    given_deliveries = [(first, first + length, count) for first, length, count in deliveries]
+    pure = delivery.delivery_segments_pure(given_deliveries, bases, stops)
+    assert compiled(given_deliveries, bases, stops) == pure
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.data())
+def test_deliveries_inside_a_batch_lay_out_alike_walked_or_indexed(
+    runs: list[int], data: st.DataObject
+) -> None:
+    """Whether the encoder walks the batch from its start (the compiled
+    encoder's way, ``BatchCache.begin``) or starts at the run index: the
+    same frames, for deliveries beginning anywhere inside the batch."""
+    total = sum(runs)
+    offsets = data.draw(st.sets(st.integers(100, 100 + total - 1), min_size=1))
+    deliveries = [(offset, offset + 1, 1) for offset in sorted(offsets)]
+    laid_out = []
+    for walks in (False, True):
+        cache = BatchCache()
+        cache.add([span(100, runs)])
+        cache._walks = walks  # both ways, whichever encoder is built
+        laid_out.append(
+            delivery_frames(9, "orders", 3, deliveries, cache, 1 << 20, name_topic=False)
+        )
+    assert laid_out[0] == laid_out[1]

@@ -1,13 +1,17 @@
 """A Settle's ranges gathered per partition: clipped to what each partition
-can settle, single acked offsets gathered plainly, other kinds in frame order."""
+can settle, single acked offsets gathered plainly, other kinds in frame order;
+the compiled twin (``broky.subscriptions._passes``) gathers exactly as the
+pure version."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from broky.protocol.constants import SettleKind
 from broky.protocol.frames import Settle
+from broky.subscriptions import settle_ranges
 from broky.subscriptions.settle_ranges import gather_ranges
 from broky.subscriptions.tracker import AckTracker, SubscriptionImage
 
@@ -81,3 +85,50 @@ def test_every_settleable_offset_once_per_range(
     assert unconfirmed == sum(
         1 for first, length in ranges for offset in range(max(first, position), first + length + 1)
     )
+
+
+@given(
+    trackers=st.dictionaries(
+        st.integers(0, 3), st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=3
+    ),
+    ranges=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 40), st.integers(0, 5)), max_size=30
+    ),
+    kind=st.sampled_from(list(SettleKind)),
+)
+def test_the_compiled_twin_gathers_as_the_pure_one(
+    trackers: dict[int, tuple[int, int]],
+    ranges: list[tuple[int, int, int]],
+    kind: SettleKind,
+) -> None:
+    """Any partitions (some not the consumer's), in any order, any ranges."""
+    compiled = settle_ranges.gather_ranges_compiled
+    if compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    frame = _frame(kind, [(number, first, first + length) for number, first, length in ranges])
+    made = {
+        number: _tracker(cursor, max(cursor, read)) for number, (cursor, read) in trackers.items()
+    }
+    looked_up: list[list[int]] = [[], []]
+    answers = []
+    for calls, gather in zip(looked_up, (settle_ranges.gather_ranges_pure, compiled), strict=True):
+
+        def tracker_of(number: int, calls: list[int] = calls) -> AckTracker | None:
+            calls.append(number)
+            return made.get(number)
+
+        spans, unconfirmed = gather(frame, tracker_of)
+        answers.append(({n: [list(o) for o in s] for n, s in spans.items()}, unconfirmed))
+    assert answers[0] == answers[1]
+    assert looked_up[0] == looked_up[1]
+
+
+def test_the_compiled_twin_counts_offsets_past_int64_as_unconfirmed() -> None:
+    compiled = settle_ranges.gather_ranges_compiled
+    if compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    top = 2**63 - 1
+    frame = _frame(SettleKind.ACK, [(0, top - 1, top)])
+    pure = settle_ranges.gather_ranges_pure(frame, lambda number: _tracker(0, 5))
+    assert compiled(frame, lambda number: _tracker(0, 5)) == pure
+    assert pure[1] == 2

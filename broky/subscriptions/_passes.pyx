@@ -1,0 +1,449 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twins of the subscription core's bulk passes:
+``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
+and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
+``broky.subscriptions.settle_ranges.gather_ranges_pure``,
+``broky.subscriptions.delivery.delivery_segments_pure``,
+``broky.subscriptions.round_events``' ``needed_spans_pure`` and
+``sort_events_pure``, and the fresh-read
+loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` (see
+those modules for what they do and why): the same loops with C-level dict
+and list calls and int64 arithmetic, so an acked offset costs a few dict
+operations at C speed rather than a dozen bytecodes each, and a moved slot
+one pointer store. Offsets are int64 (the wire's width); one outside it
+raises OverflowError, where the pure twins would go on.
+"""
+
+from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+
+
+cdef extern from "Python.h":
+    void Py_DecRef(PyObject* value)
+from libc.stdint cimport int64_t
+
+from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
+
+from bisect import insort
+
+from broky.protocol.constants import SettleKind
+
+cdef object _ZERO = 0
+cdef object _ACK = SettleKind.ACK
+#: ``broky.subscriptions.model.Deliver``, imported at the first feed: the
+#: model imports the tracker, which loads this module.
+cdef object _Deliver = None
+cdef object _DeadLetter = None
+#: Deliver's slot offsets (consumer, offset, count, stop), when they are
+#: plain object slots (``_run_slots.slot_offsets``): an event is then built
+#: without its attrs ``__init__`` (a third of a fresh delivery's cost here).
+cdef Py_ssize_t _DELIVER_AT[4]
+cdef bint _DELIVER_DIRECT = False
+cdef tuple _DELIVER_FIELDS = ("consumer", "offset", "count", "stop")
+cdef object _ONE = 1
+
+
+cdef int _load_model() except -1:
+    """Import the event classes (at first use: see ``_Deliver``)."""
+    global _Deliver, _DeadLetter, _DELIVER_DIRECT
+    from broky.subscriptions.model import DeadLetter, Deliver
+    _DELIVER_DIRECT = slot_offsets(Deliver, _DELIVER_FIELDS, _DELIVER_AT)
+    _DeadLetter = DeadLetter
+    _Deliver = Deliver
+    return 0
+
+
+cdef object _new_deliver(object consumer, object offset, object stop):
+    """``Deliver(consumer, offset, 1, stop)``."""
+    if not _DELIVER_DIRECT:
+        return _Deliver(consumer, offset, _ONE, stop)
+    cdef object event = _Deliver.__new__(_Deliver)
+    cdef PyObject* target = <PyObject*>event
+    store_slot(target, _DELIVER_AT[0], consumer)
+    store_slot(target, _DELIVER_AT[1], offset)
+    store_slot(target, _DELIVER_AT[2], _ONE)
+    store_slot(target, _DELIVER_AT[3], stop)
+    return event
+
+
+def take_acked(dict counts, dict pending, dict due, offsets):
+    cdef list done = []
+    cdef list ended = []
+    cdef list waiting = []
+    cdef dict lost = {}
+    cdef PyObject* found
+    cdef object held
+    cdef object last_held = None
+    cdef Py_ssize_t run = 0
+    for offset in offsets:
+        # Borrowed lookups, then a delete: an int key's hash cannot fail.
+        if PyDict_GetItem(counts, offset) == NULL:
+            continue
+        PyDict_DelItem(counts, offset)
+        done.append(offset)
+        found = PyDict_GetItem(pending, offset)
+        if found == NULL:
+            if PyDict_Contains(due, offset):
+                waiting.append(offset)
+            continue
+        held = <object>found
+        PyDict_DelItem(pending, offset)
+        ended.append(offset)
+        # Consecutive offsets mostly share one delivery (a group): counted
+        # as a run, one dict update per run.
+        if held is last_held:
+            run += 1
+            continue
+        if run:
+            lost[last_held] = lost.get(last_held, _ZERO) + run
+        last_held = held
+        run = 1
+    if run:
+        lost[last_held] = lost.get(last_held, _ZERO) + run
+    done.sort()
+    return done, ended, lost, waiting
+
+
+cdef Py_ssize_t _bisect_left(list values, int64_t target) except -1:
+    cdef Py_ssize_t low = 0, high = len(values), middle
+    while low < high:
+        middle = (low + high) // 2
+        if <int64_t>values[middle] < target:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
+    cdef Py_ssize_t low = 0, high = len(values), middle
+    while low < high:
+        middle = (low + high) // 2
+        if target < <int64_t>values[middle]:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+cdef struct _Open:
+    # The merged range being built: [first, last], when ``opened``.
+    bint opened
+    int64_t first
+    int64_t last
+
+
+cdef inline int _take(_Open* open_range, list firsts, list lasts, int64_t first,
+                      int64_t last) except -1:
+    """Add ``[first, last]`` (ranges come by ascending first) to the merge:
+    it joins the open range when it touches it, else closes it."""
+    if open_range.opened and first <= open_range.last + 1:
+        if last > open_range.last:
+            open_range.last = last
+        return 0
+    if open_range.opened:
+        firsts.append(open_range.first)
+        lasts.append(open_range.last)
+    open_range.opened = True
+    open_range.first = first
+    open_range.last = last
+    return 0
+
+
+def merge_acked(list firsts, list lasts, object cursor, list offsets):
+    cdef Py_ssize_t count = len(offsets)
+    if count == 0:
+        return cursor
+    cdef int64_t position = cursor
+    cdef int64_t lowest = offsets[0]
+    cdef int64_t highest = offsets[count - 1]
+    cdef Py_ssize_t low = _bisect_left(lasts, lowest - 1)
+    cdef Py_ssize_t high = _bisect_right(firsts, highest + 1)
+    cdef Py_ssize_t index = low, at
+    cdef int64_t offset, first
+    cdef list merged_firsts = []
+    cdef list merged_lasts = []
+    cdef _Open open_range
+    open_range.opened = False
+    for at in range(count):
+        offset = offsets[at]
+        while index < high:
+            first = firsts[index]
+            if first >= offset:
+                break
+            _take(&open_range, merged_firsts, merged_lasts, first, lasts[index])
+            index += 1
+        _take(&open_range, merged_firsts, merged_lasts, offset, offset)
+    while index < high:
+        _take(&open_range, merged_firsts, merged_lasts, firsts[index], lasts[index])
+        index += 1
+    merged_firsts.append(open_range.first)
+    merged_lasts.append(open_range.last)
+    firsts[low:high] = merged_firsts
+    lasts[low:high] = merged_lasts
+    while firsts and <int64_t>firsts[0] <= position:
+        position = max(position, <int64_t>lasts[0] + 1)
+        del firsts[0]
+        del lasts[0]
+    return position
+
+
+def free_slots(dict slot_at, dict held_by_slot, dict holders, list ended):
+    cdef object held
+    for offset in ended:
+        slot = slot_at.pop(offset, _ZERO)
+        held = held_by_slot.get(slot)
+        if held is not None:
+            (<dict?>held).pop(offset, None)
+            if not held:
+                del held_by_slot[slot]
+                del holders[slot]
+
+
+def assign(list owners, list slots, object owner):
+    cdef Py_ssize_t size = PyList_GET_SIZE(owners), at, slot
+    cdef PyObject* old
+    # Checked first: a slot that is no index of ``owners`` raises
+    # IndexError with nothing changed (the callers never pass one).
+    for at in range(PyList_GET_SIZE(slots)):
+        slot = <object>PyList_GET_ITEM(slots, at)
+        if slot < 0 or slot >= size:
+            raise IndexError("list assignment index out of range")
+    for at in range(PyList_GET_SIZE(slots)):
+        slot = <object>PyList_GET_ITEM(slots, at)
+        old = PyList_GET_ITEM(owners, slot)
+        Py_INCREF(owner)
+        PyList_SET_ITEM(owners, slot, owner)
+        Py_DecRef(old)
+
+
+def gather_ranges(frame, tracker_of):
+    cdef bint acking = frame.kind is _ACK
+    cdef tuple numbers = frame.partitions
+    cdef tuple firsts = frame.first_offsets
+    cdef tuple lasts = frame.last_offsets
+    cdef Py_ssize_t count = len(numbers), at
+    cdef dict spans = {}
+    cdef dict found = {}
+    cdef int64_t first, last, cursor = 0, position = 0
+    cdef object unconfirmed = 0
+    cdef list singles = None
+    cdef list ranges = None
+    cdef object number, entry, tracker, last_number = None
+    if len(firsts) != count or len(lasts) != count:
+        raise ValueError("a settle's partitions and offsets differ in length")
+    for at in range(count):
+        number = numbers[at]
+        # A settle's ranges come grouped by partition: the last one's
+        # entry is kept in locals, the others looked up.
+        if last_number is None or number != last_number:
+            entry = found.get(number, found)
+            if entry is found:
+                tracker = tracker_of(number)
+                if tracker is None:
+                    entry = None
+                else:
+                    entry = (tracker.cursor, tracker.read_position, [])
+                    spans[number] = [entry[2]]
+                found[number] = entry
+            last_number = number
+            if entry is None:
+                singles = None
+            else:
+                cursor, position, singles = entry
+                ranges = spans[number]
+        if singles is None:
+            continue
+        first = firsts[at]
+        last = lasts[at]
+        if acking and first == last and cursor <= first < position:
+            singles.append(firsts[at])
+            continue
+        if last < position:
+            ranges.append(range(first if first > cursor else cursor, last + 1))
+            continue
+        ranges.append(range(first if first > cursor else cursor, position))
+        # In Python ints: ``last + 1`` may pass int64 (the wire's width).
+        unconfirmed += lasts[at] + 1 - (first if first > position else position)
+    return spans, unconfirmed
+
+
+def delivery_segments(deliveries, list bases, list stops):
+    cdef list segments = []
+    cdef list lost = []
+    cdef list ranges = None
+    cdef list counts = None
+    cdef Py_ssize_t held = len(bases), index, current = -1
+    cdef int64_t first, stop, offset, upto, span_stop, redelivered
+    cdef object count
+    if len(stops) != held:
+        raise ValueError("held spans' bases and stops differ in length")
+    for delivery in deliveries:
+        first, stop, count = delivery
+        offset = first
+        index = _bisect_right(bases, offset) - 1
+        while offset < stop:
+            if index >= 0 and offset < <int64_t>stops[index]:
+                span_stop = stops[index]
+                upto = stop if stop < span_stop else span_stop
+                if index == current and offset >= <int64_t>ranges[len(ranges) - 1]:
+                    if offset == <int64_t>ranges[len(ranges) - 1]:
+                        ranges[len(ranges) - 1] = upto
+                    else:
+                        ranges.append(offset)
+                        ranges.append(upto)
+                else:
+                    current = index
+                    ranges = [offset, upto]
+                    counts = []
+                    segments.append((index, ranges, counts))
+                if count > 1:
+                    for redelivered in range(offset, upto):
+                        counts.append((redelivered, count))
+            else:
+                if index + 1 < held and <int64_t>bases[index + 1] < stop:
+                    upto = bases[index + 1]
+                else:
+                    upto = stop
+                lost.extend(range(offset, upto))
+            offset = upto
+            if index + 1 < held and <int64_t>bases[index + 1] <= offset:
+                index += 1
+    return segments, lost
+
+
+cdef inline bint _has_room(object state) except -1:
+    """Whether a consumer may take one more message (credit and in-flight bound)."""
+    return state.credit > 0 and state.in_flight < state.max_in_flight
+
+
+cdef inline bint _continues(object last, object owner, object offset) except -1:
+    """Whether event ``last`` is a first delivery to ``owner`` that ends
+    right before ``offset`` (it then grows instead of a new event)."""
+    if not isinstance(last, _Deliver):
+        return False
+    return last.stop == offset and last.consumer == owner and last.count == 1
+
+
+def feed_fresh(dispatcher, int64_t first, list slots, object now):
+    """``Dispatcher.feed_slots`` of a key-shared dispatcher for offsets read
+    right at its read position with nothing acked ahead (its ``fresh``
+    case): the same decisions and the same state, the usual offset (its
+    slot's owner has room, nothing of the slot waits) handed out here in C
+    as ``_hand_fresh`` does, the others through the dispatcher's own
+    methods."""
+    if _Deliver is None:
+        _load_model()
+    tracker = dispatcher.tracker
+    cdef dict counts = tracker.counts
+    cdef dict due = tracker.due
+    cdef list owners = dispatcher.table.owners
+    cdef dict consumers = dispatcher.consumers
+    cdef dict holders = dispatcher._holder
+    cdef dict waiting_by_slot = dispatcher._waiting
+    cdef dict slot_at = dispatcher._slot_at
+    cdef dict held_by_slot = dispatcher._held
+    cdef list events = dispatcher.events
+    cdef int64_t limit = tracker.durable_limit
+    cdef dict groups = {}
+    cdef Py_ssize_t at, parked = 0, size = len(slots)
+    cdef object offset, slot, owner, state, group, held, last, waiting
+    try_deliver = dispatcher._try_deliver
+    for at in range(size):
+        offset = first + at
+        slot = slots[at]
+        waiting = waiting_by_slot.get(slot)
+        if waiting:
+            insort(waiting, offset)
+            parked += 1
+            continue
+        if first + at < limit and offset not in counts and offset not in due:
+            owner = owners[slot]
+            state = consumers.get(owner)
+            if state is not None and _has_room(state) and holders.get(slot, owner) == owner:
+                owner = state.id
+                group = groups.get(owner)
+                if group is None:
+                    groups[owner] = [offset]
+                else:
+                    (<list>group).append(offset)
+                slot_at[offset] = slot
+                if not state.in_flight:
+                    state.last_progress = now
+                state.in_flight += 1
+                state.credit -= 1
+                holders[slot] = owner
+                held = held_by_slot.get(slot)
+                if held is None:
+                    held_by_slot[slot] = {offset: None}
+                else:
+                    (<dict>held)[offset] = None
+                last = events[len(events) - 1] if events else None
+                if _continues(last, owner, offset):
+                    last.stop += 1
+                else:
+                    events.append(_new_deliver(owner, offset, first + at + 1))
+                continue
+        # The slow path sees the read position the pure loop would have set.
+        tracker.read_position = first + at + 1
+        if not try_deliver(slot, offset, now):
+            waiting_by_slot[slot] = [offset]
+            parked += 1
+    if tracker.read_position < first + size:
+        tracker.read_position = first + size
+    if parked:
+        dispatcher.parked += parked
+    dispatcher._deliver_groups(groups, now)
+
+
+cdef inline object _field(object event, Py_ssize_t index):
+    """Field ``index`` of a Deliver (consumer, offset, count, stop), read
+    from its slot when the layout was checked (``_DELIVER_DIRECT``)."""
+    cdef PyObject* value
+    if _DELIVER_DIRECT:
+        value = load_slot(<PyObject*>event, _DELIVER_AT[index])
+        if value != NULL:
+            return <object>value
+    return getattr(event, _DELIVER_FIELDS[index])
+
+
+def needed_spans(batches):
+    cdef list spans = []
+    if _Deliver is None:
+        _load_model()
+    for batch in batches:
+        for event in batch:
+            if type(event) is _Deliver or isinstance(event, _Deliver):
+                spans.append((_field(event, 1), _field(event, 3)))
+            elif isinstance(event, _DeadLetter):
+                spans.append((event.offset, event.offset + 1))
+    return spans
+
+
+def sort_events(list events):
+    cdef dict per_consumer = {}
+    cdef list others = []
+    cdef object mine, consumer, offset, stop, count
+    cdef object delivered = 0, redelivered = 0, size
+    if _Deliver is None:
+        _load_model()
+    for event in events:
+        if type(event) is not _Deliver and not isinstance(event, _Deliver):
+            others.append(event)
+            continue
+        consumer = _field(event, 0)
+        offset = _field(event, 1)
+        count = _field(event, 2)
+        stop = _field(event, 3)
+        size = stop - offset
+        mine = per_consumer.get(consumer)
+        if mine is None:
+            per_consumer[consumer] = [(offset, stop, count)]
+        else:
+            (<list>mine).append((offset, stop, count))
+        delivered += size
+        if count > 1:
+            redelivered += size
+    return per_consumer, delivered, redelivered, others

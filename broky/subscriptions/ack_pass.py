@@ -1,0 +1,146 @@
+"""The per-offset steps of an ack, each one pass over a settle's offsets (sans-IO).
+
+Why their own module: a key-shared consumer's acks are scattered offsets
+(with 4 consumers over 1,000 keys its acked runs are ~1.3 offsets long), so
+an ack pays its bookkeeping per offset: take the offset out of the
+tracker's counts and pending deliveries, merge it into the acked ranges,
+free its slot. Done offset by offset in Python these were ~18 % of a
+broker's event loop in ``bench_consumers``' key-shared row. Each step here
+is one loop over all of a settle's offsets of a partition, with a compiled
+twin (``broky.subscriptions._passes``) that runs the same loop in C and gives
+the same results (hypothesis holds them equal,
+``tests/subscriptions/test_passes.py``); ``BROKY_PURE=1`` or a missing
+build runs these.
+
+The structures are the callers' (the tracker's dicts and acked ranges, the
+dispatcher's slot maps): the functions change them in place and own nothing.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
+
+from broky.compiled import compiled_twin
+
+_Delivery = TypeVar("_Delivery")
+
+
+class TakeAcked(Protocol):
+    """The signature of :func:`take_acked_pure` and its compiled twin."""
+
+    def __call__(
+        self,
+        counts: dict[int, int],
+        pending: dict[int, _Delivery],
+        due: dict[int, float],
+        offsets: Iterable[int],
+    ) -> tuple[list[int], list[int], dict[_Delivery, int], list[int]]: ...
+
+
+def take_acked_pure(
+    counts: dict[int, int],
+    pending: dict[int, _Delivery],
+    due: dict[int, float],
+    offsets: Iterable[int],
+) -> tuple[list[int], list[int], dict[_Delivery, int], list[int]]:
+    """Take every offset of ``offsets`` that is counted as delivered out of
+    ``counts`` and ``pending`` (the others, and repeats, are skipped: an ack
+    of a message never delivered, or acked already, acks nothing).
+
+    Returns ``done``, the offsets taken, ascending (what the acked ranges
+    take, ``merge_acked``); ``ended``, those that were pending (their
+    delivery ended), in the order given; how many offsets each delivery
+    lost (a delivery is counted, not listed per offset: a group delivery
+    holds many); and ``waiting``, the offsets taken that were due for a
+    redelivery rather than pending (in ``due``, which stays untouched)."""
+    done: list[int] = []
+    ended: list[int] = []
+    lost: dict[_Delivery, int] = {}
+    waiting: list[int] = []
+    for offset in offsets:
+        if counts.pop(offset, None) is None:
+            continue
+        done.append(offset)
+        held = pending.pop(offset, None)
+        if held is None:
+            if offset in due:
+                waiting.append(offset)
+            continue
+        ended.append(offset)
+        lost[held] = lost.get(held, 0) + 1
+    done.sort()
+    return done, ended, lost, waiting
+
+
+def merge_acked_pure(firsts: list[int], lasts: list[int], cursor: int, offsets: list[int]) -> int:
+    """Mark ``offsets`` acked in the ranges ``firsts``/``lasts`` (sorted,
+    disjoint, inclusive, above ``cursor``; changed in place); returns the
+    new cursor.
+
+    ``offsets``: ascending, distinct, at or above ``cursor`` and in no
+    range (offsets still counted as delivered, ``take_acked``'s ``done``).
+    One merge of the ranges they can touch with their runs, spliced in
+    once: a settle's scattered offsets cost one pass, not one bisection
+    and one list insert each."""
+    if not offsets:
+        return cursor
+    low = bisect_left(lasts, offsets[0] - 1)
+    high = bisect_right(firsts, offsets[-1] + 1)
+    merged_firsts: list[int] = []
+    merged_lasts: list[int] = []
+    index = low
+
+    def take(first: int, last: int) -> None:
+        if merged_lasts and first <= merged_lasts[-1] + 1:
+            merged_lasts[-1] = max(merged_lasts[-1], last)
+        else:
+            merged_firsts.append(first)
+            merged_lasts.append(last)
+
+    for offset in offsets:
+        while index < high and firsts[index] < offset:
+            take(firsts[index], lasts[index])
+            index += 1
+        take(offset, offset)
+    while index < high:
+        take(firsts[index], lasts[index])
+        index += 1
+    firsts[low:high] = merged_firsts
+    lasts[low:high] = merged_lasts
+    while firsts and firsts[0] <= cursor:
+        cursor = max(cursor, lasts[0] + 1)
+        del firsts[0], lasts[0]
+    return cursor
+
+
+def free_slots_pure(
+    slot_at: dict[int, int],
+    held_by_slot: dict[int, dict[int, None]],
+    holders: dict[int, int],
+    ended: list[int],
+) -> None:
+    """An ordered dispatcher's side of ``ended`` (offsets whose delivery
+    ended): each leaves its slot's held offsets, and a slot holding none
+    has no holder any more (it may move to its new owner)."""
+    for offset in ended:
+        slot = slot_at.pop(offset, 0)
+        held = held_by_slot.get(slot)
+        if held is not None:
+            held.pop(offset, None)
+            if not held:
+                del held_by_slot[slot], holders[slot]
+
+
+MergeAcked = Callable[[list[int], list[int], int, list[int]], int]
+FreeSlots = Callable[[dict[int, int], dict[int, dict[int, None]], dict[int, int], list[int]], None]
+
+_MODULE = "broky.subscriptions._passes"
+#: The compiled twins, when built (None otherwise, and with ``BROKY_PURE=1``).
+take_acked_compiled: TakeAcked | None = compiled_twin(_MODULE, "take_acked")
+merge_acked_compiled: MergeAcked | None = compiled_twin(_MODULE, "merge_acked")
+free_slots_compiled: FreeSlots | None = compiled_twin(_MODULE, "free_slots")
+take_acked: TakeAcked = take_acked_compiled or take_acked_pure
+merge_acked: MergeAcked = merge_acked_compiled or merge_acked_pure
+free_slots: FreeSlots = free_slots_compiled or free_slots_pure

@@ -1,0 +1,278 @@
+"""The subscription core's bulk passes: the per-offset steps of an ack
+(``broky.subscriptions.ack_pass``), the slot table's owner stores
+(``broky.subscriptions.slots.assign_pure``), a key-shared dispatcher's
+fresh feed (``Dispatcher.feed_slots``) and a driver round's event passes
+(``broky.subscriptions.round_events``). Each pure function against a
+plain model, and its compiled twin (``broky.subscriptions._passes``) giving
+exactly the same results and leaving exactly the same structures behind."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broky.subscriptions import ack_pass, dispatch, round_events, slots
+from broky.subscriptions.acked_ranges import AckedRanges
+from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.model import (
+    DeadLetter,
+    Deliver,
+    Event,
+    Evict,
+    Options,
+    SubscriptionType,
+)
+from broky.subscriptions.slots import slot_of
+from broky.subscriptions.tracker import SubscriptionImage
+
+#: Offsets drawn from a small window, so that runs, neighbours and repeats are common.
+_OFFSET = st.integers(0, 60)
+
+
+def _twins(pure: object, compiled: object) -> list[object]:
+    return [pure] if compiled is None else [pure, compiled]
+
+
+def test_the_compiled_twins_are_built() -> None:
+    """``make`` builds them; a silent fallback would leave the slow path on."""
+    twins = (ack_pass.take_acked_compiled, ack_pass.merge_acked_compiled)
+    if os.environ.get("BROKY_PURE") == "1":
+        assert twins == (None, None)
+        assert ack_pass.free_slots_compiled is None
+        assert slots.assign_compiled is None
+        assert round_events.sort_events_compiled is None
+        assert ack_pass.merge_acked is ack_pass.merge_acked_pure
+        return
+    assert all(twins), "broky.subscriptions._passes not built"
+    assert ack_pass.free_slots_compiled is not None
+    assert slots.assign_compiled is not None
+    assert round_events.sort_events_compiled is not None
+    assert round_events.needed_spans_compiled is not None
+
+
+@given(
+    st.dictionaries(_OFFSET, st.integers(1, 3)),
+    st.dictionaries(_OFFSET, st.integers(0, 2)),
+    st.sets(_OFFSET),
+    st.lists(_OFFSET, max_size=80),
+)
+def test_take_acked_takes_each_delivered_offset_once(
+    counts: dict[int, int], holders: dict[int, int], due: set[int], offsets: list[int]
+) -> None:
+    deliveries = [object() for _ in range(3)]
+    pending = {offset: deliveries[index] for offset, index in holders.items() if offset in counts}
+    due_at = dict.fromkeys(due, 1.0)
+    taken = [offset for offset in dict.fromkeys(offsets) if offset in counts]
+    ended = [offset for offset in taken if offset in pending]
+    lost: dict[object, int] = {}
+    for offset in ended:
+        lost[pending[offset]] = lost.get(pending[offset], 0) + 1
+    expected = (
+        sorted(taken),
+        ended,
+        lost,
+        [offset for offset in taken if offset not in pending and offset in due],
+    )
+    for take in _twins(ack_pass.take_acked_pure, ack_pass.take_acked_compiled):
+        assert callable(take)
+        left_counts, left_pending = dict(counts), dict(pending)
+        assert take(left_counts, left_pending, due_at, iter(offsets)) == expected
+        assert left_counts == {o: c for o, c in counts.items() if o not in taken}
+        assert left_pending == {o: p for o, p in pending.items() if o not in taken}
+
+
+@given(st.sets(_OFFSET), st.integers(0, 10), st.sets(_OFFSET))
+def test_merge_acked_is_adding_each_offset(acked: set[int], cursor: int, new: set[int]) -> None:
+    """The ranges and cursor after one merge of unacked offsets are those
+    that adding them one by one gives."""
+    offsets = sorted(offset for offset in new - acked if offset >= cursor)
+    model = AckedRanges(cursor)
+    for offset in sorted(acked):
+        model.add(offset)
+    start = (model.cursor, model.ranges())
+    offsets = [offset for offset in offsets if offset not in model]
+    for offset in offsets:
+        model.add(offset)
+    for merge in _twins(ack_pass.merge_acked_pure, ack_pass.merge_acked_compiled):
+        assert callable(merge)
+        firsts = [first for first, _ in start[1]]
+        lasts = [last for _, last in start[1]]
+        assert merge(firsts, lasts, start[0], offsets) == model.cursor
+        assert list(zip(firsts, lasts, strict=True)) == list(model.ranges())
+
+
+@given(st.dictionaries(_OFFSET, st.integers(0, 4)), st.lists(_OFFSET, max_size=60))
+def test_free_slots_releases_slots_holding_nothing(
+    slot_at: dict[int, int], ended: list[int]
+) -> None:
+    """Each ended offset leaves its slot's held offsets; a slot left holding
+    none loses its holder; the other slots keep theirs."""
+    held: dict[int, dict[int, None]] = {}
+    for offset, slot in slot_at.items():
+        held.setdefault(slot, {})[offset] = None
+    holders = {slot: slot + 100 for slot in held}
+    gone = set(ended)
+    expected_held = {
+        slot: {o: None for o in offsets if o not in gone}
+        for slot, offsets in held.items()
+        if set(offsets) - gone
+    }
+    for free in _twins(ack_pass.free_slots_pure, ack_pass.free_slots_compiled):
+        assert callable(free)
+        left_slot_at, left_held = dict(slot_at), copy.deepcopy(held)
+        left_holders = dict(holders)
+        free(left_slot_at, left_held, left_holders, list(ended))
+        assert left_slot_at == {o: s for o, s in slot_at.items() if o not in gone}
+        assert left_held == expected_held
+        assert left_holders == {slot: slot + 100 for slot in expected_held}
+
+
+@pytest.mark.parametrize("name", ["merge_acked_pure", "merge_acked_compiled"])
+def test_merge_acked_moves_the_cursor_over_every_range_it_reaches(name: str) -> None:
+    """Acking the gap below the lowest range takes that range under the
+    cursor too (it must not stay a range at the cursor)."""
+    merge: Callable[[list[int], list[int], int, list[int]], int] | None = getattr(ack_pass, name)
+    if merge is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    firsts, lasts = [3, 8], [5, 9]
+    assert merge(firsts, lasts, 0, [0, 1, 2, 6, 7]) == 10
+    assert (firsts, lasts) == ([], [])
+
+
+@given(st.lists(st.integers(0, 40), max_size=60), st.integers(-1, 5))
+def test_assign_stores_the_owner_of_every_slot(moved: list[int], owner: int) -> None:
+    before = [slot % 3 for slot in range(41)]
+    expected = [owner if slot in moved else previous for slot, previous in enumerate(before)]
+    for assign in _twins(slots.assign_pure, slots.assign_compiled):
+        assert callable(assign)
+        owners = list(before)
+        assign(owners, list(moved), owner)
+        assert owners == expected
+
+
+def test_compiled_assign_refuses_a_slot_out_of_range_changing_nothing() -> None:
+    if slots.assign_compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    owners = [0, 0, 0]
+    with pytest.raises(IndexError):
+        slots.assign_compiled(owners, [1, 3], 7)
+    assert owners == [0, 0, 0]
+
+
+def _dispatcher_state(dispatcher: Dispatcher) -> object:
+    """Everything a feed can change, as plain values."""
+    tracker = dispatcher.tracker
+    return (
+        [
+            (e.consumer, e.offset, e.count, e.stop)
+            for e in dispatcher.events
+            if isinstance(e, Deliver)
+        ],
+        [e for e in dispatcher.events if not isinstance(e, Deliver)],
+        tracker.read_position,
+        tracker.counts,
+        {
+            o: (p.consumer, p.count, p.deadline, p.live, p.first, p.stop)
+            for o, p in tracker.pending.items()
+        },
+        tracker.due,
+        tracker.next_deadline(),
+        dispatcher._slot_at,
+        dispatcher._held,
+        dispatcher._holder,
+        dispatcher._waiting,
+        dispatcher.parked,
+        {c: (s.credit, s.in_flight, s.last_progress) for c, s in dispatcher.consumers.items()},
+    )
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 8), st.integers(1, 8)), min_size=1, max_size=4),
+    st.lists(st.integers(0, 5), max_size=30),
+    st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    st.sets(st.integers(0, 29)),
+    st.booleans(),
+)
+def test_the_compiled_fresh_feed_decides_as_the_pure_one(
+    consumers: list[tuple[int, int]],
+    earlier: list[int],
+    fed: list[int],
+    nacked: set[int],
+    committed: bool,
+) -> None:
+    """A key-shared dispatcher in any state an earlier read, its nacks
+    (offsets due again, slots waiting) and credit left it in, fed a fresh
+    read: the compiled loop (``_passes.feed_fresh``) leaves every structure
+    as the pure ``feed_slots`` loop does."""
+    if dispatch.feed_fresh_compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    keys = [slot_of(f"key-{key}".encode()) for key in range(6)]
+    dispatcher = Dispatcher(
+        Options(type=SubscriptionType.KEY_SHARED, ack_timeout=5.0, lease=24),
+        SubscriptionImage(0),
+        end_offset=100,
+    )
+    for consumer, (credit, max_in_flight) in enumerate(consumers):
+        dispatcher.attach(consumer, 0.0, credit=credit, max_in_flight=max_in_flight)
+    if committed:
+        dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    dispatcher.feed_slots(0, [keys[key] for key in earlier], 1.0)
+    for offset in sorted(nacked):
+        held = dispatcher.tracker.pending.get(offset)
+        if held is not None:
+            dispatcher.nack(held.consumer, [offset], 1.5, 0.0)
+    first = dispatcher.tracker.read_position
+    slots = [keys[key] for key in fed]
+    compiled, pure = copy.deepcopy(dispatcher), copy.deepcopy(dispatcher)
+    compiled.feed_slots(first, slots, 2.0)
+    saved, dispatch.feed_fresh_compiled = dispatch.feed_fresh_compiled, None
+    try:
+        pure.feed_slots(first, slots, 2.0)
+    finally:
+        dispatch.feed_fresh_compiled = saved
+    assert _dispatcher_state(compiled) == _dispatcher_state(pure)
+
+
+_EVENT = st.one_of(
+    st.builds(
+        Deliver, st.integers(0, 3), st.integers(0, 50), st.integers(1, 3), st.integers(0, 60)
+    ),
+    st.builds(DeadLetter, st.integers(0, 50), st.integers(1, 5), st.sampled_from(["", "poison"])),
+    st.builds(Evict, st.integers(0, 3)),
+)
+
+
+@given(st.lists(st.lists(_EVENT, max_size=12), max_size=4))
+def test_a_rounds_events_sort_alike_compiled_or_pure(batches: list[list[Event]]) -> None:
+    """What a round reads for its events and how it groups each
+    dispatcher's: the compiled passes answer as the pure ones, which keep
+    the events' order (deliveries per consumer, the others apart)."""
+    spans = round_events.needed_spans_pure(batches)
+    assert spans == [
+        (e.offset, e.stop if isinstance(e, Deliver) else e.offset + 1)
+        for batch in batches
+        for e in batch
+        if not isinstance(e, Evict)
+    ]
+    for events in batches:
+        per_consumer, delivered, redelivered, others = round_events.sort_events_pure(events)
+        deliveries = [e for e in events if isinstance(e, Deliver)]
+        assert others == [e for e in events if not isinstance(e, Deliver)]
+        assert delivered == sum(e.stop - e.offset for e in deliveries)
+        assert redelivered == sum(e.stop - e.offset for e in deliveries if e.count > 1)
+        assert per_consumer == {
+            c: [(e.offset, e.stop, e.count) for e in deliveries if e.consumer == c]
+            for c in dict.fromkeys(e.consumer for e in deliveries)
+        }
+    if round_events.needed_spans_compiled is None or round_events.sort_events_compiled is None:
+        return
+    assert round_events.needed_spans_compiled(batches) == spans
+    for events in batches:
+        sorted_compiled = round_events.sort_events_compiled(events)
+        assert sorted_compiled == round_events.sort_events_pure(events)
+        assert list(sorted_compiled[0]) == list(round_events.sort_events_pure(events)[0])
