@@ -28,7 +28,8 @@ test: lint
 	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration \
 		tests/client/test_decoding.py tests/storage/test_read_spans.py \
 		tests/subscriptions/test_delivery.py tests/subscriptions/test_feed.py \
-		tests/client/test_delivery_columns.py tests/subscriptions/test_message_slots.py
+		tests/client/test_delivery_columns.py tests/subscriptions/test_message_slots.py \
+		tests/storage/test_runs_batch.py tests/storage/test_producer_batches.py
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.
 bench: $(STAMP)
