@@ -85,12 +85,10 @@ class Part:
             return None
         if self.messages == len(self.counts):  # one message per run (a key per message)
             offsets = range(first_offset, first_offset + self.messages)
-            ticket.completed(list(zip(self.indexes, repeat(partition), offsets, offsets)))
+            ticket.stored(self.indexes, partition, offsets, offsets)
             return self.acks
         ends = list(accumulate(self.counts, initial=first_offset))
-        ticket.completed(
-            list(zip(self.indexes, repeat(partition), ends, map((-1).__add__, ends[1:])))
-        )
+        ticket.stored(self.indexes, partition, ends[:-1], map((-1).__add__, ends[1:]))
         return self.acks
 
     def fail(self, reason: str, code: ErrorCode) -> AckQueue | None:
