@@ -7,7 +7,8 @@ but holding the GIL. With a key per message a round is hundreds of
 one-message runs, and the pure encoder's dozen list passes, running sums
 and ``struct.pack`` argument tuples cost about a microsecond per message,
 a sixth of the broker's whole durable path, while other owners and the
-connections wait for the GIL. This reads each run's fields once, checks
+connections wait for the GIL. This reads each run's fields once (at
+their slots: ``_run_slots.run_field``), checks
 what the pure version checks (raising the same StorageError, in the same
 order of checks), and writes the batch into one buffer: the same bytes
 (hypothesis tests compare them). Little-endian hosts only: elsewhere the
@@ -21,13 +22,14 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from broky.protocol._run_slots cimport load_slot, slot_offsets
+from broky.protocol._run_slots cimport (
+    RUN_COUNT, RUN_KEY, RUN_MESSAGES, RUN_SIZES, RUN_TS_BROKER, run_field,
+)
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from crc32c import crc32c
 
-from broky.protocol.frames import Run
 from broky.storage.errors import StorageError
 
 if sys.byteorder != "little":
@@ -39,23 +41,6 @@ cdef int64_t _RUN_ENTRY_BYTES = 16
 cdef int64_t _RUN_ENTRY_BYTES_V3 = 32
 cdef int64_t _MAX_KEY_BYTES = 0xFFFF
 cdef int64_t _MAX_BATCH_BYTES = 64 * 1024 * 1024
-
-#: Run's key, ts_broker, count, sizes and messages slots (see _run_slots).
-cdef Py_ssize_t _SLOTS[5]
-cdef bint _DIRECT = slot_offsets(
-    Run, ("key", "ts_broker", "count", "sizes", "messages"), _SLOTS
-)
-
-
-cdef inline object _field(object run, int slot, str name):
-    """A run's field: read at its slot for a ``Run``, by name otherwise."""
-    cdef PyObject* value
-    if _DIRECT and type(run) is Run:
-        value = load_slot(<PyObject*>run, _SLOTS[slot])
-        if value != NULL:
-            return <object>value
-    return getattr(run, name)
-
 
 cdef inline int64_t _pad8(int64_t length) noexcept:
     return -length & 7
@@ -101,16 +86,16 @@ def encode_runs(int64_t base_offset, int64_t log_time, runs, ts_brokers=None, pr
     try:
         for index in range(run_count):
             run = items[index]
-            key = _field(run, 0, "key")
+            key = run_field(run, RUN_KEY)
             keys[index] = key
-            counts[index] = _field(run, 2, "count")
+            counts[index] = run_field(run, RUN_COUNT)
             key_length = len(key)
             keys_length += key_length
             if key_length > longest_key:
                 longest_key = key_length
-            PyObject_GetBuffer(_field(run, 3, "sizes"), &buffers[2 * index], PyBUF_SIMPLE)
+            PyObject_GetBuffer(run_field(run, RUN_SIZES), &buffers[2 * index], PyBUF_SIMPLE)
             held += 1
-            PyObject_GetBuffer(_field(run, 4, "messages"), &buffers[2 * index + 1], PyBUF_SIMPLE)
+            PyObject_GetBuffer(run_field(run, RUN_MESSAGES), &buffers[2 * index + 1], PyBUF_SIMPLE)
             held += 1
             messages_length += buffers[2 * index + 1].len
             if counts[index] < 1 or buffers[2 * index].len != 4 * counts[index]:
@@ -152,7 +137,7 @@ def encode_runs(int64_t base_offset, int64_t log_time, runs, ts_brokers=None, pr
         at = _HEADER_BYTES
         for index in range(run_count):
             if ts_brokers is None:
-                _put_i64(out, at + 8 * index, _field(items[index], 1, "ts_broker"))
+                _put_i64(out, at + 8 * index, run_field(items[index], RUN_TS_BROKER))
             else:
                 _put_i64(out, at + 8 * index, ts_brokers[index])
         at += 8 * run_count
@@ -209,7 +194,7 @@ def stored_byte_ends(runs):
     cdef int64_t total = 0
     cdef list ends = []
     for run in runs:
-        total += (_RUN_ENTRY_BYTES + len(_field(run, 0, "key"))
-                  + 4 * <int64_t>_field(run, 2, "count") + len(_field(run, 4, "messages")))
+        total += (_RUN_ENTRY_BYTES + len(run_field(run, RUN_KEY))
+                  + 4 * <int64_t>run_field(run, RUN_COUNT) + len(run_field(run, RUN_MESSAGES)))
         ends.append(total)
     return ends

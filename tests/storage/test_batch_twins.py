@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -143,3 +144,27 @@ def test_stored_byte_ends_are_the_running_total_of_run_stored_bytes() -> None:
 def test_batch_count_is_in_the_header_where_the_log_reads_it() -> None:
     runs = [make_run(b"a", [b"1", b"2"]), make_run(b"b", [b"3"])]
     assert struct.unpack_from("<I", batch.encode_runs(0, 0, runs), 16) == (3,)
+
+
+@attrs.frozen
+class LookalikeRun:
+    """Not a ``Run``, with its fields: read by name, not at Run's slots."""
+
+    key: bytes
+    ts_broker: int
+    count: int
+    sizes: bytes
+    messages: bytes
+
+
+@needs_compiled
+def test_runs_of_another_type_are_read_by_name() -> None:
+    runs = [make_run(b"a", [b"1", b"22"], 5), make_run(b"orders.x", [b"333"], 6)]
+    lookalikes = [
+        LookalikeRun(run.key, run.ts_broker, run.count, bytes(run.sizes), bytes(run.messages))
+        for run in runs
+    ]
+    assert compiled is not None
+    assert compiled_ends is not None
+    assert compiled(1, 2, lookalikes) == encode_runs_pure(1, 2, runs)  # type: ignore[arg-type]
+    assert compiled_ends(lookalikes) == stored_byte_ends_pure(runs)  # type: ignore[arg-type]
