@@ -24,12 +24,13 @@ outcome to its own client (broky.durable.forwarded).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
 
 import attrs
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Error, PublishAck
@@ -141,9 +142,11 @@ class AckTicket:
 AckColumns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
-def ack_columns(ticket: AckTicket) -> AckColumns:
-    """The ticket's entries as a PublishAck's columns, in the order of the
-    ``(run index, partition, first, last)`` tuples sorted.
+def ack_columns_pure(
+    runs: list[int], partitions: list[int], firsts: list[int], lasts: list[int]
+) -> AckColumns:
+    """An ack's entries, given as columns, as a PublishAck's columns, in the
+    order of the ``(run index, partition, first, last)`` tuples sorted.
 
     When no run index repeats (no run was split over partitions: the usual
     case) the run index alone decides the order, so the columns are put in
@@ -151,8 +154,7 @@ def ack_columns(ticket: AckTicket) -> AckColumns:
     each already in run order) and picked in C; otherwise the tuples are
     sorted, ties broken by partition and offsets as before.
     """
-    runs = ticket.run_indexes
-    columns = (runs, ticket.partitions, ticket.firsts, ticket.lasts)
+    columns = (runs, partitions, firsts, lasts)
     if len(runs) < 2 or len(set(runs)) != len(runs):
         entries = sorted(zip(*columns, strict=True))
         if not entries:
@@ -162,6 +164,24 @@ def ack_columns(ticket: AckTicket) -> AckColumns:
         pick = itemgetter(*sorted(range(len(runs)), key=runs.__getitem__))
         ordered = tuple(map(pick, columns))
     return ordered[0], ordered[1], ordered[2], ordered[3]
+
+
+#: The compiled twin (``broky.protocol._vectors``) where it is built: the
+#: same columns by a counting pass when no run index repeats, None otherwise.
+ack_columns_compiled: (
+    Callable[[list[int], list[int], list[int], list[int]], AckColumns | None] | None
+) = compiled_twin("broky.protocol._vectors", "ack_columns")
+
+
+def ack_columns(ticket: AckTicket) -> AckColumns:
+    """The ticket's entries as a PublishAck's columns (``ack_columns_pure``),
+    by the compiled counting pass where it applies."""
+    columns = (ticket.run_indexes, ticket.partitions, ticket.firsts, ticket.lasts)
+    if ack_columns_compiled is not None:
+        ordered = ack_columns_compiled(*columns)
+        if ordered is not None:
+            return ordered
+    return ack_columns_pure(*columns)
 
 
 #: Who waits for a queued run's durability: the acked frame's ticket, its
