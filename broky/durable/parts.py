@@ -84,7 +84,8 @@ class Part:
         if ticket is None:
             return None
         if self.messages == len(self.counts):  # one message per run (a key per message)
-            offsets = range(first_offset, first_offset + self.messages)
+            # One list for both columns: each offset is one int object, not two.
+            offsets = list(range(first_offset, first_offset + self.messages))
             ticket.stored(self.indexes, partition, offsets, offsets)
             return self.acks
         ends = list(accumulate(self.counts, initial=first_offset))
