@@ -31,7 +31,8 @@ test: lint
 		tests/client/test_delivery_columns.py tests/subscriptions/test_message_slots.py \
 		tests/subscriptions/test_passes.py tests/subscriptions/test_core.py \
 		tests/subscriptions/test_settle_ranges.py \
-		tests/subscriptions/test_dispatch_machine.py
+		tests/subscriptions/test_dispatch_machine.py \
+		tests/storage/test_runs_batch.py tests/storage/test_producer_batches.py
 
 # The peers are Debian packages; apt-get runs only when a server binary is missing.
 bench: $(STAMP)

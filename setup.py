@@ -2,14 +2,15 @@
 
 ``broky.protocol._runs``, ``broky.protocol._forward``,
 ``broky.protocol._vectors``, ``broky.router._fanout``,
-``broky.storage._partitions`` and ``broky.client._uniform`` (Cython) are the
-compiled twins of ``broky.protocol.frames.EncodedRunPure``,
+``broky.storage._partitions``, ``broky.storage._batch`` and ``broky.client._uniform``
+(Cython) are the compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
 (and ``broky.protocol.located.encode_located_runs_pure``,
 ``broky.protocol.chunks.encode_run_chunk_from_pure``,
 ``broky.storage.batch_reading.distinct_keys_pure``),
 ``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
-(and ``broky.storage.grouping.partition_groups_pure``) and
+(and ``broky.storage.grouping.partition_groups_pure``),
+``broky.storage.batch.encode_runs_pure`` (and ``stored_byte_ends_pure``) and
 ``broky.client.decoding.uniform_messages_pure``; ``broky.client._deliveries`` is the twin
 of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
 ``broky.subscriptions._passes`` of ``broky.subscriptions.ack_pass.take_acked_pure``,
@@ -39,6 +40,7 @@ else:
                 "broky.protocol._vectors",
                 "broky.router._fanout",
                 "broky.storage._partitions",
+                "broky.storage._batch",
                 "broky.client._uniform",
                 "broky.client._deliveries",
                 "broky.subscriptions._passes",

@@ -15,10 +15,12 @@ from typing import Any
 
 def compiled_twin(module: str, attribute: str) -> Any:
     """``module.attribute`` from a compiled extension (the caller types it),
-    or None when it is not built, cannot load here, or ``BROKY_PURE=1`` is set."""
+    or None when it is not built, cannot load here, lacks ``attribute``
+    (built from older sources: a stale editable build), or ``BROKY_PURE=1``
+    is set."""
     if os.environ.get("BROKY_PURE") == "1":
         return None
     try:
         return getattr(importlib.import_module(module), attribute)
-    except ImportError:
+    except (ImportError, AttributeError):
         return None

@@ -84,13 +84,12 @@ class Part:
         if ticket is None:
             return None
         if self.messages == len(self.counts):  # one message per run (a key per message)
-            offsets = range(first_offset, first_offset + self.messages)
-            ticket.completed(list(zip(self.indexes, repeat(partition), offsets, offsets)))
+            # One list for both columns: each offset is one int object, not two.
+            offsets = list(range(first_offset, first_offset + self.messages))
+            ticket.stored(self.indexes, partition, offsets, offsets)
             return self.acks
         ends = list(accumulate(self.counts, initial=first_offset))
-        ticket.completed(
-            list(zip(self.indexes, repeat(partition), ends, map((-1).__add__, ends[1:])))
-        )
+        ticket.stored(self.indexes, partition, ends[:-1], map((-1).__add__, ends[1:]))
         return self.acks
 
     def fail(self, reason: str, code: ErrorCode) -> AckQueue | None:

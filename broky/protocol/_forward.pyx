@@ -46,7 +46,6 @@ cdef int _MAX_SEGMENTS = MAX_COALESCED_MESSAGES  # a run holds at least one mess
 #: stays alive until the run's round is done). Longer runs are viewed.
 cdef int64_t _COPIED_CHUNK_BYTES = 512
 
-
 cdef inline uint32_t _u32(const uint8_t* p) noexcept nogil:
     cdef uint32_t value
     memcpy(&value, p, 4)
@@ -232,16 +231,41 @@ cdef bytes _key(const uint8_t* key, int64_t key_len):
     cdef int64_t i
     for i in range(key_len):
         h = (h ^ key[i]) * 1099511628211ULL
-    cdef Py_ssize_t slot = <Py_ssize_t>((h ^ (h >> 29)) & (_KEY_SLOTS - 1))
-    cdef object seen = <object>PyList_GET_ITEM(_keys, slot)
+    return _cached_bytes(
+        _keys, <Py_ssize_t>((h ^ (h >> 29)) & (_KEY_SLOTS - 1)), <const char*>key, key_len
+    )
+
+
+#: One-message size tables seen lately, by the message size (slots:
+#: _SIZE_SLOTS), for the runs ``read_chunk_runs`` copies out: with a key
+#: per message each run's size table was a new 4-byte bytes object, while
+#: messages of one size have the same table. Like a key, a table met again
+#: is the same object (bytes are immutable: sharing one is not observable).
+cdef enum:
+    _SIZE_SLOTS = 1024
+cdef list _size_tables = [None] * _SIZE_SLOTS
+
+
+cdef bytes _sizes(const uint8_t* sizes, int64_t count):
+    if count != 1:
+        return PyBytes_FromStringAndSize(<const char*>sizes, 4 * count)
+    return _cached_bytes(
+        _size_tables, <Py_ssize_t>(_u32(sizes) & (_SIZE_SLOTS - 1)), <const char*>sizes, 4
+    )
+
+
+cdef bytes _cached_bytes(list cache, Py_ssize_t slot, const char* data, int64_t length):
+    """The bytes of ``data``: ``cache[slot]`` if it holds them, else new
+    ones, left in that slot (one per slot: a miss costs a compare)."""
+    cdef object seen = <object>PyList_GET_ITEM(cache, slot)
     if (
         seen is not None
-        and PyBytes_GET_SIZE(seen) == key_len
-        and memcmp(PyBytes_AS_STRING(seen), key, key_len) == 0
+        and PyBytes_GET_SIZE(seen) == length
+        and memcmp(PyBytes_AS_STRING(seen), data, length) == 0
     ):
         return <bytes>seen
-    fresh = PyBytes_FromStringAndSize(<const char*>key, key_len)
-    _keys[slot] = fresh
+    fresh = PyBytes_FromStringAndSize(data, length)
+    cache[slot] = fresh
     return fresh
 
 
@@ -393,7 +417,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
             chunk_start = _chunk_at(buf, start + 4 * index)
             if _read_chunk(buf, size, chunk_start, 0, &chunk):
                 if chunk.length <= _COPIED_CHUNK_BYTES:  # copies: see _COPIED_CHUNK_BYTES
-                    sizes = PyBytes_FromStringAndSize(<const char*>chunk.start + 44, 4 * chunk.count)
+                    sizes = _sizes(chunk.start + 44, chunk.count)
                     messages = PyBytes_FromStringAndSize(
                         <const char*>chunk.messages, chunk.messages_len
                     )
@@ -405,7 +429,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                     messages = whole[messages_at : messages_at + chunk.messages_len]
                 runs.append(
                     new_run(
-                        PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
+                        _key(chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
                         sizes,
@@ -423,7 +447,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                 # garbage collector tracks (a consumer buffers up to its
                 # credit of these); a big run's stay views.
                 if chunk.messages_len <= _COPY_AT_MOST:
-                    sizes = PyBytes_FromStringAndSize(<const char*>buf + sizes_at, 4 * chunk.count)
+                    sizes = _sizes(buf + sizes_at, chunk.count)
                     messages = PyBytes_FromStringAndSize(
                         <const char*>buf + messages_at, chunk.messages_len
                     )
@@ -432,7 +456,7 @@ def read_chunk_runs(view, Py_ssize_t start, Py_ssize_t count):
                     messages = view[messages_at : messages_at + chunk.messages_len]
                 runs.append(
                     new_run(
-                        PyBytes_FromStringAndSize(<const char*>chunk.key, chunk.key_len),
+                        _key(chunk.key, chunk.key_len),
                         chunk.ts_broker,
                         chunk.count,
                         sizes,

@@ -13,6 +13,19 @@ cdef object new_run(object key, int64_t ts_broker, int64_t count, object sizes,
 
 cdef bint slot_offsets(type cls, tuple names, Py_ssize_t* out) except -1
 
+# A Run's fields in ``new_run``'s order, for ``run_field``.
+cdef enum:
+    RUN_KEY = 0
+    RUN_TS_BROKER = 1
+    RUN_COUNT = 2
+    RUN_SIZES = 3
+    RUN_MESSAGES = 4
+    RUN_PARTITION = 5
+    RUN_BASE_OFFSET = 6
+    RUN_CHUNK = 7
+
+cdef object run_field(object run, Py_ssize_t field)
+
 
 cdef inline void store_slot(PyObject* target, Py_ssize_t offset, object value) noexcept:
     """Store ``value`` in a fresh object's empty slot at ``offset``

@@ -81,9 +81,10 @@ cdef bint slot_offsets(type cls, tuple names, Py_ssize_t* out) except -1:
     return True
 
 
-cdef bint _DIRECT = slot_offsets(
-    Run, (_KEY, _TS_BROKER, _COUNT, _SIZES, _MESSAGES, _PARTITION, _BASE_OFFSET, _CHUNK), _OFFSETS
+cdef tuple _NAMES = (
+    _KEY, _TS_BROKER, _COUNT, _SIZES, _MESSAGES, _PARTITION, _BASE_OFFSET, _CHUNK
 )
+cdef bint _DIRECT = slot_offsets(Run, _NAMES, _OFFSETS)
 #: Whether ``new_run`` stores at the offsets (see ``slot_offsets``).
 DIRECT_SLOTS = _DIRECT
 
@@ -116,3 +117,18 @@ cdef object new_run(object key, int64_t ts_broker, int64_t count, object sizes,
     PyObject_GenericSetAttr(run, _BASE_OFFSET, base_offset)
     PyObject_GenericSetAttr(run, _CHUNK, chunk)
     return run
+
+
+cdef object run_field(object run, Py_ssize_t field):
+    """Field ``field`` (``RUN_KEY`` ... ``RUN_CHUNK``) of ``run``: loaded
+    from its slot for a ``Run`` where the layout was checked, by name
+    otherwise. The compiled passes over a round's runs (the batch encoder,
+    the partition grouping, the unrouted count) read a few fields of every
+    run; a generic attribute read costs a type lookup and a descriptor call
+    each, several times the load."""
+    cdef PyObject* value
+    if _DIRECT and type(run) is Run:
+        value = (<PyObject**>((<char*><PyObject*>run) + _OFFSETS[field]))[0]
+        if value != NULL:
+            return <object>value
+    return getattr(run, _NAMES[field])

@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Compiled twins of ``chunks.chunk_offsets_pure``,
+``broky.durable.acks.ack_columns_pure`` (a PublishAck's entry columns),
 ``chunks.encode_located_chunk`` and ``located.encode_located_runs_pure``:
 the runs vector of a Deliver frame, one uoffset per run, is built once per
 run of every frame a broker writes, and a subscription's delivery lays out
@@ -12,6 +13,9 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcmp, memcpy, memset
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
 if sys.byteorder != "little":
     raise ImportError("the compiled vector builder assumes a little-endian host")
@@ -291,3 +295,62 @@ def encode_run_chunk_from(bytes key, list sizes, list messages):
         at += size32
     memcpy(out + key_at + 4, PyBytes_AS_STRING(key), key_len)
     return chunk
+
+
+# Run indexes ``ack_columns`` orders by counting, past the entries' number:
+# a frame's runs are indexed from 0, so its acked ones lie below its run count.
+cdef enum:
+    _SPARE_RUN_INDEXES = 1024
+
+
+def ack_columns(list run_indexes, list partitions, list firsts, list lasts):
+    """See ``broky.durable.acks.ack_columns_pure``: the same four tuples
+    when no run index repeats, laid out by a counting pass over the run
+    indexes (a slot per index, no comparison sort, no per-entry Python
+    step); None when one repeats, is negative or lies far past the others'
+    number (the caller then takes the pure sort, which breaks such ties)."""
+    cdef Py_ssize_t count = len(run_indexes), index, position, written = 0
+    cdef Py_ssize_t largest = -1, run, bound
+    cdef Py_ssize_t* slots
+    cdef tuple ordered_runs, ordered_partitions, ordered_firsts, ordered_lasts
+    if len(partitions) != count or len(firsts) != count or len(lasts) != count:
+        raise ValueError("ack columns of different lengths")
+    bound = count + _SPARE_RUN_INDEXES
+    for index in range(count):
+        run = run_indexes[index]
+        if run < 0 or run >= bound:
+            return None
+        if run > largest:
+            largest = run
+    slots = <Py_ssize_t*>PyMem_Malloc((largest + 1) * sizeof(Py_ssize_t))
+    if slots == NULL and largest >= 0:
+        raise MemoryError()
+    try:
+        for position in range(largest + 1):
+            slots[position] = -1
+        for index in range(count):
+            run = run_indexes[index]
+            if slots[run] != -1:
+                return None  # a run split over partitions: ties to break
+            slots[run] = index
+        ordered_runs = PyTuple_New(count)
+        ordered_partitions = PyTuple_New(count)
+        ordered_firsts = PyTuple_New(count)
+        ordered_lasts = PyTuple_New(count)
+        for position in range(largest + 1):
+            index = slots[position]
+            if index == -1:
+                continue
+            _place(ordered_runs, written, run_indexes[index])
+            _place(ordered_partitions, written, partitions[index])
+            _place(ordered_firsts, written, firsts[index])
+            _place(ordered_lasts, written, lasts[index])
+            written += 1
+        return ordered_runs, ordered_partitions, ordered_firsts, ordered_lasts
+    finally:
+        PyMem_Free(slots)
+
+
+cdef inline void _place(tuple into, Py_ssize_t at, object item) noexcept:
+    Py_INCREF(item)
+    PyTuple_SET_ITEM(into, at, item)

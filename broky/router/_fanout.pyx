@@ -7,6 +7,9 @@ from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.object cimport PyObject, Py_SIZE
 from cpython.ref cimport Py_INCREF, Py_DECREF
 
+from broky.protocol._run_slots cimport (
+    RUN_CHUNK, RUN_COUNT, RUN_KEY, RUN_MESSAGES, RUN_SIZES, run_field,
+)
 from broky.protocol._runs cimport EncodedRun
 
 #: The run type this module reads as C fields; the Python side uses it only
@@ -143,14 +146,17 @@ def count_unrouted(Py_ssize_t shift, Py_ssize_t sizes_at, runs, dict table, list
     ``sizes_at``: broky.protocol.chunks' ``DURABLE_CHUNK_SHIFT`` and
     ``DURABLE_SIZES_AT``, bound by the caller)."""
     cdef Py_ssize_t messages = 0, count, size
-    for run in runs:
-        key = run.key
-        count = run.count
-        chunk = run.chunk
+    for run in runs:  # fields loaded at their slots (``run_field``): once per run
+        key = run_field(run, RUN_KEY)
+        count = run_field(run, RUN_COUNT)
+        chunk = run_field(run, RUN_CHUNK)
         if chunk is not None:
             size = len(chunk) + shift
         else:
-            size = _durable_size(sizes_at, len(key), len(run.sizes), len(run.messages))
+            size = _durable_size(
+                sizes_at, len(key), len(run_field(run, RUN_SIZES)),
+                len(run_field(run, RUN_MESSAGES)),
+            )
         messages += count
         if not _tally(table, passed, key, count, size):
             admit(key, count, size)

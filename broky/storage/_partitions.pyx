@@ -20,7 +20,10 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
-from broky.protocol._run_slots cimport new_run
+from broky.protocol._run_slots cimport (
+    RUN_COUNT, RUN_KEY, RUN_MESSAGES, RUN_SIZES, RUN_TS_BROKER, new_run, run_field,
+)
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
@@ -248,18 +251,20 @@ def message_partitions(messages, sizes, Py_ssize_t partitions, default):
     return targets
 
 
-cdef object _run_partition(object run, object partitions, object default):
-    """The one partition of every message of ``run``, or None when its
-    messages go to several (``partition_groups``' caller splits it)."""
+cdef object _run_partition(object messages, object sizes, object partitions, object default,
+                           int64_t* messages_length):
+    """The one partition of every message of a run (its ``messages`` and
+    ``sizes``), or None when its messages go to several (``partition_groups``'
+    caller splits it); sets the length of its messages."""
     cdef Py_buffer messages_buffer, sizes_buffer
     cdef const uint8_t* size_table
     cdef int64_t position = 0, size
     cdef Py_ssize_t index
-    cdef object messages = run.messages
     cdef object first = None, target
     PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
     try:
-        PyObject_GetBuffer(run.sizes, &sizes_buffer, PyBUF_SIMPLE)
+        messages_length[0] = messages_buffer.len
+        PyObject_GetBuffer(sizes, &sizes_buffer, PyBUF_SIMPLE)
         try:
             size_table = <const uint8_t*>sizes_buffer.buf
             for index in range(sizes_buffer.len // 4):
@@ -284,7 +289,8 @@ cdef object _new_piece(object run, Py_ssize_t count, bytes sizes, bytes messages
     """``Run(run.key, run.ts_broker, count, sizes, messages)`` without the
     frozen attrs ``__init__`` (an ``object.__setattr__`` call per field):
     built as the compiled chunk reader builds its runs (broky.protocol._run_slots)."""
-    return new_run(run.key, run.ts_broker, count, sizes, messages, None)
+    return new_run(run_field(run, RUN_KEY), run_field(run, RUN_TS_BROKER), count, sizes, messages,
+                   None)
 
 
 cdef list _split_run(object run, list targets):
@@ -335,44 +341,62 @@ cdef list _split_run(object run, list targets):
 cdef object _MISSING = None
 
 
-cdef inline void _add(
-    list groups, object partition, object run, Py_ssize_t count, Py_ssize_t index, object sequence
-) except *:
+cdef inline Py_ssize_t _add(
+    list groups, object partition, object run, Py_ssize_t count, Py_ssize_t index,
+    object sequence,
+) except -1:
     """``run`` (``count`` messages, the frame's ``index``-th run, first
-    sequence ``sequence``) into ``partition``'s group, made on first use."""
-    cdef list group = groups[partition]
+    sequence ``sequence``) into ``partition``'s group, made on first use;
+    the group's position (its totals are kept in C until the pass ends)."""
+    cdef Py_ssize_t position = partition
+    if not 0 <= position < len(groups):
+        raise IndexError(f"partition {position} of {len(groups)}")
+    cdef list group = groups[position]
     if group is None:
-        group = groups[partition] = [[], [], [], [], 0, 0]
+        group = groups[position] = [[], [], [], [], 0, 0]
     (<list>group[0]).append(run)
     (<list>group[1]).append(count)
     (<list>group[2]).append(index)
     (<list>group[3]).append(sequence)
-    group[4] += count
-    group[5] += len(run.messages)
+    return position
 
 
 def partition_groups(runs, dict located, first_sequence):
-    """See ``broky.storage.grouping.partition_groups_pure``."""
+    """See ``broky.storage.grouping.partition_groups_pure``: the same
+    groups, each run's fields loaded at their slots (``run_field``) and the
+    groups' message and byte totals added up in C, written once at the end."""
     global _MISSING
     if _MISSING is None:  # grouping imports this module: its sentinel, once loaded
         from broky.storage.grouping import MISSING
         _MISSING = MISSING
+    cdef int64_t* totals = NULL  # per partition: its messages, then their bytes
+    try:
+        return _grouped(runs, located, first_sequence, &totals)
+    finally:
+        PyMem_Free(totals)
+
+
+cdef object _grouped(runs, dict located, object first_sequence, int64_t** totals_at):
+    """``partition_groups``' pass; ``totals_at`` receives the totals array
+    it allocates (the caller frees it, however the pass ends)."""
     cdef list ephemeral = []
     cdef list groups = []
     cdef list pieces
     cdef object topic = None
     cdef object modulus = None
     cdef object run, key, found, partition, piece, piece_sequence
-    cdef Py_ssize_t index = 0, count, piece_count
+    cdef Py_ssize_t index = 0, count, piece_count, position, partitions = 0
+    cdef int64_t messages_length = 0
     cdef object sequence = first_sequence
     cdef PyObject* entry
+    cdef int64_t* totals = NULL
     for run in runs:
-        key = run.key
+        key = run_field(run, RUN_KEY)
         entry = PyDict_GetItem(located, key)
         if entry == NULL:
             return _MISSING
         found = <object>entry
-        count = run.count
+        count = run_field(run, RUN_COUNT)
         if found is None:
             ephemeral.append(run)
         elif count:
@@ -380,20 +404,40 @@ def partition_groups(runs, dict located, first_sequence):
                 topic = (<tuple>found)[0]
                 modulus = topic.partitions
                 groups = [None] * modulus
+                partitions = len(groups)
+                totals = totals_at[0] = <int64_t*>PyMem_Calloc(2 * partitions, sizeof(int64_t))
+                if totals == NULL:
+                    raise MemoryError()
             elif (<tuple>found)[0] is not topic:
                 return None
-            partition = _run_partition(run, modulus, (<tuple>found)[1])
+            partition = _run_partition(
+                run_field(run, RUN_MESSAGES), run_field(run, RUN_SIZES), modulus,
+                (<tuple>found)[1], &messages_length,
+            )
             if partition is not None:
-                _add(groups, partition, run, count, index, sequence)
+                position = _add(groups, partition, run, count, index, sequence)
+                totals[2 * position] += count
+                totals[2 * position + 1] += messages_length
             else:  # each message its own key_partition: cut where it changes
                 pieces = _split_run(
-                    run, message_partitions(run.messages, run.sizes, modulus, (<tuple>found)[1])
+                    run,
+                    message_partitions(
+                        run_field(run, RUN_MESSAGES), run_field(run, RUN_SIZES), modulus,
+                        (<tuple>found)[1],
+                    ),
                 )
                 piece_sequence = sequence
                 for partition, piece in pieces:
-                    piece_count = piece.count
-                    _add(groups, partition, piece, piece_count, index, piece_sequence)
+                    piece_count = run_field(piece, RUN_COUNT)
+                    position = _add(groups, partition, piece, piece_count, index, piece_sequence)
+                    totals[2 * position] += piece_count
+                    totals[2 * position + 1] += len(run_field(piece, RUN_MESSAGES))
                     piece_sequence += piece_count
         sequence += count
         index += 1
+    for position in range(partitions):
+        group = groups[position]
+        if group is not None:
+            group[4] = totals[2 * position]
+            group[5] = totals[2 * position + 1]
     return ephemeral, topic, groups

@@ -58,13 +58,14 @@ with the original offsets instead of being stored again.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 from crc32c import crc32c
 
+from broky.compiled import compiled_twin
 from broky.protocol.codec import PADDING, sum_u32, u32_array
 from broky.protocol.frames import Run
 from broky.storage.errors import StorageError
@@ -228,7 +229,13 @@ def run_stored_bytes(run: Run) -> int:
     return RUN_ENTRY_BYTES + len(run.key) + 4 * run.count + len(run.messages)
 
 
-def encode_runs(
+def stored_byte_ends_pure(runs: Sequence[Run]) -> list[int]:
+    """The running total of ``run_stored_bytes`` over ``runs``: where a log
+    cuts a round into batches (``PartitionLog._batch_bounds``)."""
+    return list(accumulate(map(run_stored_bytes, runs)))
+
+
+def encode_runs_pure(
     base_offset: int,
     log_time: int,
     runs: Sequence[Run],
@@ -248,6 +255,8 @@ def encode_runs(
     """
     if not runs:
         raise StorageError("a batch needs at least one run")
+    if ts_brokers is not None and len(ts_brokers) != len(runs):
+        raise StorageError(f"{len(ts_brokers)} ts_broker stamps for {len(runs)} runs")
     counts = [run.count for run in runs]
     keys = [run.key for run in runs]
     key_lengths = list(map(len, keys))
@@ -311,6 +320,30 @@ def encode_runs(
         )
     )
     return _PREFIX.pack(length, crc32c(body)) + body
+
+
+#: The compiled twins (``broky.storage._batch``) where they are built; the
+#: pure versions otherwise. Hypothesis tests hold them byte-equal.
+class EncodeRuns(Protocol):
+    """``encode_runs_pure``'s signature, which its compiled twin shares."""
+
+    def __call__(
+        self,
+        base_offset: int,
+        log_time: int,
+        runs: Sequence[Run],
+        ts_brokers: Sequence[int] | None = None,
+        producers: Sequence[tuple[int, int]] | None = None,
+    ) -> bytes: ...
+
+
+encode_runs_compiled: EncodeRuns | None = compiled_twin("broky.storage._batch", "encode_runs")
+encode_runs: EncodeRuns = encode_runs_compiled or encode_runs_pure
+StoredByteEnds = Callable[[Sequence[Run]], list[int]]
+stored_byte_ends_compiled: StoredByteEnds | None = compiled_twin(
+    "broky.storage._batch", "stored_byte_ends"
+)
+stored_byte_ends: StoredByteEnds = stored_byte_ends_compiled or stored_byte_ends_pure
 
 
 def encode_batch(base_offset: int, log_time: int, run: Run) -> bytes:

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import struct
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate
 from operator import itemgetter
 from typing import Final
 
 from broky.protocol.frames import Run
-from broky.storage.batch import BATCH_HEADER_BYTES, encode_runs, run_stored_bytes
+from broky.storage.batch import BATCH_HEADER_BYTES, encode_runs, stored_byte_ends
 from broky.storage.config import FsyncPolicy, LogConfig
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log_reads import LogReader
@@ -58,6 +58,9 @@ _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
 BATCH_TARGET_BYTES: Final = 256 * 1024
 #: The producer id of a ``(producer, sequence)`` entry (read in C, once per run).
 _PRODUCER: Final = itemgetter(0)
+#: A record batch's message count: a u32 at byte 16 of its header (broky.storage.batch).
+_BATCH_COUNT: Final = struct.Struct("<I")
+_BATCH_COUNT_AT: Final = 16
 #: A batch's bytes besides its runs: the header and at most three paddings.
 _BATCH_OVERHEAD: Final = BATCH_HEADER_BYTES + 3 * 7
 
@@ -189,8 +192,10 @@ class PartitionLog(LogReader):
             identities = None if producers is None else producers[start:stop]
             if identities is not None and not any(map(_PRODUCER, identities)):
                 identities = None  # no idempotent run: a version 2 batch
-            count = sum(run.count for run in group)
-            encoded.append((offset, count, encode_runs(offset, now, group, stamps, identities)))
+            data = encode_runs(offset, now, group, stamps, identities)
+            # Read off the batch header, not summed over the runs: no Python step per run.
+            (count,) = _BATCH_COUNT.unpack_from(data, _BATCH_COUNT_AT)
+            encoded.append((offset, count, data))
             offset += count
         parts: list[bytes] = []
         positions: list[tuple[int, int, int]] = []
@@ -228,7 +233,7 @@ class PartitionLog(LogReader):
         batch, not per run."""
         limit = self.config.segment_bytes
         target = min(BATCH_TARGET_BYTES, limit)
-        ends = list(accumulate(run_stored_bytes(run) for run in runs))
+        ends = stored_byte_ends(runs)
         filled = self._segments[-1].size
         bounds = []
         start = 0

@@ -7,9 +7,11 @@ at consecutive offsets."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.durable import acks as acks_module
 from broky.durable.acks import AckQueue
 from broky.durable.parts import Part
 from broky.durable.producers import Duplicate, OutOfOrder, ProducerWindow
@@ -236,3 +238,86 @@ def test_settle_gives_each_run_its_consecutive_offsets(
         offset += count
     assert ticket.entries == expected
     assert ticket.remaining == 0
+
+
+#: Parts of a frame as ``(partition, [(run index, message count)])``; run
+#: indexes may repeat across parts (a run split over partitions).
+ack_parts = st.lists(
+    st.tuples(
+        st.integers(0, 7),
+        st.lists(st.tuples(st.integers(0, 30), st.sampled_from([1, 1, 2])), max_size=8),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=ack_parts, distinct=st.booleans(), first_offset=st.integers(0, 2**40))
+def test_ack_lists_the_entries_sorted_as_tuples(
+    parts: list[tuple[int, list[tuple[int, int]]]], distinct: bool, first_offset: int
+) -> None:
+    """Whatever order the parts finish in, and whether run indexes repeat
+    or not, the PublishAck holds the entries in the order of the sorted
+    ``(run index, partition, first, last)`` tuples: the bytes acks had when
+    a ticket kept one tuple per run."""
+    acks = AckQueue(Outlet())  # type: ignore[arg-type]
+    outlet = acks._outlet
+    ticket = acks.open(1)
+    expected = []
+    offset = first_offset
+    seen: set[int] = set()
+    for partition, spec in parts:
+        runs = spec
+        if distinct:  # each run index once in the frame (no run split)
+            runs = [(index, count) for index, count in spec if index not in seen]
+            seen.update(index for index, _ in runs)
+        part = Part(0, ticket, acks)
+        for index, count in sorted(runs, key=lambda run: run[0]):
+            part.add(make_run(b"k", count), index)
+            expected.append((index, partition, offset, offset + count - 1))
+            offset += count
+        ticket.remaining += 1
+        part.settle(partition, offset - part.messages)
+    acks.release()
+    (ack,) = outlet.frames  # type: ignore[attr-defined]
+    assert isinstance(ack, PublishAck)
+    assert list(
+        zip(ack.runs, ack.partitions, ack.first_offsets, ack.last_offsets, strict=True)
+    ) == sorted(expected)
+    assert sorted(ticket.entries) == sorted(expected)
+
+
+#: An ack's entries as columns: (run index, partition, first, last) each.
+ack_entries = st.lists(
+    st.tuples(
+        st.one_of(st.integers(0, 40), st.integers(-3, 3000)),
+        st.integers(0, 7),
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=ack_entries, distinct=st.booleans())
+def test_compiled_ack_columns_are_the_pure_ones(
+    entries: list[tuple[int, int, int, int]], distinct: bool
+) -> None:
+    """The compiled counting pass gives the pure columns where it answers,
+    and answers whenever no run index repeats nor lies far out; otherwise it
+    leaves the case to the pure sort (None)."""
+    compiled = acks_module.ack_columns_compiled
+    if compiled is None:
+        pytest.skip("the compiled ack columns are not built (BROKY_PURE=1?)")
+    if distinct:
+        entries = list({entry[0]: entry for entry in entries}.values())
+    columns = [list(column) for column in zip(*entries, strict=True)] or [[], [], [], []]
+    expected = acks_module.ack_columns_pure(*columns)
+    assert expected == tuple(zip(*sorted(entries), strict=True)) or not entries
+    found = compiled(*columns)
+    runs = columns[0]
+    simple = len(set(runs)) == len(runs) and all(0 <= run < len(runs) + 1024 for run in runs)
+    assert (found is not None) == simple
+    if found is not None:
+        assert found == expected

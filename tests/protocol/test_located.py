@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from broky.protocol import codec
 from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT
 from broky.protocol.chunks import encode_located_chunk, runs_frame_parts
-from broky.protocol.codec import _decode_run, decode_frame
+from broky.protocol.codec import _decode_run, decode_frame, encode_frame
 from broky.protocol.constants import BodyType
 from broky.protocol.errors import RemoteProtocolError
-from broky.protocol.frames import Deliver, Run
+from broky.protocol.frames import Deliver, Publish, Run
 from broky.protocol.located import (
     encode_located_compiled,
     encode_located_runs_compiled,
@@ -292,3 +292,30 @@ def test_the_compiled_reader_stores_run_fields_at_their_slots() -> None:
     # Holding nothing that can refer back to it, it is left out of the
     # cycle collector's walks (see _run_slots).
     assert not gc.is_tracked(read)
+
+
+def test_the_compiled_reader_shares_repeated_keys_and_size_tables() -> None:
+    """Runs of a key met before get that key's bytes object back, and
+    one-message runs of a size met before that size's table (not a new
+    object per run); runs whose size tables share a cache slot (3 and
+    1,027 bytes) still read as written, whether published or delivered."""
+    if codec.read_chunk_runs_compiled is None:
+        pytest.skip("the compiled reader is not in use (BROKY_PURE=1)")
+    written = [
+        Run(b"k.a", 0, 1, pack_sizes([3]), b"abc"),
+        Run(b"k.b", 0, 1, pack_sizes([5]), b"defgh"),
+        Run(b"k.a", 0, 1, pack_sizes([3]), b"ijk"),
+        Run(b"k.c", 0, 1, pack_sizes([1027]), b"x" * 1027),
+        Run(b"k.a", 0, 1, pack_sizes([3]), b"lmn"),
+    ]
+    published = decode_frame(memoryview(encode_frame(Publish(1, tuple(written))))[4:])
+    located = [Run(run.key, 7, run.count, run.sizes, run.messages, 2, 10) for run in written]
+    delivered = decode_frame(memoryview(_deliver(located, 1))[4:])
+    for frame in (published, delivered):
+        assert isinstance(frame, Publish | Deliver)
+        runs = frame.runs
+        assert [(run.key, bytes(run.sizes), bytes(run.messages)) for run in runs] == [
+            (run.key, bytes(run.sizes), bytes(run.messages)) for run in written
+        ]
+        assert runs[0].key is runs[2].key
+        assert runs[0].sizes is runs[2].sizes
