@@ -8,25 +8,30 @@ the client granted one window. This gate keeps the client's window whole:
 - **Window.** ``window`` is the client's credit not used yet (its grants
   minus the messages sent to it). Deliveries from the parts are sent on
   while the window lasts, split inside a run when it ends there; the rest
-  waits here, in arrival order (so each owner's order is kept).
+  waits here.
 - **Shares.** A part's credit is topped up to an equal share of the window
-  (at least 1), lowest holders first, as long as the credit held by the
-  parts plus the messages waiting here stay within ``window + parts``:
-  at most one message per part beyond the client's window ever waits here
-  (a part's last credit), and the client never receives more than it
-  granted.
-- **Why the one message of slack.** Credit given to an owner cannot be
-  taken back (the protocol has no revoke). Were every share rounded down,
-  a window smaller than the number of parts would leave some part with
-  none while an idle part sat on the rest, for good. With a credit of at
-  least one per part, a part that has messages always gets to send: once
-  the client has returned what it received, the idle parts hold at most
-  their shares and the room left is at least one message.
+  (``window // parts``, at least 1) whenever none of its messages waits
+  here. Credit given to an owner cannot be taken back (the protocol has no
+  revoke), so the parts may together hold more than the window is now;
+  what they deliver beyond it waits here, in order, until the client grants
+  again. The client never receives more than it granted, and what waits
+  stays bounded: a part is topped up only with nothing of it waiting, so
+  each part's credit plus its waiting messages is at most one share of the
+  largest window the client ever had open, plus one.
+- **Why every idle part gets its share.** A client grants in batches (the
+  client library returns half its window at a time): while it still has
+  credit outstanding it waits for messages, not for room. So whenever the
+  window is open, every part must hold credit, whatever the others hold.
+  An earlier rule kept the parts' credit plus the waiting messages within
+  the window (plus one per part); an owner that came back after a restart
+  then found its idle siblings holding the whole window, got no credit, and
+  the consumer stalled with the client's credit outstanding and the
+  owner's backlog unread.
+- **Order.** Runs wait in arrival order, and a part's runs arrive in the
+  order its owner sent them (each owner's order is kept).
 
-A client that grants as it consumes (``Flow`` after processing, the
-protocol's recommended use) is never kept waiting while a part has
-messages; one that waits for its whole window before granting again may
-wait on credit an idle part holds, since each part has only its share.
+So a client is never kept waiting while its window is open and some part
+has messages, however it spaces its grants.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class Waiting:
     counts: list[Count] = attrs.field(factory=list)
     #: Its topic: the one the part's last ``Redelivered`` named.
     topic: str = ""
+    #: The part that delivered it (set by ``CreditGate.arrive``).
+    part: int = -1
 
     def split(self, first: int) -> Waiting:
         """Take the first ``first`` messages off as a run of their own."""
@@ -68,6 +75,7 @@ class Waiting:
             self.base_offset,
             [c for c in self.counts if c[1] < stop],
             self.topic,
+            self.part,
         )
         self.chunk = tail
         self.count -= first
@@ -89,6 +97,8 @@ class CreditGate:
         self.held: dict[int, int] = dict.fromkeys(parts, 0)
         self.waiting: deque[Waiting] = deque()
         self.waiting_messages = 0
+        #: Messages of each part waiting here (a part is topped up only at 0).
+        self.queued: dict[int, int] = {}
         #: Messages sent to the client and granted by it, in total.
         self.sent = 0
         self.granted = 0
@@ -105,9 +115,11 @@ class CreditGate:
         """``runs`` delivered by ``part`` (each consumed a credit of it)."""
         count = 0
         for run in runs:
+            run.part = part
             self.waiting.append(run)
             count += run.count
         self.waiting_messages += count
+        self.queued[part] = self.queued.get(part, 0) + count
         self.held[part] = max(0, self.held[part] - count)
 
     def drop(self, part: int, owned: Callable[[Waiting], bool]) -> None:
@@ -118,6 +130,9 @@ class CreditGate:
         kept = deque(run for run in self.waiting if not owned(run))
         self.waiting_messages = sum(run.count for run in kept)
         self.waiting = kept
+        self.queued = {}
+        for run in kept:
+            self.queued[run.part] = self.queued.get(run.part, 0) + run.count
 
     def take(self) -> list[bytes]:
         """The frames to send the client now (its window allowing), in order:
@@ -135,6 +150,7 @@ class CreditGate:
             run = self.waiting.popleft() if whole else head.split(self.window)
             self.window -= run.count
             self.waiting_messages -= run.count
+            self.queued[run.part] -= run.count
             self.sent += run.count
             if chunks and (used + len(run.chunk) > self.frame_bytes or run.topic != topic):
                 self._frame(frames, topic, chunks, counts)
@@ -170,19 +186,16 @@ class CreditGate:
         frames.append(b"".join(runs_frame_parts(BodyType.DELIVER, self.stream, chunks)))
 
     def shares(self) -> dict[int, int]:
-        """Credit to give each part now (parts left out get none)."""
+        """Credit to give each part now (parts left out get none): each part
+        none of whose messages waits here is topped up to its share."""
         held = self.held
         if not held:
             return {}
         share = max(1, self.window // len(held))
-        room = self.window + len(held) - sum(held.values()) - self.waiting_messages
+        queued = self.queued
         grants: dict[int, int] = {}
-        for part in sorted(held, key=held.__getitem__):
-            if room <= 0:
-                break
-            give = min(share - held[part], room)
-            if give > 0:
-                held[part] += give
-                room -= give
-                grants[part] = give
+        for part, credit in held.items():
+            if credit < share and not queued.get(part):
+                held[part] = share
+                grants[part] = share - credit
         return grants
