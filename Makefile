@@ -24,7 +24,7 @@ lint: $(STAMP)
 # tests start a real etcd (Debian's etcd-server); apt-get runs only when it is missing.
 test: lint
 	@command -v etcd >/dev/null || { apt-get update && apt-get install -y etcd-server; }
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=20
 	BROKY_PURE=1 $(VENV)/bin/pytest -q tests/protocol tests/router tests/connection tests/integration \
 		tests/client/test_decoding.py tests/storage/test_read_spans.py \
 		tests/subscriptions/test_delivery.py tests/subscriptions/test_feed.py \
