@@ -61,6 +61,16 @@ from broky.storage.log import PartitionLog
 #: trips a second per follower.
 FETCH_WAIT = 0.2
 
+#: Longest a long poll woken for a new high watermark alone waits for new
+#: runs to carry it with. The wake comes when every round is acked, which
+#: under acks=all is when the clients get their acks and publish again
+#: within a millisecond or so: without the linger each follower took one
+#: empty answer and one fetch more per round, a round trip of CPU on both
+#: sides on a machine where that CPU is what limits the throughput. The
+#: followers' watermark (for their readers, and where a new leader starts
+#: from) is this much later when the partition goes idle.
+WATERMARK_LINGER = 0.005
+
 #: Bytes of the latest rounds a leader keeps per partition to answer fetches
 #: without a read (a follower in step asks for what was just stored): a few
 #: rounds of a busy partition; the memory cost is this per led partition.
@@ -399,6 +409,11 @@ class PartitionReplica:
         if request.offset == self._log_end(leading) and self._state_for(request) is None:
             with trio.move_on_after(FETCH_WAIT):
                 await self._changed.wait()
+                if self._nothing_new(leading, request):
+                    # Woken for the high watermark alone: give the next
+                    # round a moment to carry it (see WATERMARK_LINGER).
+                    with trio.move_on_after(WATERMARK_LINGER):
+                        await self._changed.wait()
         if self.leading is not leading:
             return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
         state = self._state_for(request)
@@ -428,6 +443,15 @@ class PartitionReplica:
                 # Retention ran between the check above and the read.
                 return self._before_start(leading, request.offset)
         return Fetched(leading.term.epoch, self.high_watermark, tuple(runs), state)
+
+    def _nothing_new(self, leading: _Leading, request: Fetch) -> bool:
+        """Whether a follower's answer would still carry no runs, no state
+        and no change of leadership: only, if anything, the high watermark."""
+        return (
+            self.leading is leading
+            and request.offset == self._log_end(leading)
+            and self._state_for(request) is None
+        )
 
     def _log_end(self, leading: _Leading) -> int:
         """Where the leader's log ends for fetchers: past the owner's last

@@ -14,7 +14,7 @@ from broky.cluster.isr import IsrSettings, LeaderIsr
 from broky.cluster.leadership import Term
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
-from broky.replication.gate import PartitionReplica
+from broky.replication.gate import FETCH_WAIT, WATERMARK_LINGER, PartitionReplica
 from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused, StateUpdate
 from tests.storage.runs import make_run
 
@@ -341,4 +341,54 @@ async def test_a_long_poll_is_woken_by_new_rounds_and_a_caught_up_watermark_only
         await replica.fetch(_fetch(durable=6))
         await trio.testing.wait_all_tasks_blocked()
     assert outcomes.delivered == 2
-    assert answers == [Fetched(3, 6, ())]  # caught up: the watermark goes out at once
+    # Caught up: the watermark goes out alone, after WATERMARK_LINGER.
+    assert answers == [Fetched(3, 6, ())]
+
+
+async def test_a_watermark_alone_goes_out_after_the_linger_not_the_long_poll() -> None:
+    replica, _ = _leading()
+    outcomes = _Outcomes()
+    replica.written(0, [_run(4)], [7], None)
+    replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
+    waits: list[float] = []
+
+    async def poll() -> None:
+        started = trio.current_time()
+        # n2 has it all, not yet synced: it waits.
+        answer = await replica.fetch(Fetch("orders", 0, 3, "n2", 2, 4, 0))
+        waits.append(trio.current_time() - started)
+        assert answer == Fetched(3, 4, ())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.testing.wait_all_tasks_blocked()
+        replica.leading.isr.follower_ack("n2", 2, 3, 4, 0.0)  # type: ignore[union-attr]
+        replica.settle()  # the watermark reaches the log end: a wake
+        assert replica.high_watermark == 4
+    assert WATERMARK_LINGER <= waits[0] < FETCH_WAIT
+
+
+async def test_a_round_written_during_the_linger_carries_the_watermark() -> None:
+    """The wake for a caught-up watermark and the next round's runs make
+    one answer, not two (an empty one, then one with the runs)."""
+    replica, _ = _leading()
+    outcomes = _Outcomes()
+    replica.written(0, [_run(4)], [7], None)
+    replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
+    answers: list[Fetched | Refused] = []
+
+    async def poll() -> None:
+        answers.append(await replica.fetch(Fetch("orders", 0, 3, "n2", 2, 4, 0)))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.testing.wait_all_tasks_blocked()
+        replica.leading.isr.follower_ack("n2", 2, 3, 4, 0.0)  # type: ignore[union-attr]
+        replica.settle()
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers == []
+        replica.written(4, [_run(3)], [8], None)
+    [answer] = answers
+    assert isinstance(answer, Fetched)
+    assert answer.high_watermark == 4
+    assert [(run.base_offset, run.count) for run in answer.runs] == [(4, 3)]
