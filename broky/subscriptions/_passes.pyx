@@ -79,17 +79,22 @@ def take_acked(dict counts, dict pending, dict due, offsets):
     cdef Py_ssize_t run = 0
     for offset in offsets:
         # Borrowed lookups, then a delete: an int key's hash cannot fail.
-        if PyDict_GetItem(counts, offset) == NULL:
-            continue
-        PyDict_DelItem(counts, offset)
-        done.append(offset)
         found = PyDict_GetItem(pending, offset)
         if found == NULL:
+            if PyDict_GetItem(counts, offset) == NULL:
+                continue
+            PyDict_DelItem(counts, offset)
+            done.append(offset)
             if PyDict_Contains(due, offset):
                 waiting.append(offset)
             continue
+        # Owned before the delete drops the dict's reference.
         held = <object>found
         PyDict_DelItem(pending, offset)
+        # A group's offsets have no count entry (``AckTracker.counts``).
+        if PyDict_GetItem(counts, offset) != NULL:
+            PyDict_DelItem(counts, offset)
+        done.append(offset)
         ended.append(offset)
         # Consecutive offsets mostly share one delivery (a group): counted
         # as a run, one dict update per run.
