@@ -16,6 +16,7 @@ raises OverflowError, where the pure twins would go on.
 
 from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
+from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 
@@ -319,9 +320,36 @@ def delivery_segments(deliveries, list bases, list stops):
     return segments, lost
 
 
-cdef inline bint _has_room(object state) except -1:
-    """Whether a consumer may take one more message (credit and in-flight bound)."""
-    return state.credit > 0 and state.in_flight < state.max_in_flight
+cdef struct _Room:
+    # A consumer's credit and in-flight figures, copied out of its
+    # ``Consumer`` for one feed (``_load_rooms``), and whether the feed
+    # changed them (``_store_rooms`` writes those back).
+    int64_t credit
+    int64_t in_flight
+    int64_t max_in_flight
+    bint touched
+
+
+cdef int _load_rooms(_Room* rooms, list states) except -1:
+    cdef Py_ssize_t at
+    for at in range(len(states)):
+        state = states[at]
+        rooms[at].credit = state.credit
+        rooms[at].in_flight = state.in_flight
+        rooms[at].max_in_flight = state.max_in_flight
+        rooms[at].touched = False
+    return 0
+
+
+cdef int _store_rooms(_Room* rooms, list states) except -1:
+    cdef Py_ssize_t at
+    for at in range(len(states)):
+        if rooms[at].touched:
+            state = states[at]
+            state.credit = rooms[at].credit
+            state.in_flight = rooms[at].in_flight
+            rooms[at].touched = False
+    return 0
 
 
 cdef inline bint _continues(object last, object owner, object offset) except -1:
@@ -338,14 +366,41 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     case): the same decisions and the same state, the usual offset (its
     slot's owner has room, nothing of the slot waits) handed out here in C
     as ``_hand_fresh`` does, the others through the dispatcher's own
-    methods."""
+    methods. The consumers' credit and in-flight counts are C integers
+    for the feed (``_Room``: each message read and changed them through
+    five attribute accesses), written back before a slow-path call reads
+    them and at the end."""
     if _Deliver is None:
         _load_model()
+    cdef dict consumers = dispatcher.consumers
+    cdef list states = list(consumers.values())
+    # Zeroed: nothing ``touched`` until loaded.
+    cdef _Room* rooms = <_Room*>calloc(len(states) + 1, sizeof(_Room))
+    if rooms == NULL:
+        raise MemoryError()
+    cdef dict index_of = {}
+    cdef Py_ssize_t at
+    for at, key in enumerate(consumers):
+        index_of[key] = at
+    try:
+        _load_rooms(rooms, states)
+        _feed_fresh(dispatcher, first, slots, now, consumers, states, rooms, index_of)
+    finally:
+        try:
+            # What changed reaches the consumers, even when the loop raised.
+            _store_rooms(rooms, states)
+        finally:
+            free(rooms)
+
+
+cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict consumers,
+                     list states, _Room* rooms, dict index_of) except -1:
+    """``feed_fresh``'s loop, ``rooms[index_of[owner]]`` standing for
+    ``consumers[owner]``'s figures."""
     tracker = dispatcher.tracker
     cdef dict counts = tracker.counts
     cdef dict due = tracker.due
     cdef list owners = dispatcher.table.owners
-    cdef dict consumers = dispatcher.consumers
     cdef dict holders = dispatcher._holder
     cdef dict waiting_by_slot = dispatcher._waiting
     cdef dict slot_at = dispatcher._slot_at
@@ -353,8 +408,10 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     cdef list events = dispatcher.events
     cdef int64_t limit = tracker.durable_limit
     cdef dict groups = {}
-    cdef Py_ssize_t at, parked = 0, size = len(slots)
+    cdef Py_ssize_t at, parked = 0, size = len(slots), index
     cdef object offset, slot, owner, state, group, held, last, waiting
+    cdef PyObject* found
+    cdef _Room* room
     try_deliver = dispatcher._try_deliver
     for at in range(size):
         offset = first + at
@@ -366,8 +423,18 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
             continue
         if first + at < limit and offset not in counts and offset not in due:
             owner = owners[slot]
-            state = consumers.get(owner)
-            if state is not None and _has_room(state) and holders.get(slot, owner) == owner:
+            found = PyDict_GetItem(index_of, owner)
+            room = NULL
+            if found != NULL:
+                index = <object>found
+                room = &rooms[index]
+            if (
+                room != NULL
+                and room.credit > 0
+                and room.in_flight < room.max_in_flight
+                and holders.get(slot, owner) == owner
+            ):
+                state = states[index]
                 owner = state.id
                 group = groups.get(owner)
                 if group is None:
@@ -375,10 +442,11 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
                 else:
                     (<list>group).append(offset)
                 slot_at[offset] = slot
-                if not state.in_flight:
+                if not room.in_flight:
                     state.last_progress = now
-                state.in_flight += 1
-                state.credit -= 1
+                room.in_flight += 1
+                room.credit -= 1
+                room.touched = True
                 holders[slot] = owner
                 held = held_by_slot.get(slot)
                 if held is None:
@@ -393,14 +461,19 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
                 continue
         # The slow path sees the read position the pure loop would have set.
         tracker.read_position = first + at + 1
-        if not try_deliver(slot, offset, now):
+        _store_rooms(rooms, states)
+        delivered = try_deliver(slot, offset, now)
+        _load_rooms(rooms, states)
+        if not delivered:
             waiting_by_slot[slot] = [offset]
             parked += 1
+    _store_rooms(rooms, states)  # the consumers hold their own figures again
     if tracker.read_position < first + size:
         tracker.read_position = first + size
     if parked:
         dispatcher.parked += parked
     dispatcher._deliver_groups(groups, now)
+    return 0
 
 
 cdef inline object _field(object event, Py_ssize_t index):
