@@ -23,6 +23,10 @@ from cpython.ref cimport Py_INCREF
 
 cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
+    # A type's allocator alone (``object.__new__`` without its argument
+    # checks and its call through ``tp_new_wrapper``).
+    ctypedef struct _AllocType "PyTypeObject":
+        PyObject* (*tp_alloc)(_AllocType* cls, Py_ssize_t items)
 from libc.stdint cimport int64_t
 
 from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
@@ -50,7 +54,10 @@ cdef int _load_model() except -1:
     """Import the event classes (at first use: see ``_Deliver``)."""
     global _Deliver, _DeadLetter, _DELIVER_DIRECT
     from broky.subscriptions.model import DeadLetter, Deliver
-    _DELIVER_DIRECT = slot_offsets(Deliver, _DELIVER_FIELDS, _DELIVER_AT)
+    # Direct: plain slots, and no ``__new__`` of its own (allocated then).
+    _DELIVER_DIRECT = (
+        slot_offsets(Deliver, _DELIVER_FIELDS, _DELIVER_AT) and Deliver.__new__ is object.__new__
+    )
     _DeadLetter = DeadLetter
     _Deliver = Deliver
     return 0
@@ -60,8 +67,14 @@ cdef object _new_deliver(object consumer, object offset, object stop):
     """``Deliver(consumer, offset, 1, stop)``."""
     if not _DELIVER_DIRECT:
         return _Deliver(consumer, offset, _ONE, stop)
-    cdef object event = _Deliver.__new__(_Deliver)
-    cdef PyObject* target = <PyObject*>event
+    # ``object.__new__(Deliver)`` is this allocation, after a method call
+    # and checks that cost more than the event (one per message when keys
+    # change on every message).
+    cdef PyObject* target = (<_AllocType*>_Deliver).tp_alloc(<_AllocType*>_Deliver, 0)
+    if target == NULL:
+        raise MemoryError()
+    cdef object event = <object>target
+    Py_DecRef(target)  # ``event`` holds the one reference
     store_slot(target, _DELIVER_AT[0], consumer)
     store_slot(target, _DELIVER_AT[1], offset)
     store_slot(target, _DELIVER_AT[2], _ONE)
