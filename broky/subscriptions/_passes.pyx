@@ -368,9 +368,9 @@ cdef int _store_rooms(_Room* rooms, list states) except -1:
 cdef inline bint _continues(object last, object owner, object offset) except -1:
     """Whether event ``last`` is a first delivery to ``owner`` that ends
     right before ``offset`` (it then grows instead of a new event)."""
-    if not isinstance(last, _Deliver):
+    if type(last) is not _Deliver and not isinstance(last, _Deliver):
         return False
-    return last.stop == offset and last.consumer == owner and last.count == 1
+    return _field(last, 3) == offset and _field(last, 0) == owner and _field(last, 2) == _ONE
 
 
 def feed_fresh(dispatcher, int64_t first, list slots, object now):
@@ -424,6 +424,7 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict con
     cdef Py_ssize_t at, parked = 0, size = len(slots), index
     cdef object offset, slot, owner, state, group, held, last, waiting
     cdef PyObject* found
+    cdef PyObject* holder
     cdef _Room* room
     try_deliver = dispatcher._try_deliver
     for at in range(size):
@@ -441,11 +442,12 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict con
             if found != NULL:
                 index = <object>found
                 room = &rooms[index]
+            holder = PyDict_GetItem(holders, slot)
             if (
                 room != NULL
                 and room.credit > 0
                 and room.in_flight < room.max_in_flight
-                and holders.get(slot, owner) == owner
+                and (holder == NULL or <object>holder == owner)
             ):
                 state = states[index]
                 owner = state.id
@@ -460,7 +462,8 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict con
                 room.in_flight += 1
                 room.credit -= 1
                 room.touched = True
-                holders[slot] = owner
+                if holder == NULL:  # else it holds the slot already
+                    holders[slot] = owner
                 held = held_by_slot.get(slot)
                 if held is None:
                     held_by_slot[slot] = {offset: None}
