@@ -16,12 +16,17 @@ raises OverflowError, where the pure twins would go on.
 
 from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
+from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 
 
 cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
+    # A type's allocator alone (``object.__new__`` without its argument
+    # checks and its call through ``tp_new_wrapper``).
+    ctypedef struct _AllocType "PyTypeObject":
+        PyObject* (*tp_alloc)(_AllocType* cls, Py_ssize_t items)
 from libc.stdint cimport int64_t
 
 from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
@@ -49,7 +54,10 @@ cdef int _load_model() except -1:
     """Import the event classes (at first use: see ``_Deliver``)."""
     global _Deliver, _DeadLetter, _DELIVER_DIRECT
     from broky.subscriptions.model import DeadLetter, Deliver
-    _DELIVER_DIRECT = slot_offsets(Deliver, _DELIVER_FIELDS, _DELIVER_AT)
+    # Direct: plain slots, and no ``__new__`` of its own (allocated then).
+    _DELIVER_DIRECT = (
+        slot_offsets(Deliver, _DELIVER_FIELDS, _DELIVER_AT) and Deliver.__new__ is object.__new__
+    )
     _DeadLetter = DeadLetter
     _Deliver = Deliver
     return 0
@@ -59,8 +67,14 @@ cdef object _new_deliver(object consumer, object offset, object stop):
     """``Deliver(consumer, offset, 1, stop)``."""
     if not _DELIVER_DIRECT:
         return _Deliver(consumer, offset, _ONE, stop)
-    cdef object event = _Deliver.__new__(_Deliver)
-    cdef PyObject* target = <PyObject*>event
+    # ``object.__new__(Deliver)`` is this allocation, after a method call
+    # and checks that cost more than the event (one per message when keys
+    # change on every message).
+    cdef PyObject* target = (<_AllocType*>_Deliver).tp_alloc(<_AllocType*>_Deliver, 0)
+    if target == NULL:
+        raise MemoryError()
+    cdef object event = <object>target
+    Py_DecRef(target)  # ``event`` holds the one reference
     store_slot(target, _DELIVER_AT[0], consumer)
     store_slot(target, _DELIVER_AT[1], offset)
     store_slot(target, _DELIVER_AT[2], _ONE)
@@ -79,17 +93,22 @@ def take_acked(dict counts, dict pending, dict due, offsets):
     cdef Py_ssize_t run = 0
     for offset in offsets:
         # Borrowed lookups, then a delete: an int key's hash cannot fail.
-        if PyDict_GetItem(counts, offset) == NULL:
-            continue
-        PyDict_DelItem(counts, offset)
-        done.append(offset)
         found = PyDict_GetItem(pending, offset)
         if found == NULL:
+            if PyDict_GetItem(counts, offset) == NULL:
+                continue
+            PyDict_DelItem(counts, offset)
+            done.append(offset)
             if PyDict_Contains(due, offset):
                 waiting.append(offset)
             continue
+        # Owned before the delete drops the dict's reference.
         held = <object>found
         PyDict_DelItem(pending, offset)
+        # A group's offsets have no count entry (``AckTracker.counts``).
+        if PyDict_GetItem(counts, offset) != NULL:
+            PyDict_DelItem(counts, offset)
+        done.append(offset)
         ended.append(offset)
         # Consecutive offsets mostly share one delivery (a group): counted
         # as a run, one dict update per run.
@@ -314,17 +333,44 @@ def delivery_segments(deliveries, list bases, list stops):
     return segments, lost
 
 
-cdef inline bint _has_room(object state) except -1:
-    """Whether a consumer may take one more message (credit and in-flight bound)."""
-    return state.credit > 0 and state.in_flight < state.max_in_flight
+cdef struct _Room:
+    # A consumer's credit and in-flight figures, copied out of its
+    # ``Consumer`` for one feed (``_load_rooms``), and whether the feed
+    # changed them (``_store_rooms`` writes those back).
+    int64_t credit
+    int64_t in_flight
+    int64_t max_in_flight
+    bint touched
+
+
+cdef int _load_rooms(_Room* rooms, list states) except -1:
+    cdef Py_ssize_t at
+    for at in range(len(states)):
+        state = states[at]
+        rooms[at].credit = state.credit
+        rooms[at].in_flight = state.in_flight
+        rooms[at].max_in_flight = state.max_in_flight
+        rooms[at].touched = False
+    return 0
+
+
+cdef int _store_rooms(_Room* rooms, list states) except -1:
+    cdef Py_ssize_t at
+    for at in range(len(states)):
+        if rooms[at].touched:
+            state = states[at]
+            state.credit = rooms[at].credit
+            state.in_flight = rooms[at].in_flight
+            rooms[at].touched = False
+    return 0
 
 
 cdef inline bint _continues(object last, object owner, object offset) except -1:
     """Whether event ``last`` is a first delivery to ``owner`` that ends
     right before ``offset`` (it then grows instead of a new event)."""
-    if not isinstance(last, _Deliver):
+    if type(last) is not _Deliver and not isinstance(last, _Deliver):
         return False
-    return last.stop == offset and last.consumer == owner and last.count == 1
+    return _field(last, 3) == offset and _field(last, 0) == owner and _field(last, 2) == _ONE
 
 
 def feed_fresh(dispatcher, int64_t first, list slots, object now):
@@ -333,14 +379,41 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     case): the same decisions and the same state, the usual offset (its
     slot's owner has room, nothing of the slot waits) handed out here in C
     as ``_hand_fresh`` does, the others through the dispatcher's own
-    methods."""
+    methods. The consumers' credit and in-flight counts are C integers
+    for the feed (``_Room``: each message read and changed them through
+    five attribute accesses), written back before a slow-path call reads
+    them and at the end."""
     if _Deliver is None:
         _load_model()
+    cdef dict consumers = dispatcher.consumers
+    cdef list states = list(consumers.values())
+    # Zeroed: nothing ``touched`` until loaded.
+    cdef _Room* rooms = <_Room*>calloc(len(states) + 1, sizeof(_Room))
+    if rooms == NULL:
+        raise MemoryError()
+    cdef dict index_of = {}
+    cdef Py_ssize_t at
+    for at, key in enumerate(consumers):
+        index_of[key] = at
+    try:
+        _load_rooms(rooms, states)
+        _feed_fresh(dispatcher, first, slots, now, consumers, states, rooms, index_of)
+    finally:
+        try:
+            # What changed reaches the consumers, even when the loop raised.
+            _store_rooms(rooms, states)
+        finally:
+            free(rooms)
+
+
+cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict consumers,
+                     list states, _Room* rooms, dict index_of) except -1:
+    """``feed_fresh``'s loop, ``rooms[index_of[owner]]`` standing for
+    ``consumers[owner]``'s figures."""
     tracker = dispatcher.tracker
     cdef dict counts = tracker.counts
     cdef dict due = tracker.due
     cdef list owners = dispatcher.table.owners
-    cdef dict consumers = dispatcher.consumers
     cdef dict holders = dispatcher._holder
     cdef dict waiting_by_slot = dispatcher._waiting
     cdef dict slot_at = dispatcher._slot_at
@@ -348,8 +421,11 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     cdef list events = dispatcher.events
     cdef int64_t limit = tracker.durable_limit
     cdef dict groups = {}
-    cdef Py_ssize_t at, parked = 0, size = len(slots)
+    cdef Py_ssize_t at, parked = 0, size = len(slots), index
     cdef object offset, slot, owner, state, group, held, last, waiting
+    cdef PyObject* found
+    cdef PyObject* holder
+    cdef _Room* room
     try_deliver = dispatcher._try_deliver
     for at in range(size):
         offset = first + at
@@ -361,8 +437,19 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
             continue
         if first + at < limit and offset not in counts and offset not in due:
             owner = owners[slot]
-            state = consumers.get(owner)
-            if state is not None and _has_room(state) and holders.get(slot, owner) == owner:
+            found = PyDict_GetItem(index_of, owner)
+            room = NULL
+            if found != NULL:
+                index = <object>found
+                room = &rooms[index]
+            holder = PyDict_GetItem(holders, slot)
+            if (
+                room != NULL
+                and room.credit > 0
+                and room.in_flight < room.max_in_flight
+                and (holder == NULL or <object>holder == owner)
+            ):
+                state = states[index]
                 owner = state.id
                 group = groups.get(owner)
                 if group is None:
@@ -370,11 +457,13 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
                 else:
                     (<list>group).append(offset)
                 slot_at[offset] = slot
-                if not state.in_flight:
+                if not room.in_flight:
                     state.last_progress = now
-                state.in_flight += 1
-                state.credit -= 1
-                holders[slot] = owner
+                room.in_flight += 1
+                room.credit -= 1
+                room.touched = True
+                if holder == NULL:  # else it holds the slot already
+                    holders[slot] = owner
                 held = held_by_slot.get(slot)
                 if held is None:
                     held_by_slot[slot] = {offset: None}
@@ -388,14 +477,19 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
                 continue
         # The slow path sees the read position the pure loop would have set.
         tracker.read_position = first + at + 1
-        if not try_deliver(slot, offset, now):
+        _store_rooms(rooms, states)
+        delivered = try_deliver(slot, offset, now)
+        _load_rooms(rooms, states)
+        if not delivered:
             waiting_by_slot[slot] = [offset]
             parked += 1
+    _store_rooms(rooms, states)  # the consumers hold their own figures again
     if tracker.read_position < first + size:
         tracker.read_position = first + size
     if parked:
         dispatcher.parked += parked
     dispatcher._deliver_groups(groups, now)
+    return 0
 
 
 cdef inline object _field(object event, Py_ssize_t index):

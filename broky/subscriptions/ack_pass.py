@@ -45,9 +45,10 @@ def take_acked_pure(
     due: dict[int, float],
     offsets: Iterable[int],
 ) -> tuple[list[int], list[int], dict[_Delivery, int], list[int]]:
-    """Take every offset of ``offsets`` that is counted as delivered out of
-    ``counts`` and ``pending`` (the others, and repeats, are skipped: an ack
-    of a message never delivered, or acked already, acks nothing).
+    """Take every offset of ``offsets`` that is delivered and unacked (in
+    ``pending``, or counted in ``counts``: a group delivery's offsets are in
+    ``pending`` only) out of both (the others, and repeats, are skipped: an
+    ack of a message never delivered, or acked already, acks nothing).
 
     Returns ``done``, the offsets taken, ascending (what the acked ranges
     take, ``merge_acked``); ``ended``, those that were pending (their
@@ -60,14 +61,17 @@ def take_acked_pure(
     lost: dict[_Delivery, int] = {}
     waiting: list[int] = []
     for offset in offsets:
-        if counts.pop(offset, None) is None:
-            continue
-        done.append(offset)
         held = pending.pop(offset, None)
         if held is None:
+            if counts.pop(offset, None) is None:
+                continue
+            done.append(offset)
             if offset in due:
                 waiting.append(offset)
             continue
+        # A group's offsets have no count entry (``AckTracker.counts``).
+        counts.pop(offset, None)
+        done.append(offset)
         ended.append(offset)
         lost[held] = lost.get(held, 0) + 1
     done.sort()

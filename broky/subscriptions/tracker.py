@@ -105,7 +105,12 @@ class AckTracker:
         #: Next offset to read from the log. A restore rewinds it to the cursor:
         #: offsets that may have been delivered are read (and delivered) again.
         self.read_position = image.cursor
-        #: Delivery counts of unacked offsets delivered (or taken as delivered) before.
+        #: Delivery counts of unacked offsets delivered (or taken as delivered)
+        #: before, except those a group delivery holds (``deliver_group``):
+        #: their count is their delivery's (1), so a fresh delivery and its
+        #: ack cost no entry here. Delivered and unacked: in ``counts`` or
+        #: in ``pending``; ``release`` writes the count of an offset it takes
+        #: back from a group.
         self.counts: dict[int, int] = {}
         self.pending: dict[int, Pending] = {}
         #: Offsets released for redelivery and when they are due.
@@ -138,13 +143,17 @@ class AckTracker:
 
     def count(self, offset: int) -> int:
         """How many times ``offset`` was delivered (or is taken to have been)."""
-        return self.counts.get(offset, 0)
+        count = self.counts.get(offset)
+        if count is not None:
+            return count
+        held = self.pending.get(offset)
+        return 0 if held is None else held.count
 
     def may_deliver(self, offset: int) -> bool:
         """The crash gates of the module docstring."""
         if offset >= self.durable_limit:
             return False
-        count = self.counts.get(offset, 0)
+        count = self.count(offset)
         return count == 0 or self.durable_counts.get(offset, 0) >= count
 
     def unacked_below(self, end: int) -> int:
@@ -166,7 +175,7 @@ class AckTracker:
 
     def deliver(self, offset: int, consumer: int, now: float) -> Pending:
         """Hand ``offset`` to ``consumer``; the caller checked ``may_deliver``."""
-        count = self.counts.get(offset, 0) + 1
+        count = self.count(offset) + 1
         self.counts[offset] = count
         if count >= 2:
             self._persist[offset] = count
@@ -192,10 +201,10 @@ class AckTracker:
         feed) to ``consumer`` as one delivery (count 1, one timer),
         under the same conditions as ``deliver_span``. Its ``[first, stop)``
         bounds the offsets; which of them it holds is ``pending``'s say
-        (``pending[offset] is`` it), so the expiry scan checks each one."""
+        (``pending[offset] is`` it), so the expiry scan checks each one.
+        The offsets get no ``counts`` entry (see ``counts``)."""
         first, stop = offsets[0], offsets[-1] + 1
         span = Pending(consumer, 1, now + self.ack_timeout, len(offsets), first, stop)
-        self.counts.update(dict.fromkeys(offsets, 1))
         self.pending.update(dict.fromkeys(offsets, span))
         sequence = next(self._sequence)
         if stop != first + 1:  # one offset's timer finds it in ``pending``
@@ -246,10 +255,11 @@ class AckTracker:
         ended, and the offset where this stopped: the caller acks the rest
         one by one. A consumer settles what it was dealt as ranges (cut
         where its client's settle batch filled), so this is most acks of a
-        shared subscription: per span piece a check and two deletes at C
-        speed per offset, one acked range, no list entry per offset."""
+        shared subscription: per span piece a check and a delete at C
+        speed per offset, one acked range, no list entry per offset (a
+        group's offsets have no ``counts`` entry)."""
         ended: list[tuple[Pending, int]] = []
-        counts, pending = self.counts, self.pending
+        pending = self.pending
         position, stop = offsets.start, offsets.stop
         while position < stop:
             held = pending.get(position)
@@ -264,7 +274,6 @@ class AckTracker:
             whole = size == held.stop - held.first
             if not whole and size > 1 and itemgetter(*piece)(pending).count(held) != size:
                 break
-            deque(map(counts.__delitem__, piece), 0)
             deque(map(pending.__delitem__, piece), 0)
             held.live -= size
             self.acked.add_range(position, piece.stop - 1)
@@ -283,6 +292,7 @@ class AckTracker:
         if pending is None:
             return None
         pending.live -= 1
+        self.counts[offset] = pending.count
         self.due[offset] = due
         if error:
             self.errors[offset] = error

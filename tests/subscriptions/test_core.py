@@ -316,3 +316,23 @@ def test_a_group_delivery_expires_only_its_unacked_offsets() -> None:
     assert tracker.release(9, 6.0) is group
     assert group.live == 0
     assert tracker.next_deadline() is None
+
+
+def test_a_group_delivery_counts_its_offsets_without_a_count_entry() -> None:
+    """A group's offsets are counted delivered once through the group (no
+    ``counts`` entry); one taken back keeps that count (persisted, and the
+    next delivery is its second), an acked one leaves nothing behind."""
+    tracker = AckTracker(SubscriptionImage(0, limit=100), ack_timeout=5.0, end_offset=0)
+    group = tracker.deliver_group([3, 5, 9], 1, 0.0)
+    assert tracker.counts == {}
+    assert [tracker.count(o) for o in (3, 4, 5, 9)] == [1, 0, 1, 1]
+    assert not tracker.may_deliver(3)  # delivered once, no image records it
+    assert tracker.release(5, 1.0) is group
+    assert (tracker.counts, tracker.count(5)) == ({5: 1}, 1)
+    assert tracker.image().counts == ((5, 1),)
+    assert tracker.deliver(5, 2, 1.0).count == 2
+    ended, lost, waiting = tracker.ack_delivered([3, 5, 4])
+    assert (sorted(ended), waiting) == ([3, 5], [])
+    assert (lost[group], group.live) == (1, 1)
+    assert (tracker.counts, sorted(tracker.pending)) == ({}, [9])
+    assert (tracker.cursor, list(tracker.acked.ranges())) == (0, [(3, 3), (5, 5)])
