@@ -56,6 +56,11 @@ def encode_key(text: str, code: ErrorCode) -> bytes:
         raise LocalProtocolError(
             f"{text!r} is not UTF-8 text (a lone surrogate at character {exc.start})", code
         ) from None
+    except AttributeError:
+        # Caught, not checked first: the publish path encodes a key per run.
+        raise TypeError(
+            f"a key or pattern is text (str), not {type(text).__name__}: {text!r}"
+        ) from None
     problem = key_bytes_problem(encoded)  # the ASCII fast path: keys change per run
     if problem is not None:
         raise LocalProtocolError(f"{text!r} {problem}", code)

@@ -97,3 +97,10 @@ def test_problems_name_the_byte_or_character(value: bytes, says: str) -> None:
 def test_lone_surrogate_is_named() -> None:
     with pytest.raises(LocalProtocolError, match="lone surrogate at character 2"):
         encode_key("a.\udcff", ErrorCode.INVALID_KEY)
+
+
+def test_a_key_given_as_bytes_is_a_clear_type_error() -> None:
+    """``client.publish(b"orders.eu", ...)``: a TypeError that says keys are
+    text, not an AttributeError from inside the encoder."""
+    with pytest.raises(TypeError, match=r"text \(str\), not bytes: b'orders.eu'"):
+        encode_key(b"orders.eu", ErrorCode.INVALID_KEY)  # type: ignore[arg-type]
