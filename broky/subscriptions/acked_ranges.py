@@ -84,32 +84,8 @@ class AckedRanges:
         """Mark ``offset`` acked; False if it already was."""
         if offset in self:
             return False
-        self.add_new(offset)
+        self.add_range(offset, offset)
         return True
-
-    def add_new(self, offset: int) -> None:
-        """Mark acked an ``offset`` the caller knows is not acked yet (an
-        offset still counted as delivered): ``add`` without its lookup."""
-        firsts, lasts = self._firsts, self._lasts
-        if offset == self.cursor:
-            self.cursor += 1
-            if firsts and firsts[0] == self.cursor:
-                self.cursor = lasts[0] + 1
-                del firsts[0], lasts[0]
-            return
-        index = bisect_right(firsts, offset) - 1
-        joins_left = index >= 0 and lasts[index] == offset - 1
-        joins_right = index + 1 < len(firsts) and firsts[index + 1] == offset + 1
-        if joins_left and joins_right:
-            lasts[index] = lasts[index + 1]
-            del firsts[index + 1], lasts[index + 1]
-        elif joins_left:
-            lasts[index] = offset
-        elif joins_right:
-            firsts[index + 1] = offset
-        else:
-            firsts.insert(index + 1, offset)
-            lasts.insert(index + 1, offset)
 
     def add_sorted(self, offsets: list[int]) -> None:
         """Mark acked ``offsets``: ascending, distinct and none acked yet
