@@ -37,6 +37,7 @@ import trio
 from broky.durable.owner import PartitionOwner
 from broky.protocol.constants import StartKind
 from broky.router.matcher import SubscriptionIndex
+from broky.security.acl import covers
 from broky.storage.batch_reading import BatchSpan
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log import PartitionLog
@@ -86,7 +87,9 @@ class PartitionSubscriptions:
         self.committer.on_commit = self.wake
         self.dispatchers: dict[str, Dispatcher] = {}
         self.definitions: dict[str, Definition] = {}
-        self._filters: dict[str, SubscriptionIndex[int]] = {}
+        #: Each subscription's key filter; None when its pattern covers the
+        #: topic's (``add``): it takes every key stored here.
+        self._filters: dict[str, SubscriptionIndex[int] | None] = {}
         self._wake = trio.Event()
         #: The time the last round ticked the dispatchers at.
         self._ticked_at = float("-inf")
@@ -128,8 +131,15 @@ class PartitionSubscriptions:
         name = definition.name
         self.dispatchers[name] = dispatcher
         self.definitions[name] = definition
-        matcher: SubscriptionIndex[int] = SubscriptionIndex()
-        matcher.add(definition.pattern, 0)
+        matcher: SubscriptionIndex[int] | None = None
+        # The store routes a key to the topic whose pattern matches it, so
+        # a subscription whose pattern covers the topic's takes every key
+        # read here: no filter, and a read is fed without a look at its
+        # keys (with keys that change on every message, one match call a
+        # message was ~3 % of a key-shared broker's CPU).
+        if not covers(definition.pattern, owner.topic.pattern):
+            matcher = SubscriptionIndex()
+            matcher.add(definition.pattern, 0)
         self._filters[name] = matcher
         return dispatcher
 
@@ -379,11 +389,14 @@ class PartitionSubscriptions:
 
 
 def feed_batches(
-    dispatcher: Dispatcher, matcher: SubscriptionIndex[int], spans: list[BatchSpan], now: float
+    dispatcher: Dispatcher,
+    matcher: SubscriptionIndex[int] | None,
+    spans: list[BatchSpan],
+    now: float,
 ) -> None:
     """Feed ``spans`` (read from ``dispatcher.tracker.read_position``, in
     offset order) to ``dispatcher``: runs whose key ``matcher`` rejects are
-    skipped. A span whose filter takes every key in it goes whole: shared
+    skipped (None: it takes every key). A span whose filter takes every key in it goes whole: shared
     subscriptions queue consecutive spans as one range and deal them at
     once; key-shared ones take the span's slots from its columns in one
     pass (``message_slots``), with no object per run (a stored run is often
@@ -397,7 +410,9 @@ def feed_batches(
     queued_from = queued_to = position
     for span in spans:
         batch = span.batch
-        if all(matcher.match(key) for key in batch.keys_between(span.start, span.stop)):
+        if matcher is None or all(
+            matcher.match(key) for key in batch.keys_between(span.start, span.stop)
+        ):
             if key_shared:
                 slots = message_slots(batch, span.start, span.stop)
                 dispatcher.feed_slots(span.start, slots, now)
@@ -413,7 +428,7 @@ def feed_batches(
             continue
         for run in span.runs():
             offset = run.base_offset
-            if not matcher.match(run.key):
+            if matcher is not None and not matcher.match(run.key):
                 if queued_to > queued_from:
                     dispatcher.queue(queued_from, queued_to)
                 queued_from = queued_to = run.next_offset

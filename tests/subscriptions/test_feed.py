@@ -54,3 +54,27 @@ def test_every_message_whose_key_matches_is_delivered_once(
         for index in range(run.count)
     ]
     assert _delivered(kind, spans, pattern) == expected
+
+
+@given(
+    shapes=st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=5), min_size=1, max_size=4),
+    kind=st.sampled_from(list(SubscriptionType)),
+)
+def test_no_filter_takes_every_message(shapes: list[list[int]], kind: SubscriptionType) -> None:
+    """A subscription whose pattern covers its topic's has no filter (None):
+    every message read is delivered, none looked up."""
+    spans, base = [], 0
+    for run_counts in shapes:
+        spans.append(span(base, run_counts))
+        base += sum(run_counts)
+    dispatcher = Dispatcher(Options(type=kind), SubscriptionImage(0), base)
+    dispatcher.attach(1, 0.0, credit=10**6, max_in_flight=10**6)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    feed_batches(dispatcher, None, spans, 0.0)
+    delivered = sorted(
+        offset
+        for event in dispatcher.events
+        if isinstance(event, Deliver)
+        for offset in range(event.offset, event.stop)
+    )
+    assert delivered == list(range(base))
