@@ -14,7 +14,12 @@ one pointer store. Offsets are int64 (the wire's width); one outside it
 raises OverflowError, where the pure twins would go on.
 """
 
-from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
+from cpython.dict cimport (
+    PyDict_Contains,
+    PyDict_DelItem,
+    PyDict_GetItem,
+    PyDict_SetItem,
+)
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
 from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
@@ -23,6 +28,7 @@ from cpython.ref cimport Py_INCREF
 
 cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
+    Py_ssize_t PyDict_GET_SIZE(object mapping)
     # A type's allocator alone (``object.__new__`` without its argument
     # checks and its call through ``tp_new_wrapper``).
     ctypedef struct _AllocType "PyTypeObject":
@@ -95,7 +101,7 @@ def take_acked(dict counts, dict pending, dict due, offsets):
         # Borrowed lookups, then a delete: an int key's hash cannot fail.
         found = PyDict_GetItem(pending, offset)
         if found == NULL:
-            if PyDict_GetItem(counts, offset) == NULL:
+            if not PyDict_GET_SIZE(counts) or PyDict_GetItem(counts, offset) == NULL:
                 continue
             PyDict_DelItem(counts, offset)
             done.append(offset)
@@ -105,8 +111,9 @@ def take_acked(dict counts, dict pending, dict due, offsets):
         # Owned before the delete drops the dict's reference.
         held = <object>found
         PyDict_DelItem(pending, offset)
-        # A group's offsets have no count entry (``AckTracker.counts``).
-        if PyDict_GetItem(counts, offset) != NULL:
+        # A group's offsets have no count entry (``AckTracker.counts``),
+        # and ``counts`` is empty while nothing was redelivered.
+        if PyDict_GET_SIZE(counts) and PyDict_GetItem(counts, offset) != NULL:
             PyDict_DelItem(counts, offset)
         done.append(offset)
         ended.append(offset)
@@ -341,6 +348,12 @@ cdef struct _Room:
     int64_t in_flight
     int64_t max_in_flight
     bint touched
+    # The consumer's group delivery of this feed (``AckTracker.open_group``,
+    # opened at its first offset): its first and last offsets and how many
+    # it holds. Left alone by ``_load_rooms``.
+    int64_t group_first
+    int64_t group_last
+    Py_ssize_t group_size
 
 
 cdef int _load_rooms(_Room* rooms, list states) except -1:
@@ -373,6 +386,12 @@ cdef inline bint _continues(object last, object owner, object offset) except -1:
     return _field(last, 3) == offset and _field(last, 0) == owner and _field(last, 2) == _ONE
 
 
+#: Up to this many consumers, a slot owner's index is found by comparing
+#: it with the consumers' ids (the same int objects the slot table holds:
+#: ``attach`` stores one object in both) before the dict lookup.
+cdef Py_ssize_t _SCANNED = 8
+
+
 def feed_fresh(dispatcher, int64_t first, list slots, object now):
     """``Dispatcher.feed_slots`` of a key-shared dispatcher for offsets read
     right at its read position with nothing acked ahead (its ``fresh``
@@ -382,37 +401,58 @@ def feed_fresh(dispatcher, int64_t first, list slots, object now):
     methods. The consumers' credit and in-flight counts are C integers
     for the feed (``_Room``: each message read and changed them through
     five attribute accesses), written back before a slow-path call reads
-    them and at the end."""
+    them and at the end. Each consumer's offsets enter the tracker's
+    ``pending`` as they are decided, under one delivery per consumer
+    (``open_group``/``close_group``: ``deliver_group`` without a list of
+    the offsets and a second dict of them)."""
     if _Deliver is None:
         _load_model()
     cdef dict consumers = dispatcher.consumers
     cdef list states = list(consumers.values())
+    cdef list ids = list(consumers)
     # Zeroed: nothing ``touched`` until loaded.
     cdef _Room* rooms = <_Room*>calloc(len(states) + 1, sizeof(_Room))
     if rooms == NULL:
         raise MemoryError()
     cdef dict index_of = {}
-    cdef Py_ssize_t at
-    for at, key in enumerate(consumers):
+    cdef list spans = [None] * len(states)
+    cdef list order = []
+    cdef Py_ssize_t at, index
+    for at, key in enumerate(ids):
         index_of[key] = at
     try:
         _load_rooms(rooms, states)
-        _feed_fresh(dispatcher, first, slots, now, consumers, states, rooms, index_of)
+        _feed_fresh(
+            dispatcher, first, slots, now, states, ids, rooms, index_of, spans, order
+        )
     finally:
         try:
             # What changed reaches the consumers, even when the loop raised.
             _store_rooms(rooms, states)
+            # And every offset entered in ``pending`` gets its delivery's
+            # bounds and timer (in the order of the consumers' first
+            # offsets, as ``_deliver_groups`` records them).
+            close_group = dispatcher.tracker.close_group
+            for index in order:
+                close_group(
+                    spans[index],
+                    rooms[index].group_first,
+                    rooms[index].group_last + 1,
+                    rooms[index].group_size,
+                )
         finally:
             free(rooms)
 
 
-cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict consumers,
-                     list states, _Room* rooms, dict index_of) except -1:
-    """``feed_fresh``'s loop, ``rooms[index_of[owner]]`` standing for
-    ``consumers[owner]``'s figures."""
+cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list states,
+                     list ids, _Room* rooms, dict index_of, list spans,
+                     list order) except -1:
+    """``feed_fresh``'s loop, ``rooms[index]`` standing for the figures
+    of ``states[index]``, the consumer ``ids[index]``."""
     tracker = dispatcher.tracker
     cdef dict counts = tracker.counts
     cdef dict due = tracker.due
+    cdef dict pending = tracker.pending
     cdef list owners = dispatcher.table.owners
     cdef dict holders = dispatcher._holder
     cdef dict waiting_by_slot = dispatcher._waiting
@@ -420,28 +460,41 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict con
     cdef dict held_by_slot = dispatcher._held
     cdef list events = dispatcher.events
     cdef int64_t limit = tracker.durable_limit
-    cdef dict groups = {}
-    cdef Py_ssize_t at, parked = 0, size = len(slots), index
-    cdef object offset, slot, owner, state, group, held, last, waiting
+    cdef Py_ssize_t at, parked = 0, size = len(slots), index, scanned, look
+    cdef Py_ssize_t consumers = len(ids)
+    cdef object offset, slot, owner, state, span, held, last, waiting
     cdef PyObject* found
     cdef PyObject* holder
     cdef _Room* room
+    scanned = consumers if consumers <= _SCANNED else 0
+    open_group = tracker.open_group
     try_deliver = dispatcher._try_deliver
     for at in range(size):
         offset = first + at
         slot = slots[at]
-        waiting = waiting_by_slot.get(slot)
-        if waiting:
-            insort(waiting, offset)
-            parked += 1
-            continue
-        if first + at < limit and offset not in counts and offset not in due:
+        if PyDict_GET_SIZE(waiting_by_slot):
+            waiting = waiting_by_slot.get(slot)
+            if waiting:
+                insort(waiting, offset)
+                parked += 1
+                continue
+        # ``counts`` and ``due`` are empty while nothing was redelivered.
+        if (
+            first + at < limit
+            and not (PyDict_GET_SIZE(counts) and PyDict_Contains(counts, offset))
+            and not (PyDict_GET_SIZE(due) and PyDict_Contains(due, offset))
+        ):
             owner = owners[slot]
-            found = PyDict_GetItem(index_of, owner)
-            room = NULL
-            if found != NULL:
-                index = <object>found
-                room = &rooms[index]
+            index = -1
+            for look in range(scanned):
+                if PyList_GET_ITEM(ids, look) == <PyObject*>owner:
+                    index = look
+                    break
+            if index < 0:
+                found = PyDict_GetItem(index_of, owner)
+                if found != NULL:
+                    index = <object>found
+            room = NULL if index < 0 else &rooms[index]
             holder = PyDict_GetItem(holders, slot)
             if (
                 room != NULL
@@ -451,11 +504,16 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict con
             ):
                 state = states[index]
                 owner = state.id
-                group = groups.get(owner)
-                if group is None:
-                    groups[owner] = [offset]
-                else:
-                    (<list>group).append(offset)
+                span = spans[index]
+                if span is None:
+                    span = open_group(owner, now)
+                    spans[index] = span
+                    order.append(index)
+                    room.group_first = first + at
+                    room.group_size = 0
+                room.group_last = first + at
+                room.group_size += 1
+                PyDict_SetItem(pending, offset, span)
                 slot_at[offset] = slot
                 if not room.in_flight:
                     state.last_progress = now
@@ -488,7 +546,6 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, dict con
         tracker.read_position = first + size
     if parked:
         dispatcher.parked += parked
-    dispatcher._deliver_groups(groups, now)
     return 0
 
 

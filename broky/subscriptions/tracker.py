@@ -203,15 +203,28 @@ class AckTracker:
         bounds the offsets; which of them it holds is ``pending``'s say
         (``pending[offset] is`` it), so the expiry scan checks each one.
         The offsets get no ``counts`` entry (see ``counts``)."""
-        first, stop = offsets[0], offsets[-1] + 1
-        span = Pending(consumer, 1, now + self.ack_timeout, len(offsets), first, stop)
+        span = self.open_group(consumer, now)
         self.pending.update(dict.fromkeys(offsets, span))
+        self.close_group(span, offsets[0], offsets[-1] + 1, len(offsets))
+        return span
+
+    def open_group(self, consumer: int, now: float) -> Pending:
+        """``deliver_group`` in steps, for a caller that enters each offset
+        in ``pending`` itself as it decides on it (the compiled fresh feed,
+        ``broky.subscriptions._passes.feed_fresh``: no list and no second
+        dict of the offsets): the delivery, empty until ``close_group``,
+        which must follow before anything else reads the tracker."""
+        return Pending(consumer, 1, now + self.ack_timeout, 0)
+
+    def close_group(self, span: Pending, first: int, stop: int, live: int) -> None:
+        """The ``live`` offsets of ``open_group``'s ``span``, within
+        ``[first, stop)``, are in ``pending``: its bounds and its timer."""
+        span.first, span.stop, span.live = first, stop, live
         sequence = next(self._sequence)
         if stop != first + 1:  # one offset's timer finds it in ``pending``
             self._spans[sequence] = span
         self._deadlines.push((span.deadline, first, sequence, stop))
         self.read_position = max(self.read_position, stop)
-        return span
 
     def skip_read(self, offset: int) -> None:
         """The read position passes ``offset`` without a delivery (acked, or
