@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -121,6 +122,8 @@ class PartitionOwner:
         #: The idempotent producers' runs appended here (broky.durable.producers).
         self.producers = ProducerWindow()
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
+        #: Borrowers waiting for the log between rounds (``lent``).
+        self._loans: list[_Loan] = []
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
         #: For the round's thread to reach the trio thread (set by ``run``).
@@ -208,15 +211,45 @@ class PartitionOwner:
             raise box[0]
         return box[0]
 
+    @asynccontextmanager
+    async def lent(self) -> AsyncIterator[PartitionLog]:
+        """The log, lent between two rounds until the block ends: for one
+        thread call that works on several partitions' logs (a follower
+        appends and fsyncs all that one leader's answer brought at once,
+        broky.replication.node_link) where ``call`` would cost a thread
+        hand-off per partition. No round runs meanwhile; the borrower
+        calls ``refresh`` in its thread after changing the log. A borrower
+        of several takes them in one order (the partitions' keys), so two
+        never wait on each other."""
+        loan = _Loan()
+        self._loans.append(loan)
+        self._wake.set()
+        try:
+            await loan.granted.wait()
+            yield self._log
+        finally:
+            loan.returned.set()
+
+    async def _lend(self) -> None:
+        loans, self._loans = self._loans, []
+        for loan in loans:
+            if not loan.returned.is_set():  # not given up while waiting
+                loan.granted.set()
+                # A borrower's thread call is not interrupted either.
+                with trio.CancelScope(shield=True):
+                    await loan.returned.wait()
+
     async def run(self) -> None:
         """Serve rounds until cancelled; a round in a thread is not interrupted."""
         self._trio_token = trio.lowlevel.current_trio_token()
         next_tick = time.monotonic()
         while True:
-            if not (self._parts or self._requests):
+            if not (self._parts or self._requests or self._loans):
                 with trio.move_on_at(trio.current_time() + TICK_SECONDS):
                     await self._wake.wait()
             self._wake = trio.Event()
+            if self._loans:
+                await self._lend()
             parts, self._parts = self._parts, []
             nbytes, self._queued_bytes = self._queued_bytes, 0
             requests, self._requests = self._requests, []
@@ -284,11 +317,17 @@ class PartitionOwner:
                 partition_log.tick()
             except (StorageError, OSError) as exc:
                 log.error("housekeeping of %s failed: %s", partition_log.directory, exc)
+        self.refresh(partition_log)
+        return outcome, results
+
+    def refresh(self, partition_log: PartitionLog) -> None:
+        """Copy what the trio thread reads of the log (offsets, statistics,
+        a write failure): in the thread, after each round, and by whoever
+        borrowed the log (``lent``) and changed it."""
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
         self.statistics = partition_log.statistics()
         self.write_failure = partition_log.write_failure
-        return outcome, results
 
     def _finish(
         self,
@@ -428,6 +467,16 @@ class PartitionOwner:
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""
         self._log.close()
+
+
+class _Loan:
+    """One borrower's turn with the log (``PartitionOwner.lent``)."""
+
+    __slots__ = ("granted", "returned")
+
+    def __init__(self) -> None:
+        self.granted = trio.Event()
+        self.returned = trio.Event()
 
 
 def _columns(parts: list[Part]) -> tuple[list[Run], list[int], list[Identity] | None]:
