@@ -122,8 +122,11 @@ class PartitionOwner:
         #: The idempotent producers' runs appended here (broky.durable.producers).
         self.producers = ProducerWindow()
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
-        #: Borrowers waiting for the log between rounds (``lent``).
-        self._loans: list[_Loan] = []
+        #: Whether a round has the log in a thread, or a borrower has it
+        #: (``lent``); ``_freed`` is set (and replaced) as either ends.
+        self._in_round = False
+        self._lent = False
+        self._freed = trio.Event()
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
         #: For the round's thread to reach the trio thread (set by ``run``).
@@ -217,39 +220,35 @@ class PartitionOwner:
         thread call that works on several partitions' logs (a follower
         appends and fsyncs all that one leader's answer brought at once,
         broky.replication.node_link) where ``call`` would cost a thread
-        hand-off per partition. No round runs meanwhile; the borrower
-        calls ``refresh`` in its thread after changing the log. A borrower
-        of several takes them in one order (the partitions' keys), so two
-        never wait on each other."""
-        loan = _Loan()
-        self._loans.append(loan)
-        self._wake.set()
+        hand-off per partition. Taken at once, without waking the owner,
+        when no round has it (an idle follower's owner has none); no round
+        starts until it is back. The borrower calls ``refresh`` in its
+        thread after changing the log. A borrower of several takes them in
+        one order (the partitions' keys), so two never wait on each other."""
+        while self._in_round or self._lent:
+            await self._freed.wait()
+        self._lent = True
         try:
-            await loan.granted.wait()
             yield self._log
         finally:
-            loan.returned.set()
+            self._lent = False
+            self._free()
 
-    async def _lend(self) -> None:
-        loans, self._loans = self._loans, []
-        for loan in loans:
-            if not loan.returned.is_set():  # not given up while waiting
-                loan.granted.set()
-                # A borrower's thread call is not interrupted either.
-                with trio.CancelScope(shield=True):
-                    await loan.returned.wait()
+    def _free(self) -> None:
+        self._freed.set()
+        self._freed = trio.Event()
 
     async def run(self) -> None:
         """Serve rounds until cancelled; a round in a thread is not interrupted."""
         self._trio_token = trio.lowlevel.current_trio_token()
         next_tick = time.monotonic()
         while True:
-            if not (self._parts or self._requests or self._loans):
+            if not (self._parts or self._requests):
                 with trio.move_on_at(trio.current_time() + TICK_SECONDS):
                     await self._wake.wait()
+            while self._lent:
+                await self._freed.wait()
             self._wake = trio.Event()
-            if self._loans:
-                await self._lend()
             parts, self._parts = self._parts, []
             nbytes, self._queued_bytes = self._queued_bytes, 0
             requests, self._requests = self._requests, []
@@ -269,9 +268,15 @@ class PartitionOwner:
             runs, stamps, producers = _columns(parts)
             # Checked per round, on this thread: once a follower's
             # truncation is queued, no client run can land after it.
-            outcome, results = await run_in_thread(
-                partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
-            )
+            # No await from the check of ``_lent`` above to here: the log is ours.
+            self._in_round = True
+            try:
+                outcome, results = await run_in_thread(
+                    partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
+                )
+            finally:
+                self._in_round = False
+                self._free()
             self._finish(parts, runs, stamps, refusal or outcome, nbytes, producers)
             if plan is not None and plan.answered:
                 self._answer(plan, outcome)
@@ -467,16 +472,6 @@ class PartitionOwner:
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""
         self._log.close()
-
-
-class _Loan:
-    """One borrower's turn with the log (``PartitionOwner.lent``)."""
-
-    __slots__ = ("granted", "returned")
-
-    def __init__(self) -> None:
-        self.granted = trio.Event()
-        self.returned = trio.Event()
 
 
 def _columns(parts: list[Part]) -> tuple[list[Run], list[int], list[Identity] | None]:
