@@ -107,9 +107,13 @@ class Follower:
         while True:
             await self.switch.wait_healed()
             try:
-                if self.replica.fence < self.epoch and not await self._truncate_alone():
-                    await trio.sleep(RETRY_DELAY * 4)
-                    continue
+                if self.replica.fence < self.epoch:
+                    if not await self._truncate_alone():
+                        await trio.sleep(RETRY_DELAY * 4)
+                        continue
+                    if self.replica.fence < self.epoch:
+                        # A link cut stopped the truncation: no fetch before it ends.
+                        raise Retry(f"truncation for epoch {self.epoch} cut short")
                 await self.links.follow(self, self.leader_address)
             except LINK_ERRORS as exc:
                 log.info("%s: link to %s lost: %r", self.replica.name, self.leader_address, exc)
