@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -121,6 +122,11 @@ class PartitionOwner:
         #: The idempotent producers' runs appended here (broky.durable.producers).
         self.producers = ProducerWindow()
         self._requests: list[tuple[LogRequest, Callable[[Any], None]]] = []
+        #: Whether a round has the log in a thread, or a borrower has it
+        #: (``lent``); ``_freed`` is set (and replaced) as either ends.
+        self._in_round = False
+        self._lent = False
+        self._freed = trio.Event()
         self._wake = trio.Event()
         self._fsync_always = topic.log.fsync is FsyncPolicy.ALWAYS
         #: For the round's thread to reach the trio thread (set by ``run``).
@@ -208,6 +214,30 @@ class PartitionOwner:
             raise box[0]
         return box[0]
 
+    @asynccontextmanager
+    async def lent(self) -> AsyncIterator[PartitionLog]:
+        """The log, lent between two rounds until the block ends: for one
+        thread call that works on several partitions' logs (a follower
+        appends and fsyncs all that one leader's answer brought at once,
+        broky.replication.node_link) where ``call`` would cost a thread
+        hand-off per partition. Taken at once, without waking the owner,
+        when no round has it (an idle follower's owner has none); no round
+        starts until it is back. The borrower calls ``refresh`` in its
+        thread after changing the log. A borrower of several takes them in
+        one order (the partitions' keys), so two never wait on each other."""
+        while self._in_round or self._lent:
+            await self._freed.wait()
+        self._lent = True
+        try:
+            yield self._log
+        finally:
+            self._lent = False
+            self._free()
+
+    def _free(self) -> None:
+        self._freed.set()
+        self._freed = trio.Event()
+
     async def run(self) -> None:
         """Serve rounds until cancelled; a round in a thread is not interrupted."""
         self._trio_token = trio.lowlevel.current_trio_token()
@@ -216,6 +246,8 @@ class PartitionOwner:
             if not (self._parts or self._requests):
                 with trio.move_on_at(trio.current_time() + TICK_SECONDS):
                     await self._wake.wait()
+            while self._lent:
+                await self._freed.wait()
             self._wake = trio.Event()
             parts, self._parts = self._parts, []
             nbytes, self._queued_bytes = self._queued_bytes, 0
@@ -236,9 +268,15 @@ class PartitionOwner:
             runs, stamps, producers = _columns(parts)
             # Checked per round, on this thread: once a follower's
             # truncation is queued, no client run can land after it.
-            outcome, results = await run_in_thread(
-                partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
-            )
+            # No await from the check of ``_lent`` above to here: the log is ours.
+            self._in_round = True
+            try:
+                outcome, results = await run_in_thread(
+                    partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
+                )
+            finally:
+                self._in_round = False
+                self._free()
             self._finish(parts, runs, stamps, refusal or outcome, nbytes, producers)
             if plan is not None and plan.answered:
                 self._answer(plan, outcome)
@@ -284,11 +322,17 @@ class PartitionOwner:
                 partition_log.tick()
             except (StorageError, OSError) as exc:
                 log.error("housekeeping of %s failed: %s", partition_log.directory, exc)
+        self.refresh(partition_log)
+        return outcome, results
+
+    def refresh(self, partition_log: PartitionLog) -> None:
+        """Copy what the trio thread reads of the log (offsets, statistics,
+        a write failure): in the thread, after each round, and by whoever
+        borrowed the log (``lent``) and changed it."""
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
         self.statistics = partition_log.statistics()
         self.write_failure = partition_log.write_failure
-        return outcome, results
 
     def _finish(
         self,

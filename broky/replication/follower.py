@@ -12,12 +12,15 @@ Order of a follower's duties for leader epoch E (KIP-101 / KIP-279):
 
 1. until the fence reaches E: ask the leader where our latest epoch ends
    in its log (EpochEnd), truncate there (``truncation_step``), repeat
-   while the logs do not yet agree; then record E as our fence, durably;
-2. fetch from our log end, append what comes, fsync, and report the new
-   durable end in the next fetch; take the leader's high watermark (capped
-   at our end) for our readers; store the subscription state that came
-   with the answer (broky.subscriptions.replica) and report it stored in
-   the next fetch.
+   while the logs do not yet agree; then record E as our fence, durably.
+   On a connection of its own: rare, and per partition;
+2. join the link to the leader node (broky.replication.node_link), which
+   fetches every partition this node follows from it in one request: fetch
+   from our log end, append what comes, fsync, and report the new durable
+   end in the next fetch; take the leader's high watermark (capped at our
+   end) for our readers; store the subscription state that came with the
+   answer (broky.subscriptions.replica) and report it stored in the next
+   fetch.
 
 Runs whose epoch is newer than our latest add an epoch entry, so our
 history matches the leader's and a later failover truncates correctly.
@@ -31,11 +34,13 @@ from functools import partial
 import trio
 
 from broky.cluster.epochs import EpochHistory, truncation_step
+from broky.durable.owner import PartitionOwner
 from broky.protocol.frames import Run
 from broky.replication import epochfile
 from broky.replication.faults import LinkSwitch
 from broky.replication.gate import PartitionReplica
 from broky.replication.link import ReplicationLink
+from broky.replication.node_link import LINK_ERRORS, REQUEST_TIMEOUT, NodeLinks, Retry
 from broky.replication.wire import (
     EpochEnd,
     EpochEnded,
@@ -44,17 +49,12 @@ from broky.replication.wire import (
     RefusalReason,
     Refused,
     ReplicatedRun,
-    ReplicationProtocolError,
 )
 from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
 log = logging.getLogger("broky.replication")
 
-#: Seconds to wait for a leader's answer (a long poll takes FETCH_WAIT):
-#: a paused or partitioned leader is given up on quickly, and the follower
-#: reconnects (the etcd view decides whom it follows).
-REQUEST_TIMEOUT = 2.0
 #: Pause before retrying after a refusal or a lost link.
 RETRY_DELAY = 0.05
 
@@ -69,8 +69,12 @@ class Follower:
         epoch: int,
         node_epoch: int,
         switch: LinkSwitch,
+        links: NodeLinks,
     ) -> None:
         self.switch = switch
+        self.links = links
+        #: Set (``stop``) when etcd gives the partition another role.
+        self.stopped = False
         self.replica = replica
         self.leader_address = leader_address
         self.epoch = epoch
@@ -81,38 +85,58 @@ class Follower:
         self.state_epoch = -1
         self.state_version = -1
 
+    @property
+    def key(self) -> tuple[str, int]:
+        owner = self.replica.owner
+        return owner.topic.name, owner.partition
+
+    @property
+    def owner(self) -> PartitionOwner:
+        return self.replica.owner
+
+    def stop(self) -> None:
+        """Our role ended (broky.replication.service, as it cancels ``run``).
+        The link may still hold runs it fetched for us, and nothing may land
+        after what the service asks of the log next (a new follower's
+        truncation, a dropped copy's deletion): from now on we append and
+        restart nothing. ``stopped`` is read in the link's thread call too."""
+        self.stopped = True
+
     async def run(self) -> None:
         """Follow until cancelled (a new etcd state starts a new Follower)."""
-        host, _, port = self.leader_address.rpartition(":")
         while True:
             await self.switch.wait_healed()
             try:
-                stream = await trio.open_tcp_stream(host, int(port))
-            except OSError as exc:
-                log.debug(
-                    "%s: cannot reach leader %s: %s", self.replica.name, self.leader_address, exc
-                )
-                await trio.sleep(RETRY_DELAY * 4)
-                continue
-            async with stream:
-                link = ReplicationLink(stream)
-                try:
-                    with self.switch.link():
-                        await self._truncate(link)
-                        await self._fetch(link)
-                except (
-                    trio.TooSlowError,
-                    OSError,
-                    trio.BrokenResourceError,
-                    ReplicationProtocolError,
-                ) as exc:
-                    log.info("%s: link to %s lost: %r", self.replica.name, self.leader_address, exc)
-                except _Retry as exc:
-                    log.debug("%s: %s", self.replica.name, exc)
-                except StorageError as exc:
-                    log.error("%s: replica log failed: %s", self.replica.name, exc)
-                    await trio.sleep(RETRY_DELAY * 20)
+                if self.replica.fence < self.epoch:
+                    if not await self._truncate_alone():
+                        await trio.sleep(RETRY_DELAY * 4)
+                        continue
+                    if self.replica.fence < self.epoch:
+                        # A link cut stopped the truncation: no fetch before it ends.
+                        raise Retry(f"truncation for epoch {self.epoch} cut short")
+                await self.links.follow(self, self.leader_address)
+            except LINK_ERRORS as exc:
+                log.info("%s: link to %s lost: %r", self.replica.name, self.leader_address, exc)
+            except Retry as exc:
+                log.debug("%s: %s", self.replica.name, exc)
+            except StorageError as exc:
+                log.error("%s: replica log failed: %s", self.replica.name, exc)
+                await trio.sleep(RETRY_DELAY * 20)
             await trio.sleep(RETRY_DELAY)
+
+    async def _truncate_alone(self) -> bool:
+        """Truncate for our epoch on a connection of our own; False if the
+        leader cannot be reached."""
+        host, _, port = self.leader_address.rpartition(":")
+        try:
+            stream = await trio.open_tcp_stream(host, int(port))
+        except OSError as exc:
+            log.debug("%s: cannot reach leader %s: %s", self.replica.name, self.leader_address, exc)
+            return False
+        async with stream:
+            with self.switch.link():
+                await self._truncate(ReplicationLink(stream))
+        return True
 
     async def _truncate(self, link: ReplicationLink) -> None:
         replica = self.replica
@@ -125,7 +149,7 @@ class Follower:
             with trio.fail_after(REQUEST_TIMEOUT):
                 answer = await link.request(query)
             if not isinstance(answer, EpochEnded):
-                raise _Retry(f"epoch query refused: {answer}")
+                raise Retry(f"epoch query refused: {answer}")
             before = owner.end_offset
             end, agreed = truncation_step(replica.history, before, answer.found)
             fence = self.epoch if agreed else replica.fence
@@ -142,48 +166,52 @@ class Follower:
                 agreed,
             )
 
-    async def _fetch(self, link: ReplicationLink) -> None:
+    def fetch_request(self) -> Fetch:
+        end = self.replica.owner.end_offset
+        # Every append is fsynced before the next fetch: end is durable.
+        return Fetch(
+            self.key[0],
+            self.key[1],
+            self.epoch,
+            self.replica.node_id,
+            self.node_epoch,
+            end,
+            end,
+            self.state_epoch,
+            self.state_version,
+        )
+
+    async def take(self, answer: Fetched | Refused) -> Fetched | None:
+        """Our partition's answer in a link round: the Fetched to apply, or
+        None (we restarted our log at the leader's start); Retry to start
+        over (a refusal, an answer from another epoch, our role ended)."""
+        if self.stopped:
+            raise Retry("the role ended")
+        if (
+            isinstance(answer, Refused)
+            and answer.reason is RefusalReason.BEFORE_LOG_START
+            and answer.epoch == self.epoch
+            and answer.log_start > self.replica.owner.end_offset
+        ):
+            await self._restart(answer.log_start)
+            return None
+        if isinstance(answer, Refused):
+            raise Retry(f"fetch from {self.replica.owner.end_offset} refused: {answer}")
+        if answer.epoch != self.epoch:
+            raise Retry(f"an answer from epoch {answer.epoch}, not {self.epoch}")
+        return answer
+
+    async def finish(self, answer: Fetched) -> None:
+        """After the link appended the answer's runs: store its subscription
+        state (before the next fetch reports it), take the watermark."""
         replica = self.replica
-        owner = replica.owner
-        while True:
-            end = owner.end_offset
-            # Every append below is fsynced before the next fetch: end is durable.
-            fetch = Fetch(
-                owner.topic.name,
-                owner.partition,
-                self.epoch,
-                replica.node_id,
-                self.node_epoch,
-                end,
-                end,
-                self.state_epoch,
-                self.state_version,
-            )
-            with trio.fail_after(REQUEST_TIMEOUT):
-                answer = await link.request(fetch)
-            if (
-                isinstance(answer, Refused)
-                and answer.reason is RefusalReason.BEFORE_LOG_START
-                and answer.epoch == self.epoch
-                and answer.log_start > end
-            ):
-                await self._restart(answer.log_start)
-                continue
-            if isinstance(answer, Refused):
-                await trio.sleep(RETRY_DELAY)
-                raise _Retry(f"fetch from {end} refused: {answer}")
-            if not isinstance(answer, Fetched) or answer.epoch != self.epoch:
-                raise _Retry(f"unexpected answer {type(answer).__name__}")
-            if answer.runs:
-                await owner.call(partial(self._append, answer.runs))
-            if answer.state is not None:
-                # Stored (fsynced) before the next fetch reports it.
-                if replica.subscriptions is not None:
-                    await replica.subscriptions.store(answer.state)
-                self.state_epoch, self.state_version = answer.state.epoch, answer.state.version
-            replica.high_watermark = max(
-                replica.high_watermark, min(answer.high_watermark, owner.end_offset)
-            )
+        if answer.state is not None:
+            if replica.subscriptions is not None:
+                await replica.subscriptions.store(answer.state)
+            self.state_epoch, self.state_version = answer.state.epoch, answer.state.version
+        replica.high_watermark = max(
+            replica.high_watermark, min(answer.high_watermark, replica.owner.end_offset)
+        )
 
     async def _restart(self, start: int) -> None:
         """The leader's retention passed our whole log: keep nothing and
@@ -198,9 +226,12 @@ class Follower:
             start,
         )
 
-    def _append(self, runs: tuple[ReplicatedRun, ...], partition_log: PartitionLog) -> None:
-        """In the owner's thread: append the runs that continue our log,
-        record new epochs, fsync (before the next fetch reports them)."""
+    def append(self, runs: tuple[ReplicatedRun, ...], partition_log: PartitionLog) -> None:
+        """With the log (lent to the link's thread call): append the runs
+        that continue our log, record new epochs, fsync (before the next
+        fetch reports them). Nothing once we are stopped (see ``stop``)."""
+        if self.stopped:
+            return
         history = self.replica.history
         saved = False
         contiguous: list[Run] = []
@@ -242,7 +273,3 @@ def _restart(history: EpochHistory, start: int, fence: int, partition_log: Parti
     partition_log.restart_at(start)
     history.truncate(0)
     epochfile.save(partition_log.directory, history, fence)
-
-
-class _Retry(Exception):
-    """Reconnect after a pause (a refusal, a stale answer)."""

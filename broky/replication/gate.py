@@ -27,7 +27,6 @@ fail with NotLeader when the node steps down.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -41,6 +40,7 @@ from broky.durable.producers import Identity
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.replication.epochfile import epoch_at
+from broky.replication.leading import HeldRound, Leading
 from broky.replication.wire import (
     FETCH_MAX_BYTES,
     EpochEnd,
@@ -71,47 +71,6 @@ FETCH_WAIT = 0.2
 #: from) is this much later when the partition goes idle.
 WATERMARK_LINGER = 0.005
 
-#: Bytes of the latest rounds a leader keeps per partition to answer fetches
-#: without a read (a follower in step asks for what was just stored): a few
-#: rounds of a busy partition; the memory cost is this per led partition.
-RECENT_BYTES = 4 * 1024 * 1024
-
-
-class _Round:
-    """One stored round's ack, held until the high watermark passes ``end``.
-
-    A round the leader showed its followers before its own fsync
-    (``PartitionReplica.written``) is held from then on, in log order, but
-    gets its callbacks only once that fsync returned (``hold``). It cannot
-    be acked before: the high watermark counts the leader's fsynced end. An
-    answer for a round that never got its callbacks (its fsync failed, and
-    the owner already answered the error; or the node stepped down first,
-    and ``hold`` then answers NotLeader itself) goes nowhere.
-    """
-
-    __slots__ = ("_deliver", "_fail", "end")
-
-    def __init__(
-        self,
-        end: int,
-        deliver: Callable[[], None] | None = None,
-        fail: Callable[[ErrorCode, str], None] | None = None,
-    ) -> None:
-        self.end = end
-        self._deliver = deliver
-        self._fail = fail
-
-    def attach(self, deliver: Callable[[], None], fail: Callable[[ErrorCode, str], None]) -> None:
-        self._deliver, self._fail = deliver, fail
-
-    def deliver(self) -> None:
-        if self._deliver is not None:
-            self._deliver()
-
-    def fail(self, code: ErrorCode, reason: str) -> None:
-        if self._fail is not None:
-            self._fail(code, reason)
-
 
 class SubscriptionRole(Protocol):
     """What the partition's durable subscriptions do with its role
@@ -136,69 +95,6 @@ class SubscriptionRole(Protocol):
         """As follower: store the leader's ``update`` durably."""
 
 
-class _Leading:
-    """This node's leadership of the partition at one epoch."""
-
-    def __init__(self, term: Term, isr: LeaderIsr) -> None:
-        self.term = term
-        self.isr = isr
-        #: The etcd revision of the vbucket state whose ISR ``isr`` holds
-        #: (broky.replication.service takes only newer ones).
-        self.isr_revision = 0
-        #: The held rounds, in log order (LeaderIsr answers in that order).
-        self.tokens: deque[_Round] = deque()
-        #: The rounds shown to followers whose fsync has not returned yet.
-        self.written: deque[_Round] = deque()
-        #: The latest runs stored in this term, as fetches answer them.
-        self.recent: deque[ReplicatedRun] = deque()
-        self.recent_bytes = 0
-
-    def remember(
-        self,
-        offset: int,
-        runs: Sequence[Run],
-        stamps: Sequence[int],
-        producers: Sequence[Identity] | None,
-    ) -> None:
-        identities = producers or [(0, 0)] * len(runs)
-        for run, stamp, (producer, sequence) in zip(runs, stamps, identities, strict=True):
-            copy = ReplicatedRun(
-                self.term.epoch,
-                offset,
-                run.count,
-                run.key,
-                stamp,
-                bytes(run.sizes),
-                bytes(run.messages),
-                producer,
-                sequence,
-            )
-            self.recent.append(copy)
-            self.recent_bytes += len(copy.messages)
-            offset += run.count
-        while self.recent_bytes > RECENT_BYTES and len(self.recent) > 1:
-            self.recent_bytes -= len(self.recent.popleft().messages)
-
-    def recent_from(self, offset: int) -> list[ReplicatedRun] | None:
-        """The remembered runs from ``offset`` (up to FETCH_MAX_BYTES), or
-        None if ``offset`` is not where a remembered run starts."""
-        recent = self.recent
-        if not recent or not recent[0].base_offset <= offset <= recent[-1].base_offset:
-            return None
-        for index in range(len(recent) - 1, -1, -1):
-            if recent[index].base_offset == offset:
-                found: list[ReplicatedRun] = []
-                size = 0
-                for position in range(index, len(recent)):
-                    run = recent[position]
-                    if found and size + len(run.messages) > FETCH_MAX_BYTES:
-                        break
-                    found.append(run)
-                    size += len(run.messages)
-                return found
-        return None
-
-
 class PartitionReplica:
     """See the module docstring. ``owner`` is the partition's PartitionOwner."""
 
@@ -221,7 +117,7 @@ class PartitionReplica:
         self.fence = fence
         #: Readers stop here. 0 after a restart until a leader says more.
         self.high_watermark = 0
-        self.leading: _Leading | None = None
+        self.leading: Leading | None = None
         #: "leader NODE at HOST:PORT (epoch E)", for NotLeader answers.
         self.leader_hint = "no leader known"
         #: The topic's acks setting: "leader" acks at this node's fsync
@@ -229,7 +125,8 @@ class PartitionReplica:
         self.acks = Acks(owner.topic.acks)
         #: The partition's durable subscriptions (None: none attached yet).
         self.subscriptions: SubscriptionRole | None = None
-        self._changed = trio.Event()
+        #: Fetches waiting for something new here (``watch``).
+        self._waiters: set[trio.Event] = set()
 
     @property
     def name(self) -> str:
@@ -270,7 +167,7 @@ class PartitionReplica:
         if leading is None or not runs or offset != leading.isr.log_end:
             return  # not leading, or ``hold`` already took this round
         end = offset + sum(run.count for run in runs)
-        held = _Round(end)
+        held = HeldRound(end)
         leading.tokens.append(held)
         leading.written.append(held)
         leading.remember(offset, runs, stamps, producers)
@@ -302,7 +199,7 @@ class PartitionReplica:
             # again would only answer their long polls empty.
             written.popleft().attach(deliver, fail)
         else:
-            leading.tokens.append(_Round(end, deliver, fail))
+            leading.tokens.append(HeldRound(end, deliver, fail))
             leading.remember(offset, runs, stamps, producers)
             leading.isr.appended(end, len(leading.tokens), self.acks)
             self._wake()  # followers waiting in a long poll fetch it now
@@ -314,7 +211,7 @@ class PartitionReplica:
     def lead(self, term: Term, isr: LeaderIsr, hint: str) -> None:
         """Start leading (the epoch is already in the history, durably)."""
         self.step_down(hint)
-        self.leading = _Leading(term, isr)
+        self.leading = Leading(term, isr)
         self.high_watermark = isr.high_watermark
         self.leader_hint = hint
         self._wake()
@@ -356,7 +253,7 @@ class PartitionReplica:
                 # answer each follower's long poll empty once per round.
                 self._wake()
 
-    def _too_few(self, leading: _Leading) -> str:
+    def _too_few(self, leading: Leading) -> str:
         return (
             f"{self.name}: {len(leading.isr.committed_isr)} replicas in sync, "
             f"{leading.isr.settings.min_insync} needed; retry shortly"
@@ -367,12 +264,12 @@ class PartitionReplica:
         self._wake()
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        for waiter in self._waiters:
+            waiter.set()
 
     # --- serving followers -------------------------------------------------------
 
-    def _check_term(self, epoch: int) -> Refused | _Leading:
+    def _check_term(self, epoch: int) -> Refused | Leading:
         leading = self.leading
         if leading is None:
             return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
@@ -390,8 +287,15 @@ class PartitionReplica:
         return EpochEnded(leading.term.epoch, found)
 
     async def fetch(self, request: Fetch) -> Fetched | Refused:
-        """A follower's fetch: count its ack, then answer runs from its
-        offset (after waiting up to FETCH_WAIT if there are none)."""
+        """One partition's fetch: ``fetch_all`` of it alone."""
+        (answer,) = await fetch_all([(self, request)])
+        return answer
+
+    def take_fetch(self, request: Fetch) -> Leading | Refused:
+        """A fetch's first half, before any wait: check its epoch (a
+        follower at a newer one has seen us deposed), count the follower's
+        ack, check its offset. The leadership to answer it under, or the
+        refusal to answer."""
         leading = self._check_term(request.epoch)
         if isinstance(leading, Refused):
             if leading.reason is RefusalReason.FENCED:
@@ -406,14 +310,30 @@ class PartitionReplica:
             return Refused(RefusalReason.OUT_OF_RANGE, leading.term.epoch)
         if request.offset < self.owner.start_offset:
             return self._before_start(leading, request.offset)
-        if request.offset == self._log_end(leading) and self._state_for(request) is None:
-            with trio.move_on_after(FETCH_WAIT):
-                await self._changed.wait()
-                if self._nothing_new(leading, request):
-                    # Woken for the high watermark alone: give the next
-                    # round a moment to carry it (see WATERMARK_LINGER).
-                    with trio.move_on_after(WATERMARK_LINGER):
-                        await self._changed.wait()
+        return leading
+
+    def has_news(self, leading: Leading, request: Fetch) -> bool:
+        """Whether the answer to ``request`` would carry more than the high
+        watermark: runs, subscription state or a change of leadership."""
+        return not (
+            self.leading is leading
+            and request.offset == self._log_end(leading)
+            and self._state_for(request) is None
+        )
+
+    def watch(self, waiter: trio.Event) -> None:
+        """Set ``waiter`` whenever followers have something to fetch here,
+        until ``unwatch``."""
+        self._waiters.add(waiter)
+
+    def unwatch(self, waiter: trio.Event) -> None:
+        self._waiters.discard(waiter)
+
+    async def answer_fetch(
+        self, leading: Leading, request: Fetch, max_bytes: int
+    ) -> Fetched | Refused:
+        """A fetch's second half, after any wait: runs from its offset, up
+        to ``max_bytes`` (at least one run unless it is 0 or less)."""
         if self.leading is not leading:
             return Refused(RefusalReason.NOT_LEADER, self.fence, self.leader_hint)
         state = self._state_for(request)
@@ -432,28 +352,19 @@ class PartitionReplica:
                     batch.producer,
                     batch.sequence,
                 )
-                for batch in partition_log.read(request.offset, FETCH_MAX_BYTES)
+                for batch in partition_log.read(request.offset, max_bytes)
             ]
 
         runs: list[ReplicatedRun] = []
-        if request.offset < self._log_end(leading):
+        if max_bytes > 0 and request.offset < self._log_end(leading):
             try:
-                runs = leading.recent_from(request.offset) or await self.owner.call(read)
+                runs = leading.recent_from(request.offset, max_bytes) or await self.owner.call(read)
             except OffsetOutOfRangeError:
                 # Retention ran between the check above and the read.
                 return self._before_start(leading, request.offset)
         return Fetched(leading.term.epoch, self.high_watermark, tuple(runs), state)
 
-    def _nothing_new(self, leading: _Leading, request: Fetch) -> bool:
-        """Whether a follower's answer would still carry no runs, no state
-        and no change of leadership: only, if anything, the high watermark."""
-        return (
-            self.leading is leading
-            and request.offset == self._log_end(leading)
-            and self._state_for(request) is None
-        )
-
-    def _log_end(self, leading: _Leading) -> int:
+    def _log_end(self, leading: Leading) -> int:
         """Where the leader's log ends for fetchers: past the owner's last
         finished round by any round written and still being fsynced."""
         return max(self.owner.end_offset, leading.isr.log_end)
@@ -464,7 +375,7 @@ class PartitionReplica:
             return None
         return subscriptions.state_since(request.state_epoch, request.state_version)
 
-    def _before_start(self, leading: _Leading, offset: int) -> Refused:
+    def _before_start(self, leading: Leading, offset: int) -> Refused:
         """Retention deleted ``offset``: without this answer the follower
         would ask for it forever (Kafka's OffsetOutOfRange to a follower)."""
         start = self.owner.start_offset
@@ -474,3 +385,75 @@ class PartitionReplica:
             f"{self.name}: offset {offset} is below the log start {start}",
             start,
         )
+
+
+async def fetch_all(
+    fetches: Sequence[tuple[PartitionReplica | None, Fetch]],
+) -> list[Fetched | Refused]:
+    """Answer a follower's fetches of the partitions it follows from this
+    node, in one round trip (broky.replication.node_link), in order.
+
+    Each partition is judged on its own, as if fetched alone: its epoch and
+    fencing, its follower's ack, its offset; a refusal answers that
+    partition only (None for a partition this node does not have: refused
+    as not led here). If none of them has anything for the follower but the
+    high watermark, the answer waits up to FETCH_WAIT for any to get some
+    (then WATERMARK_LINGER, as for one). Runs total FETCH_MAX_BYTES at most
+    (and one run more), the first partitions first: the follower rotates
+    the order, so each gets its turn while it catches up.
+    """
+    taken = [
+        not_here(request) if replica is None else replica.take_fetch(request)
+        for replica, request in fetches
+    ]
+
+    def quiet() -> bool:
+        return all(
+            replica is not None
+            and isinstance(leading, Leading)
+            and not replica.has_news(leading, request)
+            for (replica, request), leading in zip(fetches, taken, strict=True)
+        )
+
+    if quiet():
+        await _wait_for_news([replica for replica, _ in fetches if replica is not None], quiet)
+    answers: list[Fetched | Refused] = []
+    budget = FETCH_MAX_BYTES
+    for (replica, request), leading in zip(fetches, taken, strict=True):
+        if replica is None or isinstance(leading, Refused):
+            assert isinstance(leading, Refused)
+            answers.append(leading)
+            continue
+        answer = await replica.answer_fetch(leading, request, budget)
+        if isinstance(answer, Fetched):
+            budget -= sum(len(run.messages) for run in answer.runs)
+        answers.append(answer)
+    return answers
+
+
+def not_here(request: Fetch | EpochEnd) -> Refused:
+    """The answer about a partition this node does not have."""
+    return Refused(
+        RefusalReason.NOT_LEADER, 0, f"no partition {request.topic}/{request.partition} here"
+    )
+
+
+async def _wait_for_news(replicas: list[PartitionReplica], quiet: Callable[[], bool]) -> None:
+    """A long poll over ``replicas``: until one has news, FETCH_WAIT at most."""
+    waiter, linger = trio.Event(), trio.Event()
+    for replica in replicas:
+        replica.watch(waiter)
+    try:
+        with trio.move_on_after(FETCH_WAIT):
+            await waiter.wait()
+            if quiet():
+                # Woken for the high watermark alone: give the next round a
+                # moment to carry it (see WATERMARK_LINGER).
+                for replica in replicas:
+                    replica.watch(linger)
+                with trio.move_on_after(WATERMARK_LINGER):
+                    await linger.wait()
+    finally:
+        for replica in replicas:
+            replica.unwatch(waiter)
+            replica.unwatch(linger)

@@ -25,7 +25,7 @@ from broky.cluster.state import IsrEntry, VbucketState
 
 
 class HoldsIsr(Protocol):
-    """A leadership (broky.replication.gate's ``_Leading``)."""
+    """A leadership (broky.replication.leading's ``Leading``)."""
 
     isr: LeaderIsr
     #: The etcd revision of the vbucket state whose ISR ``isr`` holds.

@@ -1,9 +1,10 @@
 """A replication connection's I/O: send one message, read one back.
 
 Request/response, one outstanding request per connection: a follower keeps
-one connection per partition it follows (a cluster of a few dozen
-partitions per node; multiplexing them on one link per node pair is the
-next step when that grows).
+one connection per leader node it follows partitions from, carrying them
+all (broky.replication.node_link), and one more per partition while it
+truncates. Reads go through broky.socket_reads: an answer is awaited after
+each request, so a read that would find nothing is never tried.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import trio
 
 from broky.replication.frames import FrameReader, encode
 from broky.replication.wire import Message, ReplicationProtocolError
+from broky.socket_reads import stream_receiver
 
 log = logging.getLogger("broky.replication")
 
@@ -26,6 +28,7 @@ class ReplicationLink:
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
+        self._receive = stream_receiver(stream, RECEIVE_BYTES)
         self._reader = FrameReader()
         self._ready: list[Message] = []
 
@@ -36,7 +39,7 @@ class ReplicationLink:
         """The next message, or None when the peer closed the stream.
         ReplicationProtocolError for garbage (the caller closes)."""
         while not self._ready:
-            data = await self.stream.receive_some(RECEIVE_BYTES)
+            data = await self._receive()
             if not data:
                 return None
             self._ready.extend(self._reader.feed(bytes(data)))

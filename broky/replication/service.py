@@ -50,13 +50,16 @@ from broky.replication.events import (
 )
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
-from broky.replication.gate import PartitionReplica
+from broky.replication.gate import PartitionReplica, fetch_all, not_here
 from broky.replication.isr_sync import live_proposal, take_isr, took_answer
 from broky.replication.link import ReplicationLink
 from broky.replication.member import Member
+from broky.replication.node_link import NodeLinks
 from broky.replication.wire import (
     EpochEnd,
     Fetch,
+    FetchedMany,
+    FetchMany,
     Message,
     PartitionProgress,
     Progress,
@@ -107,8 +110,12 @@ class ReplicationService:
         self.settings = settings
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self._roles: dict[tuple[str, int], tuple[_Role, trio.CancelScope]] = {}
+        #: The partitions' current followers, stopped with their role.
+        self._followers: dict[tuple[str, int], Follower] = {}
         #: Cuts this node's replication links for fault tests (off by default).
         self.switch = LinkSwitch()
+        #: One replication link per leader node followed (broky.replication.node_link).
+        self.links = NodeLinks(self.switch)
         #: Leader changes, ISR changes, under-replication: counters and advisories.
         self.events = ReplicationEvents(node.node_id, advise)
         #: Serializes the ISR proposals of each vbucket's partitions.
@@ -184,6 +191,7 @@ class ReplicationService:
         host, _, port = self.listen.rpartition(":")
         listeners = await trio.open_tcp_listeners(int(port), host=host or None)
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.links.run)
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
             vbuckets = self.node.settings.vbuckets
@@ -262,6 +270,9 @@ class ReplicationService:
                 continue
             if current is not None:
                 current[1].cancel()
+            stopped = self._followers.pop(key, None)
+            if stopped is not None:
+                stopped.stop()
             replica.step_down(hint)
             replica.leader_hint = hint
             scope = trio.CancelScope()
@@ -270,8 +281,14 @@ class ReplicationService:
                 nursery.start_soon(self._lead, replica, role.term, stored, hint, scope)
             elif role.kind == "follow":
                 follower = Follower(
-                    replica, role.leader_address, role.epoch, role.node_epoch, self.switch
+                    replica,
+                    role.leader_address,
+                    role.epoch,
+                    role.node_epoch,
+                    self.switch,
+                    self.links,
                 )
+                self._followers[key] = follower
                 nursery.start_soon(_scoped, follower.run, scope)
         self._delete_dropped(states, vbuckets)
 
@@ -459,15 +476,15 @@ class ReplicationService:
     async def _answer(self, request: Message) -> Message:
         if isinstance(request, ProgressRequest):
             return self.progress()
+        if isinstance(request, FetchMany):
+            replicas = self.replicas
+            fetches = [(replicas.get((f.topic, f.partition)), f) for f in request.fetches]
+            return FetchedMany(tuple(await fetch_all(fetches)))
         if not isinstance(request, Fetch | EpochEnd):
             raise ReplicationProtocolError(f"{type(request).__name__} is not a request")
         replica = self.replicas.get((request.topic, request.partition))
         if replica is None:
-            return Refused(
-                RefusalReason.NOT_LEADER,
-                0,
-                f"no partition {request.topic}/{request.partition} here",
-            )
+            return not_here(request)
         if isinstance(request, EpochEnd):
             return replica.epoch_end(request)
         return await replica.fetch(request)

@@ -10,8 +10,11 @@ the bytes that matter are never re-encoded.
 
 Messages, by direction:
 
-- follower -> leader: ``Fetch`` (from my log end; my durable offset, which
-  doubles as my ack; the subscription state I have stored), ``EpochEnd``
+- follower -> leader: ``FetchMany``, a ``Fetch`` per partition the
+  follower follows from that leader node (from my log end; my durable
+  offset, which doubles as my ack; the subscription state I have stored),
+  answered by ``FetchedMany``, a ``Fetched`` or ``Refused`` per partition
+  in the same order; ``EpochEnd``
   (where does my latest epoch end in your log? KIP-101's
   OffsetsForLeaderEpoch);
 - leader -> follower: ``Fetched`` (runs, each with the epoch it was written
@@ -144,6 +147,22 @@ class Fetched:
 
 
 @attrs.frozen
+class FetchMany:
+    """A follower's fetches of every partition it follows from one leader
+    node, in one round trip (broky.replication.node_link)."""
+
+    fetches: tuple[Fetch, ...]
+
+
+@attrs.frozen
+class FetchedMany:
+    """The answers to a FetchMany, in its order: for each partition its
+    Fetched, or the Refused that concerns that partition alone."""
+
+    answers: tuple[Fetched | Refused, ...]
+
+
+@attrs.frozen
 class EpochEnded:
     epoch: int
     #: ``(largest epoch <= asked, where it ends in the leader's log)``, or
@@ -189,14 +208,24 @@ class Progress:
     partitions: tuple[PartitionProgress, ...]
 
 
-Message = Fetch | EpochEnd | Fetched | EpochEnded | Refused | ProgressRequest | Progress
+Message = (
+    Fetch
+    | FetchMany
+    | EpochEnd
+    | Fetched
+    | FetchedMany
+    | EpochEnded
+    | Refused
+    | ProgressRequest
+    | Progress
+)
 
 
 def json_header(message: Message) -> bytes:
     """The JSON header of any message but Fetch and Fetched (which
     broky.replication.fetch_codec encodes), none of which has a payload."""
     header: dict[str, Any]
-    if isinstance(message, Fetch | Fetched):
+    if isinstance(message, Fetch | Fetched | FetchMany | FetchedMany):
         raise TypeError(f"{type(message).__name__} has a binary header")
     if isinstance(message, Refused):
         header = {

@@ -10,6 +10,7 @@ from broky.durable.producers import Duplicate, ProducerWindow
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
+from broky.replication.node_link import NodeLinks
 from broky.replication.wire import ReplicatedRun
 from broky.storage.log import PartitionLog
 from tests.replication.test_gate import _Owner
@@ -22,9 +23,10 @@ def _replicated(base: int, count: int, producer: int, sequence: int) -> Replicat
 
 def test_replicated_runs_keep_their_producer_in_the_follower_log(tmp_path: Path) -> None:
     replica = PartitionReplica(_Owner(), "n2", EpochHistory(), 3)  # type: ignore[arg-type]
-    follower = Follower(replica, "127.0.0.1:1", 3, 1, LinkSwitch())
+    switch = LinkSwitch()
+    follower = Follower(replica, "127.0.0.1:1", 3, 1, switch, NodeLinks(switch))
     with PartitionLog.open(str(tmp_path / "p")) as partition_log:
-        follower._append(
+        follower.append(
             (_replicated(0, 2, 0xCAFE, 1), _replicated(2, 1, 0, 0), _replicated(3, 2, 0xCAFE, 9)),
             partition_log,
         )

@@ -6,21 +6,27 @@ closed the link and the follower asked for the same offset forever.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+import trio
+import trio.testing
 
 from broky.cluster.epochs import EpochHistory
 from broky.replication import epochfile
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica
+from broky.replication.node_link import NodeLink, NodeLinks
 from broky.replication.wire import (
     Fetch,
     Fetched,
+    FetchedMany,
+    FetchMany,
     Message,
     RefusalReason,
     Refused,
@@ -48,8 +54,15 @@ class _Owner:
 
     async def call(self, request: Callable[[PartitionLog], Any]) -> Any:
         result = request(self.log)
-        self.start_offset, self.end_offset = self.log.start_offset, self.log.end_offset
+        self.refresh(self.log)
         return result
+
+    @asynccontextmanager
+    async def lent(self) -> AsyncIterator[PartitionLog]:
+        yield self.log
+
+    def refresh(self, partition_log: PartitionLog) -> None:
+        self.start_offset, self.end_offset = partition_log.start_offset, partition_log.end_offset
 
 
 class _Done(Exception):
@@ -64,7 +77,11 @@ class _Leader:
         self.asked: list[int] = []
 
     async def request(self, message: Message) -> Message:
-        assert isinstance(message, Fetch)
+        assert isinstance(message, FetchMany)
+        (fetch,) = message.fetches
+        return FetchedMany((self._answer(fetch),))
+
+    def _answer(self, message: Fetch) -> Fetched | Refused:
         self.asked.append(message.offset)
         if message.offset < self.start:
             return Refused(RefusalReason.BEFORE_LOG_START, 4, "retention", self.start)
@@ -88,10 +105,16 @@ async def test_a_follower_below_the_leaders_log_start_restarts_there(tmp_path: P
         partition_log.sync()
         owner = _Owner(partition_log)
         replica = PartitionReplica(owner, "n2", EpochHistory([(2, 0)]), 4)  # type: ignore[arg-type]
-        follower = Follower(replica, "127.0.0.1:1", 4, 1, LinkSwitch())
+        switch = LinkSwitch()
+        follower = Follower(replica, "127.0.0.1:1", 4, 1, switch, NodeLinks(switch))
+        node_link = NodeLink("127.0.0.1:1", switch)
         leader = _Leader(start=100)
-        with pytest.raises(_Done):
-            await follower._fetch(leader)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node_link.follow, follower)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(_Done):
+                await node_link.rounds(leader)  # type: ignore[arg-type]
+            nursery.cancel_scope.cancel()
         assert leader.asked == [5, 100, 102]
         assert (partition_log.start_offset, partition_log.end_offset) == (100, 102)
         assert read_all(partition_log) == [(100, b"orders.k", b"x"), (101, b"orders.k", b"y")]

@@ -14,7 +14,7 @@ from broky.cluster.isr import IsrSettings, LeaderIsr
 from broky.cluster.leadership import Term
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
-from broky.replication.gate import FETCH_WAIT, WATERMARK_LINGER, PartitionReplica
+from broky.replication.gate import FETCH_WAIT, WATERMARK_LINGER, PartitionReplica, fetch_all
 from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused, StateUpdate
 from tests.storage.runs import make_run
 
@@ -392,3 +392,52 @@ async def test_a_round_written_during_the_linger_carries_the_watermark() -> None
     assert isinstance(answer, Fetched)
     assert answer.high_watermark == 4
     assert [(run.base_offset, run.count) for run in answer.runs] == [(4, 3)]
+
+
+async def test_fetches_of_one_link_are_judged_per_partition() -> None:
+    """A FetchMany's partitions are refused or deposed one by one: a fenced
+    partition steps its leader down, a stale one is told so, an unknown one
+    is not led here, and the partition in step still gets its runs and acks."""
+    in_step, in_step_owner = _leading()
+    fenced, _ = _leading()
+    stale, _ = _leading()
+    outcomes = _Outcomes()
+    in_step_owner.end_offset = 2
+    in_step.hold(0, [_run(2)], [7], outcomes.deliver, outcomes.fail)
+    answers = await fetch_all(
+        [
+            (in_step, _fetch(durable=0)),
+            (fenced, _fetch(durable=0, epoch=4)),
+            (stale, _fetch(durable=0, epoch=2)),
+            (None, _fetch(durable=0)),
+        ]
+    )
+    assert isinstance(answers[0], Fetched)
+    assert [run.count for run in answers[0].runs] == [2]
+    reasons = [answer.reason for answer in answers[1:] if isinstance(answer, Refused)]
+    assert reasons == [RefusalReason.FENCED, RefusalReason.STALE_EPOCH, RefusalReason.NOT_LEADER]
+    assert fenced.leading is None
+    assert in_step.leading is not None
+    assert stale.leading is not None
+    await fetch_all([(in_step, _fetch(durable=2)), (stale, _fetch(durable=0, epoch=2))])
+    assert outcomes.delivered == 1
+
+
+async def test_one_long_poll_wakes_for_any_partition_of_the_link() -> None:
+    quiet, _ = _leading()
+    busy, busy_owner = _leading()
+    answers: list[Fetched | Refused] = []
+
+    async def poll() -> None:
+        answers.extend(await fetch_all([(quiet, _fetch(0)), (busy, _fetch(0))]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.testing.wait_all_tasks_blocked()
+        woken = trio.current_time()
+        busy_owner.end_offset = 3
+        busy.hold(0, [_run(3)], [7], lambda: None, lambda code, reason: None)
+    assert trio.current_time() - woken < FETCH_WAIT / 2  # not the long poll's timeout
+    assert [type(answer) for answer in answers] == [Fetched, Fetched]
+    assert isinstance(answers[1], Fetched)
+    assert [run.count for run in answers[1].runs] == [3]

@@ -15,6 +15,8 @@ from broky.replication.wire import (
     EpochEnded,
     Fetch,
     Fetched,
+    FetchedMany,
+    FetchMany,
     Message,
     PartitionProgress,
     Progress,
@@ -63,19 +65,34 @@ states = st.builds(
         max_size=3,
     ).map(tuple),
 )
+fetches = st.builds(
+    Fetch,
+    st.text(max_size=10),
+    st.integers(0, 99),
+    st.integers(0, 99),
+    st.text(max_size=5),
+    st.integers(0, 99),
+    st.integers(0, 2**40),
+    st.integers(0, 2**40),
+    st.integers(-1, 99),
+    st.integers(-1, 2**40),
+)
+refusals = st.builds(
+    Refused,
+    st.sampled_from(RefusalReason),
+    st.integers(0, 99),
+    st.text(max_size=30),
+    st.integers(0, 2**40),
+)
+fetcheds = st.builds(
+    Fetched,
+    st.integers(0, 99),
+    st.integers(0, 2**40),
+    st.lists(runs, max_size=4).map(tuple),
+    st.none() | states,
+)
 messages = st.one_of(
-    st.builds(
-        Fetch,
-        st.text(max_size=10),
-        st.integers(0, 99),
-        st.integers(0, 99),
-        st.text(max_size=5),
-        st.integers(0, 99),
-        st.integers(0, 2**40),
-        st.integers(0, 2**40),
-        st.integers(-1, 99),
-        st.integers(-1, 2**40),
-    ),
+    fetches,
     st.builds(
         EpochEnd, st.text(max_size=10), st.integers(0, 99), st.integers(0, 99), st.integers(-1, 99)
     ),
@@ -84,20 +101,10 @@ messages = st.one_of(
         st.integers(0, 99),
         st.none() | st.tuples(st.integers(0, 99), st.integers(0, 2**40)),
     ),
-    st.builds(
-        Refused,
-        st.sampled_from(RefusalReason),
-        st.integers(0, 99),
-        st.text(max_size=30),
-        st.integers(0, 2**40),
-    ),
-    st.builds(
-        Fetched,
-        st.integers(0, 99),
-        st.integers(0, 2**40),
-        st.lists(runs, max_size=4).map(tuple),
-        st.none() | states,
-    ),
+    refusals,
+    fetcheds,
+    st.builds(FetchMany, st.lists(fetches, max_size=3).map(tuple)),
+    st.builds(FetchedMany, st.lists(fetcheds | refusals, max_size=3).map(tuple)),
     st.just(ProgressRequest()),
     st.builds(
         Progress,
@@ -187,7 +194,10 @@ def _mutated(message: Message, position: int, byte: int) -> bytes:
     st.one_of(
         st.binary(max_size=200),
         st.builds(
-            _binary_frame, st.sampled_from([1, 2]), st.binary(max_size=120), st.binary(max_size=40)
+            _binary_frame,
+            st.sampled_from([1, 2, 3, 4]),
+            st.binary(max_size=120),
+            st.binary(max_size=40),
         ),
         st.builds(_mutated, messages, st.integers(0, 2**16), st.integers(0, 255)),
         st.builds(
@@ -212,3 +222,17 @@ def test_garbage_parses_or_raises_our_error(data: bytes) -> None:
 def test_an_oversize_length_is_refused_before_buffering() -> None:
     with pytest.raises(ReplicationProtocolError):
         FrameReader().feed((MAX_FRAME_BYTES + 1).to_bytes(4, "little"))
+
+
+def test_a_fetch_many_holds_only_fetches() -> None:
+    """A FetchMany carrying an answer, or another FetchMany, is garbage."""
+    fetch = Fetch("orders", 0, 3, "n2", 1, 5, 5)
+    for inner in (Refused(RefusalReason.NOT_LEADER, 0), FetchMany((fetch,))):
+        frame = encode(FetchMany((fetch,)))
+        # Swap the nested frame for ``inner``'s, fixing the outer length.
+        head = frame[:16]
+        nested = encode(inner)
+        body = head[8:16] + nested
+        bad = (4 + len(body)).to_bytes(4, "little") + (8).to_bytes(4, "little") + body
+        with pytest.raises(ReplicationProtocolError):
+            FrameReader().feed(bad)
