@@ -37,7 +37,7 @@ from broky.cluster.decommission import decommissioned_of
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import Compare, EtcdError, EventType, Get, Put
 from broky.cluster.keys import ClusterKeys
-from broky.cluster.membership import Membership
+from broky.cluster.membership import Membership, members_of
 from broky.cluster.moves import DEFAULT_MAX_MOVES, changes
 from broky.cluster.placement import place
 from broky.cluster.settings import ClusterSettings
@@ -202,11 +202,23 @@ class Controller:
         write until a plan has nothing to write (a move's completion lets
         the next one start; a race lost means re-reading)."""
         while True:
-            live = {node: member.epoch for node, member in self.membership.members().items()}
+            # Members, states and marks from one read: the membership view
+            # (``self.membership``, a watch of its own) only wakes us. It
+            # may lag the states: a controller elected on the watch of the
+            # controller key has seen the old one's death before its
+            # membership watch has, and planning with that view took every
+            # live node out of the ISRs and kept the dead one.
             found = await self.client.txn(
-                [], [Get.prefix(self.keys.vbuckets), Get.prefix(self.keys.decommissioned)]
+                [],
+                [
+                    Get.prefix(self.keys.nodes),
+                    Get.prefix(self.keys.vbuckets),
+                    Get.prefix(self.keys.decommissioned),
+                ],
             )
-            vbuckets, marks = found.ranges
+            nodes, vbuckets, marks = found.ranges
+            members = members_of(self.keys, {kv.key: kv for kv in nodes})
+            live = {node: member.epoch for node, member in members.items()}
             stored = states_of(self.keys, {kv.key: kv for kv in vbuckets})
             writes = self._plan(stored, live, decommissioned_of(self.keys, marks))
             if not writes:
