@@ -47,7 +47,12 @@ WAIT_TIMEOUT = 30.0
 POLL_INTERVAL = 0.01
 
 
+@trio.lowlevel.enable_ki_protection
 def start_node(etcd_url: str, cluster: str, node_id: str, vbuckets: int, log: Path) -> int:
+    """Start one node; its pid. Shielded from KeyboardInterrupt (trio
+    delivers it at the next checkpoint instead): raised inside ``Popen``
+    after the fork, it lost the pid and left the node running after the
+    benchmark was stopped."""
     with log.open("wb") as output:
         process = subprocess.Popen(
             [

@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import trio
+
 #: How long etcd may take to answer its first request (0.3 s here).
 START_TIMEOUT = 15.0
 
@@ -41,6 +43,7 @@ def _free_port() -> int:
 
 
 @contextmanager
+@trio.lowlevel.enable_ki_protection
 def local_etcd(
     data_dir: Path, client_port: int = 0, host: str = "127.0.0.1", wrapper: Sequence[str] = ()
 ) -> Iterator[str]:
@@ -51,7 +54,10 @@ def local_etcd(
     namespace of its own.
 
     Raises EtcdNotFound without the binary, RuntimeError (with the end of
-    etcd's log) if it does not start."""
+    etcd's log) if it does not start. Inside ``trio.run`` a KeyboardInterrupt
+    (a stopped benchmark) waits for the next checkpoint while etcd starts
+    and stops: raised inside ``Popen`` after the fork, it would leave etcd
+    running with no one to stop it."""
     binary = shutil.which("etcd")
     if binary is None:
         raise EtcdNotFound("etcd is not installed: apt-get install -y etcd-server")

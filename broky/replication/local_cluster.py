@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import trio
 
 from broky.cluster.placement import vbucket_of
 from broky.cluster.status import ClusterStatus
@@ -163,7 +164,11 @@ class LocalNode:
             self.command += cluster_flags
         self.process: subprocess.Popen[bytes] | None = None
 
+    @trio.lowlevel.enable_ki_protection
     def start(self) -> None:
+        """Start the process. Shielded from KeyboardInterrupt inside
+        ``trio.run`` (delivered at the next checkpoint instead): raised
+        inside ``Popen`` after the fork, it would lose the process."""
         self.starts += 1
         with (self.directory / f"node.{self.starts}.log").open("wb") as output:
             self.process = subprocess.Popen(
