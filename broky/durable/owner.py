@@ -110,6 +110,8 @@ class PartitionOwner:
         #: Cached after each round, for ListPartitions without a thread hop.
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
+        #: ``PartitionLog.rewrites``, copied likewise (subscriptions' kept batches).
+        self.rewrites = partition_log.rewrites
         #: Why the log refuses writes (a failed fsync), copied after each
         #: round: publishes, retries the dedup window knows included, are
         #: then refused instead of acknowledged (PartitionLog.write_failure).
@@ -331,6 +333,7 @@ class PartitionOwner:
         borrowed the log (``lent``) and changed it."""
         self.start_offset = partition_log.start_offset
         self.end_offset = partition_log.end_offset
+        self.rewrites = partition_log.rewrites
         self.statistics = partition_log.statistics()
         self.write_failure = partition_log.write_failure
 

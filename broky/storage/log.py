@@ -86,6 +86,10 @@ class PartitionLog(LogReader):
         self._fsyncs = 0
         self._rolls = 0
         self._deleted_segments = 0
+        #: Bumped by every cut of the log's tail (``truncate``, ``restart_at``,
+        #: ``clear``): offsets read before may hold other bytes now, so a
+        #: reader keeping batches across reads drops them when this changes.
+        self.rewrites = 0
 
     # --- opening and recovery ----------------------------------------------
 
@@ -303,6 +307,7 @@ class PartitionLog(LogReader):
         self._bases[slot:] = [reopened.base_offset]
         self._durable_offset = min(self._durable_offset, reopened.next_offset)
         self._last_by_key = None
+        self.rewrites += 1
         if kept:
             self.append([run for run, _ in kept], [stamp for _, stamp in kept])
         self.sync()
@@ -331,6 +336,7 @@ class PartitionLog(LogReader):
         self._replace(0)
 
     def _replace(self, start: int) -> None:
+        self.rewrites += 1
         fresh = replace_segments(
             self._segments, self.directory, start, self.config.index_interval_bytes
         )

@@ -76,13 +76,40 @@ class BatchCache:
         self._walks = encode_located_runs_compiled is not None
 
     def add(self, spans: Iterable[BatchSpan]) -> None:
+        """Hold ``spans``; the parts of one that held spans cover already
+        are left out (batches kept from earlier rounds may overlap a new
+        read in any way), so the held spans stay sorted and disjoint."""
         for span in spans:
             index = bisect_right(self._bases, span.start)
-            if index and self._spans[index - 1].stop > span.start:
-                continue  # held already
-            self._bases.insert(index, span.start)
-            self._stops.insert(index, span.stop)
-            self._spans.insert(index, span)
+            if index < len(self._bases) and self._bases[index] < span.stop:
+                gaps = [(a, b) for held, a, b in self.cover(span.start, span.stop) if held is None]
+                for start, stop in reversed(gaps):
+                    self._insert(BatchSpan(span.batch, start, stop))
+            elif not index or self._stops[index - 1] <= span.start:
+                self._insert(span)
+            elif self._stops[index - 1] < span.stop:
+                self._insert(BatchSpan(span.batch, self._stops[index - 1], span.stop))
+
+    def _insert(self, span: BatchSpan) -> None:
+        index = bisect_right(self._bases, span.start)
+        self._bases.insert(index, span.start)
+        self._stops.insert(index, span.stop)
+        self._spans.insert(index, span)
+
+    def keep_from(self, floor: int | None, max_bytes: int) -> None:
+        """Drop the spans below ``floor`` (None: every span), then the
+        lowest ones while the rest hold more than ``max_bytes`` of stored
+        batches: what a driver keeps for its next rounds."""
+        spans = self._spans
+        drop = len(spans) if floor is None else bisect_right(self._stops, floor)
+        held = sum(span.batch.stored_bytes for span in spans[drop:])
+        while drop < len(spans) and held > max_bytes:
+            held -= spans[drop].batch.stored_bytes
+            drop += 1
+        if drop:
+            del self._bases[:drop], self._stops[:drop], spans[:drop]
+        # Indexed by ``id``: a batch dropped here may be freed and its id reused.
+        self._indexes.clear()
 
     def find(self, offset: int) -> StoredBatch | None:
         """The held run holding ``offset``, sliced to that one message."""

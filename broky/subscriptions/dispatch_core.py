@@ -85,6 +85,13 @@ class DispatchCore:
             return self.table.owner(slot)
         return self.active
 
+    def lowest_waiting(self) -> int | None:
+        """The lowest offset an ordered type holds back for later (parked,
+        or due again), None when none waits: its driver keeps the batches
+        read from there on, so a parked message is not read twice."""
+        waiting = self._waiting
+        return min(offsets[0] for offsets in waiting.values()) if waiting else None
+
     # --- internals -------------------------------------------------------------------------
 
     def _slot_waiting(self, offset: int) -> int | None:

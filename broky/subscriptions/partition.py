@@ -39,7 +39,7 @@ from broky.protocol.constants import StartKind
 from broky.router.matcher import SubscriptionIndex
 from broky.security.acl import covers
 from broky.storage.batch_reading import BatchSpan
-from broky.storage.errors import OffsetOutOfRangeError, StorageError
+from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 from broky.storage.state import StateStore
 from broky.storage.topics import sticky_keys
@@ -49,6 +49,7 @@ from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
 from broky.subscriptions.round_events import needed_spans, sort_events
+from broky.subscriptions.round_reads import KEEP_BYTES, READ_GAP, read_new, read_ranges
 from broky.subscriptions.slots import NOBODY, message_slots, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -60,14 +61,6 @@ log = logging.getLogger("broky.subscriptions")
 
 #: The state store's file name inside the partition's directory.
 STATE_FILE: Final = "subscriptions.sqlite"
-#: Bytes of stored batches one round reads per dispatcher: bounds a round's
-#: memory (and its thread hop) whatever the credit granted.
-READ_BYTES: Final = 1024 * 1024
-#: Offsets to deliver that are missing from a round's reads (parked, due
-#: again) and at most this far apart are read as one span: one window fill
-#: instead of one per offset (key-shared over many keys parks offsets spread
-#: all over the log).
-READ_GAP: Final = 4096
 
 
 class PartitionSubscriptions:
@@ -100,6 +93,10 @@ class PartitionSubscriptions:
         #: Bumped when every dispatcher is dropped: a round that awaited
         #: across it stops (its dispatchers are gone).
         self.generation = 0
+        #: The batches the rounds read, kept while messages wait
+        #: (``KEEP_BYTES``), read when the log's ``rewrites`` count was this.
+        self._kept = BatchCache()
+        self._kept_rewrites = owner.rewrites
 
     @classmethod
     def open(cls, service: SubscriptionService, owner: PartitionOwner) -> PartitionSubscriptions:
@@ -154,6 +151,7 @@ class PartitionSubscriptions:
         node stopped leading: broky.subscriptions.replica); the state store
         keeps them, and uncommitted changes are not written any more."""
         self.generation += 1
+        self._kept.keep_from(None, 0)
         self.dispatchers.clear()
         self.definitions.clear()
         self._filters.clear()
@@ -264,7 +262,10 @@ class PartitionSubscriptions:
             dispatcher.tick(now)
             if dispatcher.tracker.dirty:
                 self._commit_soon(name)
-        cache = BatchCache()
+        cache = self._kept
+        if self.owner.rewrites != self._kept_rewrites:
+            cache.keep_from(None, 0)  # kept from before the log's tail was cut
+            self._kept_rewrites = self.owner.rewrites
         serving = dict(self.dispatchers)
         wanted = {
             name: (dispatcher.tracker.read_position, count)
@@ -274,9 +275,14 @@ class PartitionSubscriptions:
         progressed = False
         generation = self.generation
         if wanted:
-            reads = await self.owner.call(lambda log: _read_new(log, wanted))
+            rewrites, reads = await self.owner.call(
+                lambda log: (log.rewrites, read_new(log, wanted))
+            )
             if generation != self.generation:
                 return
+            if rewrites != self._kept_rewrites:
+                cache.keep_from(None, 0)  # read before the log's tail was cut
+                self._kept_rewrites = rewrites
             now = trio.current_time()
             for name, (log_start, batches) in reads.items():
                 if self.dispatchers.get(name) is not serving[name]:
@@ -294,7 +300,15 @@ class PartitionSubscriptions:
         missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
-                cache.add(await self.owner.call(lambda log: _read_ranges(log, missing)))
+                rewrites, spans = await self.owner.call(
+                    lambda log: (log.rewrites, read_ranges(log, missing))
+                )
+                if rewrites != self._kept_rewrites:
+                    # Cut since this round's reads: decide on fresh reads.
+                    cache.keep_from(None, 0)
+                    self._kept_rewrites = rewrites
+                    raise StorageError("the log's tail was cut while it was read")
+                cache.add(spans)
             except (StorageError, OSError):
                 # Nothing was carried out: the events wait for the next round.
                 for name, taken in events.items():
@@ -312,6 +326,10 @@ class PartitionSubscriptions:
         for name, dispatcher in self.dispatchers.items():
             if dispatcher.tracker.dirty:
                 self._commit_soon(name)
+        waiting = [
+            low for d in self.dispatchers.values() if (low := d.lowest_waiting()) is not None
+        ]
+        cache.keep_from(min(waiting, default=None), KEEP_BYTES)
         if progressed:
             self.wake()  # a read stops at READ_BYTES: there may be more to read
 
@@ -451,39 +469,3 @@ def feed_batches(
         if queued_to > queued_from:
             dispatcher.queue(queued_from, queued_to)
         dispatcher.pump(now)  # deal what ``queue`` took, in slices
-
-
-def _read_new(
-    partition_log: PartitionLog, wanted: dict[str, tuple[int, int]]
-) -> dict[str, tuple[int, list[BatchSpan]]]:
-    """In the owner's thread: each dispatcher's next ``count`` offsets from
-    its read position, with the log's start (retention may have moved it
-    past the position: then the read begins there)."""
-    reads: dict[str, tuple[int, list[BatchSpan]]] = {}
-    log_start = partition_log.start_offset
-    for name, (position, count) in wanted.items():
-        start = max(position, log_start)
-        stop = position + count
-        reads[name] = (
-            log_start,
-            partition_log.read_spans(start, READ_BYTES, stop) if start < stop else [],
-        )
-    return reads
-
-
-def _read_ranges(partition_log: PartitionLog, ranges: list[tuple[int, int]]) -> list[BatchSpan]:
-    """In the owner's thread: the batches holding ``[first, stop)`` ranges
-    (what retention removed is left out)."""
-    batches: list[BatchSpan] = []
-    for first, stop in ranges:
-        position = max(first, partition_log.start_offset)
-        while position < stop:
-            try:
-                found = partition_log.read_spans(position, READ_BYTES, stop)
-            except OffsetOutOfRangeError:
-                break
-            if not found:
-                break
-            batches.extend(found)
-            position = found[-1].next_offset
-    return batches
