@@ -147,13 +147,19 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         ranges: list[tuple[int, int]] = []
-        bases, held = self._bases, self._spans
+        bases, stops = self._bases, self._stops
+        # The held span the last bisection found: sorted, most spans of a
+        # round (a key-shared delivery per message or two, all read this
+        # round) fall in the one before's, with no bisection.
+        held_stop = -1
         for first, stop in sorted(spans):
-            # Inside one held batch (every key-shared delivery read this
-            # round, a run of a message or two): no cover generator.
-            index = bisect_right(bases, first) - 1
-            if index >= 0 and stop <= held[index].stop:
+            if stop <= held_stop:
                 continue
+            index = bisect_right(bases, first) - 1
+            if index >= 0 and first < stops[index]:
+                held_stop = stops[index]
+                if stop <= held_stop:
+                    continue
             for span, offset, upto in self.cover(first, stop):
                 if span is not None:
                     continue

@@ -224,3 +224,25 @@ def test_keep_from_drops_what_is_below_the_floor_then_the_lowest() -> None:
     assert cache._bases == [10, 15]
     cache.keep_from(None, 1 << 30)
     assert cache._bases == []
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 8)), max_size=6),
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 4)), max_size=30),
+)
+def test_missing_is_what_no_held_span_covers(
+    held: list[tuple[int, int]], needed: list[tuple[int, int]]
+) -> None:
+    """``missing`` (its skip of spans inside the held one found last
+    included) against the offsets' own set difference."""
+    whole = span(0, [1] * 50)
+    cache = BatchCache()
+    covered: set[int] = set()
+    for first, length in held:
+        stop = min(50, first + length)
+        if first < stop:
+            cache.add([BatchSpan(whole.batch, first, stop)])
+            covered.update(range(first, stop))
+    wanted = {o for first, length in needed for o in range(first, first + length)}
+    got = cache.missing([(first, first + length) for first, length in needed])
+    assert {o for a, b in got for o in range(a, b)} == wanted - covered
