@@ -73,7 +73,7 @@ class CreditOwner(Protocol):
 
 class BufferedRuns(Generic[Item]):
     """Runs buffered for one stream, iterated as items with ``async for``
-    (``batches`` for lists), credit granted back a quarter of the window at a time.
+    (``batches`` for lists), credit granted back half a window at a time.
 
     Subclasses implement ``_convert`` (one run to its items; raise
     RemoteProtocolError to skip an undecodable run, which is logged).
@@ -239,20 +239,12 @@ class BufferedRuns(Generic[Item]):
 
     def _consumed(self, count: int) -> None:
         """Count ``count`` items as taken and return their credit in grants
-        of a quarter of the window: Flow frames stay rare (one per quarter
-        window), and the broker's credit is refilled before it runs low.
-        Why not half: a key-shared subscription deals each read to every
-        consumer at once, and a consumer whose credit ran out has its keys'
-        messages parked at the broker and handed out again later (in
-        bench_consumers' key_shared_1000_keys, 20,000 credit on a loaded
-        machine, half-window grants parked 52k-103k of 400k messages and
-        quarter-window ones 24k-50k, at about 1 µs less broker CPU per
-        message)."""
+        of half the window, so Flow frames stay rare."""
         self._buffered -= count
         self.received += count
         if self._credit:
             self._ungranted += count
-            if not self._paused and self._ungranted * 4 >= self._credit:
+            if not self._paused and self._ungranted * 2 >= self._credit:
                 self._grant()
 
     def _grant(self) -> None:

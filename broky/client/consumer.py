@@ -13,7 +13,7 @@ durable (before committing elsewhere) can.
 
 Flow control is the broker's credit: ``credit`` messages may be on their way
 or buffered here, and credit is granted back (``Flow``) as the application
-takes messages, a quarter of the window at a time; ``pause`` stops granting it, so the
+takes messages, half a window at a time; ``pause`` stops granting it, so the
 broker stops sending once what is granted has arrived.
 """
 

@@ -19,7 +19,7 @@ the client granted one window. This gate keeps the client's window whole:
   each part's credit plus its waiting messages is at most one share of the
   largest window the client ever had open, plus one.
 - **Why every idle part gets its share.** A client grants in batches (the
-  client library returns a quarter of its window at a time): while it still has
+  client library returns half its window at a time): while it still has
   credit outstanding it waits for messages, not for room. So whenever the
   window is open, every part must hold credit, whatever the others hold.
   An earlier rule kept the parts' credit plus the waiting messages within

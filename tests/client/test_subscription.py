@@ -80,15 +80,14 @@ async def test_a_batch_handed_over_is_the_callers() -> None:
         assert _numbers([await anext(subscription)]) == [6]
 
 
-async def test_credit_returns_in_grants_of_a_quarter_of_the_window() -> None:
+async def test_credit_returns_in_grants_of_half_the_window() -> None:
     owner, subscription = _subscription(credit=100)
     subscription._deliver(tuple(_run(n * 10, 10) for n in range(25)))
     with trio.fail_after(5):
         for _ in range(25):
             await anext(subscription.batches(max_messages=10))
     grants = [frame for frame in owner.sent if isinstance(frame, Flow)]
-    # Batches of 10: the first count to reach 25 is 30.
-    assert [grant.credit for grant in grants] == [30] * 8
+    assert [grant.credit for grant in grants] == [50, 50, 50, 50, 50]
     assert subscription.received == 250
 
 
