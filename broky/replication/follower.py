@@ -39,7 +39,7 @@ from broky.protocol.frames import Run
 from broky.replication import epochfile
 from broky.replication.faults import LinkSwitch
 from broky.replication.gate import PartitionReplica
-from broky.replication.link import ReplicationLink
+from broky.replication.link import ReplicationLink, open_stream
 from broky.replication.node_link import LINK_ERRORS, REQUEST_TIMEOUT, NodeLinks, Retry
 from broky.replication.wire import (
     EpochEnd,
@@ -127,9 +127,8 @@ class Follower:
     async def _truncate_alone(self) -> bool:
         """Truncate for our epoch on a connection of our own; False if the
         leader cannot be reached."""
-        host, _, port = self.leader_address.rpartition(":")
         try:
-            stream = await trio.open_tcp_stream(host, int(port))
+            stream = await open_stream(self.leader_address)
         except OSError as exc:
             log.debug("%s: cannot reach leader %s: %s", self.replica.name, self.leader_address, exc)
             return False

@@ -23,6 +23,13 @@ log = logging.getLogger("broky.replication")
 RECEIVE_BYTES = 256 * 1024
 
 
+async def open_stream(address: str) -> trio.SocketStream:
+    """A TCP connection to a replication listener at ``host:port`` (OSError
+    if it cannot be reached)."""
+    host, _, port = address.rpartition(":")
+    return await trio.open_tcp_stream(host, int(port))
+
+
 class ReplicationLink:
     """Frames over one stream (either side)."""
 

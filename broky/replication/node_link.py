@@ -37,7 +37,7 @@ import trio
 from broky.durable.owner import PartitionOwner
 from broky.durable.thread_hop import run_in_thread
 from broky.replication.faults import LinkSwitch
-from broky.replication.link import ReplicationLink
+from broky.replication.link import ReplicationLink, open_stream
 from broky.replication.wire import (
     Fetch,
     Fetched,
@@ -148,9 +148,7 @@ class NodeLink:
         """Connect and fetch rounds until the link fails or stays idle."""
         error: Exception = Retry("the link closed")
         try:
-            host, _, port = self.address.rpartition(":")
-            stream = await trio.open_tcp_stream(host, int(port))
-            async with stream:
+            async with await open_stream(self.address) as stream:
                 with self.switch.link():
                     await self.rounds(ReplicationLink(stream))
                 if self.switch.cut:
