@@ -96,10 +96,11 @@ class BatchCache:
         self._stops.insert(index, span.stop)
         self._spans.insert(index, span)
 
-    def keep_from(self, floor: int | None, max_bytes: int) -> None:
+    def keep_from(self, floor: int | None, max_bytes: int) -> int:
         """Drop the spans below ``floor`` (None: every span), then the
         lowest ones while the rest hold more than ``max_bytes`` of stored
-        batches: what a driver keeps for its next rounds."""
+        batches: what a driver keeps for its next rounds. Returns the
+        stored bytes kept."""
         spans = self._spans
         drop = len(spans) if floor is None else bisect_right(self._stops, floor)
         held = sum(span.batch.stored_bytes for span in spans[drop:])
@@ -110,6 +111,7 @@ class BatchCache:
             del self._bases[:drop], self._stops[:drop], spans[:drop]
         # Indexed by ``id``: a batch dropped here may be freed and its id reused.
         self._indexes.clear()
+        return held
 
     def find(self, offset: int) -> StoredBatch | None:
         """The held run holding ``offset``, sliced to that one message."""

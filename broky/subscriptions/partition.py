@@ -49,7 +49,7 @@ from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
 from broky.subscriptions.round_events import needed_spans, sort_events
-from broky.subscriptions.round_reads import KEEP_BYTES, READ_GAP, read_new, read_ranges
+from broky.subscriptions.round_reads import READ_GAP, read_new, read_ranges
 from broky.subscriptions.slots import NOBODY, message_slots, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -93,8 +93,9 @@ class PartitionSubscriptions:
         #: Bumped when every dispatcher is dropped: a round that awaited
         #: across it stops (its dispatchers are gone).
         self.generation = 0
-        #: The batches the rounds read, kept while messages wait
-        #: (``KEEP_BYTES``), read when the log's ``rewrites`` count was this.
+        #: The batches the rounds read, kept while messages wait (within
+        #: the service's ``KeptBudget``), read when the log's ``rewrites``
+        #: count was this.
         self._kept = BatchCache()
         self._kept_rewrites = owner.rewrites
 
@@ -151,7 +152,7 @@ class PartitionSubscriptions:
         node stopped leading: broky.subscriptions.replica); the state store
         keeps them, and uncommitted changes are not written any more."""
         self.generation += 1
-        self._kept.keep_from(None, 0)
+        self.service.kept.hold((self.topic, self.partition), self._kept.keep_from(None, 0))
         self.dispatchers.clear()
         self.definitions.clear()
         self._filters.clear()
@@ -329,7 +330,8 @@ class PartitionSubscriptions:
         waiting = [
             low for d in self.dispatchers.values() if (low := d.lowest_waiting()) is not None
         ]
-        cache.keep_from(min(waiting, default=None), KEEP_BYTES)
+        key, budget = (self.topic, self.partition), self.service.kept
+        budget.hold(key, cache.keep_from(min(waiting, default=None), budget.allowance(key)))
         if progressed:
             self.wake()  # a read stops at READ_BYTES: there may be more to read
 

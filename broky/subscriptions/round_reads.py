@@ -21,6 +21,10 @@ READ_BYTES: Final = 1024 * 1024
 #: those are delivered later from the kept batches, not read again. Per
 #: partition; nothing is kept while nothing waits.
 KEEP_BYTES: Final = 4 * READ_BYTES
+#: Bytes of kept batches over all of one worker's partitions (``KeptBudget``):
+#: many partitions each holding messages back for a slow consumer keep at
+#: most this much between them, not ``KEEP_BYTES`` each.
+KEEP_BUDGET: Final = 16 * KEEP_BYTES
 #: Offsets to deliver that are missing from a round's reads (parked, due
 #: again) and at most this far apart are read as one span: one window fill
 #: instead of one per offset (key-shared over many keys parks offsets spread
@@ -62,3 +66,29 @@ def read_ranges(partition_log: PartitionLog, ranges: list[tuple[int, int]]) -> l
             batches.extend(found)
             position = found[-1].next_offset
     return batches
+
+
+class KeptBudget:
+    """The bytes of kept batches each partition of one worker holds (one
+    per subscription service, used from its trio thread): a partition may
+    keep ``KEEP_BYTES`` while the worker's total stays within ``total``;
+    what it may not keep is read again when delivered, as before batches
+    were kept."""
+
+    __slots__ = ("_held", "total", "used")
+
+    def __init__(self, total: int = KEEP_BUDGET) -> None:
+        self.total = total
+        self.used = 0
+        self._held: dict[tuple[str, int], int] = {}
+
+    def allowance(self, partition: tuple[str, int]) -> int:
+        """Bytes ``partition`` may keep now: its own share counts as free."""
+        free = self.total - self.used + self._held.get(partition, 0)
+        return max(0, min(KEEP_BYTES, free))
+
+    def hold(self, partition: tuple[str, int], nbytes: int) -> None:
+        """``partition`` now keeps ``nbytes`` (0: nothing)."""
+        self.used += nbytes - self._held.pop(partition, 0)
+        if nbytes:
+            self._held[partition] = nbytes

@@ -54,6 +54,7 @@ from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import Consumer, DeadLetter, SubscriptionBusy
 from broky.subscriptions.partition import PartitionSubscriptions
 from broky.subscriptions.replica import SubscriptionReplica
+from broky.subscriptions.round_reads import KeptBudget
 from broky.subscriptions.settling import apply_settle
 from broky.subscriptions.watch import SubscriptionStatus, Watch
 
@@ -85,6 +86,8 @@ class SubscriptionService:
         self.deleting = DeletionMarks()
         self._next_consumer = 1
         self._attaching = trio.Lock()
+        #: The bytes of read batches each partition keeps for parked messages.
+        self.kept = KeptBudget()
         self._nursery: trio.Nursery | None = None
 
     # --- running ---------------------------------------------------------------------

@@ -31,6 +31,7 @@ from broky.subscriptions.definition import Definition
 from broky.subscriptions.delivery import BatchCache
 from broky.subscriptions.model import Options, SubscriptionType
 from broky.subscriptions.partition import PartitionSubscriptions
+from broky.subscriptions.round_reads import KEEP_BYTES, KeptBudget
 from broky.subscriptions.tracker import SubscriptionImage
 from tests.subscriptions.test_delivery import span
 
@@ -86,6 +87,7 @@ class _Service:
     def __init__(self) -> None:
         self.consumers: dict[int, _Link] = {}
         self.totals = SubscriptionCounters()
+        self.kept = KeptBudget()
 
     def counters(self, name: str) -> SubscriptionCounters:
         return self.totals
@@ -147,26 +149,38 @@ def test_a_parked_message_is_delivered_from_the_batch_kept(tmp_path: Path) -> No
 
 def test_no_parked_message_is_read_again(tmp_path: Path) -> None:
     """The second round delivers the parked messages without a log read."""
+    assert trio.run(_reads_for_parked, tmp_path, None) == 0
 
-    async def run() -> int:
-        _, service, partition = _setup(tmp_path)
-        await partition._round()
-        owner = partition.owner
-        calls = 0
-        call = owner.call
 
-        async def counted(request: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            return await call(request)
+def test_past_the_workers_budget_parked_messages_are_read_again(tmp_path: Path) -> None:
+    """With the worker's kept-batch budget taken by other partitions, the
+    round keeps nothing, and the parked messages are read from the log
+    when delivered (what they cost before batches were kept)."""
+    assert trio.run(_reads_for_parked, tmp_path, 0) > 0
 
-        owner.call = counted  # type: ignore[method-assign]
-        partition.dispatchers["work"].grant(2, 100, 0.0)
-        await partition._round()
-        assert service.consumers[2].payloads
-        return calls
 
-    assert trio.run(run) == 0
+async def _reads_for_parked(tmp_path: Path, budget: int | None) -> int:
+    """Log reads of the round that delivers what the first one parked;
+    ``budget``: the service's kept-batch total (None: the default)."""
+    _, service, partition = _setup(tmp_path)
+    if budget is not None:
+        service.kept = KeptBudget(budget)
+    await partition._round()
+    owner = partition.owner
+    calls = 0
+    call = owner.call
+
+    async def counted(request: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await call(request)
+
+    owner.call = counted  # type: ignore[method-assign]
+    partition.dispatchers["work"].grant(2, 100, 0.0)
+    await partition._round()
+    assert all(payload == b"old%d" % o for o, payload in service.consumers[2].payloads.items())
+    assert service.consumers[2].payloads
+    return calls
 
 
 def test_a_cut_of_the_log_drops_the_kept_batches(tmp_path: Path) -> None:
@@ -246,3 +260,17 @@ def test_missing_is_what_no_held_span_covers(
     wanted = {o for first, length in needed for o in range(first, first + length)}
     got = cache.missing([(first, first + length) for first, length in needed])
     assert {o for a, b in got for o in range(a, b)} == wanted - covered
+
+
+def test_the_budget_bounds_the_workers_total_and_counts_a_partitions_own_share() -> None:
+    budget = KeptBudget(3 * KEEP_BYTES // 2)
+    first, second = ("orders", 0), ("orders", 1)
+    assert budget.allowance(first) == KEEP_BYTES
+    budget.hold(first, KEEP_BYTES)
+    assert budget.allowance(second) == KEEP_BYTES // 2
+    assert budget.allowance(first) == KEEP_BYTES  # its own bytes count as free
+    budget.hold(second, KEEP_BYTES // 2)
+    assert budget.allowance(second) == KEEP_BYTES // 2
+    budget.hold(first, 0)
+    assert budget.used == KEEP_BYTES // 2
+    assert budget.allowance(second) == KEEP_BYTES
