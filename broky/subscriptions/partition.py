@@ -152,7 +152,7 @@ class PartitionSubscriptions:
         node stopped leading: broky.subscriptions.replica); the state store
         keeps them, and uncommitted changes are not written any more."""
         self.generation += 1
-        self.service.kept.hold((self.topic, self.partition), self._kept.keep_from(None, 0))
+        self._drop_kept()
         self.dispatchers.clear()
         self.definitions.clear()
         self._filters.clear()
@@ -257,6 +257,19 @@ class PartitionSubscriptions:
             await self._wake.wait()
         self._wake = trio.Event()
 
+    def _kept_valid(self, rewrites: int) -> bool:
+        """Whether the kept batches were read at the log's ``rewrites``
+        count; if not, the log's tail was cut since (those offsets may hold
+        other bytes now) and they are dropped."""
+        if rewrites == self._kept_rewrites:
+            return True
+        self._drop_kept()
+        self._kept_rewrites = rewrites
+        return False
+
+    def _drop_kept(self) -> None:
+        self.service.kept.hold((self.topic, self.partition), self._kept.keep_from(None, 0))
+
     async def _round(self) -> None:
         now = self._ticked_at = trio.current_time()
         for name, dispatcher in self.dispatchers.items():
@@ -264,9 +277,7 @@ class PartitionSubscriptions:
             if dispatcher.tracker.dirty:
                 self._commit_soon(name)
         cache = self._kept
-        if self.owner.rewrites != self._kept_rewrites:
-            cache.keep_from(None, 0)  # kept from before the log's tail was cut
-            self._kept_rewrites = self.owner.rewrites
+        self._kept_valid(self.owner.rewrites)
         serving = dict(self.dispatchers)
         wanted = {
             name: (dispatcher.tracker.read_position, count)
@@ -281,9 +292,7 @@ class PartitionSubscriptions:
             )
             if generation != self.generation:
                 return
-            if rewrites != self._kept_rewrites:
-                cache.keep_from(None, 0)  # read before the log's tail was cut
-                self._kept_rewrites = rewrites
+            self._kept_valid(rewrites)
             now = trio.current_time()
             for name, (log_start, batches) in reads.items():
                 if self.dispatchers.get(name) is not serving[name]:
@@ -304,10 +313,8 @@ class PartitionSubscriptions:
                 rewrites, spans = await self.owner.call(
                     lambda log: (log.rewrites, read_ranges(log, missing))
                 )
-                if rewrites != self._kept_rewrites:
+                if not self._kept_valid(rewrites):
                     # Cut since this round's reads: decide on fresh reads.
-                    cache.keep_from(None, 0)
-                    self._kept_rewrites = rewrites
                     raise StorageError("the log's tail was cut while it was read")
                 cache.add(spans)
             except (StorageError, OSError):
