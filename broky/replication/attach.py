@@ -29,8 +29,11 @@ def replicates(broker: Broker, config: Config) -> bool:
     return bool(config.cluster_etcd and config.replication_listen and broker.store is not None)
 
 
-def service_for(broker: Broker, config: Config, member: Member, listen: str) -> ReplicationService:
-    """A replication service of ``broker``'s durable store, serving on ``listen``."""
+def service_for(
+    broker: Broker, config: Config, member: Member, listen: str, worker: int = 0
+) -> ReplicationService:
+    """A replication service of ``broker``'s durable store, serving on
+    ``listen``, in worker ``worker`` (0: a one-process node's only one)."""
     assert broker.store is not None
     service = ReplicationService(
         broker.store,
@@ -38,6 +41,7 @@ def service_for(broker: Broker, config: Config, member: Member, listen: str) -> 
         listen,
         IsrSettings(config.min_insync_replicas, config.replica_lag_max),
         broker.observability.system.advise,
+        empty_vbuckets=worker == 0,
     )
     broker.replication_statistics = service.statistics
     return service
@@ -60,7 +64,7 @@ def attach_to_worker(broker: Broker, config: Config, index: int) -> RelayedLease
                 lease,
             )
             service = service_for(
-                broker, config, member, worker_listen(config.replication_listen, index)
+                broker, config, member, worker_listen(config.replication_listen, index), index
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(member.run)

@@ -103,8 +103,15 @@ class ReplicationService:
         listen: str,
         settings: IsrSettings,
         advise: Advise | None = None,
+        *,
+        empty_vbuckets: bool = True,
     ) -> None:
         self.store = store
+        #: Whether this service keeps the ISR of the node's empty vbuckets
+        #: (broky.replication.empty): one per node does, worker 0 of a
+        #: several-worker node; a second would only lose every
+        #: compare-and-swap to the first, an etcd transaction wasted each.
+        self.empty_vbuckets = empty_vbuckets
         self.node = node
         self.listen = listen
         self.settings = settings
@@ -202,7 +209,8 @@ class ReplicationService:
                 for topic in self.store.policies.policies
                 for p in range(topic.partitions)
             }
-            nursery.start_soon(sync_empty_vbuckets, self.node, with_data)
+            if self.empty_vbuckets:
+                nursery.start_soon(sync_empty_vbuckets, self.node, with_data)
             if LinkSwitch.enabled():
                 nursery.start_soon(self.switch.follow_signals)
             task_status.started()
