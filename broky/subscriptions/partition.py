@@ -214,7 +214,13 @@ class PartitionSubscriptions:
         self._wake.set()
 
     def appended(self, end_offset: int) -> None:
-        """The partition's log grew to ``end_offset`` (its durability point)."""
+        """The partition's log grew to ``end_offset`` (its durability point).
+        Without subscriptions nothing here reads the log, so the task is
+        not woken: a round per append of every durable partition would be
+        a task switch and an empty round per publish round (a subscription
+        created later starts from the owner's ``readable_end``)."""
+        if not self.dispatchers:
+            return
         for dispatcher in self.dispatchers.values():
             dispatcher.end_offset = max(dispatcher.end_offset, end_offset)
         self._wake.set()

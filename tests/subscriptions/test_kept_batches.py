@@ -274,3 +274,17 @@ def test_the_budget_bounds_the_workers_total_and_counts_a_partitions_own_share()
     budget.hold(first, 0)
     assert budget.used == KEEP_BYTES // 2
     assert budget.allowance(second) == KEEP_BYTES
+
+
+def test_an_append_wakes_the_task_only_where_a_subscription_reads(tmp_path: Path) -> None:
+    """A partition without subscriptions runs no round per append; one
+    with a subscription is woken and its dispatcher learns the new end."""
+    _, _, partition = _setup(tmp_path)
+    dispatcher = partition.dispatchers["work"]
+    partition.appended(500)
+    assert partition._wake.is_set()
+    assert dispatcher.end_offset == 500
+    partition.remove("work")
+    partition._wake = trio.Event()
+    partition.appended(600)
+    assert not partition._wake.is_set()
