@@ -208,6 +208,9 @@ def test_the_compiled_segments_pass_cuts_as_the_pure_one(
     given_deliveries = [(first, first + length, count) for first, length, count in deliveries]
     pure = delivery.delivery_segments_pure(given_deliveries, bases, stops)
     assert compiled(given_deliveries, bases, stops) == pure
+    # Triples that are not tuples (read unpacked) cut alike.
+    as_lists: Any = [list(triple) for triple in given_deliveries]
+    assert compiled(as_lists, bases, stops) == pure
 
 
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.data())
