@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
+from operator import itemgetter
 from typing import Final
 
 from broky.compiled import compiled_twin
@@ -148,6 +149,12 @@ class BatchCache:
         ``pread`` of up to a MiB), so key-shared deliveries scattered over
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
+        spans = spans if isinstance(spans, list) else list(spans)
+        if spans and self._holds(min(spans)[0], max(map(itemgetter(1), spans))):
+            # The usual round: every delivery lies in batches this round
+            # read, held back to back (two C-speed passes, no sort and no
+            # Python step per delivery).
+            return []
         ranges: list[tuple[int, int]] = []
         bases, stops = self._bases, self._stops
         # The held span the last bisection found: sorted, most spans of a
@@ -170,6 +177,18 @@ class BatchCache:
                 else:
                     ranges.append((offset, upto))
         return ranges
+
+    def _holds(self, first: int, stop: int) -> bool:
+        """Whether held spans cover ``[first, stop)`` without a gap."""
+        bases, stops = self._bases, self._stops
+        index = bisect_right(bases, first) - 1
+        if index < 0 or first >= stops[index]:
+            return False
+        while stops[index] < stop:
+            if index + 1 == len(bases) or bases[index + 1] != stops[index]:
+                return False
+            index += 1
+        return True
 
     def begin(self, batch: RecordBatch, offset: int) -> tuple[int, int, int, int]:
         """Where ``encode_located_runs`` starts for ``offset`` of held

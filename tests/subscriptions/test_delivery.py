@@ -115,6 +115,18 @@ def test_missing_merges_ranges_of_what_is_not_held() -> None:
     assert cache.missing([(11, 14), (13, 17)]) == [(15, 17)]
 
 
+def test_missing_sees_gaps_between_held_batches_that_touch_its_bounds() -> None:
+    """Batches held back to back hold everything between the lowest and the
+    highest needed offset; a gap between two held batches does not."""
+    cache = BatchCache()
+    cache.add([span(10, [2, 3]), span(15, [5])])
+    assert cache.missing(iter([(19, 20), (10, 11), (14, 16)])) == []
+    cache.add([span(22, [3])])
+    assert cache.missing([(10, 11), (24, 25)]) == []
+    assert cache.missing([(10, 11), (19, 23), (24, 25)]) == [(20, 22)]
+    assert cache.missing([(9, 11), (24, 26)]) == [(9, 10), (25, 26)]
+
+
 def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:
     stored = batch(4, 3)
     run = dead_letter_run(stored, 5, b"_dlq.s.orders", (("dlq.offset", "5"),))
