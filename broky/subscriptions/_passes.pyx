@@ -104,6 +104,8 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
     cdef bint freeing = slots is not None
     if freeing:
         slot_at, held_by_slot, holders = slots
+        if slot_at is None or held_by_slot is None or holders is None:
+            raise TypeError("take_acked's slot maps must be three dicts")
     for offset in offsets:
         # Borrowed lookups, then a delete: an int key's hash cannot fail.
         found = PyDict_GetItem(pending, offset)
