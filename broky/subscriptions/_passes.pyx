@@ -3,7 +3,8 @@
 ``broky.subscriptions.ack_pass``'s ``take_acked_pure`` and
 ``merge_acked_pure``, ``broky.subscriptions.slots.assign_pure``,
 ``broky.subscriptions.settle_ranges.gather_ranges_pure``,
-``broky.subscriptions.delivery.delivery_segments_pure``,
+``broky.subscriptions.delivery.delivery_segments_pure`` and
+``span_bounds_pure``,
 ``broky.subscriptions.round_events``' ``needed_spans_pure`` and
 ``sort_events_pure``, and the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` (see
@@ -308,6 +309,26 @@ def gather_ranges(frame, tracker_of):
         # In Python ints: ``last + 1`` may pass int64 (the wire's width).
         unconfirmed += lasts[at] + 1 - (first if first > position else position)
     return spans, unconfirmed
+
+
+def span_bounds(list spans):
+    cdef Py_ssize_t at, count = PyList_GET_SIZE(spans)
+    cdef int64_t low = 0, high = 0, first, stop
+    cdef object span
+    if count == 0:
+        raise ValueError("no spans to bound")
+    for at in range(count):
+        span = <object>PyList_GET_ITEM(spans, at)
+        if type(span) is tuple and PyTuple_GET_SIZE(span) == 2:
+            first = <object>PyTuple_GET_ITEM(span, 0)
+            stop = <object>PyTuple_GET_ITEM(span, 1)
+        else:
+            first, stop = span
+        if at == 0 or first < low:
+            low = first
+        if at == 0 or stop > high:
+            high = stop
+    return low, high
 
 
 def delivery_segments(deliveries, list bases, list stops):

@@ -21,7 +21,6 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
-from operator import itemgetter
 from typing import Final
 
 from broky.compiled import compiled_twin
@@ -150,10 +149,10 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         spans = spans if isinstance(spans, list) else list(spans)
-        if spans and self._holds(min(spans)[0], max(map(itemgetter(1), spans))):
+        if spans and self._holds(*span_bounds(spans)):
             # The usual round: every delivery lies in batches this round
-            # read, held back to back (two C-speed passes, no sort and no
-            # Python step per delivery).
+            # read, held back to back (one pass, at C speed when compiled:
+            # no sort and no Python step per delivery).
             return []
         ranges: list[tuple[int, int]] = []
         bases, stops = self._bases, self._stops
@@ -218,6 +217,23 @@ class BatchCache:
         segments, lost = delivery_segments(deliveries, self._bases, self._stops)
         spans = self._spans
         return [(spans[index], ranges, counts) for index, ranges, counts in segments], lost
+
+
+def span_bounds_pure(spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """The lowest first and the highest stop of ``spans`` (each
+    ``[first, stop)``, not empty as a list): what ``BatchCache.missing``
+    checks the held spans against before anything else. Its compiled twin
+    (``broky.subscriptions._passes.span_bounds``) reads the pairs in C."""
+    if not spans:
+        raise ValueError("no spans to bound")
+    return min(first for first, _ in spans), max(stop for _, stop in spans)
+
+
+#: :func:`span_bounds_pure` compiled, when it is built.
+span_bounds_compiled: Callable[[list[tuple[int, int]]], tuple[int, int]] | None = compiled_twin(
+    "broky.subscriptions._passes", "span_bounds"
+)
+span_bounds = span_bounds_compiled or span_bounds_pure
 
 
 Segment = tuple[int, list[int], list[tuple[int, int]]]

@@ -225,6 +225,21 @@ def test_the_compiled_segments_pass_cuts_as_the_pure_one(
     assert compiled(as_lists, bases, stops) == pure
 
 
+@given(st.lists(st.tuples(st.integers(-5, 60), st.integers(-5, 60)), min_size=1, max_size=20))
+def test_the_compiled_span_bounds_are_the_pure_ones(spans: list[tuple[int, int]]) -> None:
+    compiled = delivery.span_bounds_compiled
+    if compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    pure = delivery.span_bounds_pure(spans)
+    assert pure == (min(a for a, _ in spans), max(b for _, b in spans))
+    assert compiled(spans) == pure
+    as_lists: Any = [list(pair) for pair in spans]
+    assert compiled(as_lists) == pure
+    for bound in (compiled, delivery.span_bounds_pure):
+        with pytest.raises(ValueError, match="no spans"):
+            bound([])
+
+
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.data())
 def test_deliveries_inside_a_batch_lay_out_alike_walked_or_indexed(
     runs: list[int], data: st.DataObject
