@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twins of the subscription core's bulk passes:
-``broky.subscriptions.ack_pass``'s ``take_acked_pure``, ``merge_acked_pure``
-and ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
+``broky.subscriptions.ack_pass``'s ``take_acked_pure`` and
+``merge_acked_pure``, ``broky.subscriptions.slots.assign_pure``,
 ``broky.subscriptions.settle_ranges.gather_ranges_pure``,
-``broky.subscriptions.delivery.delivery_segments_pure``,
+``broky.subscriptions.delivery.delivery_segments_pure`` and
+``span_bounds_pure``,
 ``broky.subscriptions.round_events``' ``needed_spans_pure`` and
 ``sort_events_pure``, and the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` (see
@@ -21,6 +22,7 @@ from cpython.dict cimport (
     PyDict_SetItem,
 )
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
@@ -88,7 +90,7 @@ cdef object _new_deliver(object consumer, object offset, object stop):
     return event
 
 
-def take_acked(dict counts, dict pending, dict due, offsets):
+def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
     cdef list done = []
     cdef list ended = []
     cdef list waiting = []
@@ -97,6 +99,14 @@ def take_acked(dict counts, dict pending, dict due, offsets):
     cdef object held
     cdef object last_held = None
     cdef Py_ssize_t run = 0
+    cdef dict slot_at = None
+    cdef dict held_by_slot = None
+    cdef dict holders = None
+    cdef bint freeing = slots is not None
+    if freeing:
+        slot_at, held_by_slot, holders = slots
+        if slot_at is None or held_by_slot is None or holders is None:
+            raise TypeError("take_acked's slot maps must be three dicts")
     for offset in offsets:
         # Borrowed lookups, then a delete: an int key's hash cannot fail.
         found = PyDict_GetItem(pending, offset)
@@ -117,6 +127,8 @@ def take_acked(dict counts, dict pending, dict due, offsets):
             PyDict_DelItem(counts, offset)
         done.append(offset)
         ended.append(offset)
+        if freeing:
+            _free_slot(slot_at, held_by_slot, holders, offset)
         # Consecutive offsets mostly share one delivery (a group): counted
         # as a run, one dict update per run.
         if held is last_held:
@@ -130,6 +142,21 @@ def take_acked(dict counts, dict pending, dict due, offsets):
         lost[last_held] = lost.get(last_held, _ZERO) + run
     done.sort()
     return done, ended, lost, waiting
+
+
+cdef inline int _free_slot(dict slot_at, dict held_by_slot, dict holders,
+                           object offset) except -1:
+    """``offset`` leaves its slot's held offsets; a slot holding none loses its holder."""
+    slot = slot_at.pop(offset, _ZERO)
+    cdef PyObject* found = PyDict_GetItem(held_by_slot, slot)
+    if found == NULL:
+        return 0
+    cdef object held = <object>found
+    (<dict?>held).pop(offset, None)
+    if not PyDict_GET_SIZE(held):
+        PyDict_DelItem(held_by_slot, slot)
+        del holders[slot]
+    return 0
 
 
 cdef Py_ssize_t _bisect_left(list values, int64_t target) except -1:
@@ -216,18 +243,6 @@ def merge_acked(list firsts, list lasts, object cursor, list offsets):
     return position
 
 
-def free_slots(dict slot_at, dict held_by_slot, dict holders, list ended):
-    cdef object held
-    for offset in ended:
-        slot = slot_at.pop(offset, _ZERO)
-        held = held_by_slot.get(slot)
-        if held is not None:
-            (<dict?>held).pop(offset, None)
-            if not held:
-                del held_by_slot[slot]
-                del holders[slot]
-
-
 def assign(list owners, list slots, object owner):
     cdef Py_ssize_t size = PyList_GET_SIZE(owners), at, slot
     cdef PyObject* old
@@ -296,6 +311,26 @@ def gather_ranges(frame, tracker_of):
     return spans, unconfirmed
 
 
+def span_bounds(list spans):
+    cdef Py_ssize_t at, count = PyList_GET_SIZE(spans)
+    cdef int64_t low = 0, high = 0, first, stop
+    cdef object span
+    if count == 0:
+        raise ValueError("no spans to bound")
+    for at in range(count):
+        span = <object>PyList_GET_ITEM(spans, at)
+        if type(span) is tuple and PyTuple_GET_SIZE(span) == 2:
+            first = <object>PyTuple_GET_ITEM(span, 0)
+            stop = <object>PyTuple_GET_ITEM(span, 1)
+        else:
+            first, stop = span
+        if at == 0 or first < low:
+            low = first
+        if at == 0 or stop > high:
+            high = stop
+    return low, high
+
+
 def delivery_segments(deliveries, list bases, list stops):
     cdef list segments = []
     cdef list lost = []
@@ -307,9 +342,26 @@ def delivery_segments(deliveries, list bases, list stops):
     if len(stops) != held:
         raise ValueError("held spans' bases and stops differ in length")
     for delivery in deliveries:
-        first, stop, count = delivery
+        # ``sort_events`` gives tuples: read in place (a generic unpack
+        # iterates the tuple, once per delivery); any other triple unpacks.
+        if type(delivery) is tuple and PyTuple_GET_SIZE(delivery) == 3:
+            first = <object>PyTuple_GET_ITEM(delivery, 0)
+            stop = <object>PyTuple_GET_ITEM(delivery, 1)
+            count = <object>PyTuple_GET_ITEM(delivery, 2)
+        else:
+            first, stop, count = delivery
         offset = first
-        index = _bisect_right(bases, offset) - 1
+        # A consumer's deliveries mostly go up one held span after another:
+        # one still in the span of the last is in it (the spans are sorted
+        # and disjoint), with no bisection.
+        if (
+            current >= 0
+            and <int64_t>bases[current] <= offset
+            and offset < <int64_t>stops[current]
+        ):
+            index = current
+        else:
+            index = _bisect_right(bases, offset) - 1
         while offset < stop:
             if index >= 0 and offset < <int64_t>stops[index]:
                 span_stop = stops[index]
@@ -460,7 +512,10 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     cdef dict held_by_slot = dispatcher._held
     cdef list events = dispatcher.events
     cdef int64_t limit = tracker.durable_limit
-    cdef Py_ssize_t at, parked = 0, size = len(slots), index, scanned, look
+    cdef Py_ssize_t at, parked = 0, size = len(slots), index, scanned, look, slot_index
+    # Each consumer's ``id`` (what its events and holds name), read once a
+    # feed rather than once a message.
+    cdef list owner_ids = [state.id for state in states]
     cdef Py_ssize_t consumers = len(ids)
     cdef object offset, slot, owner, state, span, held, last, waiting
     cdef PyObject* found
@@ -484,7 +539,10 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
             and not (PyDict_GET_SIZE(counts) and PyDict_Contains(counts, offset))
             and not (PyDict_GET_SIZE(due) and PyDict_Contains(due, offset))
         ):
-            owner = owners[slot]
+            slot_index = slot
+            if slot_index < 0 or slot_index >= PyList_GET_SIZE(owners):
+                raise IndexError("list index out of range")
+            owner = <object>PyList_GET_ITEM(owners, slot_index)
             index = -1
             for look in range(scanned):
                 if PyList_GET_ITEM(ids, look) == <PyObject*>owner:
@@ -503,7 +561,7 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 and (holder == NULL or <object>holder == owner)
             ):
                 state = states[index]
-                owner = state.id
+                owner = <object>PyList_GET_ITEM(owner_ids, index)
                 span = spans[index]
                 if span is None:
                     span = open_group(owner, now)
@@ -522,11 +580,11 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 room.touched = True
                 if holder == NULL:  # else it holds the slot already
                     holders[slot] = owner
-                held = held_by_slot.get(slot)
-                if held is None:
+                found = PyDict_GetItem(held_by_slot, slot)
+                if found == NULL:
                     held_by_slot[slot] = {offset: None}
                 else:
-                    (<dict>held)[offset] = None
+                    PyDict_SetItem(<dict>found, offset, None)
                 last = events[len(events) - 1] if events else None
                 if _continues(last, owner, offset):
                     last.stop += 1

@@ -148,6 +148,12 @@ class BatchCache:
         ``pread`` of up to a MiB), so key-shared deliveries scattered over
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
+        spans = spans if isinstance(spans, list) else list(spans)
+        if spans and self._holds(*span_bounds(spans)):
+            # The usual round: every delivery lies in batches this round
+            # read, held back to back (one pass, at C speed when compiled:
+            # no sort and no Python step per delivery).
+            return []
         ranges: list[tuple[int, int]] = []
         bases, stops = self._bases, self._stops
         # The held span the last bisection found: sorted, most spans of a
@@ -170,6 +176,18 @@ class BatchCache:
                 else:
                     ranges.append((offset, upto))
         return ranges
+
+    def _holds(self, first: int, stop: int) -> bool:
+        """Whether held spans cover ``[first, stop)`` without a gap."""
+        bases, stops = self._bases, self._stops
+        index = bisect_right(bases, first) - 1
+        if index < 0 or first >= stops[index]:
+            return False
+        while stops[index] < stop:
+            if index + 1 == len(bases) or bases[index + 1] != stops[index]:
+                return False
+            index += 1
+        return True
 
     def begin(self, batch: RecordBatch, offset: int) -> tuple[int, int, int, int]:
         """Where ``encode_located_runs`` starts for ``offset`` of held
@@ -199,6 +217,23 @@ class BatchCache:
         segments, lost = delivery_segments(deliveries, self._bases, self._stops)
         spans = self._spans
         return [(spans[index], ranges, counts) for index, ranges, counts in segments], lost
+
+
+def span_bounds_pure(spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """The lowest first and the highest stop of ``spans`` (each
+    ``[first, stop)``, not empty as a list): what ``BatchCache.missing``
+    checks the held spans against before anything else. Its compiled twin
+    (``broky.subscriptions._passes.span_bounds``) reads the pairs in C."""
+    if not spans:
+        raise ValueError("no spans to bound")
+    return min(first for first, _ in spans), max(stop for _, stop in spans)
+
+
+#: :func:`span_bounds_pure` compiled, when it is built.
+span_bounds_compiled: Callable[[list[tuple[int, int]]], tuple[int, int]] | None = compiled_twin(
+    "broky.subscriptions._passes", "span_bounds"
+)
+span_bounds = span_bounds_compiled or span_bounds_pure
 
 
 Segment = tuple[int, list[int], list[tuple[int, int]]]

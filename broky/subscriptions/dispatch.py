@@ -44,7 +44,6 @@ from bisect import insort
 from collections.abc import Callable, Iterable, Sequence
 
 from broky.compiled import compiled_twin
-from broky.subscriptions.ack_pass import free_slots
 from broky.subscriptions.dispatch_core import DispatchCore
 from broky.subscriptions.model import (
     Consumer,
@@ -276,19 +275,18 @@ class Dispatcher(DispatchCore):
         state = self.consumers.get(consumer)
         if state is not None:
             state.last_progress = now
-        ended, lost, waiting = self.tracker.ack_delivered(offsets)
+        # Ordered types free each ended offset's slot in the same pass
+        # (``_forget`` for all of them: a key-shared consumer acks
+        # scattered offsets).
+        slots = (self._slot_at, self._held, self._holder) if self.ordered else None
+        _, lost, waiting = self.tracker.ack_delivered(offsets, slots)
         for offset in waiting:
             slot = self._slot_waiting(offset)
             if slot is not None:
                 self._unwait(slot, offset)
                 stale += 1
-        # Each holder's in-flight count drops once per holder, not per
-        # offset; ordered types also free each offset's slot (``_forget``
-        # for all of them in one pass: a key-shared consumer acks scattered
-        # offsets).
+        # Each holder's in-flight count drops once per holder, not per offset.
         freed = {} if freed is None else freed
-        if self.ordered and ended:
-            free_slots(self._slot_at, self._held, self._holder, ended)
         for pending, count in lost.items():
             freed[pending.consumer] = freed.get(pending.consumer, 0) + count
         for holder, count in freed.items():

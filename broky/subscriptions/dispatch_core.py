@@ -16,6 +16,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 
+from broky.subscriptions.ack_pass import free_slot
 from broky.subscriptions.model import (
     Consumer,
     DeadLetter,
@@ -116,13 +117,8 @@ class DispatchCore:
             state.in_flight -= 1
         if not self.ordered:
             return 0
-        slot = self._slot_at.pop(offset, 0)
-        held = self._held.get(slot)
-        if held is not None:
-            held.pop(offset, None)
-            if not held:
-                del self._held[slot]
-                del self._holder[slot]
+        slot = self._slot_at.get(offset, 0)
+        free_slot(self._slot_at, self._held, self._holder, offset)
         return slot
 
     def _release(self, offset: int, due: float, error: str = "") -> None:

@@ -52,7 +52,7 @@ def apply_settle(service: SubscriptionService, link: ConsumerLink, frame: Settle
     counters = service.counters(name)
     for number, partition in touched.items():
         ranges = spans[number]
-        count = sum(len(offsets) for offsets in ranges)
+        count = sum(map(len, ranges))  # C-speed: a range per acked run or two
         dispatcher = partition.dispatchers[name]
         stale += _apply(dispatcher, counters, link, frame, ranges, count, now)
         partition.changed(name, count if frame.kind is SettleKind.ACK else 0)

@@ -35,7 +35,7 @@ from typing import Final
 
 import attrs
 
-from broky.subscriptions.ack_pass import take_acked
+from broky.subscriptions.ack_pass import SlotMaps, take_acked
 from broky.subscriptions.acked_ranges import AckedRanges
 from broky.subscriptions.timers import TimerQueue
 
@@ -233,7 +233,7 @@ class AckTracker:
             self.read_position = offset + 1
 
     def ack_delivered(
-        self, offsets: Iterable[int]
+        self, offsets: Iterable[int], slots: SlotMaps | None = None
     ) -> tuple[list[int], dict[Pending, int], list[int]]:
         """Mark acked every offset of ``offsets`` that was delivered and is
         not acked yet (the others are skipped: an ack of a message never
@@ -246,8 +246,9 @@ class AckTracker:
         (``ack_pass``): one takes them out of the counts and pending
         deliveries, one merges them into the acked ranges (a key-shared
         consumer's acks are scattered offsets: one splice per settle, not
-        one per offset)."""
-        done, ended, lost, waiting = take_acked(self.counts, self.pending, self.due, offsets)
+        one per offset). ``slots``: an ordered dispatcher's slot maps, the
+        slot of each ended offset freed in the first pass (``take_acked``)."""
+        done, ended, lost, waiting = take_acked(self.counts, self.pending, self.due, offsets, slots)
         if not done:
             return ended, lost, waiting
         self.dirty = True

@@ -115,6 +115,18 @@ def test_missing_merges_ranges_of_what_is_not_held() -> None:
     assert cache.missing([(11, 14), (13, 17)]) == [(15, 17)]
 
 
+def test_missing_sees_gaps_between_held_batches_that_touch_its_bounds() -> None:
+    """Batches held back to back hold everything between the lowest and the
+    highest needed offset; a gap between two held batches does not."""
+    cache = BatchCache()
+    cache.add([span(10, [2, 3]), span(15, [5])])
+    assert cache.missing(iter([(19, 20), (10, 11), (14, 16)])) == []
+    cache.add([span(22, [3])])
+    assert cache.missing([(10, 11), (24, 25)]) == []
+    assert cache.missing([(10, 11), (19, 23), (24, 25)]) == [(20, 22)]
+    assert cache.missing([(9, 11), (24, 26)]) == [(9, 10), (25, 26)]
+
+
 def test_a_dead_letter_keeps_the_message_and_adds_the_tags() -> None:
     stored = batch(4, 3)
     run = dead_letter_run(stored, 5, b"_dlq.s.orders", (("dlq.offset", "5"),))
@@ -208,6 +220,24 @@ def test_the_compiled_segments_pass_cuts_as_the_pure_one(
     given_deliveries = [(first, first + length, count) for first, length, count in deliveries]
     pure = delivery.delivery_segments_pure(given_deliveries, bases, stops)
     assert compiled(given_deliveries, bases, stops) == pure
+    # Triples that are not tuples (read unpacked) cut alike.
+    as_lists: Any = [list(triple) for triple in given_deliveries]
+    assert compiled(as_lists, bases, stops) == pure
+
+
+@given(st.lists(st.tuples(st.integers(-5, 60), st.integers(-5, 60)), min_size=1, max_size=20))
+def test_the_compiled_span_bounds_are_the_pure_ones(spans: list[tuple[int, int]]) -> None:
+    compiled = delivery.span_bounds_compiled
+    if compiled is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    pure = delivery.span_bounds_pure(spans)
+    assert pure == (min(a for a, _ in spans), max(b for _, b in spans))
+    assert compiled(spans) == pure
+    as_lists: Any = [list(pair) for pair in spans]
+    assert compiled(as_lists) == pure
+    for bound in (compiled, delivery.span_bounds_pure):
+        with pytest.raises(ValueError, match="no spans"):
+            bound([])
 
 
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.data())

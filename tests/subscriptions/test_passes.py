@@ -43,13 +43,11 @@ def test_the_compiled_twins_are_built() -> None:
     twins = (ack_pass.take_acked_compiled, ack_pass.merge_acked_compiled)
     if os.environ.get("BROKY_PURE") == "1":
         assert twins == (None, None)
-        assert ack_pass.free_slots_compiled is None
         assert slots.assign_compiled is None
         assert round_events.sort_events_compiled is None
         assert ack_pass.merge_acked is ack_pass.merge_acked_pure
         return
     assert all(twins), "broky.subscriptions._passes not built"
-    assert ack_pass.free_slots_compiled is not None
     assert slots.assign_compiled is not None
     assert round_events.sort_events_compiled is not None
     assert round_events.needed_spans_compiled is not None
@@ -108,27 +106,38 @@ def test_merge_acked_is_adding_each_offset(acked: set[int], cursor: int, new: se
         assert list(zip(firsts, lasts, strict=True)) == list(model.ranges())
 
 
-@given(st.dictionaries(_OFFSET, st.integers(0, 4)), st.lists(_OFFSET, max_size=60))
-def test_free_slots_releases_slots_holding_nothing(
-    slot_at: dict[int, int], ended: list[int]
+@given(
+    st.dictionaries(_OFFSET, st.integers(0, 2)),
+    st.dictionaries(_OFFSET, st.integers(0, 4)),
+    st.lists(_OFFSET, max_size=60),
+)
+def test_take_acked_frees_the_slots_of_the_offsets_it_ends(
+    holders_of: dict[int, int], slot_at: dict[int, int], offsets: list[int]
 ) -> None:
-    """Each ended offset leaves its slot's held offsets; a slot left holding
-    none loses its holder; the other slots keep theirs."""
+    """With an ordered dispatcher's slot maps, each offset whose pending
+    delivery ends leaves its slot's held offsets; a slot left holding none
+    loses its holder; the other slots keep theirs. What is returned is what
+    ``take_acked`` gives without the maps."""
+    deliveries = [object() for _ in range(3)]
+    pending = {offset: deliveries[index] for offset, index in holders_of.items()}
+    # The maps hold pending offsets (and offsets no longer pending: left alone).
     held: dict[int, dict[int, None]] = {}
     for offset, slot in slot_at.items():
         held.setdefault(slot, {})[offset] = None
     holders = {slot: slot + 100 for slot in held}
-    gone = set(ended)
+    gone = {offset for offset in offsets if offset in pending}
     expected_held = {
-        slot: {o: None for o in offsets if o not in gone}
-        for slot, offsets in held.items()
-        if set(offsets) - gone
+        slot: {o: None for o in held_offsets if o not in gone}
+        for slot, held_offsets in held.items()
+        if set(held_offsets) - gone
     }
-    for free in _twins(ack_pass.free_slots_pure, ack_pass.free_slots_compiled):
-        assert callable(free)
-        left_slot_at, left_held = dict(slot_at), copy.deepcopy(held)
-        left_holders = dict(holders)
-        free(left_slot_at, left_held, left_holders, list(ended))
+    expected = ack_pass.take_acked_pure({}, dict(pending), {}, list(offsets))
+    for take in _twins(ack_pass.take_acked_pure, ack_pass.take_acked_compiled):
+        assert callable(take)
+        left_pending, left_slot_at = dict(pending), dict(slot_at)
+        left_held, left_holders = copy.deepcopy(held), dict(holders)
+        maps = (left_slot_at, left_held, left_holders)
+        assert take({}, left_pending, {}, iter(offsets), maps) == expected
         assert left_slot_at == {o: s for o, s in slot_at.items() if o not in gone}
         assert left_held == expected_held
         assert left_holders == {slot: slot + 100 for slot in expected_held}
