@@ -197,18 +197,21 @@ class PartitionSubscriptions:
 
         return position
 
-    def changed(self, name: str, acks: int = 0) -> None:
-        """``name``'s dispatcher changed: commit it and let the task look."""
-        self._commit_soon(name, acks)
+    def changed(self, name: str, acks: int = 0, *, hurry: bool = False) -> None:
+        """``name``'s dispatcher changed: commit it (at once with ``hurry``:
+        ``GroupCommitter.changed``) and let the task look."""
+        self._commit_soon(name, acks, hurry=hurry)
         self.wake()
 
-    def _commit_soon(self, name: str, acks: int = 0) -> None:
+    def _commit_soon(self, name: str, acks: int = 0, *, hurry: bool = False) -> None:
         """Hand ``name``'s dispatcher to the committer without waking the
         task: the task's own rounds use this, else a dispatcher that stays
         dirty while its commit is in flight would wake it again at once."""
         dispatcher = self.dispatchers.get(name)
         if dispatcher is not None:
-            self.committer.changed((name, self.topic, self.partition), dispatcher, acks)
+            self.committer.changed(
+                (name, self.topic, self.partition), dispatcher, acks, hurry=hurry
+            )
 
     def wake(self) -> None:
         self._wake.set()

@@ -55,7 +55,12 @@ def apply_settle(service: SubscriptionService, link: ConsumerLink, frame: Settle
         count = sum(map(len, ranges))  # C-speed: a range per acked run or two
         dispatcher = partition.dispatchers[name]
         stale += _apply(dispatcher, counters, link, frame, ranges, count, now)
-        partition.changed(name, count if frame.kind is SettleKind.ACK else 0)
+        # A nack's redelivery waits for the commit of its count: commit at once.
+        partition.changed(
+            name,
+            count if frame.kind is SettleKind.ACK else 0,
+            hurry=frame.kind is SettleKind.NACK,
+        )
     service.pump(link)
     if frame.sequence:
         _receipt(link, frame.sequence, stale, unconfirmed, list(touched.values()))

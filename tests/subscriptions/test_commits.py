@@ -134,3 +134,29 @@ async def test_a_forgotten_subscription_is_deleted_and_a_recreated_one_kept(
     assert set(committer.load()) == {("kept", "orders", 0), ("again", "orders", 0)}
     assert committer.load_definitions()["again"] == '{"new": 1}'
     store.close()
+
+
+async def test_a_hurried_change_commits_without_waiting_out_the_interval(
+    tmp_path: Path,
+) -> None:
+    """A nack's redelivery waits for the commit of its count: ``hurry``
+    starts that commit at once, where a plain change waits the interval."""
+    store = StateStore.open(str(tmp_path / "state.db"))
+    committer = GroupCommitter(store, interval=0.5)
+    dispatcher = Dispatcher(Options(type=SubscriptionType.SHARED), SubscriptionImage(0), 10)
+    key = ("billing", "orders", 3)
+
+    async def commit_took(hurry: bool) -> float:
+        done = trio.Event()
+        start = trio.current_time()
+        committer.changed(key, dispatcher, hurry=hurry)
+        committer.after_commit(done.set)
+        await done.wait()
+        return trio.current_time() - start
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(committer.run)
+        assert await commit_took(hurry=False) >= 0.45
+        assert await commit_took(hurry=True) < 0.25
+        nursery.cancel_scope.cancel()
+    store.close()
