@@ -71,6 +71,8 @@ def take_acked_pure(
     ended: list[int] = []
     lost: dict[_Delivery, int] = {}
     waiting: list[int] = []
+    if slots is not None:
+        slot_at, held_by_slot, holders = slots
     for offset in offsets:
         held = pending.pop(offset, None)
         if held is None:
@@ -85,7 +87,7 @@ def take_acked_pure(
         done.append(offset)
         ended.append(offset)
         if slots is not None:
-            free_slot(*slots, offset)
+            free_slot(slot_at, held_by_slot, holders, offset)
         lost[held] = lost.get(held, 0) + 1
     done.sort()
     return done, ended, lost, waiting
@@ -137,16 +139,18 @@ def free_slot(
     held_by_slot: dict[int, dict[int, None]],
     holders: dict[int, int],
     offset: int,
-) -> None:
+) -> int:
     """An ordered dispatcher's side of ``offset``'s delivery ending: it
     leaves its slot's held offsets, and a slot holding none has no holder
-    any more (it may move to its new owner)."""
+    any more (it may move to its new owner). Returns the slot (0 if none
+    was recorded)."""
     slot = slot_at.pop(offset, 0)
     held = held_by_slot.get(slot)
     if held is not None:
         held.pop(offset, None)
         if not held:
             del held_by_slot[slot], holders[slot]
+    return slot
 
 
 MergeAcked = Callable[[list[int], list[int], int, list[int]], int]

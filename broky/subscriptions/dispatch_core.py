@@ -117,9 +117,7 @@ class DispatchCore:
             state.in_flight -= 1
         if not self.ordered:
             return 0
-        slot = self._slot_at.get(offset, 0)
-        free_slot(self._slot_at, self._held, self._holder, offset)
-        return slot
+        return free_slot(self._slot_at, self._held, self._holder, offset)
 
     def _release(self, offset: int, due: float, error: str = "") -> None:
         """Take ``offset`` back for redelivery at ``due``; in ordered types the
