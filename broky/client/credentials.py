@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ssl
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 import attrs
 
-from broky.client.client import Client
-from broky.client.tcp import connect
 from broky.protocol.frames import Hello
+
+if TYPE_CHECKING:
+    from broky.client.client import Client
 
 
 @attrs.frozen(slots=True)
@@ -40,6 +42,10 @@ class Credentials:
         idempotent: bool = True,
     ) -> AbstractAsyncContextManager[Client]:
         """``broky.connect`` with these credentials."""
+        # Imported here: raw-socket load generators use only ``hello`` and
+        # should not load the client library in every spawned process.
+        from broky.client.tcp import connect  # noqa: PLC0415
+
         opened: AbstractAsyncContextManager[Client] = connect(
             address,
             name=name,

@@ -79,12 +79,18 @@ def raw_publisher(
     *,
     tls: ssl.SSLContext | None = None,
     credentials: Credentials = ANONYMOUS,
+    send_timeout: float = 0.5,
 ) -> None:
     """Write ``load``'s pre-encoded Publish frames at ``rate`` messages/s (0:
-    as fast as the broker reads them), until ``stop`` or ``limit`` messages (0: none)."""
+    as fast as the broker reads them), until ``stop`` or ``limit`` messages (0: none).
+
+    A send blocked for ``send_timeout`` ends the run: a benchmark wants its
+    publishers to notice ``stop`` soon, while a run that must send all of
+    ``limit`` over a loaded machine (the broker slowing publishers by TCP
+    backpressure, as it should) gives it far longer."""
     buffers = itertools.cycle(broky_sends(load))
     sock = open_publisher(address, tls, credentials)
-    sock.settimeout(0.5)
+    sock.settimeout(send_timeout)
     paced_sends(lambda: sock.sendall(next(buffers)), load.per_send, rate, sent, stop, limit)
     close_gently(sock)
 

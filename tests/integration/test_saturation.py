@@ -50,6 +50,9 @@ async def _fan_in(
         CONTEXT.Process(
             target=loadgen.raw_publisher,
             args=(address, load, 0, counter, stop, per_publisher),
+            # Backpressure on a loaded machine can hold a send past the
+            # benchmark's 0.5 s; here every message must go out.
+            kwargs={"send_timeout": 30.0},
         )
         for counter in sent
     ]

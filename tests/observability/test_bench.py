@@ -95,7 +95,10 @@ ROWS = (
 LOSS_FIELDS = ("published", "delivered", "expected", "lost", "loss_pct", "lossless")
 
 
-def run_core(targets: list[str], rows: Sequence[str], steps: int = 1) -> list[dict[str, Any]]:
+def run_core(
+    targets: list[str], rows: Sequence[str], steps: int = 0, sweep_steps: list[Any] | None = None
+) -> list[dict[str, Any]]:
+    """bench_core's results; ``sweep_steps`` collects the sweep's steps (stderr)."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_core", "--duration", "0.3", "--warmup", "0.1",
          "--max-steps", str(steps), "--workers", "1", "--targets", ",".join(targets),
@@ -103,18 +106,26 @@ def run_core(targets: list[str], rows: Sequence[str], steps: int = 1) -> list[di
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    if sweep_steps is not None:
+        sweep_steps += [json.loads(line) for line in done.stderr.splitlines() if '"kind"' in line]
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 @pytest.fixture(scope="module")
 def core_rows() -> list[dict[str, Any]]:
-    # Without the pump: it doubles the run, and one row shows its ratio
-    # (test_core_rows_divide_by_the_pump_of_the_same_run).
+    # Without the pump and without the sweep: each doubles the run, and one
+    # row shows both (test_core_rows_divide_by_the_pump_of_the_same_run).
     return run_core(["broky", *(n for n, binary in PEERS.items() if shutil.which(binary))], ROWS)
 
 
 def test_core_rows_divide_by_the_pump_of_the_same_run() -> None:
-    results = run_core(["broky", "pump"], ["fanin"], steps=0)
+    steps: list[Any] = []
+    results = run_core(["broky", "pump"], ["fanin"], steps=1, sweep_steps=steps)
+    # The sweep's first step paces each target at 60% of its flat-out rate.
+    assert {(step["target"], step["kind"]) for step in steps} == {
+        ("broky", "sweep_step"), ("pump", "sweep_step"),
+    }  # fmt: skip
+    assert all(step["lost"] == max(step["expected"] - step["delivered"], 0) for step in steps)
     ran = {(r["target"], r["kind"]): r for r in results if r.get("row") == "fanin"}
     assert ran[("pump", "flat_out")]["delivered"] > 0
     broky = ran[("broky", "flat_out")]
