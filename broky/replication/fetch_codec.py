@@ -1,4 +1,4 @@
-"""Fetch, Fetched and Durable, the messages of every replication round, in binary.
+"""Fetch and Fetched, the messages of every replication round, in binary.
 
 A follower sends a Fetch and gets a Fetched per round of each partition it
 follows, so their headers are fixed struct layouts rather than JSON
@@ -10,10 +10,6 @@ per run. The first byte of a header tells the two apart from a JSON one
 Fetch header: ``FETCH_HEAD`` (kind 1, topic and node lengths, partition,
 epoch, node epoch, offset, durable, state epoch and version), then the
 topic and the node id in UTF-8.
-
-Durable header: ``DURABLE_HEAD`` (kind 5, topic and node lengths,
-partition, epoch, node epoch, durable end), then the topic and the node id
-in UTF-8; sent once per fsync round, so binary as a Fetch.
 
 Fetched header: ``FETCHED_HEAD`` (kind 2, run count, epoch, high
 watermark, length of the subscription state), then ``RUN_ENTRY`` per run
@@ -32,7 +28,6 @@ from typing import Final
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.message import check_sizes
 from broky.replication.wire import (
-    Durable,
     Fetch,
     Fetched,
     ReplicatedRun,
@@ -44,11 +39,9 @@ from broky.replication.wire import (
 #: First byte of a binary Fetch / Fetched header.
 FETCH_KIND: Final = 1
 FETCHED_KIND: Final = 2
-DURABLE_KIND: Final = 5
 FETCH_HEAD: Final = struct.Struct("<BBHIqqqqqq")
 FETCHED_HEAD: Final = struct.Struct("<BxxxIqqI")
 RUN_ENTRY: Final = struct.Struct("<qqIIqIIQQ")
-DURABLE_HEAD: Final = struct.Struct("<BBHIqqq")
 
 
 def encode_fetch(fetch: Fetch) -> bytes:
@@ -89,50 +82,17 @@ def decode_fetch(header: memoryview) -> Fetch:
         state_epoch,
         state_version,
     ) = FETCH_HEAD.unpack_from(header)
-    topic, node = _names(header, FETCH_HEAD.size, topic_length, node_length, "Fetch")
+    topic_end = FETCH_HEAD.size + topic_length
+    if topic_end + node_length != len(header):
+        raise ReplicationProtocolError("a Fetch header's lengths do not add up")
+    try:
+        topic = bytes(header[FETCH_HEAD.size : topic_end]).decode()
+        node = bytes(header[topic_end:]).decode()
+    except UnicodeDecodeError as exc:
+        raise ReplicationProtocolError(f"a Fetch names are not UTF-8: {exc}") from exc
     return Fetch(
         topic, partition, epoch, node, node_epoch, offset, durable, state_epoch, state_version
     )
-
-
-def encode_durable(durable: Durable) -> bytes:
-    """A Durable's binary header (it has no payload)."""
-    topic, node = durable.topic.encode(), durable.node.encode()
-    if len(topic) > 0xFFFF or len(node) > 0xFF:
-        raise ValueError(f"topic or node id too long for a Durable: {durable.topic!r:.40}")
-    head = DURABLE_HEAD.pack(
-        DURABLE_KIND,
-        len(node),
-        len(topic),
-        durable.partition,
-        durable.epoch,
-        durable.node_epoch,
-        durable.durable,
-    )
-    return head + topic + node
-
-
-def decode_durable(header: memoryview) -> Durable:
-    if len(header) < DURABLE_HEAD.size:
-        raise ReplicationProtocolError("a Durable header is too short")
-    _kind, node_length, topic_length, partition, epoch, node_epoch, durable = (
-        DURABLE_HEAD.unpack_from(header)
-    )
-    topic, node = _names(header, DURABLE_HEAD.size, topic_length, node_length, "Durable")
-    return Durable(topic, partition, epoch, node, node_epoch, durable)
-
-
-def _names(
-    header: memoryview, start: int, topic_length: int, node_length: int, kind: str
-) -> tuple[str, str]:
-    """The topic and node id that follow a fixed header at ``start``."""
-    topic_end = start + topic_length
-    if topic_end + node_length != len(header):
-        raise ReplicationProtocolError(f"a {kind} header's lengths do not add up")
-    try:
-        return bytes(header[start:topic_end]).decode(), bytes(header[topic_end:]).decode()
-    except UnicodeDecodeError as exc:
-        raise ReplicationProtocolError(f"a {kind}'s names are not UTF-8: {exc}") from exc
 
 
 def encode_fetched(fetched: Fetched) -> tuple[bytes, list[bytes]]:

@@ -2,9 +2,9 @@
 
 Pull, as Kafka's replica fetcher, rather than leader push: one mechanism
 serves both steady state and catch-up (a restarted or lagging follower just
-fetches from its log end), the follower's fsynced end is its ack, and a
-slow follower only slows itself: the leader holds no send queue per
-follower. The cost is one extra
+fetches from its log end), the follower's fsynced end rides on its next
+fetch as its ack (no separate ack channel), and a slow follower only slows
+itself: the leader holds no send queue per follower. The cost is one extra
 round trip per batch against push, which long polls (broky.replication.gate
 FETCH_WAIT) keep small.
 
@@ -17,11 +17,10 @@ Order of a follower's duties for leader epoch E (KIP-101 / KIP-279):
 2. join the link to the leader node (broky.replication.node_link), which
    fetches every partition this node follows from it in one request: fetch
    from our log end, append what comes, fsync, and report the new durable
-   end (in a Durable report as the fsync returns, the next fetch having
-   left after the append; or in the next fetch); take the leader's high
-   watermark (capped at our end) for our readers; store the subscription
-   state that came with the answer (broky.subscriptions.replica) and report
-   it stored in the next fetch.
+   end in the next fetch; take the leader's high watermark (capped at our
+   end) for our readers; store the subscription state that came with the
+   answer (broky.subscriptions.replica) and report it stored in the next
+   fetch.
 
 Runs whose epoch is newer than our latest add an epoch entry, so our
 history matches the leader's and a later failover truncates correctly.
@@ -85,9 +84,6 @@ class Follower:
         #: so the first answer of this leadership is a resync).
         self.state_epoch = -1
         self.state_version = -1
-        #: Whether ``append`` recorded epochs that ``sync`` must save (both
-        #: in the link's thread call).
-        self._epochs_unsaved = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -171,9 +167,7 @@ class Follower:
 
     def fetch_request(self) -> Fetch:
         end = self.replica.owner.end_offset
-        # Built between the link's thread calls, each of which fsyncs all it
-        # appended: end is durable (a fetch sent during the fsync reports
-        # the end before the append: broky.replication.node_link).
+        # Every append is fsynced before the next fetch: end is durable.
         return Fetch(
             self.key[0],
             self.key[1],
@@ -233,12 +227,12 @@ class Follower:
 
     def append(self, runs: tuple[ReplicatedRun, ...], partition_log: PartitionLog) -> None:
         """With the log (lent to the link's thread call): append the runs
-        that continue our log and record new epochs; ``sync`` makes them
-        durable, in the same call, before anyone hears of them as durable.
-        Nothing once we are stopped (see ``stop``)."""
+        that continue our log, record new epochs, fsync (before the next
+        fetch reports them). Nothing once we are stopped (see ``stop``)."""
         if self.stopped:
             return
         history = self.replica.history
+        saved = False
         contiguous: list[Run] = []
         producers: list[tuple[int, int]] = []
         end = partition_log.end_offset
@@ -248,7 +242,7 @@ class Follower:
             latest = history.latest_epoch
             if latest is None or run.epoch > latest:
                 history.assign(run.epoch, run.base_offset)
-                self._epochs_unsaved = True
+                saved = True
             contiguous.append(Run(run.key, run.ts_broker, run.count, run.sizes, run.messages))
             producers.append((run.producer, run.sequence))
             end += run.count
@@ -260,16 +254,9 @@ class Follower:
                 [run.ts_broker for run in contiguous],
                 producers if any(producer for producer, _ in producers) else None,
             )
-
-    def sync(self, partition_log: PartitionLog) -> int:
-        """After ``append``, in the same thread call: fsync what it wrote,
-        then save the epochs it recorded. The durable end, which the link
-        reports (broky.replication.node_link)."""
         partition_log.sync()
-        if self._epochs_unsaved:
-            epochfile.save(partition_log.directory, self.replica.history, self.replica.fence)
-            self._epochs_unsaved = False
-        return partition_log.durable_offset
+        if saved:
+            epochfile.save(partition_log.directory, history, self.replica.fence)
 
 
 def _cut(history: EpochHistory, end: int, fence: int, partition_log: PartitionLog) -> None:

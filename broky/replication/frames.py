@@ -2,13 +2,12 @@
 length``, the header and, for Fetched, its runs' bytes (broky.replication.wire
 describes the messages). Sans I/O: bytes in, messages out.
 
-``Fetch``, ``Fetched`` and ``Durable``, one per partition and round, have
-binary headers (broky.replication.fetch_codec). ``FetchMany``,
-``FetchedMany`` and ``DurableMany`` carry them for one node pair: a header
-of kind ``FETCH_MANY_KIND``, ``FETCHED_MANY_KIND`` or ``DURABLE_MANY_KIND``
-and a count, then that many frames of their own as the payload, each a
-whole frame as ``encode`` makes it (a FetchedMany's: Fetched or Refused; a
-FetchMany's: Fetch; a DurableMany's: Durable). The rare messages have JSON headers
+``Fetch`` and ``Fetched``, a pair per partition and round, have binary headers
+(broky.replication.fetch_codec). ``FetchMany`` and ``FetchedMany`` carry
+them for one node pair: a header of kind ``MANY_KINDS`` and a count, then
+that many frames of their own as the payload, each a whole frame as
+``encode`` makes it (a FetchedMany's: Fetched or Refused; a FetchMany's:
+Fetch). The rare messages have JSON headers
 (broky.replication.wire), readable in a packet capture. A header's first
 byte tells which: ``{`` opens a JSON one.
 """
@@ -19,19 +18,14 @@ import struct
 from typing import Final
 
 from broky.replication.fetch_codec import (
-    DURABLE_KIND,
     FETCH_KIND,
     FETCHED_KIND,
-    decode_durable,
     decode_fetch,
     decode_fetched,
-    encode_durable,
     encode_fetch,
     encode_fetched,
 )
 from broky.replication.wire import (
-    Durable,
-    DurableMany,
     Fetch,
     Fetched,
     FetchedMany,
@@ -51,7 +45,6 @@ _LENGTHS = struct.Struct("<II")
 #: First byte of a FetchMany / FetchedMany header, and the header: kind, count.
 FETCH_MANY_KIND: Final = 3
 FETCHED_MANY_KIND: Final = 4
-DURABLE_MANY_KIND: Final = 6
 _MANY_HEAD = struct.Struct("<BxxxI")
 
 
@@ -67,14 +60,10 @@ def _frame_parts(message: Message) -> list[bytes]:
         header = encode_fetch(message)
     elif isinstance(message, Fetched):
         header, payload = encode_fetched(message)
-    elif isinstance(message, Durable):
-        header = encode_durable(message)
-    elif isinstance(message, FetchMany | FetchedMany | DurableMany):
+    elif isinstance(message, FetchMany | FetchedMany):
         inner: tuple[Message, ...]
         if isinstance(message, FetchMany):
             kind, inner = FETCH_MANY_KIND, message.fetches
-        elif isinstance(message, DurableMany):
-            kind, inner = DURABLE_MANY_KIND, message.durables
         else:
             kind, inner = FETCHED_MANY_KIND, message.answers
         header = _MANY_HEAD.pack(kind, len(inner))
@@ -111,7 +100,7 @@ class FrameReader:
 
 def _decode_frame(frame: memoryview, *, nested: bool) -> Message:
     """The message of one frame (without its length); a nested one (inside
-    a FetchMany, FetchedMany or DurableMany) may not be another of those."""
+    a FetchMany or FetchedMany) may not be another of those."""
     if len(frame) < 4:
         raise ReplicationProtocolError("frame shorter than its header length")
     (header_length,) = struct.unpack_from("<I", frame)
@@ -124,16 +113,14 @@ def _decode_frame(frame: memoryview, *, nested: bool) -> Message:
         return decode_fetch(header)
     if kind == FETCHED_KIND:
         return decode_fetched(header, payload)
-    if kind == DURABLE_KIND:
-        return decode_durable(header)
-    if kind in (FETCH_MANY_KIND, FETCHED_MANY_KIND, DURABLE_MANY_KIND) and not nested:
+    if kind in (FETCH_MANY_KIND, FETCHED_MANY_KIND) and not nested:
         return _decode_many(kind, header, payload)
     return decode_json(bytes(header))
 
 
 def _decode_many(kind: int, header: memoryview, payload: memoryview) -> Message:
     if len(header) != _MANY_HEAD.size:
-        raise ReplicationProtocolError("a FetchMany, FetchedMany or DurableMany header is wrong")
+        raise ReplicationProtocolError("a FetchMany or FetchedMany header has the wrong size")
     _kind, count = _MANY_HEAD.unpack(header)
     inner: list[Message] = []
     position = 0
@@ -153,11 +140,6 @@ def _decode_many(kind: int, header: memoryview, payload: memoryview) -> Message:
         if len(fetches) != count:
             raise ReplicationProtocolError("a FetchMany holds something other than Fetch")
         return FetchMany(fetches)
-    if kind == DURABLE_MANY_KIND:
-        durables = tuple(message for message in inner if isinstance(message, Durable))
-        if len(durables) != count:
-            raise ReplicationProtocolError("a DurableMany holds something other than Durable")
-        return DurableMany(durables)
     answers = tuple(message for message in inner if isinstance(message, Fetched | Refused))
     if len(answers) != count:
         raise ReplicationProtocolError("a FetchedMany holds something other than answers")

@@ -43,7 +43,6 @@ from broky.replication.epochfile import epoch_at
 from broky.replication.leading import HeldRound, Leading
 from broky.replication.wire import (
     FETCH_MAX_BYTES,
-    Durable,
     EpochEnd,
     EpochEnded,
     Fetch,
@@ -312,20 +311,6 @@ class PartitionReplica:
         if request.offset < self.owner.start_offset:
             return self._before_start(leading, request.offset)
         return leading
-
-    def take_durable(self, report: Durable) -> None:
-        """A follower's fsynced end, reported on its own when its fsync
-        returned (its fetch went out before: broky.replication.node_link):
-        counted as a fetch's ``durable`` is, for the current epoch only. A
-        report of another epoch is dropped, not refused: it has no answer,
-        and the follower's next fetch meets the same epoch check."""
-        leading = self.leading
-        if leading is None or report.epoch != leading.term.epoch:
-            return
-        leading.isr.follower_ack(
-            report.node, report.node_epoch, report.epoch, report.durable, time.monotonic()
-        )
-        self.settle()
 
     def has_news(self, leading: Leading, request: Fetch) -> bool:
         """Whether the answer to ``request`` would carry more than the high

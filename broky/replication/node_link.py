@@ -27,12 +27,11 @@ when that answer comes (at once under load, FETCH_WAIT at most when idle).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Protocol
 
-import attrs
 import trio
 
 from broky.durable.owner import PartitionOwner
@@ -40,13 +39,10 @@ from broky.durable.thread_hop import run_in_thread
 from broky.replication.faults import LinkSwitch
 from broky.replication.link import ReplicationLink, open_stream
 from broky.replication.wire import (
-    Durable,
-    DurableMany,
     Fetch,
     Fetched,
     FetchedMany,
     FetchMany,
-    Message,
     Refused,
     ReplicatedRun,
     ReplicationProtocolError,
@@ -100,10 +96,7 @@ class LinkMember(Protocol):
         nothing to apply this round; raises Retry or StorageError to leave."""
 
     def append(self, runs: tuple[ReplicatedRun, ...], partition_log: PartitionLog) -> None:
-        """In the joint thread call, with the log lent: append (no fsync)."""
-
-    def sync(self, partition_log: PartitionLog) -> int:
-        """In the same thread call, after ``append``: fsync; the durable end."""
+        """In the joint thread call, with the log lent: append and fsync."""
 
     async def finish(self, answer: Fetched) -> None:
         """After the append: store subscription state, take the watermark."""
@@ -170,47 +163,25 @@ class NodeLink:
 
     async def rounds(self, link: ReplicationLink) -> None:
         """Fetch rounds over ``link`` while any partition is on it."""
-        send = link.thread_sender()
-        early = None if send is None else partial(self._send_unless_cut, send)
-        #: The members of a fetch sent early (from the last thread call).
-        out: list[_Member] | None = None
         while True:
-            if out is None and not self.members:
+            if not self.members:
                 self._joined = trio.Event()
                 with trio.move_on_after(IDLE_CLOSE):
                     await self._joined.wait()
                 if not self.members:
                     return
+            members = list(self.members.values())
+            # Rotated, so that a leader's byte budget serves each in turn.
+            self._rotation = (self._rotation + 1) % len(members)
+            members = members[self._rotation :] + members[: self._rotation]
+            request = FetchMany(tuple(member.follower.fetch_request() for member in members))
             with trio.fail_after(REQUEST_TIMEOUT):
-                if out is None:
-                    out = self._rotated()
-                    answer: Message | None = await link.request(FetchMany(_fetches(out)))
-                else:
-                    answer = await link.receive()
-            if not isinstance(answer, FetchedMany) or len(answer.answers) != len(out):
+                answer = await link.request(request)
+            if not isinstance(answer, FetchedMany) or len(answer.answers) != len(members):
                 raise ReplicationProtocolError(f"unexpected answer {answer!r:.200}")
-            out = await self._apply(list(zip(out, answer.answers, strict=True)), early)
+            await self._apply(list(zip(members, answer.answers, strict=True)))
 
-    def _rotated(self) -> list[_Member]:
-        """The members, rotated once per fetch, so that a leader's byte
-        budget serves each in turn."""
-        members = list(self.members.values())
-        self._rotation = (self._rotation + 1) % len(members)
-        return members[self._rotation :] + members[: self._rotation]
-
-    def _send_unless_cut(self, send: Callable[[Message], None], message: Message) -> None:
-        """``send`` from the thread call, unless a fault cut the links meanwhile."""
-        if self.switch.cut:
-            raise ConnectionAbortedError("replication links cut")
-        send(message)
-
-    async def _apply(
-        self,
-        answered: list[tuple[_Member, Fetched | Refused]],
-        early: Callable[[Message], None] | None,
-    ) -> list[_Member] | None:
-        """Apply a round's answers; the members of the next fetch if the
-        thread call sent it (see ``append_together``), else None."""
+    async def _apply(self, answered: list[tuple[_Member, Fetched | Refused]]) -> None:
         taken: list[tuple[_Member, Fetched]] = []
         for member, answer in answered:
             if member.ended.is_set():
@@ -223,18 +194,8 @@ class NodeLink:
             if fetched is not None:
                 taken.append((member, fetched))
         with_runs = [(member, fetched) for member, fetched in taken if fetched.runs]
-        out: list[_Member] | None = None
-        # A round that brings subscription state fetches again only once it
-        # is stored (the fetch reports it): rare, so done the slow way.
-        if early is not None and with_runs and all(fetched.state is None for _, fetched in taken):
-            out = [
-                member
-                for member in self._rotated()
-                if not member.ended.is_set() and not member.follower.stopped
-            ] or None
-        next_fetch = None if out is None or early is None else (_fetches(out), early)
         failed = await append_together(
-            [(member.follower, fetched.runs) for member, fetched in with_runs], next_fetch
+            [(member.follower, fetched.runs) for member, fetched in with_runs]
         )
         for member, fetched in taken:
             error = failed.get(member.follower.key)
@@ -248,96 +209,33 @@ class NodeLink:
                 await member.follower.finish(fetched)
             except StorageError as exc:
                 member.end(exc)
-        return out
-
-
-def _fetches(members: list[_Member]) -> tuple[Fetch, ...]:
-    return tuple(member.follower.fetch_request() for member in members)
-
-
-#: A fetch to send from a thread call once its appends are written: the
-#: Fetch of each member as it stands before the call, and the send.
-NextFetch = tuple[tuple[Fetch, ...], Callable[[Message], None]]
 
 
 async def append_together(
     batch: Sequence[tuple[LinkMember, tuple[ReplicatedRun, ...]]],
-    next_fetch: NextFetch | None = None,
 ) -> dict[tuple[str, int], StorageError | OSError]:
     """Append and fsync every partition's runs in one thread call, each
-    owner lending its log (taken in key order); the partitions that failed.
-
-    With ``next_fetch``, the thread sends the next fetch as soon as the runs
-    are appended (each appended partition's from its new end; its durable
-    end is still the one before the call), so that the leader holds a fetch
-    to answer the next round with while we fsync, and once the fsync
-    returns a DurableMany with the appended partitions' new durable ends:
-    the ack no longer waits for the fetch cycle nor for the hand-back to
-    the trio thread. A send that fails (the link is gone) is raised after
-    the fsyncs, so no partition is left with appends never fsynced."""
+    owner lending its log (taken in key order); the partitions that failed."""
     if not batch:
         return {}
     ordered = sorted(batch, key=lambda item: item[0].key)
     async with AsyncExitStack() as stack:
         logs = [await stack.enter_async_context(member.owner.lent()) for member, _ in ordered]
-        return await run_in_thread(partial(_append_each, ordered, logs, next_fetch))
+        return await run_in_thread(partial(_append_each, ordered, logs))
 
 
 def _append_each(
-    ordered: list[tuple[LinkMember, tuple[ReplicatedRun, ...]]],
-    logs: list[PartitionLog],
-    next_fetch: NextFetch | None,
+    ordered: list[tuple[LinkMember, tuple[ReplicatedRun, ...]]], logs: list[PartitionLog]
 ) -> dict[tuple[str, int], StorageError | OSError]:
     failed: dict[tuple[str, int], StorageError | OSError] = {}
-    link_error: OSError | None = None
-    try:
-        for (member, runs), partition_log in zip(ordered, logs, strict=True):
-            try:
-                member.append(runs, partition_log)
-            except (StorageError, OSError) as exc:
-                failed[member.key] = exc
-        if next_fetch is not None:
-            fetches, send = next_fetch
-            ends = {
-                member.key: partition_log.end_offset
-                for (member, _), partition_log in zip(ordered, logs, strict=True)
-            }
-            try:
-                send(FetchMany(tuple(_from_end(fetch, ends) for fetch in fetches)))
-            except OSError as exc:
-                link_error = exc
-        durable: dict[tuple[str, int], int] = {}
-        for (member, _), partition_log in zip(ordered, logs, strict=True):
-            if member.key in failed:
-                continue
-            try:
-                durable[member.key] = member.sync(partition_log)
-            except (StorageError, OSError) as exc:
-                failed[member.key] = exc
-        if next_fetch is not None and link_error is None:
-            reports = tuple(
-                Durable(f.topic, f.partition, f.epoch, f.node, f.node_epoch, durable[key])
-                for f in next_fetch[0]
-                if (key := (f.topic, f.partition)) in durable
-            )
-            if reports:
-                try:
-                    next_fetch[1](DurableMany(reports))
-                except OSError as exc:
-                    link_error = exc
-    finally:
-        for (member, _), partition_log in zip(ordered, logs, strict=True):
+    for (member, runs), partition_log in zip(ordered, logs, strict=True):
+        try:
+            member.append(runs, partition_log)
+        except (StorageError, OSError) as exc:
+            failed[member.key] = exc
+        finally:
             member.owner.refresh(partition_log)
-    if link_error is not None:
-        raise link_error
     return failed
-
-
-def _from_end(fetch: Fetch, ends: dict[tuple[str, int], int]) -> Fetch:
-    """``fetch`` from its partition's log end after the appends (the
-    durable end it reports stays the one before them)."""
-    end = ends.get((fetch.topic, fetch.partition))
-    return fetch if end is None else attrs.evolve(fetch, offset=end)
 
 
 class NodeLinks:

@@ -50,16 +50,26 @@ from broky.replication.events import (
 )
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
-from broky.replication.gate import PartitionReplica
+from broky.replication.gate import PartitionReplica, fetch_all, not_here
 from broky.replication.isr_sync import live_proposal, take_isr, took_answer
+from broky.replication.link import ReplicationLink
 from broky.replication.member import Member
 from broky.replication.node_link import NodeLinks
-from broky.replication.serving import LinkServer
 from broky.replication.wire import (
+    EpochEnd,
+    Fetch,
+    FetchedMany,
+    FetchMany,
+    Message,
     PartitionProgress,
     Progress,
+    ProgressRequest,
+    RefusalReason,
+    Refused,
+    ReplicationProtocolError,
 )
 from broky.replication.worker_member import owner_address
+from broky.storage.errors import StorageError
 from broky.storage.log import PartitionLog
 
 log = logging.getLogger("broky.replication")
@@ -113,8 +123,6 @@ class ReplicationService:
         self.switch = LinkSwitch()
         #: One replication link per leader node followed (broky.replication.node_link).
         self.links = NodeLinks(self.switch)
-        #: Our followers' links to us (broky.replication.serving).
-        self.server = LinkServer(self.replicas, self.switch, self.progress)
         #: Leader changes, ISR changes, under-replication: counters and advisories.
         self.events = ReplicationEvents(node.node_id, advise)
         #: Serializes the ISR proposals of each vbucket's partitions.
@@ -191,7 +199,7 @@ class ReplicationService:
         listeners = await trio.open_tcp_listeners(int(port), host=host or None)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.links.run)
-            nursery.start_soon(trio.serve_listeners, self.server.serve, listeners)
+            nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._follow_etcd, nursery)
             vbuckets = self.node.settings.vbuckets
             # Every partition of the node's topics, not only this worker's:
@@ -449,6 +457,46 @@ class ReplicationService:
         live = {(node, member.epoch) for node, member in members.items()}
         return live_proposal(isr, time.monotonic(), live)
 
+    # --- serving followers ------------------------------------------------------
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        link = ReplicationLink(stream)
+        async with stream:
+            if self.switch.cut:
+                return
+            try:
+                with self.switch.link():
+                    while True:
+                        request = await link.receive()
+                        if request is None:
+                            return
+                        await link.send(await self._answer(request))
+            except ReplicationProtocolError as exc:
+                log.warning("replication link from %s closed: %s", _peer(stream), exc)
+                await link.send(Refused(RefusalReason.NOT_LEADER, 0, f"protocol error: {exc}"))
+            except StorageError as exc:
+                # Our log failed a read (retention passed the follower, damage):
+                # the follower reconnects and the ISR rules judge its lag.
+                log.error("replication link from %s closed: %s", _peer(stream), exc)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+
+    async def _answer(self, request: Message) -> Message:
+        if isinstance(request, ProgressRequest):
+            return self.progress()
+        if isinstance(request, FetchMany):
+            replicas = self.replicas
+            fetches = [(replicas.get((f.topic, f.partition)), f) for f in request.fetches]
+            return FetchedMany(tuple(await fetch_all(fetches)))
+        if not isinstance(request, Fetch | EpochEnd):
+            raise ReplicationProtocolError(f"{type(request).__name__} is not a request")
+        replica = self.replicas.get((request.topic, request.partition))
+        if replica is None:
+            return not_here(request)
+        if isinstance(request, EpochEnd):
+            return replica.epoch_end(request)
+        return await replica.fetch(request)
+
 
 def _load(partition_log: PartitionLog) -> tuple[EpochHistory, int]:
     return epochfile.load(partition_log.directory)
@@ -457,6 +505,13 @@ def _load(partition_log: PartitionLog) -> tuple[EpochHistory, int]:
 async def _scoped(run: Callable[[], object], scope: trio.CancelScope) -> None:
     with scope:
         await run()  # type: ignore[misc]
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername())
+    except OSError:
+        return "?"
 
 
 __all__ = ["PartitionOwner", "ReplicationService"]

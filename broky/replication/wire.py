@@ -14,9 +14,7 @@ Messages, by direction:
   follower follows from that leader node (from my log end; my durable
   offset, which doubles as my ack; the subscription state I have stored),
   answered by ``FetchedMany``, a ``Fetched`` or ``Refused`` per partition
-  in the same order; ``DurableMany``, a ``Durable`` per partition whose
-  fetched runs the follower has just fsynced (its new durable end, sent
-  when the fsync returns, unanswered: broky.replication.node_link); ``EpochEnd``
+  in the same order; ``EpochEnd``
   (where does my latest epoch end in your log? KIP-101's
   OffsetsForLeaderEpoch);
 - leader -> follower: ``Fetched`` (runs, each with the epoch it was written
@@ -81,32 +79,6 @@ class Fetch:
     #: (epoch) and the version within it (-1: none yet; StateJournal).
     state_epoch: int = -1
     state_version: int = -1
-
-
-@attrs.frozen
-class Durable:
-    """A follower's fsynced end of one partition, reported when its fsync
-    returns rather than with its next fetch (which left before the fsync:
-    broky.replication.node_link). The leader counts it as the Fetch's
-    ``durable`` and only for ``epoch``, its current one: a report of an
-    older epoch (or life, ``node_epoch``) is ignored (broky.cluster.isr)."""
-
-    topic: str
-    partition: int
-    #: The leader epoch the follower follows (and fetched these runs in).
-    epoch: int
-    node: str
-    node_epoch: int
-    #: Everything below this the follower has fsynced.
-    durable: int
-
-
-@attrs.frozen
-class DurableMany:
-    """A follower's Durable reports for the partitions of one thread call
-    (one fsync round), sent on their node pair's link; never answered."""
-
-    durables: tuple[Durable, ...]
 
 
 @attrs.frozen
@@ -239,8 +211,6 @@ class Progress:
 Message = (
     Fetch
     | FetchMany
-    | Durable
-    | DurableMany
     | EpochEnd
     | Fetched
     | FetchedMany
@@ -252,11 +222,10 @@ Message = (
 
 
 def json_header(message: Message) -> bytes:
-    """The JSON header of any message but the per-round ones (which
-    broky.replication.fetch_codec and frames encode), none of which has a
-    payload."""
+    """The JSON header of any message but Fetch and Fetched (which
+    broky.replication.fetch_codec encodes), none of which has a payload."""
     header: dict[str, Any]
-    if isinstance(message, Fetch | Fetched | FetchMany | FetchedMany | Durable | DurableMany):
+    if isinstance(message, Fetch | Fetched | FetchMany | FetchedMany):
         raise TypeError(f"{type(message).__name__} has a binary header")
     if isinstance(message, Refused):
         header = {

@@ -76,9 +76,6 @@ class _Leader:
         self.start = start
         self.asked: list[int] = []
 
-    def thread_sender(self) -> None:
-        return None  # not a socket: every fetch goes from the trio thread
-
     async def request(self, message: Message) -> Message:
         assert isinstance(message, FetchMany)
         (fetch,) = message.fetches

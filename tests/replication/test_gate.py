@@ -15,7 +15,7 @@ from broky.cluster.leadership import Term
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 from broky.replication.gate import FETCH_WAIT, WATERMARK_LINGER, PartitionReplica, fetch_all
-from broky.replication.wire import Durable, Fetch, Fetched, RefusalReason, Refused, StateUpdate
+from broky.replication.wire import Fetch, Fetched, RefusalReason, Refused, StateUpdate
 from tests.storage.runs import make_run
 
 
@@ -441,50 +441,3 @@ async def test_one_long_poll_wakes_for_any_partition_of_the_link() -> None:
     assert [type(answer) for answer in answers] == [Fetched, Fetched]
     assert isinstance(answers[1], Fetched)
     assert [run.count for run in answers[1].runs] == [3]
-
-
-def _durable(durable: int, epoch: int = 3, node_epoch: int = 2) -> Durable:
-    return Durable("orders", 0, epoch, "n2", node_epoch, durable)
-
-
-async def test_a_durable_report_acks_a_round_without_a_fetch() -> None:
-    """A follower's fsynced end, reported on its own, moves the high
-    watermark as a fetch's ``durable`` does: no further fetch is needed."""
-    replica, owner = _leading()
-    outcomes = _Outcomes()
-    owner.end_offset = 5
-    replica.hold(0, [_run(5)], [7], outcomes.deliver, outcomes.fail)
-    replica.take_durable(_durable(3))
-    assert (outcomes.delivered, replica.high_watermark) == (0, 3)
-    replica.take_durable(_durable(5))
-    assert (outcomes.delivered, replica.high_watermark) == (1, 5)
-    # A late fetch reporting less (sent before that fsync returned) takes nothing back.
-    await replica.fetch(_fetch(durable=3))
-    assert replica.high_watermark == 5
-
-
-def test_a_durable_report_counts_only_fsynced_ends_after_the_leaders_own() -> None:
-    """A report covering a round the leader itself has not fsynced yet acks
-    nothing until the leader's fsync (``hold``): HW = min over the ISR."""
-    replica, _ = _leading()
-    outcomes = _Outcomes()
-    replica.written(0, [_run(4)], [7], None)
-    replica.take_durable(_durable(4))
-    assert (outcomes.delivered, replica.high_watermark) == (0, 0)
-    replica.hold(0, [_run(4)], [7], outcomes.deliver, outcomes.fail)
-    assert (outcomes.delivered, replica.high_watermark) == (1, 4)
-
-
-def test_durable_reports_of_another_epoch_or_life_or_when_not_leading_are_ignored() -> None:
-    replica, owner = _leading()
-    outcomes = _Outcomes()
-    owner.end_offset = 5
-    replica.hold(0, [_run(5)], [7], outcomes.deliver, outcomes.fail)
-    replica.take_durable(_durable(5, epoch=2))  # stale: sent to a previous leadership
-    replica.take_durable(_durable(5, epoch=4))  # newer: the next fetch is fenced, not this
-    replica.take_durable(_durable(5, node_epoch=1))  # a life of n2 that has ended
-    assert (outcomes.delivered, replica.high_watermark) == (0, 0)
-    assert replica.leading is not None  # a report deposes no one
-    replica.step_down("leader n2 at 127.0.0.1:2 (epoch 4)")
-    replica.take_durable(_durable(5))
-    assert replica.high_watermark == 0

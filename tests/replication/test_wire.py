@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 
 from broky.replication.frames import MAX_FRAME_BYTES, FrameReader, encode
 from broky.replication.wire import (
-    Durable,
-    DurableMany,
     EpochEnd,
     EpochEnded,
     Fetch,
@@ -79,15 +77,6 @@ fetches = st.builds(
     st.integers(-1, 99),
     st.integers(-1, 2**40),
 )
-durables = st.builds(
-    Durable,
-    st.text(max_size=10),
-    st.integers(0, 99),
-    st.integers(0, 99),
-    st.text(max_size=5),
-    st.integers(0, 99),
-    st.integers(0, 2**40),
-)
 refusals = st.builds(
     Refused,
     st.sampled_from(RefusalReason),
@@ -116,8 +105,6 @@ messages = st.one_of(
     fetcheds,
     st.builds(FetchMany, st.lists(fetches, max_size=3).map(tuple)),
     st.builds(FetchedMany, st.lists(fetcheds | refusals, max_size=3).map(tuple)),
-    durables,
-    st.builds(DurableMany, st.lists(durables, max_size=3).map(tuple)),
     st.just(ProgressRequest()),
     st.builds(
         Progress,
@@ -208,7 +195,7 @@ def _mutated(message: Message, position: int, byte: int) -> bytes:
         st.binary(max_size=200),
         st.builds(
             _binary_frame,
-            st.sampled_from([1, 2, 3, 4, 5, 6]),
+            st.sampled_from([1, 2, 3, 4]),
             st.binary(max_size=120),
             st.binary(max_size=40),
         ),
@@ -249,13 +236,3 @@ def test_a_fetch_many_holds_only_fetches() -> None:
         bad = (4 + len(body)).to_bytes(4, "little") + (8).to_bytes(4, "little") + body
         with pytest.raises(ReplicationProtocolError):
             FrameReader().feed(bad)
-
-
-def test_a_durable_many_holds_only_durables() -> None:
-    """A DurableMany carrying a Fetch (same names, other kind) is garbage."""
-    fetch = Fetch("orders", 0, 3, "n2", 1, 5, 5)
-    nested = encode(fetch)
-    body = (6).to_bytes(4, "little") + (1).to_bytes(4, "little") + nested
-    bad = (4 + len(body)).to_bytes(4, "little") + (8).to_bytes(4, "little") + body
-    with pytest.raises(ReplicationProtocolError, match="DurableMany"):
-        FrameReader().feed(bad)
