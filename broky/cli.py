@@ -23,7 +23,7 @@ from broky.cluster.service import ClusterStartError, serve_member
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.consume_cli import add_consumer_flags, consume
 from broky.gcpolicy import tune_for_broker
-from broky.loadtest import cli as bench
+from broky.loadtest import flags as bench
 from broky.mesh.workers import serve_node, worker_count
 from broky.observability.top import watch
 from broky.protocol.constants import ErrorCode

@@ -43,7 +43,6 @@ from broky.loadtest.load import Load, matching_share
 from broky.loadtest.servers import Server, broky_server, cpu_seconds, peer_server
 
 CONTEXT: Final = multiprocessing.get_context("fork")
-SCENARIOS: Final = ("fan-in", "fan-out", "latency", "slow-subscriber", "receive")
 #: Seconds between throughput samples (the plot's resolution).
 SAMPLE_INTERVAL: Final = 0.25
 #: Seconds a run waits for deliveries after the last publish, at most.

@@ -91,7 +91,8 @@ async def test_pub_without_a_client_certificate_is_told_to_present_one(
 
 
 async def test_client_tls_flag_errors_name_the_flags(tmp_path: Path) -> None:
-    with trio.fail_after(15):
+    # Three CLI starts: ~2-3 s each on a loaded 2-core machine.
+    with trio.fail_after(45):
         done = await _run("pub", "k", "v", "--tls-ca", str(tmp_path / "missing.pem"))
         assert done.returncode == 2
         assert b"cannot load --tls-ca/--tls-cert/--tls-key" in done.stderr
