@@ -239,6 +239,7 @@ class Dispatcher(DispatchCore):
         tracker.skip_read(offset)
         if tracker.acked.add(offset):
             tracker.dirty = True
+            tracker.catch_up_read_position()
 
     # --- acknowledgements ---------------------------------------------------------------
 

@@ -336,3 +336,37 @@ def test_a_group_delivery_counts_its_offsets_without_a_count_entry() -> None:
     assert (lost[group], group.live) == (1, 1)
     assert (tracker.counts, sorted(tracker.pending)) == ({}, [9])
     assert (tracker.cursor, list(tracker.acked.ranges())) == (0, [(3, 3), (5, 5)])
+
+
+@pytest.mark.parametrize("kind", [SubscriptionType.EXCLUSIVE, SubscriptionType.KEY_SHARED])
+def test_a_read_never_starts_below_the_cursor(kind: SubscriptionType) -> None:
+    """Offset 2 was acked before a restart (a range of the image); the
+    first read after it stops at 2 (the consumer's room); acking 0 and 1
+    moves the cursor over 2. The next read starts at the cursor, not at 2:
+    2 is not delivered again (found by the dispatcher state machine)."""
+    options = Options(type=kind, ack_timeout=5.0, lease=8)
+    image = SubscriptionImage(0, ((2, 2),), 8)
+    dispatcher = Dispatcher(options, image, 3)
+    dispatcher.attach(1, 0.0, credit=3, max_in_flight=2)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    slot = slot_of(b"k")
+    dispatcher.feed_slots(0, [slot] * dispatcher.wants(), 0.0)
+    delivered = [e.offset for e in dispatcher.events if isinstance(e, Deliver)]
+    assert delivered == [0, 1]
+    dispatcher.events.clear()
+    dispatcher.ack(1, [0, 1], 0.0)
+    assert dispatcher.tracker.read_position == dispatcher.tracker.cursor == 3
+    assert dispatcher.wants() == 0
+    assert not dispatcher.events
+
+
+def test_a_span_ack_reaching_an_offset_taken_back_acks_the_rest_one_by_one() -> None:
+    """A span of 4 with offset 3 taken back (termed): a settle of 2..3 acks
+    no span piece (3 is no longer the span's) and leaves 2 to the
+    one-by-one path, instead of a KeyError (found by the dispatcher state
+    machine)."""
+    tracker = AckTracker(SubscriptionImage(0, (), 100), ack_timeout=5.0)
+    tracker.committed(tracker.image())
+    tracker.deliver_span(0, 4, 2, 0.0)
+    tracker.release(3, 0.0, "poison")
+    assert tracker.ack_spans(range(2, 4)) == ([], 2)
