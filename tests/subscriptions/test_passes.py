@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.subscriptions import ack_pass, dispatch, round_events, slots
@@ -209,6 +209,9 @@ def _dispatcher_state(dispatcher: Dispatcher) -> object:
     st.sets(st.integers(0, 29)),
     st.booleans(),
 )
+# Two deep copies of a dispatcher (its slot table is 65,536 owners) per
+# example: ~150 ms on a loaded 2-core machine, past the default deadline.
+@settings(deadline=None)
 def test_the_compiled_fresh_feed_decides_as_the_pure_one(
     consumers: list[tuple[int, int]],
     earlier: list[int],
