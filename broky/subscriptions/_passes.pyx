@@ -44,6 +44,8 @@ from bisect import insort
 from broky.protocol.constants import SettleKind
 
 cdef object _ZERO = 0
+#: What ``dict.pop`` gives for a key it does not hold (no value stored is this).
+cdef object _ABSENT = object()
 cdef object _ACK = SettleKind.ACK
 #: ``broky.subscriptions.model.Deliver``, imported at the first feed: the
 #: model imports the tracker, which loads this module.
@@ -95,7 +97,6 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
     cdef list ended = []
     cdef list waiting = []
     cdef dict lost = {}
-    cdef PyObject* found
     cdef object held
     cdef object last_held = None
     cdef Py_ssize_t run = 0
@@ -108,9 +109,10 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
         if slot_at is None or held_by_slot is None or holders is None:
             raise TypeError("take_acked's slot maps must be three dicts")
     for offset in offsets:
-        # Borrowed lookups, then a delete: an int key's hash cannot fail.
-        found = PyDict_GetItem(pending, offset)
-        if found == NULL:
+        # One lookup that takes the delivery out (a look, then a delete,
+        # probed the table twice: most acked offsets are pending).
+        held = pending.pop(offset, _ABSENT)
+        if held is _ABSENT:
             if not PyDict_GET_SIZE(counts) or PyDict_GetItem(counts, offset) == NULL:
                 continue
             PyDict_DelItem(counts, offset)
@@ -118,9 +120,6 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
             if PyDict_Contains(due, offset):
                 waiting.append(offset)
             continue
-        # Owned before the delete drops the dict's reference.
-        held = <object>found
-        PyDict_DelItem(pending, offset)
         # A group's offsets have no count entry (``AckTracker.counts``),
         # and ``counts`` is empty while nothing was redelivered.
         if PyDict_GET_SIZE(counts) and PyDict_GetItem(counts, offset) != NULL:
