@@ -142,7 +142,9 @@ async def test_a_hurried_change_commits_without_waiting_out_the_interval(
     """A nack's redelivery waits for the commit of its count: ``hurry``
     starts that commit at once, where a plain change waits the interval."""
     store = StateStore.open(str(tmp_path / "state.db"))
-    committer = GroupCommitter(store, interval=0.5)
+    # A wide interval: the hurried commit still needs a thread hand-off and
+    # an sqlite commit, which took over 0.25 s once on a loaded machine.
+    committer = GroupCommitter(store, interval=1.0)
     dispatcher = Dispatcher(Options(type=SubscriptionType.SHARED), SubscriptionImage(0), 10)
     key = ("billing", "orders", 3)
 
@@ -156,7 +158,7 @@ async def test_a_hurried_change_commits_without_waiting_out_the_interval(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(committer.run)
-        assert await commit_took(hurry=False) >= 0.45
-        assert await commit_took(hurry=True) < 0.25
+        assert await commit_took(hurry=False) >= 0.95
+        assert await commit_took(hurry=True) < 0.5
         nursery.cancel_scope.cancel()
     store.close()
