@@ -14,10 +14,11 @@
 ``broky.client.decoding.uniform_messages_pure``; ``broky.client._deliveries`` is the twin
 of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
 ``broky.subscriptions._passes`` of ``broky.subscriptions.ack_pass.take_acked_pure``,
-``merge_acked_pure``, ``free_slots_pure``, ``broky.subscriptions.slots.assign_pure``,
+``merge_acked_pure``, ``broky.subscriptions.slots.assign_pure``,
 ``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
-``broky.subscriptions.delivery.delivery_segments_pure`` (and ``broky.subscriptions.round_events``'
-``needed_spans_pure``, ``sort_events_pure`` and the fresh-read loop of ``Dispatcher.feed_slots``);
+``broky.subscriptions.delivery.delivery_segments_pure``; ``broky.subscriptions._feed`` of
+``broky.subscriptions.round_events``' ``needed_spans_pure`` and ``sort_events_pure`` and
+the fresh-read loop of ``Dispatcher.feed_slots``;
 ``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.
 Each is optional twice over: the build continues without it when compiling fails
 (``optional=True``), and Broky runs the pure-Python version whenever one is missing.
@@ -44,6 +45,7 @@ else:
                 "broky.client._uniform",
                 "broky.client._deliveries",
                 "broky.subscriptions._passes",
+                "broky.subscriptions._feed",
             )
         ],
         compiler_directives={"language_level": "3"},

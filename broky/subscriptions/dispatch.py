@@ -59,7 +59,7 @@ from broky.subscriptions.tracker import (
 
 #: The compiled fresh-read loop of a key-shared ``feed_slots``, when built.
 feed_fresh_compiled: Callable[[Dispatcher, int, list[int], float], None] | None = compiled_twin(
-    "broky.subscriptions._passes", "feed_fresh"
+    "broky.subscriptions._feed", "feed_fresh"
 )
 
 
@@ -166,7 +166,7 @@ class Dispatcher(DispatchCore):
         consumer's offsets become one pending delivery, consecutive ones
         one :class:`Deliver`. A key-shared dispatcher's fresh read (the
         usual one) runs this loop compiled when it is built
-        (``broky.subscriptions._passes.feed_fresh``, the same decisions and
+        (``broky.subscriptions._feed.feed_fresh``, the same decisions and
         state, held equal by ``tests/subscriptions/test_passes.py``)."""
         assert self.ordered
         tracker = self.tracker

@@ -6,7 +6,7 @@ messages they need and sends them. Why passes of their own: a key-shared
 round has about one ``Deliver`` per message (a consumer's runs average
 ~1.3 messages over 1,000 keys), and looking at each twice in Python (what
 to read, then whom to send it) was ~6 % of the broker's event loop. The
-compiled twins (``broky.subscriptions._passes``) run the same loops in C
+compiled twins (``broky.subscriptions._feed``) run the same loops in C
 with the same results.
 """
 
@@ -54,7 +54,7 @@ def sort_events_pure(events: list[Event]) -> Sorted:
     return per_consumer, delivered, redelivered, others
 
 
-_MODULE = "broky.subscriptions._passes"
+_MODULE = "broky.subscriptions._feed"
 #: The compiled twins, when built.
 needed_spans_compiled: Callable[[Iterable[list[Event]]], list[tuple[int, int]]] | None = (
     compiled_twin(_MODULE, "needed_spans")

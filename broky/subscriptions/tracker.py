@@ -210,7 +210,7 @@ class AckTracker:
     def open_group(self, consumer: int, now: float) -> Pending:
         """``deliver_group`` in steps, for a caller that enters each offset
         in ``pending`` itself as it decides on it (the compiled fresh feed,
-        ``broky.subscriptions._passes.feed_fresh``: no list and no second
+        ``broky.subscriptions._feed.feed_fresh``: no list and no second
         dict of the offsets): the delivery, empty until ``close_group``,
         which must follow before anything else reads the tracker."""
         return Pending(consumer, 1, now + self.ack_timeout, 0)

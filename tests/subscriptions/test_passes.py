@@ -45,12 +45,14 @@ def test_the_compiled_twins_are_built() -> None:
         assert twins == (None, None)
         assert slots.assign_compiled is None
         assert round_events.sort_events_compiled is None
+        assert dispatch.feed_fresh_compiled is None
         assert ack_pass.merge_acked is ack_pass.merge_acked_pure
         return
     assert all(twins), "broky.subscriptions._passes not built"
     assert slots.assign_compiled is not None
     assert round_events.sort_events_compiled is not None
     assert round_events.needed_spans_compiled is not None
+    assert dispatch.feed_fresh_compiled is not None, "broky.subscriptions._feed not built"
 
 
 @given(
@@ -221,7 +223,7 @@ def test_the_compiled_fresh_feed_decides_as_the_pure_one(
 ) -> None:
     """A key-shared dispatcher in any state an earlier read, its nacks
     (offsets due again, slots waiting) and credit left it in, fed a fresh
-    read: the compiled loop (``_passes.feed_fresh``) leaves every structure
+    read: the compiled loop (``_feed.feed_fresh``) leaves every structure
     as the pure ``feed_slots`` loop does."""
     if dispatch.feed_fresh_compiled is None:
         pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
