@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from functools import partial
 from typing import NoReturn
 
 import attrs
@@ -26,7 +27,7 @@ import trio
 from broky.cluster.etcd import EtcdClient, Lease
 from broky.cluster.etcd_wire import Compare, EtcdError, EventType, Get, KeyValue, Put
 from broky.cluster.keys import ClusterKeys, check_name
-from broky.cluster.mirror import PrefixMirror
+from broky.cluster.mirror import ParsedView, PrefixMirror
 
 log = logging.getLogger(__name__)
 
@@ -186,13 +187,15 @@ class Membership:
     def __init__(self, client: EtcdClient, keys: ClusterKeys) -> None:
         self.keys = keys
         self._mirror = PrefixMirror(client, keys.nodes)
+        self._members = ParsedView(self._mirror, partial(members_of, keys))
 
     @property
     def revision(self) -> int:
         return self._mirror.revision
 
     def members(self) -> dict[str, Member]:
-        return members_of(self.keys, self._mirror.kvs)
+        """The live members (parsed once per etcd change)."""
+        return self._members.current()
 
     async def changed(self) -> None:
         """Return after the next join or leave."""

@@ -10,7 +10,8 @@ compacted one re-reads the prefix, so no change is missed or applied twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
 
 import trio
 
@@ -18,6 +19,9 @@ from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import EtcdError, EventType, KeyValue, WatchCompacted, prefix_end
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: Pause before re-opening a watch etcd dropped: short, since failover time
 #: depends on seeing changes, but not a busy loop while etcd is down.
@@ -35,6 +39,9 @@ class PrefixMirror:
         self._kvs: dict[bytes, KeyValue] = {}
         #: The etcd revision the copy reflects (0 before the first read).
         self.revision = 0
+        #: Counts the changes applied (reads and watch batches): what a
+        #: ``ParsedView`` compares to know its parse is stale.
+        self.generation = 0
         self._changed = trio.Event()
 
     @property
@@ -47,6 +54,7 @@ class PrefixMirror:
         await self._changed.wait()
 
     def _notify(self) -> None:
+        self.generation += 1
         self._changed.set()
         self._changed = trio.Event()
 
@@ -97,3 +105,37 @@ class PrefixMirror:
                     # revision can run ahead of the events it carries.
                     self.revision = max(event.kv.mod_revision for event in batch.events)
                     self._notify()
+
+
+class ParsedView(Generic[K, V]):
+    """A mirror's keys parsed, once per change rather than once per read.
+
+    A node reads its parsed views of etcd on timers that run under any load
+    (every led partition's ISR review ten times a second, the role and
+    empty-vbucket checks four times a second): parsing every key's JSON at
+    each read was a steady few per cent of an RF 3 node's CPU on the 2-core
+    benchmark machine (docs/cluster.md), for tables that change only at a
+    failover, an ISR change or a move. Invalidated by the mirror's
+    generation, as nats-server's sublist cache; the parse's own warnings
+    (an unreadable key) are logged once per change, not per read.
+    """
+
+    def __init__(
+        self,
+        mirror: PrefixMirror,
+        parse: Callable[[Mapping[bytes, KeyValue]], dict[K, V]],
+    ) -> None:
+        self._mirror = mirror
+        self._parse = parse
+        self._generation = -1
+        self._parsed: dict[K, V] = {}
+
+    def current(self) -> dict[K, V]:
+        """The parse of the mirror as it is now: a new dict each call (the
+        caller may keep or change it), sharing the parsed values, which
+        must be immutable."""
+        mirror = self._mirror
+        if self._generation != mirror.generation:
+            self._parsed = self._parse(mirror.kvs)
+            self._generation = mirror.generation
+        return dict(self._parsed)

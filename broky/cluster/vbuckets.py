@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import partial
 
 import attrs
 import trio
@@ -17,7 +18,7 @@ import trio
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.etcd_wire import KeyValue
 from broky.cluster.keys import ClusterKeys
-from broky.cluster.mirror import PrefixMirror
+from broky.cluster.mirror import ParsedView, PrefixMirror
 from broky.cluster.state import StateError, VbucketState
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,15 @@ class VbucketTable:
     def __init__(self, client: EtcdClient, keys: ClusterKeys) -> None:
         self.keys = keys
         self._mirror = PrefixMirror(client, keys.vbuckets)
+        self._states = ParsedView(self._mirror, partial(states_of, keys))
 
     @property
     def revision(self) -> int:
         return self._mirror.revision
 
     def states(self) -> dict[int, StoredState]:
-        return states_of(self.keys, self._mirror.kvs)
+        """Every readable vbucket's state (parsed once per etcd change)."""
+        return self._states.current()
 
     async def changed(self) -> None:
         await self._mirror.changed()
