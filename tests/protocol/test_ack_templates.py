@@ -45,3 +45,18 @@ def test_refusals_and_uneven_columns_use_the_builder() -> None:
     assert storage_codec._encode_ack(refused) is None
     uneven = PublishAck(1, 1, (0, 1), (0,), (1,), (1,))
     assert storage_codec._encode_ack(uneven) is None
+
+
+def test_every_template_shape_matches_the_builder() -> None:
+    """Each of the cached shapes once, so a template whose sentinels are not
+    unique (an AssertionError at its first use) cannot hide from the sample."""
+    for count in range(storage_codec.ACK_TEMPLATE_MAX_ENTRIES + 1):
+        for stream in (0, 5):
+            for sequence in (0, 2**64 - 1):
+                ack = PublishAck(
+                    stream, sequence, tuple(range(count)), tuple(range(count, 0, -1)),
+                    tuple(range(-count, 0)), tuple(range(2**63 - 1 - count, 2**63 - 1)),
+                )  # fmt: skip
+                assert storage_codec.encode_storage_frame(ack) == (
+                    storage_codec._build_storage_frame(ack)
+                ), (count, stream, sequence)
