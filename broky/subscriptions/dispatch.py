@@ -233,13 +233,8 @@ class Dispatcher(DispatchCore):
         """An offset read from ``tracker.read_position`` that this subscription
         does not take (its key is outside the subscription's pattern): acked
         without a delivery, so the cursor moves over it."""
-        tracker = self.tracker
-        if offset < tracker.read_position:
-            return
-        tracker.skip_read(offset)
-        if tracker.acked.add(offset):
-            tracker.dirty = True
-            tracker.catch_up_read_position()
+        if offset >= self.tracker.read_position:
+            self.tracker.ack_unread(offset)
 
     # --- acknowledgements ---------------------------------------------------------------
 

@@ -231,6 +231,14 @@ class AckTracker:
         if offset >= self.read_position:
             self.read_position = offset + 1
 
+    def ack_unread(self, offset: int) -> None:
+        """``offset``, just read, is acked without a delivery (the
+        subscription does not take its key): the cursor may move over it."""
+        self.skip_read(offset)
+        if self.acked.add(offset):
+            self.dirty = True
+            self.catch_up_read_position()
+
     def ack_delivered(
         self, offsets: Iterable[int], slots: SlotMaps | None = None
     ) -> tuple[list[int], dict[Pending, int], list[int]]:
