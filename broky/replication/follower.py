@@ -38,13 +38,13 @@ from broky.durable.owner import PartitionOwner
 from broky.protocol.frames import Run
 from broky.replication import epochfile
 from broky.replication.faults import LinkSwitch
+from broky.replication.frames import FetchTemplate
 from broky.replication.gate import PartitionReplica
 from broky.replication.link import ReplicationLink, open_stream
 from broky.replication.node_link import LINK_ERRORS, REQUEST_TIMEOUT, NodeLinks, Retry
 from broky.replication.wire import (
     EpochEnd,
     EpochEnded,
-    Fetch,
     Fetched,
     RefusalReason,
     Refused,
@@ -84,6 +84,10 @@ class Follower:
         #: so the first answer of this leadership is a resync).
         self.state_epoch = -1
         self.state_version = -1
+        owner = replica.owner
+        self._fetches = FetchTemplate(
+            owner.topic.name, owner.partition, epoch, replica.node_id, node_epoch
+        )
 
     @property
     def key(self) -> tuple[str, int]:
@@ -165,20 +169,11 @@ class Follower:
                 agreed,
             )
 
-    def fetch_request(self) -> Fetch:
+    def fetch_frame(self) -> bytes:
+        """Our next Fetch, framed. Every append is fsynced before the next
+        fetch, so our end is durable: it is our ack."""
         end = self.replica.owner.end_offset
-        # Every append is fsynced before the next fetch: end is durable.
-        return Fetch(
-            self.key[0],
-            self.key[1],
-            self.epoch,
-            self.replica.node_id,
-            self.node_epoch,
-            end,
-            end,
-            self.state_epoch,
-            self.state_version,
-        )
+        return self._fetches.frame(end, end, self.state_epoch, self.state_version)
 
     async def take(self, answer: Fetched | Refused) -> Fetched | None:
         """Our partition's answer in a link round: the Fetched to apply, or

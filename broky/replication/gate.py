@@ -439,21 +439,26 @@ def not_here(request: Fetch | EpochEnd) -> Refused:
 
 
 async def _wait_for_news(replicas: list[PartitionReplica], quiet: Callable[[], bool]) -> None:
-    """A long poll over ``replicas``: until one has news, FETCH_WAIT at most."""
-    waiter, linger = trio.Event(), trio.Event()
+    """A long poll over ``replicas``: until one has news, FETCH_WAIT at most.
+    Under acks=all nearly every fetch waits here (it brings the ack that
+    lets the clients publish the next round), so it is one event and one
+    cancel scope, the scope's deadline shortened for a linger."""
+    waiter = trio.Event()
     for replica in replicas:
         replica.watch(waiter)
     try:
-        with trio.move_on_after(FETCH_WAIT):
+        with trio.move_on_after(FETCH_WAIT) as scope:
             await waiter.wait()
             if quiet():
                 # Woken for the high watermark alone: give the next round a
                 # moment to carry it (see WATERMARK_LINGER).
                 for replica in replicas:
-                    replica.watch(linger)
-                with trio.move_on_after(WATERMARK_LINGER):
-                    await linger.wait()
+                    replica.unwatch(waiter)
+                waiter = trio.Event()
+                for replica in replicas:
+                    replica.watch(waiter)
+                scope.deadline = min(scope.deadline, trio.current_time() + WATERMARK_LINGER)
+                await waiter.wait()
     finally:
         for replica in replicas:
             replica.unwatch(waiter)
-            replica.unwatch(linger)

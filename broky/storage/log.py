@@ -447,18 +447,24 @@ class PartitionLog(LogReader):
     # --- lifecycle -----------------------------------------------------------
 
     def statistics(self) -> LogStatistics:
-        return LogStatistics(
-            start_offset=self.start_offset,
-            end_offset=self.end_offset,
-            durable_offset=self._durable_offset,
-            segments=len(self._segments),
-            size_bytes=sum(segment.size for segment in self._segments),
-            appended_batches=self._appended_batches,
-            appended_messages=self._appended_messages,
-            appended_bytes=self._appended_bytes,
-            fsyncs=self._fsyncs,
-            rolls=self._rolls,
-            deleted_segments=self._deleted_segments,
+        return LogStatistics(*self.counters())
+
+    def counters(self) -> tuple[int, ...]:
+        """``statistics`` as a plain tuple, in its fields' order: what a
+        partition's owner copies after every round (a tuple costs a fraction
+        of the frozen snapshot, which it builds only when asked)."""
+        return (
+            self.start_offset,
+            self.end_offset,
+            self._durable_offset,
+            len(self._segments),
+            sum(segment.size for segment in self._segments),
+            self._appended_batches,
+            self._appended_messages,
+            self._appended_bytes,
+            self._fsyncs,
+            self._rolls,
+            self._deleted_segments,
         )
 
     def close(self) -> None:

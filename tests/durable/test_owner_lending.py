@@ -1,4 +1,4 @@
-"""PartitionOwner.lent: an idle owner lends its log at once, and no round
+"""PartitionOwner.borrow: an idle owner lends its log at once, and no round
 runs while it is lent (a node-pair replication link appends with it)."""
 
 from __future__ import annotations
@@ -26,11 +26,14 @@ async def test_a_lent_log_holds_rounds_back_until_it_is_returned(tmp_path: Path)
                     await client.publish("orders.k", b"one", ack=True)
                     acked.extend(await client.flush_acks())
 
-                async with owner.lent() as partition_log:
+                partition_log = await owner.borrow()
+                try:
                     nursery.start_soon(publish)
                     await trio.sleep(0.3)  # a round would have stored and acked it by now
                     assert acked == []
                     assert partition_log.end_offset == 0
+                finally:
+                    owner.give_back()
                 with trio.fail_after(5):
                     while not acked:  # noqa: ASYNC110 - the held round runs now
                         await trio.sleep(0.01)

@@ -6,8 +6,7 @@ closed the link and the follower asked for the same offset forever.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from broky.cluster.epochs import EpochHistory
 from broky.replication import epochfile
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
+from broky.replication.frames import FrameReader
 from broky.replication.gate import PartitionReplica
 from broky.replication.node_link import NodeLink, NodeLinks
 from broky.replication.wire import (
@@ -57,9 +57,11 @@ class _Owner:
         self.refresh(self.log)
         return result
 
-    @asynccontextmanager
-    async def lent(self) -> AsyncIterator[PartitionLog]:
-        yield self.log
+    async def borrow(self) -> PartitionLog:
+        return self.log
+
+    def give_back(self) -> None:
+        pass
 
     def refresh(self, partition_log: PartitionLog) -> None:
         self.start_offset, self.end_offset = partition_log.start_offset, partition_log.end_offset
@@ -76,7 +78,8 @@ class _Leader:
         self.start = start
         self.asked: list[int] = []
 
-    async def request(self, message: Message) -> Message:
+    async def request_frame(self, frame: bytes) -> Message:
+        (message,) = FrameReader().feed(frame)
         assert isinstance(message, FetchMany)
         (fetch,) = message.fetches
         return FetchedMany((self._answer(fetch),))

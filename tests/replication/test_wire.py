@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broky.replication.frames import MAX_FRAME_BYTES, FrameReader, encode
+from broky.replication.frames import (
+    MAX_FRAME_BYTES,
+    FetchTemplate,
+    FrameReader,
+    encode,
+    encode_fetch_many,
+)
 from broky.replication.wire import (
     EpochEnd,
     EpochEnded,
@@ -137,6 +143,19 @@ def test_messages_round_trip_whole_or_in_pieces(batch: list[Message], step: int)
     for start in range(0, len(data), step):
         decoded.extend(reader.feed(data[start : start + step]))
     assert decoded == batch
+
+
+@given(st.lists(fetches, max_size=4))
+def test_templates_frame_fetches_as_encode_does(batch: list[Fetch]) -> None:
+    """A follower's FetchTemplate, and a FetchMany of its frames, are byte
+    for byte what ``encode`` makes of the objects (the leader decodes them)."""
+    frames = []
+    for f in batch:
+        template = FetchTemplate(f.topic, f.partition, f.epoch, f.node, f.node_epoch)
+        frame = template.frame(f.offset, f.durable, f.state_epoch, f.state_version)
+        assert frame == encode(f)
+        frames.append(frame)
+    assert encode_fetch_many(frames) == encode(FetchMany(tuple(batch)))
 
 
 _json = st.recursive(
