@@ -122,26 +122,35 @@ cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
 
 
 cdef struct _Open:
-    # The merged range being built: [first, last], when ``opened``.
+    # The merged range being built: [first, last], when ``opened``, with
+    # the int objects that hold those bounds (borrowed from the ranges or
+    # the offsets: every bound of a merge is one of theirs, so the merged
+    # lists take those objects and no int is made per range or offset).
     bint opened
     int64_t first
     int64_t last
+    PyObject* first_object
+    PyObject* last_object
 
 
 cdef inline int _take(_Open* open_range, list firsts, list lasts, int64_t first,
-                      int64_t last) except -1:
-    """Add ``[first, last]`` (ranges come by ascending first) to the merge:
-    it joins the open range when it touches it, else closes it."""
+                      int64_t last, object first_object, object last_object) except -1:
+    """Add ``[first, last]`` (ranges come by ascending first; the objects
+    hold the same bounds) to the merge: it joins the open range when it
+    touches it, else closes it."""
     if open_range.opened and first <= open_range.last + 1:
         if last > open_range.last:
             open_range.last = last
+            open_range.last_object = <PyObject*>last_object
         return 0
     if open_range.opened:
-        firsts.append(open_range.first)
-        lasts.append(open_range.last)
+        firsts.append(<object>open_range.first_object)
+        lasts.append(<object>open_range.last_object)
     open_range.opened = True
     open_range.first = first
     open_range.last = last
+    open_range.first_object = <PyObject*>first_object
+    open_range.last_object = <PyObject*>last_object
     return 0
 
 
@@ -154,50 +163,85 @@ def merge_acked(list firsts, list lasts, object cursor, list offsets):
     cdef int64_t highest = offsets[count - 1]
     cdef Py_ssize_t low = _bisect_left(lasts, lowest - 1)
     cdef Py_ssize_t high = _bisect_right(firsts, highest + 1)
-    cdef Py_ssize_t index = low, at
+    cdef Py_ssize_t index = low, at, drop
     cdef int64_t offset, first
+    cdef object offset_object, first_object, last_object
     cdef list merged_firsts = []
     cdef list merged_lasts = []
     cdef _Open open_range
     open_range.opened = False
     for at in range(count):
-        offset = offsets[at]
+        offset_object = <object>PyList_GET_ITEM(offsets, at)
+        offset = offset_object
         while index < high:
-            first = firsts[index]
+            first_object = <object>PyList_GET_ITEM(firsts, index)
+            first = first_object
             if first >= offset:
                 break
-            _take(&open_range, merged_firsts, merged_lasts, first, lasts[index])
+            last_object = <object>PyList_GET_ITEM(lasts, index)
+            _take(&open_range, merged_firsts, merged_lasts, first, last_object,
+                  first_object, last_object)
             index += 1
-        _take(&open_range, merged_firsts, merged_lasts, offset, offset)
+        _take(&open_range, merged_firsts, merged_lasts, offset, offset,
+              offset_object, offset_object)
     while index < high:
-        _take(&open_range, merged_firsts, merged_lasts, firsts[index], lasts[index])
+        first_object = <object>PyList_GET_ITEM(firsts, index)
+        last_object = <object>PyList_GET_ITEM(lasts, index)
+        _take(&open_range, merged_firsts, merged_lasts, first_object, last_object,
+              first_object, last_object)
         index += 1
-    merged_firsts.append(open_range.first)
-    merged_lasts.append(open_range.last)
+    merged_firsts.append(<object>open_range.first_object)
+    merged_lasts.append(<object>open_range.last_object)
     firsts[low:high] = merged_firsts
     lasts[low:high] = merged_lasts
-    while firsts and <int64_t>firsts[0] <= position:
-        position = max(position, <int64_t>lasts[0] + 1)
-        del firsts[0]
-        del lasts[0]
+    # The ranges the cursor reaches leave in one cut (a front delete
+    # each moved the rest of both lists).
+    drop = 0
+    while drop < PyList_GET_SIZE(firsts) and <int64_t>firsts[drop] <= position:
+        position = max(position, <int64_t>lasts[drop] + 1)
+        drop += 1
+    if drop:
+        del firsts[:drop]
+        del lasts[:drop]
     return position
 
 
-def assign(list owners, list slots, object owner):
+def assign(list owners, slots, object owner):
+    # The table's slots come as an ``array("H")`` (read as C integers:
+    # no int object touched per slot); a list as before.
+    if type(slots) is not list:
+        _assign_array(owners, slots, owner)
+        return
+    cdef list given = slots
     cdef Py_ssize_t size = PyList_GET_SIZE(owners), at, slot
-    cdef PyObject* old
     # Checked first: a slot that is no index of ``owners`` raises
     # IndexError with nothing changed (the callers never pass one).
-    for at in range(PyList_GET_SIZE(slots)):
-        slot = <object>PyList_GET_ITEM(slots, at)
+    for at in range(PyList_GET_SIZE(given)):
+        slot = <object>PyList_GET_ITEM(given, at)
         if slot < 0 or slot >= size:
             raise IndexError("list assignment index out of range")
-    for at in range(PyList_GET_SIZE(slots)):
-        slot = <object>PyList_GET_ITEM(slots, at)
-        old = PyList_GET_ITEM(owners, slot)
-        Py_INCREF(owner)
-        PyList_SET_ITEM(owners, slot, owner)
-        Py_DecRef(old)
+    for at in range(PyList_GET_SIZE(given)):
+        slot = <object>PyList_GET_ITEM(given, at)
+        _store_owner(owners, slot, owner)
+
+
+cdef int _assign_array(list owners, const unsigned short[:] slots, object owner) except -1:
+    """``assign`` over an ``array("H")``."""
+    cdef Py_ssize_t size = PyList_GET_SIZE(owners), at
+    for at in range(slots.shape[0]):
+        if slots[at] >= size:
+            raise IndexError("list assignment index out of range")
+    for at in range(slots.shape[0]):
+        _store_owner(owners, slots[at], owner)
+    return 0
+
+
+cdef inline void _store_owner(list owners, Py_ssize_t slot, object owner):
+    """``owners[slot] = owner`` (``slot`` checked): one pointer store."""
+    cdef PyObject* old = PyList_GET_ITEM(owners, slot)
+    Py_INCREF(owner)
+    PyList_SET_ITEM(owners, slot, owner)
+    Py_DecRef(old)
 
 
 def gather_ranges(frame, tracker_of):

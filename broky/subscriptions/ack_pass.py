@@ -128,9 +128,12 @@ def merge_acked_pure(firsts: list[int], lasts: list[int], cursor: int, offsets: 
         index += 1
     firsts[low:high] = merged_firsts
     lasts[low:high] = merged_lasts
-    while firsts and firsts[0] <= cursor:
-        cursor = max(cursor, lasts[0] + 1)
-        del firsts[0], lasts[0]
+    # The ranges the cursor reaches leave in one cut.
+    drop = 0
+    while drop < len(firsts) and firsts[drop] <= cursor:
+        cursor = max(cursor, lasts[drop] + 1)
+        drop += 1
+    del firsts[:drop], lasts[:drop]
     return cursor
 
 

@@ -14,8 +14,9 @@ slot (draining, ``dispatch.py``).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Final
 
@@ -35,7 +36,9 @@ NOBODY: Final = -1
 #: owner)``, one per old owner and new owner, not a tuple per slot (a
 #: consumer's join or leave moves tens of thousands of slots in every
 #: partition of the subscription, and made as many tuples).
-Move = tuple[list[int], int, int]
+Move = tuple[Sequence[int], int, int]
+#: The typecode of the slot arrays (``SlotTable``): every slot fits 16 bits.
+SLOT_TYPECODE: Final = "H"
 
 
 def slot_of(sticky_key: bytes) -> int:
@@ -100,6 +103,14 @@ class SlotTable:
     or leave touches only the slots it moves (the newcomer's share, the
     leaver's slots), never all 65,536: a consumer attaching to a key-shared
     subscription over many partitions pays one rebalance per partition.
+    Those lists, and the moves, are ``array("H")``s, not lists of ints:
+    a rebalance copies tens of thousands of slots several times (sliced,
+    extended, dealt), and as ints every copy touched each slot's int
+    object (a reference count each, cache misses over 2 MiB of ints per
+    partition); as arrays each copy is a memcpy of 2 bytes a slot. 4 joins
+    and 4 leaves over 8 partitions were ~5 % of a key-shared broker's
+    samples in ``bench_consumers`` (py-spy, the joins are in its timed
+    phase).
     """
 
     def __init__(self) -> None:
@@ -108,7 +119,7 @@ class SlotTable:
         #: Slots per consumer, in join order (ties go to earlier joiners).
         self.counts: dict[int, int] = {}
         #: Each owner's slots, in the order it got them.
-        self._slots: dict[int, list[int]] = {NOBODY: list(range(SLOTS))}
+        self._slots: dict[int, array[int]] = {NOBODY: array(SLOT_TYPECODE, range(SLOTS))}
 
     def owner(self, slot: int) -> int:
         return self.owners[slot]
@@ -121,7 +132,7 @@ class SlotTable:
         if consumer in self.counts:
             return []
         self.counts[consumer] = 0
-        self._slots[consumer] = []
+        self._slots[consumer] = array(SLOT_TYPECODE)
         return self._rebalance(set())
 
     def leave(self, consumer: int) -> list[Move]:
@@ -145,10 +156,12 @@ class SlotTable:
         # (below) what each remaining consumer holds above its target, with
         # whose they were as (owner, how many) pieces of ``free``. Moved in
         # slices, C-speed, not slot by slot.
-        free: list[int] = []
+        free = array(SLOT_TYPECODE)
         sources: list[tuple[int, int]] = []
         for owner in (*sorted(gone), NOBODY):
-            slots = held.pop(owner, [])
+            slots = held.pop(owner, None)
+            if slots is None:
+                slots = array(SLOT_TYPECODE)
             free.extend(slots)
             sources.append((owner, len(slots)))
         if not counts:
@@ -186,7 +199,7 @@ class SlotTable:
 
 
 def _moves(
-    free: list[int], sources: list[tuple[int, int]], first: int, stop: int, new: int
+    free: array[int], sources: list[tuple[int, int]], first: int, stop: int, new: int
 ) -> list[Move]:
     """The moves of ``free[first:stop]`` to ``new``: one per piece of
     ``free`` that one old owner gave (``sources``, in ``free``'s order)."""
@@ -200,27 +213,29 @@ def _moves(
     return moves
 
 
-def assign_pure(owners: list[int], slots: list[int], owner: int) -> None:
+def assign_pure(owners: list[int], slots: Sequence[int], owner: int) -> None:
     """``owners[slot] = owner`` for every slot (each an index of
     ``owners``), without a Python step each. A join or leave moves tens of
     thousands of slots in every partition of the subscription: the
     compiled twin (``broky.subscriptions._passes.assign``) stores each with
     one pointer write (8 partitions' 4 joins and 4 leaves: 69 ms of CPU
-    here, 23 ms compiled)."""
+    here, 23 ms compiled). ``slots``: a list, or an ``array("H")`` (the
+    table's), which the compiled twin reads as C integers."""
     deque(map(owners.__setitem__, slots, repeat(owner)), maxlen=0)
 
 
 #: :func:`assign_pure` compiled, when it is built.
-assign_compiled: Callable[[list[int], list[int], int], None] | None = compiled_twin(
+assign_compiled: Callable[[list[int], Sequence[int], int], None] | None = compiled_twin(
     "broky.subscriptions._passes", "assign"
 )
 assign = assign_compiled or assign_pure
 
 
-def _assign(owners: list[int], slots: list[int], owner: int) -> None:
-    """:func:`assign`, every slot at once (the first join's and the last
-    leave's) as one list fill."""
-    if len(slots) == len(owners):
+def _assign(owners: list[int], slots: array[int], owner: int) -> None:
+    """:func:`assign`; every slot at once (the first join's and the last
+    leave's) as one list fill where the compiled twin is missing (it
+    stores them faster than a fill, which builds a second list)."""
+    if assign_compiled is None and len(slots) == len(owners):
         owners[:] = repeat(owner, len(owners))
     else:
         assign(owners, slots, owner)

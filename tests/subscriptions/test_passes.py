@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+from array import array
 from collections.abc import Callable
 
 import pytest
@@ -27,7 +28,7 @@ from broky.subscriptions.model import (
     Options,
     SubscriptionType,
 )
-from broky.subscriptions.slots import slot_of
+from broky.subscriptions.slots import SLOT_TYPECODE, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
 #: Offsets drawn from a small window, so that runs, neighbours and repeats are common.
@@ -165,6 +166,10 @@ def test_assign_stores_the_owner_of_every_slot(moved: list[int], owner: int) -> 
         assert callable(assign)
         owners = list(before)
         assign(owners, list(moved), owner)
+        assert owners == expected
+        # The slot table's own slots: an ``array("H")``.
+        owners = list(before)
+        assign(owners, array(SLOT_TYPECODE, moved), owner)
         assert owners == expected
 
 
