@@ -1,7 +1,14 @@
 """Acked publish throughput: RF 3 with ``acks = "all"`` vs one node, as JSON lines.
 
 Run: ``.venv/bin/python -m benchmarks.bench_replication [--seconds S]
-[--clients C] [--batch B] [--size N]``.
+[--clients C[,C...]] [--batch B] [--size N]``.
+
+``--clients 8,32,64`` repeats both setups at each count, a ratio line
+after each pair: with one acked batch in flight per client, RF 3 is
+latency-bound at few clients (every ack waits for a follower's round),
+while one node is soon bound by this one client process's CPU (~0.95 of a
+core at 32 clients here), so the ratio depends on the count and one count
+alone misreads it either way.
 
 Both setups run in this one session on this machine, with the same
 client (``broky.client.cluster.ClusterPublisher``: one acked batch in
@@ -157,11 +164,22 @@ async def _replicated(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--clients",
+        type=lambda text: [int(count) for count in text.split(",")],
+        default=[8],
+        help="publishing clients, or a comma-separated list of counts to run in turn",
+    )
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
     stop_children_on_signals()
+    for clients in args.clients:
+        _pair(argparse.Namespace(**{**vars(args), "clients": clients}))
+
+
+def _pair(args: argparse.Namespace) -> None:
+    """One node, then RF 3, at ``args.clients``; then their ratio."""
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as temporary:
         directory = Path(temporary)
         single = trio.run(_single, directory, args)
@@ -174,9 +192,11 @@ def main() -> None:
             json.dumps(
                 {
                     "ratio_rf3_to_single": round(ratio, 3),
+                    "clients": args.clients,
                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 }
-            )
+            ),
+            flush=True,
         )
 
 
