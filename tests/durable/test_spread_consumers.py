@@ -263,7 +263,9 @@ async def test_key_shared_keeps_each_keys_order_across_workers(tmp_path: Path) -
 #: than run long, and falling short of MIN_CYCLES fails it.
 KILL_CYCLES = 8
 MIN_KILL_CYCLES = 5
-KILL_BUDGET_SECONDS = 30.0
+#: (the loop took ~19 s here alone; the suite's other pytest worker may
+#: take half of the cores)
+KILL_BUDGET_SECONDS = 60.0
 DRAIN_SECONDS = 25.0
 QUIET_SECONDS = 1.5
 PROBE = b"probe"

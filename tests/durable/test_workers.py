@@ -31,7 +31,8 @@ PARTITIONS = 8
 #: early rather than run long, and falling short of MIN_CYCLES fails it.
 CYCLES = 20
 MIN_CYCLES = 12
-BUDGET_SECONDS = 45.0
+#: ~35 s here alone, 54 s with the suite's other pytest worker busy.
+BUDGET_SECONDS = 90.0
 #: Most seconds a kill waits for the publishers to make progress (kill_workers).
 PROGRESS_SECONDS = 1.0
 #: Owner kills while frames are in flight in the answered-publish test.

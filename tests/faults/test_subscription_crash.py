@@ -30,8 +30,9 @@ from tests.subscriptions.wire import connect as connect_raw
 
 #: The issue asks for at least 20 kill cycles under load.
 CYCLES = 20
-#: Bound of the cycles (each costs ~0.3-0.6 s: a fork, a start, the load).
-BUDGET_SECONDS = 60.0
+#: Bound of the cycles (each costs ~0.3-0.6 s: a fork, a start, the load;
+#: 2-3x that while the suite's other pytest worker is busy).
+BUDGET_SECONDS = 150.0
 #: Bound of the last phase: consume whatever is left.
 DRAIN_SECONDS = 20.0
 CONSUMERS = 3
