@@ -6,8 +6,8 @@ all (broky.replication.node_link), and one more per partition while it
 truncates. Reads go through broky.socket_reads: an answer is awaited after
 each request, so a read that would find nothing is never tried.
 
-Writes to a plain socket are one non-blocking ``os.write`` (as a broker
-connection's direct writes, broky.connection.writer), falling back to
+Writes to a plain socket are one non-blocking ``os.write``
+(broky.client.direct_send, as a publishing client's first write), falling back to
 ``send_all`` for what the socket did not take: trio's ``send_all`` costs
 two checkpoints and a conflict detector per message, twice per round of
 every link (a request and an answer), where the read that follows each
@@ -17,10 +17,10 @@ write parks the task anyway.
 from __future__ import annotations
 
 import logging
-import os
 
 import trio
 
+from broky.client.direct_send import nonblocking_writer
 from broky.replication.frames import FrameReader, encode
 from broky.replication.wire import Message, ReplicationProtocolError
 from broky.socket_reads import stream_receiver
@@ -44,6 +44,8 @@ class ReplicationLink:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self._receive = stream_receiver(stream, RECEIVE_BYTES)
+        #: None on TLS: every write is ``send_all``.
+        self._send_now = nonblocking_writer(stream)
         self._reader = FrameReader()
         self._ready: list[Message] = []
 
@@ -54,21 +56,11 @@ class ReplicationLink:
         """Write ``frame`` (see the module docstring). A cancelled caller
         sends nothing, as with ``send_all``."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        stream = self.stream
-        sent = 0
-        if isinstance(stream, trio.SocketStream) and os.name == "posix":
-            descriptor = stream.socket.fileno()
-            if descriptor < 0:
-                raise trio.ClosedResourceError("the socket was closed")
-            try:
-                sent = os.write(descriptor, frame)
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"socket write failed: {exc}") from exc
-            if sent == len(frame):
-                return
-        await stream.send_all(memoryview(frame)[sent:])
+        # A write that fails (closed, broken) takes nothing: send_all then
+        # raises trio's own error for it.
+        sent = self._send_now(frame) if self._send_now is not None else 0
+        if sent < len(frame):
+            await self.stream.send_all(memoryview(frame)[sent:])
 
     async def receive(self) -> Message | None:
         """The next message, or None when the peer closed the stream.
