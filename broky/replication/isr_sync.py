@@ -1,7 +1,7 @@
 """A leader taking the ISR etcd holds, in revision order.
 
 A partition's leader learns ISR changes two ways: its own compare-and-swap
-answers (broky.replication.service ``_review_isr``) and the vbucket states
+answers (broky.replication.isr_review) and the vbucket states
 its etcd watch delivers (the controller removing a dead follower, a move
 adding a replica). The watch lags: after the leader's own change commits at
 revision R it may still deliver states older than R. Taking one of those

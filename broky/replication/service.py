@@ -30,11 +30,10 @@ import attrs
 import trio
 
 from broky.cluster.epochs import EpochHistory
-from broky.cluster.etcd_wire import EtcdError
 from broky.cluster.isr import IsrSettings, LeaderIsr
-from broky.cluster.leadership import Fenced, IsrConflict, Term, change_isr_at
+from broky.cluster.leadership import Term
 from broky.cluster.placement import vbucket_of
-from broky.cluster.state import IsrEntry, StateError, VbucketState
+from broky.cluster.state import VbucketState
 from broky.cluster.vbuckets import StoredState
 from broky.durable.owner import PartitionOwner
 from broky.durable.producers import RECOVERY_TAIL_BYTES
@@ -51,7 +50,8 @@ from broky.replication.events import (
 from broky.replication.faults import LinkSwitch
 from broky.replication.follower import Follower
 from broky.replication.gate import PartitionReplica, fetch_all, not_here
-from broky.replication.isr_sync import live_proposal, take_isr, took_answer
+from broky.replication.isr_review import IsrReviews
+from broky.replication.isr_sync import take_isr
 from broky.replication.link import ReplicationLink
 from broky.replication.member import Member
 from broky.replication.node_link import NodeLinks
@@ -129,6 +129,8 @@ class ReplicationService:
         self.vbucket_locks = vbucket_isr.VbucketLocks()
         #: This node's copies that moves dropped, deleted once each move ends.
         self.dropped = DroppedReplicas(node.node_id)
+        #: The led partitions' ISR reviews, proposed to etcd.
+        self.reviews = IsrReviews(self.replicas, node, self.events)
 
     def statistics(self) -> ReplicationStatistics:
         """Every partition's role, log end, high watermark, ISR and follower
@@ -318,7 +320,7 @@ class ReplicationService:
         if taken.refused is not None:
             log.warning("%s: ISR from etcd not taken: %s", replica.name, taken.refused)
         if taken.before is not None:
-            self._isr_changed(replica, leading.isr, taken.before, "controller")
+            self.reviews.changed(replica, leading.isr, taken.before, "controller")
         if taken.refused is not None or taken.before is not None:
             replica.settle()
 
@@ -379,83 +381,13 @@ class ReplicationService:
                 while True:
                     await trio.sleep(ISR_CHECK)
                     async with self.vbucket_locks.lock(term.vbucket):
-                        if not await self._review_isr(replica, isr, term):
+                        if not await self.reviews.review(replica, isr, term):
                             return
             finally:
                 # Cancelled by a role change, this runs after _apply_roles
                 # stepped down with the new leader's hint: keep that one.
                 replica.step_down(replica.leader_hint)
                 self.events.stopped_leading(owner.topic.name, owner.partition)
-
-    async def _review_isr(self, replica: PartitionReplica, isr: LeaderIsr, term: Term) -> bool:
-        """One ISR review of a led partition, under its vbucket's lock:
-        propose a change, agreed with the vbucket's other partitions
-        (broky.replication.vbucket_isr). False once deposed."""
-        proposal = self._proposal(isr)
-        replica.settle()
-        if proposal is None:
-            return True
-        siblings = {
-            id(other.leading.isr): other
-            for other in self.replicas.values()
-            if other is not replica and other.leading is not None and other.leading.term == term
-        }
-        held = [sibling.leading.isr for sibling in siblings.values() if sibling.leading]
-        agreed = vbucket_isr.agree(isr, proposal, held)
-        if agreed is None:
-            return True
-        committed = False
-        try:
-            changed, revision = await change_isr_at(self.node.client, self.node.keys, term, agreed)
-            committed = True
-        except Fenced as exc:
-            log.warning("%s: %s", replica.name, exc)
-            replica.step_down(f"deposed at epoch {term.epoch}")
-            return False
-        except (IsrConflict, EtcdError, StateError, OSError) as exc:
-            log.warning("%s: ISR change failed: %s", replica.name, exc)
-            isr.isr_failed()
-            return True
-        finally:
-            if not committed:
-                vbucket_isr.release(held)
-            for sibling in siblings.values():
-                sibling.settle()
-        log.info("%s: ISR now %s", replica.name, changed.isr)
-        before = isr.committed_isr
-        isr.isr_committed(changed.isr)
-        took_answer(
-            [led.leading for led in (replica, *siblings.values()) if led.leading is not None],
-            revision,
-        )
-        self._isr_changed(replica, isr, before, "leader")
-        for sibling_isr, sibling_before in vbucket_isr.settle(held, changed.isr):
-            self._isr_changed(siblings[id(sibling_isr)], sibling_isr, sibling_before, "leader")
-            siblings[id(sibling_isr)].settle()
-        replica.settle()
-        return True
-
-    def _isr_changed(
-        self,
-        replica: PartitionReplica,
-        isr: LeaderIsr,
-        before: tuple[IsrEntry, ...],
-        by: str,
-    ) -> None:
-        self.events.isr_changed(
-            replica.owner.topic.name,
-            replica.owner.partition,
-            isr.epoch,
-            (node for node, _ in before),
-            (node for node, _ in isr.committed_isr),
-            isr.replicas,
-            by,
-        )
-
-    def _proposal(self, isr: LeaderIsr) -> tuple[IsrEntry, ...] | None:
-        members = self.node.membership.members()
-        live = {(node, member.epoch) for node, member in members.items()}
-        return live_proposal(isr, time.monotonic(), live)
 
     # --- serving followers ------------------------------------------------------
 
