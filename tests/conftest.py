@@ -13,6 +13,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
 
 from broky import Broker, Config
 from broky.protocol.codec import encode_frame
@@ -23,6 +25,30 @@ from broky.protocol.framing import encode_preamble
 from broky.protocol.message import encode_message, pack_sizes
 
 StartBroker = Callable[[Config], Awaitable[Broker]]
+
+#: Test directories whose files share one expensive session fixture and so
+#: run in one pytest-xdist worker: tests/spark's SparkSession is a JVM that
+#: takes 18-27 s to start, and spread over both workers a run started it
+#: two or three times.
+ONE_WORKER_DIRECTORIES = ("tests/spark/",)
+
+
+class TogetherScheduling(LoadFileScheduling):  # type: ignore[misc]  # xdist is untyped
+    """``--dist loadfile`` (the Makefile's), except that each directory of
+    ``ONE_WORKER_DIRECTORIES`` is one unit of work instead of a unit per file."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        for directory in ONE_WORKER_DIRECTORIES:
+            if nodeid.startswith(directory):
+                return directory
+        return str(super()._split_scope(nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> object:
+    """Schedules ``--dist loadfile`` runs with ``TogetherScheduling``."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    return TogetherScheduling(config, log)
 
 
 async def eventually(condition: Callable[[], bool]) -> None:
