@@ -116,6 +116,11 @@ class _Batch:
         return self.key, self.extras.key_partition
 
 
+class _NotSent(ConnectionClosed):
+    """A batch's turn did not come before its deadline (earlier related
+    batches were still being retried): it was never sent."""
+
+
 def leader_address(message: str) -> str | None:
     """The leader's address a NotLeader message names, if any."""
     found = _LEADER.search(message)
@@ -262,6 +267,8 @@ class ClusterPublisher:
                 acked = await self._attempt(batch, address, deadline)
                 self._learn(batch, acked)
                 return acked
+            except _NotSent:
+                raise  # its connection serves the batches ahead of it: keep it
             except (BrokyError, trio.TooSlowError, OSError) as exc:
                 error = exc
                 address = self._failed(batch, exc)
@@ -285,7 +292,7 @@ class ClusterPublisher:
             if self._may_send(batch, client):
                 break
             if trio.current_time() >= deadline:
-                raise ConnectionClosed(f"not sent within {self.retry_for} s: earlier batches retry")
+                raise _NotSent(f"not sent within {self.retry_for} s: earlier batches were retried")
             with trio.move_on_at(deadline):
                 await self._wait_changed()
         # In flight from here: later batches may follow it on this connection
