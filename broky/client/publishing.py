@@ -284,6 +284,22 @@ class Publisher:
         self._chunks = []
         self._chunk_bytes = 0
 
+    def continue_producer(self, producer_id: int, next_sequence: int) -> None:
+        """Send the next acked messages as ``producer_id``, numbered from
+        ``next_sequence``: for a publisher whose batches travel over several
+        connections and numbers them itself, one batch at a time, so that a
+        batch retried on another node carries the identity it was first
+        sent with and that node stores it once (``publish_batch`` keeps
+        several in flight). Call with nothing acked pending (after
+        ``flush_acks``); the client must be idempotent."""
+        acks = self._acks
+        if not acks.producer_id or not producer_id:
+            raise ValueError("continue_producer needs an idempotent client and producer id")
+        if acks.pending or (self._ack_mode and (self._chunks or self._run_messages)):
+            raise RuntimeError("continue_producer called with acked messages pending")
+        acks.producer_id = producer_id
+        acks.next_sequence = next_sequence
+
     async def publish_batch(
         self,
         key: str,
