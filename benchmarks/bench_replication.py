@@ -1,19 +1,19 @@
 """Acked publish throughput: RF 3 with ``acks = "all"`` vs one node, as JSON lines.
 
 Run: ``.venv/bin/python -m benchmarks.bench_replication [--seconds S]
-[--clients C[,C...]] [--batch B] [--size N]``.
+[--clients C[,C...]] [--in-flight N] [--batch B] [--size N]``.
 
 ``--clients 8,32,64`` repeats both setups at each count, a ratio line
-after each pair: with one acked batch in flight per client, RF 3 is
-latency-bound at few clients (every ack waits for a follower's round),
-while one node is soon bound by this one client process's CPU (~0.95 of a
-core at 32 clients here), so the ratio depends on the count and one count
-alone misreads it either way.
+after each pair: RF 3 is latency-bound at few clients (every ack waits for
+a follower's round), while one node is soon bound by this one client
+process's CPU, so the ratio depends on the count and one count alone
+misreads it either way. Each client keeps ``--in-flight`` acked batches in
+flight (default ``ClusterPublisher``'s, 5: as many publishing tasks sharing
+one publisher), so a follower's round carries several batches per client.
 
 Both setups run in this one session on this machine, with the same
-client (``broky.client.cluster.ClusterPublisher``: one acked batch in
-flight per client), the same durable topic (4 partitions, ``fsync =
-"always"``) and the same load:
+client (``broky.client.cluster.ClusterPublisher``), the same durable topic
+(4 partitions, ``fsync = "always"``) and the same load:
 
 - ``single``: one ``broky serve --workers 1``, no cluster: acked when the
   leader's group-committed fsync returns;
@@ -34,6 +34,7 @@ cluster's capacity.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -44,7 +45,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.interrupt import stop_children_on_signals
-from broky.client.cluster import ClusterPublisher
+from broky.client.cluster import MAX_IN_FLIGHT, ClusterPublisher
 from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.local_etcd import local_etcd
@@ -55,24 +56,32 @@ TOPIC = TopicSpec()
 
 
 async def _load(
-    nodes: list[LocalNode], seconds: float, clients: int, batch: int, size: int
+    nodes: list[LocalNode], args: argparse.Namespace
 ) -> tuple[int, float, list[tuple[int, int, int]]]:
-    """Publish for ``seconds``; returns (messages acked, elapsed, acked runs)."""
+    """Publish for ``args.seconds``; returns (messages acked, elapsed, acked runs)."""
     acked: list[tuple[int, int, int]] = []
-    deadline = trio.current_time() + seconds
-    payload = b"x" * size
+    deadline = trio.current_time() + args.seconds
+    payload = b"x" * args.size
 
     async def client(index: int) -> None:
-        async with ClusterPublisher.open([n.address for n in nodes], retry_for=5) as publisher:
-            round_ = 0
-            while trio.current_time() < deadline:
-                runs = await publisher.publish(f"orders.c{index}.k{round_ % 16}", [payload] * batch)
-                acked.extend((r.partition, r.first_offset, r.last_offset) for r in runs)
-                round_ += 1
+        rounds = itertools.count()
+        async with ClusterPublisher.open(
+            [n.address for n in nodes], retry_for=5, max_in_flight=args.in_flight
+        ) as publisher:
+
+            async def batches() -> None:
+                while trio.current_time() < deadline:
+                    key = f"orders.c{index}.k{next(rounds) % 16}"
+                    runs = await publisher.publish(key, [payload] * args.batch)
+                    acked.extend((r.partition, r.first_offset, r.last_offset) for r in runs)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(args.in_flight):
+                    nursery.start_soon(batches)
 
     started = trio.current_time()
     async with trio.open_nursery() as nursery:
-        for index in range(clients):
+        for index in range(args.clients):
             nursery.start_soon(client, index)
     elapsed = trio.current_time() - started
     return sum(last - first + 1 for _, first, last in acked), elapsed, acked
@@ -104,7 +113,7 @@ async def _measure(
 ) -> dict[str, object]:
     before = [_cpu_seconds(node) for node in nodes]
     client_before = time.process_time()
-    count, elapsed, acked = await _load(nodes, args.seconds, args.clients, args.batch, args.size)
+    count, elapsed, acked = await _load(nodes, args)
     client_cpu = time.process_time() - client_before
     cpu = [_cpu_seconds(node) - start for node, start in zip(nodes, before, strict=True)]
     await trio.sleep(0.5)
@@ -113,6 +122,7 @@ async def _measure(
     return {
         "mode": mode,
         "clients": args.clients,
+        "in_flight": args.in_flight,
         "batch": args.batch,
         "message_bytes": args.size,
         "seconds": round(elapsed, 2),
@@ -169,6 +179,12 @@ def main() -> None:
         type=lambda text: [int(count) for count in text.split(",")],
         default=[8],
         help="publishing clients, or a comma-separated list of counts to run in turn",
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=MAX_IN_FLIGHT,
+        help="acked batches each client keeps in flight (publishing tasks per publisher)",
     )
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)

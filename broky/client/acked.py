@@ -13,7 +13,14 @@ number of sends. A frame answered with the retriable ``OwnerUnavailable``,
 or left unanswered by a lost connection, is resent as it was, oldest first,
 once every frame in flight has been answered (so that nothing of the
 producer's is stored past a frame still to be resent). Without idempotence
-(``producer_id`` 0) a retriable error is reported like any other.
+(``producer_id`` 0) a retriable error is reported like any other. A frame
+refused with ``NotLeader`` or ``NotEnoughReplicas`` makes the partition hold
+the producer's later frames back (``SequenceGap``) until it is resent, which
+this client does not do: the producer continues under a new id.
+
+A batch's frames (``BatchAnswers``, from ``Publisher.publish_batch``) are
+answered to the batch instead, never resent here: their caller
+(broky.client.cluster) retries them itself, elsewhere if need be.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Final
 import attrs
 
 from broky.client.acked_runs import AckedRuns
-from broky.client.errors import AckTimeout, BrokyError
+from broky.client.errors import AckTimeout, BrokyError, ConnectionClosed
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import PublishAck
 
@@ -36,8 +43,35 @@ from broky.protocol.frames import PublishAck
 MAX_UNACKED_MESSAGES: Final = 32_768
 #: Errors in an acked frame's place that a resend may cure.
 RETRIABLE: Final = frozenset({ErrorCode.OWNER_UNAVAILABLE})
+#: Refusals after which the partition holds the producer's later frames
+#: back until the refused one is resent (broky.durable.producers).
+HOLDING: Final = frozenset({ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_REPLICAS})
 #: Keys an AckTimeout message names (all are in ``AckTimeout.keys``).
 _SHOWN_KEYS: Final = 5
+
+
+@attrs.define(slots=True, eq=False)
+class BatchAnswers:
+    """The answers to one batch's acked frames (``Publisher.publish_batch``):
+    complete once each of its ``frames`` is answered or lost."""
+
+    frames: int = 0
+    answered: int = 0
+    #: Each acked frame's keys per run and its PublishAck, in frame order.
+    acks: list[tuple[list[str], PublishAck]] = attrs.field(factory=list)
+    #: The first error in place of one of its frames (None: none yet).
+    error: BrokyError | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.answered >= self.frames
+
+    def answer(self, keys: list[str], ack: PublishAck | BrokyError) -> None:
+        self.answered += 1
+        if isinstance(ack, BrokyError):
+            self.error = self.error or ack
+        else:
+            self.acks.append((keys, ack))
 
 
 @attrs.define(slots=True, eq=False)
@@ -51,6 +85,8 @@ class SentFrame:
     count: int
     #: When it was last queued for sending (``AckedFrames.sent``).
     sent_at: float = 0.0
+    #: The batch it belongs to (None: answered through ``take_acked``).
+    batch: BatchAnswers | None = None
 
 
 class AckedFrames:
@@ -70,6 +106,8 @@ class AckedFrames:
         #: The last retriable error, reported if the retries run out.
         self.last_retriable: BrokyError | None = None
         self.unacked_messages = 0
+        #: The batch whose frames are being closed (``Publisher.publish_batch``).
+        self.batch: BatchAnswers | None = None
 
     def number(self, count: int) -> int:
         """The first sequence for a new frame of ``count`` messages."""
@@ -122,6 +160,9 @@ class AckedFrames:
             return  # a broker bug must not kill the reader
         frame = self._unanswered.popleft()
         self.unacked_messages -= frame.count
+        if frame.batch is not None:
+            frame.batch.answer(frame.keys, ack)
+            return
         self._acked.append((frame.keys, ack))  # columns checked equal by the decoder
 
     def failed(self, code: ErrorCode, message: str) -> None:
@@ -130,6 +171,10 @@ class AckedFrames:
             return
         frame = self._unanswered.popleft()
         error = BrokyError(code, message)
+        if frame.batch is not None:
+            self.unacked_messages -= frame.count
+            frame.batch.answer(frame.keys, error)
+            return
         if self.producer_id and code in RETRIABLE:
             self._resend.append(frame)
             self.last_retriable = error
@@ -137,11 +182,18 @@ class AckedFrames:
         self.unacked_messages -= frame.count
         if self._error is None:
             self._error = error
+        if self.producer_id and code in HOLDING:
+            self.producer_id = secrets.randbits(64) or 1
+            self.next_sequence = 1
 
     def connection_lost(self) -> None:
         """Every frame in flight is unanswered for good: resend them all
         (idempotent), or count them as failed."""
-        lost = list(self._unanswered)
+        lost = [frame for frame in self._unanswered if frame.batch is None]
+        for frame in self._unanswered:
+            if frame.batch is not None:
+                self.unacked_messages -= frame.count
+                frame.batch.answer(frame.keys, ConnectionClosed("the connection was lost"))
         self._unanswered.clear()
         if self.producer_id:
             self._resend.extend(lost)

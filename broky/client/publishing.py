@@ -12,12 +12,12 @@ publishing task yields.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
 import trio
 
-from broky.client.acked import MAX_UNACKED_MESSAGES, AckedFrames, SentFrame
+from broky.client.acked import MAX_UNACKED_MESSAGES, AckedFrames, BatchAnswers, SentFrame
 from broky.client.acked_runs import AckedRuns
 from broky.client.errors import BrokyError, ConnectionClosed
 from broky.protocol.chunks import encode_run_chunk_from
@@ -273,7 +273,10 @@ class Publisher:
             )
         data = b"".join(parts)
         acks.opened(count)
-        acks.sent(SentFrame(data, self._chunk_keys, first, count), trio.current_time())
+        if acks.batch is not None:
+            acks.batch.frames += 1
+        frame = SentFrame(data, self._chunk_keys, first, count, batch=acks.batch)
+        acks.sent(frame, trio.current_time())
         self._chunk_keys = []
         self._chunk_messages = 0
         self._buffered += len(data) - self._chunk_bytes
@@ -284,10 +287,11 @@ class Publisher:
     def continue_producer(self, producer_id: int, next_sequence: int) -> None:
         """Send the next acked messages as ``producer_id``, numbered from
         ``next_sequence``: for a publisher whose batches travel over several
-        connections (``broky.client.cluster``) and numbers them itself, so
-        that a batch retried on another node carries the identity it was
-        first sent with and that node stores it once. Call with nothing
-        acked pending (after ``flush_acks``); the client must be idempotent."""
+        connections and numbers them itself, one batch at a time, so that a
+        batch retried on another node carries the identity it was first
+        sent with and that node stores it once (``publish_batch`` keeps
+        several in flight). Call with nothing acked pending (after
+        ``flush_acks``); the client must be idempotent."""
         acks = self._acks
         if not acks.producer_id or not producer_id:
             raise ValueError("continue_producer needs an idempotent client and producer id")
@@ -295,6 +299,67 @@ class Publisher:
             raise RuntimeError("continue_producer called with acked messages pending")
         acks.producer_id = producer_id
         acks.next_sequence = next_sequence
+
+    async def publish_batch(
+        self,
+        key: str,
+        payloads: Sequence[bytes],
+        producer_id: int,
+        first_sequence: int,
+        *,
+        key_partition: bytes = b"",
+        tags: Iterable[tuple[str, str]] = (),
+        uid: bytes = b"",
+    ) -> BatchAnswers:
+        """Queue ``payloads`` on ``key`` as acked frames of their own, sent as
+        ``producer_id`` (0 on a client that is not idempotent) numbered from
+        ``first_sequence``, and return their answers (``wait_batch``).
+
+        For a publisher whose batches travel over several connections
+        (broky.client.cluster): it numbers them itself, so that a batch
+        retried on another node carries the identity it was first sent with
+        and is stored once, and keeps several in flight on one connection,
+        each answered on its own. These frames are never resent by this
+        client and never returned by ``flush_acks``. Nothing else may
+        publish on this client until it returns (it may wait for buffer space).
+        """
+        if self.closed:
+            raise self._error or ConnectionClosed("the client is closed")
+        acks = self._acks
+        if bool(producer_id) is not bool(acks.producer_id):
+            raise ValueError("publish_batch: a producer id exactly if the client is idempotent")
+        self._close_run()
+        self._close_frame()  # what was queued before travels in its own frames
+        batch = acks.batch = BatchAnswers()
+        if producer_id:
+            acks.producer_id = producer_id
+            acks.next_sequence = first_sequence
+        try:
+            for payload in payloads:
+                await self.publish(
+                    key, payload, key_partition=key_partition, tags=tags, uid=uid, ack=True
+                )
+            self._close_run()
+            self._close_frame()
+        finally:
+            acks.batch = None
+        self._kick()
+        return batch
+
+    async def wait_batch(self, batch: BatchAnswers) -> AckedRuns:
+        """The offsets of ``batch`` (from ``publish_batch``) once every frame
+        of it is acked. Raises the error in place of one of its frames, or
+        ConnectionClosed if the connection ends first (its outcome is then
+        unknown). Not bounded in time: the caller's deadline bounds it."""
+        while not batch.complete:
+            if self.closed:
+                raise self._error or ConnectionClosed("the client is closed")
+            if self._acks_done.is_set():
+                self._acks_done = trio.Event()
+            await self._acks_done.wait()
+        if batch.error is not None:
+            raise batch.error
+        return AckedRuns(batch.acks)
 
     async def flush_acks(self) -> AckedRuns:
         """Send what ``publish(..., ack=True)`` queued and wait for every ack.

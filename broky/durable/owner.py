@@ -46,6 +46,10 @@ _KEY: Final = attrgetter("key")
 #: Seconds between ``tick()`` calls of an idle partition (interval fsync,
 #: time rolls, retention): a fraction of the default 1 s fsync interval.
 TICK_SECONDS: Final = 0.2
+#: A replicated partition's refusals of a whole round that a client retries
+#: (broky.client.cluster): the refused producers' later runs are held back
+#: until the refused ones come again (broky.durable.producers).
+HOLDING_REFUSALS: Final = frozenset({ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_REPLICAS})
 
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
@@ -195,10 +199,12 @@ class PartitionOwner:
         replica takes the lead (broky.replication.service), so that it knows
         the runs it replicated as a follower and none a truncation removed,
         and a producer retrying after the failover is not stored twice."""
-        window = self.producers = ProducerWindow()
+        previous, window = self.producers, ProducerWindow()
+        self.producers = window
         for producer, sequence, count, offset in runs:
             if window.check(producer, sequence, count) is None:
                 window.record(producer, sequence, count, offset)
+        window.keep_refused(previous)
 
     def submit(self, request: LogRequest, done: Callable[[Any], None]) -> None:
         """Run ``request(log)`` in the next round; ``done`` gets its result or
@@ -268,6 +274,8 @@ class PartitionOwner:
             if tick:
                 next_tick = time.monotonic() + TICK_SECONDS
             refusal = self.replica.refusal() if parts and self.replica is not None else None
+            if refusal is not None and refusal[0] in HOLDING_REFUSALS:
+                self._hold_back(parts)
             if refusal is None and parts and self.write_failure is not None:
                 refusal = (ErrorCode.STORAGE_FAILURE, self.write_failure)
             plan: RoundPlan | None = None
@@ -292,6 +300,13 @@ class PartitionOwner:
                 self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
+
+    def _hold_back(self, parts: list[Part]) -> None:
+        """The round was refused retriably: each producer's later runs wait
+        for these to be resent (broky.durable.producers, ``Held``)."""
+        for part in parts:
+            if part.producer:
+                self.producers.refused(part.producer, part.sequences)
 
     def _round(
         self,

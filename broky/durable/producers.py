@@ -14,7 +14,17 @@ appended here, ``(first sequence, count, first offset)``, for the last
   count: answer with the remembered offsets, append nothing;
 - **out of order** otherwise: a retry older than the window, or a run sent
   again after later runs of its producer were stored (storing it would
-  reorder the producer's messages). Refused with ``OutOfOrderSequence``.
+  reorder the producer's messages). Refused with ``OutOfOrderSequence``;
+- **held** if it is past a sequence of its producer this partition refused
+  retriably (NotLeader, NotEnoughReplicas: ``refused``) and has not stored
+  since. Refused with the retriable ``SequenceGap``. Sequences jump here, so
+  the partition cannot see that a producer's earlier run is missing; without
+  this a pipelined producer's later run, already in flight when the earlier
+  one was refused, could be stored first (the ISR recovered, or this node
+  was elected, in between), and the earlier one's retry would then be out
+  of order. The client resends from the refused run (broky.client.cluster),
+  and any run stored from the producer at or below the refused sequence
+  ends the hold.
 
 The client keeps at most ``WINDOW_SEQUENCES`` sequences unacknowledged, so
 every retry it makes falls inside the window. The window is rebuilt from the
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Final
 
@@ -66,8 +77,17 @@ class OutOfOrder:
     reason: str
 
 
-#: The verdict on one run: None (new: append it), a Duplicate or an OutOfOrder.
-Verdict = Duplicate | OutOfOrder | None
+@attrs.frozen(slots=True)
+class Held:
+    """A run past a sequence of its producer refused here retriably and not
+    resent yet (module docstring); ``reason`` says which, for the client."""
+
+    reason: str
+
+
+#: The verdict on one run: None (new: append it), a Duplicate, an
+#: OutOfOrder or a Held.
+Verdict = Duplicate | OutOfOrder | Held | None
 
 
 @attrs.define(slots=True)
@@ -92,6 +112,9 @@ class ProducerWindow:
         self._producers: OrderedDict[int, _Runs] = OrderedDict()
         #: The producer recorded last (already the most recently used).
         self._last = 0
+        #: Per producer, the first sequence refused retriably and not stored
+        #: since (``refused``); at most ``max_producers``, oldest dropped.
+        self._refused: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -101,7 +124,7 @@ class ProducerWindow:
         whose first message has ``sequence``."""
         runs = self._producers.get(producer)
         if runs is None or sequence >= runs.next_sequence:
-            return None
+            return self._held(producer, sequence)
         index = bisect_left(runs.sequences, sequence, runs.start)
         if index < len(runs.sequences) and runs.sequences[index] == sequence:
             if runs.counts[index] == count:
@@ -125,8 +148,10 @@ class ProducerWindow:
         """``check``, and ``record`` the run at ``first_offset`` when it is
         new: the owner's per-run call, one lookup in the common case."""
         runs = self._producers.get(producer)
-        if runs is not None and sequence < runs.next_sequence:
-            return self.check(producer, sequence, count)
+        if (runs is not None and sequence < runs.next_sequence) or self._refused:
+            verdict = self.check(producer, sequence, count)
+            if verdict is not None:
+                return verdict
         self.record(producer, sequence, count, first_offset)
         return None
 
@@ -140,6 +165,8 @@ class ProducerWindow:
         not: the caller then ``admit``s them one by one."""
         runs = self._producers.get(producer)
         if runs is not None and sequences[0] < runs.next_sequence:
+            return False
+        if self._refused and sequences[0] > self._refused.get(producer, sequences[0]):
             return False
         offsets = list(accumulate(counts, initial=first_offset))
         offsets.pop()
@@ -164,6 +191,10 @@ class ProducerWindow:
         elif producer != self._last:
             producers.move_to_end(producer)
         self._last = producer
+        if self._refused:
+            # At or below the refused sequence (a later run was held), or a
+            # leader's run a follower replicates: the gap is closed.
+            self._refused.pop(producer, None)
         runs.sequences.extend(sequences)
         runs.counts.extend(counts)
         runs.offsets.extend(offsets)
@@ -179,6 +210,40 @@ class ProducerWindow:
             del stored[:start], runs.counts[:start], runs.offsets[:start]
             start = 0
         runs.start = start
+
+    def _held(self, producer: int, sequence: int) -> Held | None:
+        refused = self._refused.get(producer) if self._refused else None
+        if refused is None or sequence <= refused:
+            return None
+        return Held(
+            f"producer {producer:#x}: sequence {sequence} waits for sequence {refused}, "
+            "refused here retriably, to be sent again first"
+        )
+
+    def refused(self, producer: int, sequences: Sequence[int]) -> None:
+        """A run of ``producer`` with each of ``sequences`` (increasing) was
+        refused retriably, not stored: hold its later runs back until the
+        first of them not stored yet is sent again (module docstring)."""
+        runs = self._producers.get(producer)
+        stored_below = runs.next_sequence if runs is not None else 0
+        missing = next((sequence for sequence in sequences if sequence >= stored_below), None)
+        if missing is None:
+            return  # retries of stored runs: nothing is missing
+        known = self._refused.get(producer)
+        if known is None or missing < known:
+            self._refused[producer] = missing
+            if len(self._refused) > self.max_producers:
+                del self._refused[next(iter(self._refused))]
+
+    def keep_refused(self, previous: ProducerWindow) -> None:
+        """Carry ``previous``'s held producers over to this window, rebuilt
+        from the log (a replica taking the lead): a run refused as a
+        follower must still hold back the later ones queued behind it,
+        unless the log now holds runs at or past it (the old leader's)."""
+        for producer, sequence in previous._refused.items():
+            runs = self._producers.get(producer)
+            if runs is None or runs.next_sequence <= sequence:
+                self._refused[producer] = sequence
 
     def forget(self, producers: set[int]) -> None:
         """Drop what is remembered of ``producers`` (an append of theirs failed,

@@ -27,7 +27,7 @@ import attrs
 
 from broky.durable.acks import AckQueue
 from broky.durable.parts import Part
-from broky.durable.producers import Duplicate, OutOfOrder, ProducerWindow
+from broky.durable.producers import Duplicate, Held, OutOfOrder, ProducerWindow
 from broky.protocol.constants import ErrorCode
 
 
@@ -37,7 +37,7 @@ class Answered:
     ``(run index, message count, verdict)`` each."""
 
     part: Part
-    verdicts: list[tuple[int, int, Duplicate | OutOfOrder]]
+    verdicts: list[tuple[int, int, Duplicate | OutOfOrder | Held]]
     nbytes: int
     runs: int
 
@@ -79,7 +79,7 @@ class RoundPlan:
         """Check ``part`` run by run; the part of its new runs (None: none)."""
         admit = self._window.admit
         kept: list[int] = []
-        verdicts: list[tuple[int, int, Duplicate | OutOfOrder]] = []
+        verdicts: list[tuple[int, int, Duplicate | OutOfOrder | Held]] = []
         nbytes = 0
         for position, (run, sequence) in enumerate(zip(part.runs, part.sequences, strict=True)):
             verdict = admit(part.producer, sequence, run.count, offset)
@@ -135,10 +135,13 @@ class RoundPlan:
             entries = []
             refusals: list[tuple[int, ErrorCode, str]] = []
             for run_index, count, verdict in answer.verdicts:
-                if isinstance(verdict, OutOfOrder):
-                    refusals.append(
-                        (run_index, ErrorCode.OUT_OF_ORDER_SEQUENCE, f"{where}: {verdict.reason}")
+                if isinstance(verdict, OutOfOrder | Held):
+                    code = (
+                        ErrorCode.OUT_OF_ORDER_SEQUENCE
+                        if isinstance(verdict, OutOfOrder)
+                        else ErrorCode.SEQUENCE_GAP
                     )
+                    refusals.append((run_index, code, f"{where}: {verdict.reason}"))
                 elif not stored:
                     refusals.append(
                         (

@@ -82,6 +82,7 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 22
     UNKNOWN_SUBSCRIPTION = 23
     SUBSCRIPTION_DELETED = 24
+    SEQUENCE_GAP = 25
 
 
 class SlowConsumerPolicy(enum.IntEnum):

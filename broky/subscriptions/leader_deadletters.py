@@ -17,9 +17,9 @@ crash in between leaves the original unacked: it is dead-lettered again,
 and the copies carry the same ``dlq.*`` tags to de-duplicate on
 (at-least-once, as locally).
 
-Publishes go one at a time (the cluster publisher's rule: a partition must
-see a producer's sequences in order); dead letters are rare, so that is no
-bottleneck. The queue is bounded (``PENDING_LIMIT``): past it a dead letter
+Publishes go one at a time, from one task (the cluster publisher could
+keep several in flight, but dead letters are rare, so that is no
+bottleneck). The queue is bounded (``PENDING_LIMIT``): past it a dead letter
 is refused at once and retried by the partition's next rounds.
 
 The publisher connects as the node itself, with the node's

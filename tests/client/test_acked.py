@@ -3,7 +3,7 @@ frame order, and which frames are resent, in which order."""
 
 from __future__ import annotations
 
-from broky.client.acked import AckedFrames, SentFrame
+from broky.client.acked import AckedFrames, BatchAnswers, SentFrame
 from broky.client.durable import AckedRun
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import PublishAck
@@ -82,3 +82,40 @@ def test_giving_up_starts_a_new_producer() -> None:
     assert not acks.pending
     assert acks.producer_id != producer
     assert acks.next_sequence == 1
+
+
+def test_a_batch_s_frames_are_answered_to_the_batch_and_never_resent() -> None:
+    acks = AckedFrames()
+    batch = acks.batch = BatchAnswers()
+    first = SentFrame(b"a", ["k"], acks.number(2), 2, batch=batch)
+    second = SentFrame(b"b", ["k"], acks.number(1), 1, batch=batch)
+    acks.batch = None
+    batch.frames = 2
+    other = sent(acks, 1, ["o"])
+    for frame in (first, second):
+        acks.opened(frame.count)
+        acks.sent(frame, 0.0)
+    acks.acked(PublishAck(1, 1, (0,), (3,), (5,), (5,)))  # the frame sent first: ``other``
+    acks.acked(PublishAck(1, 2, (0,), (3,), (6,), (7,)))
+    assert not batch.complete
+    acks.failed(ErrorCode.NOT_ENOUGH_REPLICAS, "too few")
+    assert batch.answered == batch.frames  # complete
+    assert batch.error is not None
+    assert batch.error.code is ErrorCode.NOT_ENOUGH_REPLICAS
+    assert len(batch.acks) == 1
+    assert not acks.pending  # the caller retries it, not the client
+    assert acks.take_acked() == [AckedRun("o", 3, 5, 5)]
+    assert other.first_sequence == 4
+    assert acks.unacked_messages == 0
+
+
+def test_a_holding_refusal_moves_the_producer_to_a_new_id() -> None:
+    """The partition holds the producer's later frames back until the
+    refused one is resent, which this client does not do."""
+    acks = AckedFrames()
+    before = acks.producer_id
+    sent(acks, 1, ["k"])
+    acks.failed(ErrorCode.NOT_LEADER, "not the leader")
+    assert acks.producer_id != before
+    assert acks.next_sequence == 1
+    assert acks.take_error() is not None

@@ -32,6 +32,7 @@ first ack on each partition the victim led (publishers retry through it).
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
 import statistics
@@ -196,24 +197,35 @@ async def _publisher(
     acks: dict[int, list[float]],
     keys: int = 8,
 ) -> None:
-    """Publish acked batches of ``keys`` keys (so partitions) until ``stop``."""
-    seq = 0
+    """Publish acked batches of ``keys`` keys (so partitions) until ``stop``,
+    from as many tasks as the publisher keeps batches in flight: their
+    sequence numbers are taken in call order, so the checker's per-partition
+    order covers the pipeline (a refused batch must not be overtaken)."""
+    seqs = itertools.count(0, BATCH)
     async with ClusterPublisher.open([n.address for n in nodes], name=f"c{client}") as publisher:
-        while not stop.is_set():
-            key = f"orders.c{client}.k{seq % keys}"
-            batch = [payload(client, seq + i) for i in range(BATCH)]
-            try:
-                runs = await publisher.publish(key, batch)
-            except BrokyError:
-                report.indeterminate += 1
-            else:
-                acked_at = trio.current_time()
-                for run in runs:
-                    acks[run.partition].append(acked_at)
-                    for index, offset in enumerate(range(run.first_offset, run.last_offset + 1)):
-                        report.acked.append(Acked(client, seq + index, run.partition, offset))
-            seq += BATCH
-            await trio.sleep(PUBLISH_PAUSE)
+
+        async def publish() -> None:
+            while not stop.is_set():
+                seq = next(seqs)
+                key = f"orders.c{client}.k{seq % keys}"
+                batch = [payload(client, seq + i) for i in range(BATCH)]
+                try:
+                    runs = await publisher.publish(key, batch)
+                except BrokyError:
+                    report.indeterminate += 1
+                else:
+                    acked_at = trio.current_time()
+                    for run in runs:
+                        acks[run.partition].append(acked_at)
+                        for index, offset in enumerate(
+                            range(run.first_offset, run.last_offset + 1)
+                        ):
+                            report.acked.append(Acked(client, seq + index, run.partition, offset))
+                await trio.sleep(PUBLISH_PAUSE)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(publisher.max_in_flight):
+                nursery.start_soon(publish)
         report.retries += publisher.retries
 
 
