@@ -16,7 +16,8 @@ of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
 ``broky.subscriptions._passes`` of ``broky.subscriptions.ack_pass.take_acked_pure``,
 ``merge_acked_pure``, ``broky.subscriptions.slots.assign_pure``,
 ``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
-``broky.subscriptions.delivery.delivery_segments_pure``; ``broky.subscriptions._feed`` of
+``broky.subscriptions.delivery.delivery_segments_pure`` (and
+``broky.subscriptions.image.put_pairs_pure``); ``broky.subscriptions._feed`` of
 ``broky.subscriptions.round_events``' ``needed_spans_pure`` and ``sort_events_pure`` and
 the fresh-read loop of ``Dispatcher.feed_slots``;
 ``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.

@@ -247,14 +247,23 @@ def convert_located(object frame, Py_ssize_t limit, Py_ssize_t taken, object con
     return done, taken
 
 
+cdef class _Fold:
+    """One (topic, partition)'s ranges while ``settle_ranges`` folds."""
+    cdef object topic, partition
+    cdef list firsts, lasts
+    cdef int64_t last
+    cdef bint ascending
+
+
 def settle_ranges(deliveries):
     """See ``broky.client.delivery.settle_ranges_pure``."""
     cdef object items = PySequence_Fast(deliveries, "deliveries must be a sequence")
     cdef Py_ssize_t size = PySequence_Fast_GET_SIZE(items), index
-    cdef list ranges = []
-    cdef object item, topic = None, partition = None, first = None, last = None
-    cdef object item_topic, item_partition, offset
-    cdef int64_t last_value = 0, value
+    cdef dict folds = {}
+    cdef list order = []
+    cdef _Fold fold = None
+    cdef object item, item_topic, item_partition, offset, found
+    cdef int64_t value
     if _delivery_type is None:
         raise RuntimeError("bind() was not called, or refused the types")
     for index in range(size):
@@ -266,18 +275,30 @@ def settle_ranges(deliveries):
         else:
             offset, item_partition, item_topic = item.offset, item.partition, item.topic
         value = PyLong_AsLongLong(offset)
-        if (
-            index
-            and last_value != INT64_MAX
-            and value == last_value + 1
-            and PyObject_RichCompareBool(item_partition, partition, Py_EQ)
-            and PyObject_RichCompareBool(item_topic, topic, Py_EQ)
+        if fold is None or not (
+            PyObject_RichCompareBool(item_partition, fold.partition, Py_EQ)
+            and PyObject_RichCompareBool(item_topic, fold.topic, Py_EQ)
         ):
-            last, last_value = offset, value
+            pair = (item_topic, item_partition)
+            found = folds.get(pair)
+            if found is None:
+                fold = _Fold()
+                fold.topic, fold.partition = item_topic, item_partition
+                fold.firsts, fold.lasts = [offset], [offset]
+                fold.last, fold.ascending = value, True
+                folds[pair] = fold
+                order.append(fold)
+                continue
+            fold = <_Fold>found
+        if fold.last != INT64_MAX and value == fold.last + 1:
+            fold.lasts[len(fold.lasts) - 1] = offset
+            fold.last = value
             continue
-        if index:
-            ranges.append((topic, partition, first, last))
-        topic, partition, first, last, last_value = item_topic, item_partition, offset, offset, value
-    if size:
-        ranges.append((topic, partition, first, last))
-    return ranges
+        if value <= fold.last:
+            fold.ascending = False
+        fold.firsts.append(offset)
+        fold.lasts.append(offset)
+        fold.last = value
+    return [
+        (fold.topic, fold.partition, fold.firsts, fold.lasts, fold.ascending) for fold in order
+    ]

@@ -248,10 +248,9 @@ class Consumer(BufferedRuns[Delivery]):
             raise SubscriptionError(
                 ErrorCode.UNKNOWN_STREAM, "the consumer is closed: settle before leaving its block"
             )
-        add = self._batcher.add_range
-        for topic, partition, first, last in settle_ranges(deliveries):
-            if add(kind, topic, partition, first, last, delay_ms, reason):
-                self._send_settles()
+        folded = settle_ranges(deliveries)
+        if self._batcher.add_folded(kind, folded, len(deliveries), delay_ms, reason):
+            self._send_settles()
         self._outcomes[kind] += len(deliveries)
         if self._batcher.pending:
             self._flush_wanted.set()

@@ -14,9 +14,9 @@ fields itself (the ``Message`` is built on first read of ``.message``), and:
   ``encode_message`` writes for a payload-only message (``decoding.py``).
   It stops at the first run holding any other layout, which the consumer
   converts the general way (``decode_delivered_run``, with its errors).
-- ``settle_ranges`` folds a sequence of Deliveries into (topic, partition,
-  first, last) ranges of consecutive offsets, which the settle batcher
-  takes a range at a time.
+- ``settle_ranges`` folds a sequence of Deliveries into ranges of
+  consecutive offsets per (topic, partition), which the settle batcher
+  takes a partition's ranges at a time.
 
 Both are pure Python here (``*_pure``) with compiled twins in
 ``broky.client._deliveries``, held equal by hypothesis properties
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Final
 
 from broky.client.buffered import FrameRuns
 from broky.client.decoding import _FAST_HEAD, _PAYLOAD_AT, _PAYLOAD_UOFFSET, FAST_PREFIX
+from broky.client.settling import FoldedRanges
 from broky.compiled import compiled_twin
 from broky.protocol.codec import u32_array
 from broky.protocol.constants import SettleKind
@@ -40,9 +41,6 @@ from broky.protocol.message import Message, Tags
 
 if TYPE_CHECKING:
     from broky.client.consumer import Consumer
-
-#: (topic, partition, first offset, last offset), inclusive.
-SettleRange = tuple[str, int, int, int]
 
 
 class Delivery:
@@ -238,33 +236,62 @@ def convert_runs_pure(
     return used, taken
 
 
-def settle_ranges_pure(deliveries: Sequence[Delivery]) -> list[SettleRange]:
-    """The deliveries' (topic, partition, first, last) ranges, in order: each
-    run of consecutive deliveries of one topic and partition with offsets
-    rising by one is one range (``broky.client._deliveries.settle_ranges``
-    is the compiled twin)."""
-    ranges: list[SettleRange] = []
-    if not deliveries:
-        return ranges
-    head = deliveries[0]
-    topic, partition, first = head.topic, head.partition, head.offset
-    last = first
-    for delivery in deliveries[1:]:
+class _Fold:
+    """One (topic, partition)'s ranges while ``settle_ranges_pure`` folds."""
+
+    __slots__ = ("ascending", "firsts", "lasts")
+
+    def __init__(self, offset: int) -> None:
+        self.firsts = [offset]
+        self.lasts = [offset]
+        self.ascending = True
+
+
+def settle_ranges_pure(deliveries: Sequence[Delivery]) -> list[FoldedRanges]:
+    """The deliveries' offsets as ranges per (topic, partition), in the
+    order each pair first appears: ``(topic, partition, firsts, lasts,
+    ascending)``, a delivery whose offset is its pair's last plus one
+    extending that pair's last range (``broky.client._deliveries.
+    settle_ranges`` is the compiled twin).
+
+    Grouped, not one range per stretch of the batch: a key-shared
+    consumer's batch interleaves partitions and skips offsets (the other
+    consumers' keys), so most of its deliveries are ranges of one, and
+    handing them to the batcher one call each was a third of the consumer
+    process's CPU. ``ascending``: each range starts above the one before it
+    plus one (the ranges are disjoint and maximal), so the batcher may
+    append them whole."""
+    folds: dict[tuple[str, int], _Fold] = {}
+    here: tuple[str, int] | None = None
+    fold: _Fold | None = None
+    for delivery in deliveries:
         offset = delivery.offset
-        if offset == last + 1 and delivery.partition == partition and delivery.topic == topic:
-            last = offset
+        pair = (delivery.topic, delivery.partition)
+        if pair != here or fold is None:
+            here = pair
+            fold = folds.get(pair)
+            if fold is None:
+                fold = folds[pair] = _Fold(offset)
+                continue
+        lasts = fold.lasts
+        if offset == lasts[-1] + 1:
+            lasts[-1] = offset
             continue
-        ranges.append((topic, partition, first, last))
-        topic, partition, first, last = delivery.topic, delivery.partition, offset, offset
-    ranges.append((topic, partition, first, last))
-    return ranges
+        if offset <= lasts[-1]:
+            fold.ascending = False
+        fold.firsts.append(offset)
+        lasts.append(offset)
+    return [
+        (topic, partition, fold.firsts, fold.lasts, fold.ascending)
+        for (topic, partition), fold in folds.items()
+    ]
 
 
 ConvertRuns = Callable[
     [deque[Run | FrameRuns], int, int, int, "Consumer", str, Counts, list[Delivery]],
     tuple[int, int],
 ]
-SettleRanges = Callable[[Sequence[Delivery]], list[SettleRange]]
+SettleRanges = Callable[[Sequence[Delivery]], list[FoldedRanges]]
 ConvertLocated = Callable[
     [FrameRuns, int, int, "Consumer", str, Counts, list[Delivery]], tuple[int, int]
 ]

@@ -72,6 +72,25 @@ class RangeSet:
         firsts[low:high] = [min(first, firsts[low])]
         lasts[low:high] = [max(last, lasts[high - 1])]
 
+    def add_ranges(self, firsts: list[int], lasts: list[int], ascending: bool) -> None:
+        """Hold every offset of each ``[firsts[i], lasts[i]]``. ``ascending``
+        (each range starts above the one before it plus one) and the first
+        above the highest held plus one: appended whole, the common case of
+        a consumer acking its batches in delivery order; else range by
+        range."""
+        held_lasts = self._lasts
+        if ascending and firsts and (not held_lasts or firsts[0] > held_lasts[-1] + 1):
+            self._firsts += firsts
+            held_lasts += lasts
+            return
+        for first, last in zip(firsts, lasts, strict=True):
+            self.add_range(first, last)
+
+    def columns(self) -> tuple[list[int], list[int]]:
+        """The held ranges' firsts and lasts, lowest first (the lists held:
+        for a caller about to drop this set)."""
+        return self._firsts, self._lasts
+
     def ranges(self) -> list[tuple[int, int]]:
         """The held ranges, lowest first."""
         return list(zip(self._firsts, self._lasts, strict=True))
@@ -81,6 +100,9 @@ class RangeSet:
         return len(self._firsts)
 
 
+#: A batch's offsets of one (topic, partition) as ranges: (topic,
+#: partition, firsts, lasts, ascending), ``broky.client.delivery.settle_ranges``.
+FoldedRanges = tuple[str, int, list[int], list[int], bool]
 #: What one Settle frame has in common: kind, topic, delay and reason (a
 #: plain tuple: it is built and hashed once per settled message).
 _Group = tuple[SettleKind, str, int, str]
@@ -140,21 +162,42 @@ class SettleBatcher:
         """Record one outcome for each offset of ``[first, last]`` (a batch
         of deliveries folds into a few of these: one call per range, not per
         message); True once the batch should be sent now."""
-        group = (kind, topic, delay_ms, reason)
-        if (group, partition) == self._last:
-            ranges = self._last_ranges
-        else:
-            partitions = self._groups.get(group)
-            if partitions is None:
-                partitions = self._groups[group] = {}
-            found = partitions.get(partition)
-            if found is None:
-                found = partitions[partition] = RangeSet()
-            ranges = found
-            self._last, self._last_ranges = (group, partition), ranges
+        ranges = self._ranges((kind, topic, delay_ms, reason), partition)
         ranges.add_range(first, last)
         self._pending += last - first + 1
         return self._pending >= self.max_offsets
+
+    def add_folded(
+        self,
+        kind: SettleKind,
+        folded: list[FoldedRanges],
+        outcomes: int,
+        delay_ms: int = -1,
+        reason: str = "",
+    ) -> bool:
+        """Record one outcome for each of ``outcomes`` deliveries folded
+        into ``folded`` (``settle_ranges``): one call per batch and a list
+        splice per partition, where a key-shared consumer's batch is
+        mostly ranges of one offset; True once the batch should be sent."""
+        for topic, partition, firsts, lasts, ascending in folded:
+            self._ranges((kind, topic, delay_ms, reason), partition).add_ranges(
+                firsts, lasts, ascending
+            )
+        self._pending += outcomes
+        return self._pending >= self.max_offsets
+
+    def _ranges(self, group: _Group, partition: int) -> RangeSet:
+        """The ranges pending for ``group`` in ``partition``."""
+        if (group, partition) == self._last:
+            return self._last_ranges
+        partitions = self._groups.get(group)
+        if partitions is None:
+            partitions = self._groups[group] = {}
+        ranges = partitions.get(partition)
+        if ranges is None:
+            ranges = partitions[partition] = RangeSet()
+        self._last, self._last_ranges = (group, partition), ranges
+        return ranges
 
     def take(self) -> list[Settle]:
         """Everything pending as Settle frames (each asking for a receipt);
@@ -171,20 +214,23 @@ class SettleBatcher:
 
     def _frames(self, group: _Group, partitions: dict[int, RangeSet]) -> Iterator[Settle]:
         kind, topic, delay_ms, reason = group
-        entries = [
-            (partition, first, last)
-            for partition in sorted(partitions)
-            for first, last in partitions[partition].ranges()
-        ]
-        for start in range(0, len(entries), MAX_RANGES_PER_FRAME):
-            chunk = entries[start : start + MAX_RANGES_PER_FRAME]
+        numbers: list[int] = []
+        firsts: list[int] = []
+        lasts: list[int] = []
+        for partition in sorted(partitions):
+            held_firsts, held_lasts = partitions[partition].columns()
+            numbers += itertools.repeat(partition, len(held_firsts))
+            firsts += held_firsts
+            lasts += held_lasts
+        for start in range(0, len(firsts), MAX_RANGES_PER_FRAME):
+            stop = start + MAX_RANGES_PER_FRAME
             yield Settle(
                 stream=self.stream,
                 sequence=next(self._sequences),
                 kind=kind,
-                partitions=tuple(entry[0] for entry in chunk),
-                first_offsets=tuple(entry[1] for entry in chunk),
-                last_offsets=tuple(entry[2] for entry in chunk),
+                partitions=tuple(numbers[start:stop]),
+                first_offsets=tuple(firsts[start:stop]),
+                last_offsets=tuple(lasts[start:stop]),
                 delay_ms=delay_ms,
                 reason=reason,
                 topic=topic,

@@ -2,10 +2,11 @@
 functions, of ``broky.subscriptions.slots.assign_pure``, of
 ``broky.subscriptions.settle_ranges.gather_ranges_pure`` and of
 ``broky.subscriptions.delivery``'s ``delivery_segments_pure`` and
-``span_bounds_pure``."""
+``span_bounds_pure``, and of ``broky.subscriptions.image.put_pairs_pure``."""
 
 from broky.subscriptions.ack_pass import MergeAcked, TakeAcked
 from broky.subscriptions.delivery import DeliverySegments
+from broky.subscriptions.image import PutPairs
 from broky.subscriptions.settle_ranges import GatherRanges
 
 take_acked: TakeAcked
@@ -17,3 +18,5 @@ gather_ranges: GatherRanges
 delivery_segments: DeliverySegments
 
 def span_bounds(spans: list[tuple[int, int]]) -> tuple[int, int]: ...
+
+put_pairs: PutPairs

@@ -4,7 +4,8 @@
 ``merge_acked_pure``, ``broky.subscriptions.slots.assign_pure``,
 ``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
 ``broky.subscriptions.delivery``'s ``delivery_segments_pure`` and
-``span_bounds_pure`` (see those modules for what they do and why): the same
+``span_bounds_pure``, and ``broky.subscriptions.image.put_pairs_pure``
+(see those modules for what they do and why): the same
 loops with C-level dict and list calls and int64 arithmetic, so an acked
 offset costs a few dict operations at C speed rather than a dozen bytecodes
 each, and a moved slot one pointer store. Offsets are int64 (the wire's
@@ -13,6 +14,7 @@ on. The delivery side (the fresh-read loop and the round's event passes)
 is ``broky.subscriptions._feed``.
 """
 
+from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
@@ -23,7 +25,7 @@ from cpython.ref cimport Py_INCREF
 cdef extern from "Python.h":
     void Py_DecRef(PyObject* value)
     Py_ssize_t PyDict_GET_SIZE(object mapping)
-from libc.stdint cimport int64_t
+from libc.stdint cimport INT64_MAX, int64_t
 
 from broky.protocol.constants import SettleKind
 
@@ -374,3 +376,41 @@ def delivery_segments(deliveries, list bases, list stops):
             if index + 1 < held and <int64_t>bases[index + 1] <= offset:
                 index += 1
     return segments, lost
+
+
+cdef inline Py_ssize_t _varint(unsigned char* out, int64_t value) except -1:
+    """``value`` as an unsigned LEB128 varint at ``out``; its length."""
+    cdef Py_ssize_t length = 0
+    if value < 0:
+        raise ValueError(f"negative value {value} in a subscription image")
+    while value >= 0x80:
+        out[length] = <unsigned char>((value & 0x7F) | 0x80)
+        value >>= 7
+        length += 1
+    out[length] = <unsigned char>value
+    return length + 1
+
+
+def put_pairs(bytearray out, int64_t previous, tuple pairs, bint ranges):
+    """See ``broky.subscriptions.image.put_pairs_pure``."""
+    cdef Py_ssize_t count = PyTuple_GET_SIZE(pairs), index, length = 0
+    cdef object pair
+    cdef int64_t first, second
+    # Two varints of at most 10 bytes per pair.
+    cdef bytearray buffer = bytearray(20 * count)
+    cdef unsigned char* data = <unsigned char*>PyByteArray_AS_STRING(buffer)
+    for index in range(count):
+        pair = <object>PyTuple_GET_ITEM(pairs, index)
+        first, second = pair
+        length += _varint(data + length, first - previous)
+        if ranges:
+            length += _varint(data + length, second - first)
+            if second == INT64_MAX:
+                if index + 1 < count:
+                    raise OverflowError("an acked range past the int64 offsets")
+                break
+            previous = second + 1
+        else:
+            length += _varint(data + length, second)
+            previous = first
+    out += buffer[:length]

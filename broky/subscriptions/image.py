@@ -16,8 +16,10 @@ range, and ``previous_offset`` starts at the cursor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
+from broky.compiled import compiled_twin
 from broky.storage.errors import StorageError
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -33,23 +35,45 @@ def _put(out: bytearray, value: int) -> None:
     out.append(value)
 
 
+def put_pairs_pure(
+    out: bytearray, previous: int, pairs: tuple[tuple[int, int], ...], ranges: bool
+) -> None:
+    """Write ``pairs`` as the image lays them out, each first as its
+    distance from ``previous`` (the cursor, to begin with): ``ranges``,
+    acked (first, last) ranges, each followed by ``last - first`` and
+    counting the next from ``last + 1``; else (offset, count) pairs, each
+    count as it is and the next offset from this one.
+
+    The compiled twin (``broky.subscriptions._passes.put_pairs``) writes
+    the same bytes: a key-shared subscription's acked offsets above the
+    cursor are scattered (each consumer acks its own keys), so a
+    partition's image holds thousands of short ranges, encoded again at
+    every group commit, a Python call per number here."""
+    for first, second in pairs:
+        _put(out, first - previous)
+        if ranges:
+            _put(out, second - first)
+            previous = second + 1
+        else:
+            _put(out, second)
+            previous = first
+
+
+PutPairs = Callable[[bytearray, int, tuple[tuple[int, int], ...], bool], None]
+#: The compiled twin, when built (None otherwise, and with ``BROKY_PURE=1``).
+put_pairs_compiled: PutPairs | None = compiled_twin("broky.subscriptions._passes", "put_pairs")
+put_pairs: PutPairs = put_pairs_compiled or put_pairs_pure
+
+
 def encode_image(image: SubscriptionImage) -> bytes:
     out = bytearray()
     _put(out, IMAGE_VERSION)
     _put(out, image.cursor)
     _put(out, max(0, image.limit - image.cursor))
     _put(out, len(image.acked))
-    previous = image.cursor
-    for first, last in image.acked:
-        _put(out, first - previous)
-        _put(out, last - first)
-        previous = last + 1
+    put_pairs(out, image.cursor, image.acked, True)
     _put(out, len(image.counts))
-    previous = image.cursor
-    for offset, count in image.counts:
-        _put(out, offset - previous)
-        _put(out, count)
-        previous = offset
+    put_pairs(out, image.cursor, image.counts, False)
     return bytes(out)
 
 

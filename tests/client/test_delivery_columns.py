@@ -4,14 +4,13 @@
 on any runs, intact or with bytes flipped: the same runs taken, the same
 Deliveries, the same counts popped, the same run stopped at; and what a
 consumer hands out must be what ``decode_run`` decodes, whichever way each
-run went. ``settle_ranges`` twins agree, and the ranges cover exactly the
-deliveries' offsets. ``RangeSet.add_range`` holds what adding each offset
-would.
+run went. ``settle_ranges`` twins agree, and each (topic, partition)'s
+ranges cover exactly its deliveries' offsets. ``RangeSet.add_range``, and a
+batcher fed folded batches, hold what adding each offset would.
 """
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections import deque
 
@@ -165,23 +164,49 @@ def _deliveries(drawn: list[tuple[str, int, int]]) -> list[Delivery]:
 
 @PROPERTY
 @given(deliveries)
-def test_settle_ranges_cover_the_deliveries_in_order(drawn: list[tuple[str, int, int]]) -> None:
-    ranges = settle_ranges(_deliveries(drawn))
-    assert ranges == settle_ranges_pure(_deliveries(drawn))
-    unfolded = [
-        (topic, partition, offset)
-        for topic, partition, first, last in ranges
-        for offset in range(first, last + 1)
-    ]
-    assert unfolded == drawn
-    # Maximal: neighbouring ranges could not have been one.
-    for before, after in itertools.pairwise(ranges):
-        assert before[:2] != after[:2] or after[2] != before[3] + 1
+def test_settle_ranges_cover_each_pairs_deliveries_in_order(
+    drawn: list[tuple[str, int, int]],
+) -> None:
+    folded = settle_ranges(_deliveries(drawn))
+    assert folded == settle_ranges_pure(_deliveries(drawn))
+    pairs = list(dict.fromkeys((topic, partition) for topic, partition, _ in drawn))
+    assert [(topic, partition) for topic, partition, *_ in folded] == pairs
+    for topic, partition, firsts, lasts, ascending in folded:
+        unfolded = [
+            offset
+            for first, last in zip(firsts, lasts, strict=True)
+            for offset in range(first, last + 1)
+        ]
+        assert unfolded == [o for t, p, o in drawn if (t, p) == (topic, partition)]
+        # Maximal: neighbouring ranges could not have been one.
+        gaps = [after - before for before, after in zip(lasts, firsts[1:], strict=False)]
+        assert 1 not in gaps
+        assert ascending == all(gap > 1 for gap in gaps)
 
 
 def test_a_batch_of_consecutive_deliveries_is_one_range() -> None:
     batch = _deliveries([("a", 1, offset) for offset in range(500)])
-    assert settle_ranges(batch) == [("a", 1, 0, 499)]
+    assert settle_ranges(batch) == [("a", 1, [0], [499], True)]
+
+
+def test_interleaved_partitions_fold_per_partition() -> None:
+    batch = _deliveries([("a", 0, 5), ("a", 1, 3), ("a", 0, 6), ("a", 1, 9), ("a", 0, 8)])
+    assert settle_ranges(batch) == [("a", 0, [5, 8], [6, 8], True), ("a", 1, [3, 9], [3, 9], True)]
+
+
+@PROPERTY
+@given(st.lists(deliveries, max_size=4))
+def test_folded_batches_hold_what_adding_each_offset_holds(
+    batches: list[list[tuple[str, int, int]]],
+) -> None:
+    folded_batcher = SettleBatcher(1, max_offsets=10**6)
+    one_by_one = SettleBatcher(1, max_offsets=10**6)
+    for drawn in batches:
+        folded_batcher.add_folded(SettleKind.ACK, settle_ranges(_deliveries(drawn)), len(drawn))
+        for topic, partition, offset in drawn:
+            one_by_one.add(SettleKind.ACK, topic, partition, offset)
+    assert folded_batcher.pending == one_by_one.pending
+    assert folded_batcher.take() == one_by_one.take()
 
 
 @PROPERTY

@@ -15,7 +15,12 @@ from broky.storage.state import StateStore
 from broky.subscriptions.acked_ranges import AckedRanges
 from broky.subscriptions.commits import GroupCommitter, all_committed
 from broky.subscriptions.dispatch import Dispatcher
-from broky.subscriptions.image import decode_image, encode_image
+from broky.subscriptions.image import (
+    decode_image,
+    encode_image,
+    put_pairs_compiled,
+    put_pairs_pure,
+)
 from broky.subscriptions.model import Deliver, Options, SubscriptionType
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -39,6 +44,36 @@ def test_image_round_trip(
         tuple(sorted((ranges.cursor + o, c) for o, c in counts.items())),
     )
     assert decode_image(encode_image(image)) == image
+
+
+@pytest.mark.skipif(put_pairs_compiled is None, reason="the compiled image writer is not built")
+@given(
+    st.integers(0, 2**40),
+    st.lists(st.tuples(st.integers(-2, 300), st.integers(0, 300)), max_size=40),
+    st.booleans(),
+)
+def test_put_pairs_twins_write_the_same_bytes(
+    start: int, steps: list[tuple[int, int]], ranges: bool
+) -> None:
+    """Ranges or counts as an image holds them, with gaps and lengths both
+    sides of one varint byte (0x80), and a step back (a negative value)."""
+    pairs: list[tuple[int, int]] = []
+    previous = start
+    for gap, size in steps:
+        first = previous + gap * 97
+        pairs.append((first, first + size if ranges else size + 1))
+        previous = first + size + 1 if ranges else first
+    written: list[bytes | type[Exception]] = []
+    assert put_pairs_compiled is not None
+    for put in (put_pairs_pure, put_pairs_compiled):
+        out = bytearray(b"head")
+        try:
+            put(out, start, tuple(pairs), ranges)
+        except ValueError as exc:
+            written.append(type(exc))
+        else:
+            written.append(bytes(out))
+    assert written[0] == written[1]
 
 
 @given(st.binary(max_size=40))
