@@ -49,14 +49,17 @@ log = logging.getLogger("broky.client")
 _REFUSALS: Final = (ErrorCode.PERMISSION_DENIED, ErrorCode.LIMIT_EXCEEDED)
 #: Errors in an acked frame's place that say its messages were not stored
 #: (or, for NotLeader after a failover, not acknowledged): ``OwnerUnavailable``
-#: is retried by the client itself (broky.client.acked); ``NotLeader`` and
-#: ``NotEnoughReplicas`` by broky.client.cluster.
+#: is retried by the client itself (broky.client.acked); ``NotLeader``,
+#: ``NotEnoughReplicas`` and ``SequenceGap`` by broky.client.cluster. Each
+#: answers one frame: a code missing here left its frame waiting, and the
+#: next PublishAck was taken for that frame's.
 _ACK_FAILURES: Final = (
     ErrorCode.STORAGE_FAILURE,
     ErrorCode.OWNER_UNAVAILABLE,
     ErrorCode.NOT_LEADER,
     ErrorCode.NOT_ENOUGH_REPLICAS,
     ErrorCode.OUT_OF_ORDER_SEQUENCE,
+    ErrorCode.SEQUENCE_GAP,
 )
 
 
