@@ -10,8 +10,6 @@ PublishAck went to the wrong batch: its caller got another batch's offsets
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import trio
 import trio.testing
@@ -30,15 +28,6 @@ IN_PLACE = (
     ErrorCode.OUT_OF_ORDER_SEQUENCE,
     ErrorCode.SEQUENCE_GAP,
 )
-
-
-@pytest.fixture
-async def wired(nursery: trio.Nursery) -> AsyncIterator[tuple[ScriptedBroker, Client]]:
-    client_end, broker_end = trio.testing.memory_stream_pair()
-    broker = ScriptedBroker(broker_end)
-    nursery.start_soon(broker.serve)
-    async with Client.over(client_end, "test") as client:
-        yield broker, client
 
 
 @pytest.mark.parametrize("code", IN_PLACE, ids=lambda code: code.name)

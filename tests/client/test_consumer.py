@@ -11,7 +11,6 @@ receipts, credit, refusals); tests/integration/test_consume_cli.py runs
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -35,15 +34,6 @@ from broky.protocol.frames import (
 )
 from broky.protocol.message import encode_message, pack_sizes
 from tests.client.scripted_broker import ScriptedBroker
-
-
-@pytest.fixture
-async def wired(nursery: trio.Nursery) -> AsyncIterator[tuple[ScriptedBroker, Client]]:
-    client_end, broker_end = trio.testing.memory_stream_pair()
-    broker = ScriptedBroker(broker_end)
-    nursery.start_soon(broker.serve)
-    async with Client.over(client_end, "test") as client:
-        yield broker, client
 
 
 def _run(partition: int, base_offset: int, count: int, key: bytes = b"orders.eu") -> Run:
