@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
 from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
+from broky.durable.replica_gate import ReplicaGate
 from broky.durable.rounds import RoundPlan
 from broky.durable.thread_hop import run_in_thread
 from broky.protocol.chunks import durable_chunk
@@ -53,43 +54,6 @@ HOLDING_REFUSALS: Final = frozenset({ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_
 
 #: A request run by the owner on its thread; gets the log, returns anything.
 LogRequest = Callable[[PartitionLog], Any]
-
-
-class ReplicaGate(Protocol):
-    """What a replicated partition's owner asks its replication role
-    (broky.replication.gate): whether it may take publishes, and when the
-    ones it stored may be acked and shown to subscribers."""
-
-    #: Offsets below this may be read (the high watermark).
-    high_watermark: int
-
-    def refusal(self) -> tuple[ErrorCode, str] | None:
-        """Why this node may not store a publish now (None: it may)."""
-
-    def written(
-        self,
-        offset: int,
-        runs: Sequence[Run],
-        stamps: Sequence[int],
-        producers: Sequence[Identity] | None,
-    ) -> None:
-        """``runs`` were written from ``offset`` and are being fsynced: their
-        replication may start (queued to the trio thread by the round)."""
-
-    def hold(
-        self,
-        offset: int,
-        runs: Sequence[Run],
-        stamps: Sequence[int],
-        deliver: Callable[[], None],
-        fail: Callable[[ErrorCode, str], None],
-        producers: Sequence[Identity] | None = None,
-    ) -> None:
-        """``runs`` (stamped ``stamps``, published by ``producers``: each
-        run's idempotent producer and first sequence, None: no idempotent
-        run) were stored from ``offset`` and fsynced: call ``deliver`` once
-        the high watermark passes them, or ``fail`` if that cannot be
-        promised."""
 
 
 def located_chunk(run: Run, partition: int, base_offset: int) -> bytes:
