@@ -21,6 +21,17 @@ client (``broky.client.cluster.ClusterPublisher``), the same durable topic
   --replication-listen ...`` nodes on this machine: acked when every
   in-sync replica (all three when healthy) has fsynced (the high watermark).
 
+Then the same load against NATS JetStream in the same run (unless
+``--no-jetstream``, or nats-server is missing): ``jetstream_single``, one
+``nats-server -js`` and a one-replica file stream; ``jetstream_r3``, three
+clustered servers (``broky.loadtest.jetstream_cluster``) and a stream with
+three replicas, the publishers spread over the servers. Each publisher
+waits for windows of ``--in-flight`` x ``--batch`` acked publishes, the
+messages of Broky's batches one PUB each, keyed as Broky's. JetStream 2.9
+does not fsync per ack while these Broky rows do (``fsync = "always"``), so
+compare the ratios (``ratio_rf3_to_single`` against
+``jetstream_ratio_r3_to_single``), not Broky's rates against JetStream's.
+
 Each setup is stopped afterwards and every acked message is looked up at
 its acked offset in every replica's files: ``lost`` counts those missing.
 ``node_cpu_s`` (each node's CPU seconds during the load) and
@@ -37,6 +48,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -50,6 +62,9 @@ from broky.cluster.etcd import EtcdClient
 from broky.cluster.keys import ClusterKeys
 from broky.cluster.local_etcd import local_etcd
 from broky.cluster.status import read_status
+from broky.loadtest import jetstream, peers
+from broky.loadtest.jetstream_cluster import jetstream_cluster
+from broky.loadtest.servers import cpu_seconds
 from broky.replication.local_cluster import LocalNode, TopicSpec, fully_in_sync
 
 TOPIC = TopicSpec()
@@ -188,6 +203,9 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument(
+        "--no-jetstream", action="store_true", help="skip the same-run NATS JetStream rows"
+    )
     args = parser.parse_args()
     stop_children_on_signals()
     for clients in args.clients:
@@ -195,7 +213,8 @@ def main() -> None:
 
 
 def _pair(args: argparse.Namespace) -> None:
-    """One node, then RF 3, at ``args.clients``; then their ratio."""
+    """One node, then RF 3, at ``args.clients``; then JetStream the same
+    way (unless ``--no-jetstream``); then the ratios."""
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as temporary:
         directory = Path(temporary)
         single = trio.run(_single, directory, args)
@@ -203,17 +222,70 @@ def _pair(args: argparse.Namespace) -> None:
         with local_etcd(directory / "etcd") as url:
             replicated = trio.run(_replicated, url, directory, args)
         print(json.dumps(replicated), flush=True)
-        ratio = int(replicated["msgs_per_s"]) / max(int(single["msgs_per_s"]), 1)  # type: ignore[call-overload]
-        print(
-            json.dumps(
-                {
-                    "ratio_rf3_to_single": round(ratio, 3),
-                    "clients": args.clients,
-                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                }
-            ),
-            flush=True,
+    summary: dict[str, object] = {
+        "ratio_rf3_to_single": _ratio(replicated, single),
+        "clients": args.clients,
+    }
+    if not args.no_jetstream and shutil.which("nats-server"):
+        with peers.peer_server("nats", jetstream=True) as (pid, address):
+            js_single = _jetstream_rate([(pid, address)], "jetstream_single", args)
+        print(json.dumps(js_single), flush=True)
+        with jetstream_cluster(3) as servers:
+            js_r3 = _jetstream_rate(servers, "jetstream_r3", args)
+        print(json.dumps(js_r3), flush=True)
+        summary["jetstream_ratio_r3_to_single"] = _ratio(js_r3, js_single)
+        summary["rf3_to_jetstream_r3"] = _ratio(replicated, js_r3)
+    summary["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps(summary), flush=True)
+
+
+def _ratio(row: dict[str, object], base: dict[str, object]) -> float:
+    rate, base_rate = row["msgs_per_s"], base["msgs_per_s"]
+    assert isinstance(rate, int)
+    assert isinstance(base_rate, int)
+    return round(rate / max(base_rate, 1), 3)
+
+
+def _jetstream_rate(
+    servers: list[tuple[int, tuple[str, int]]], mode: str, args: argparse.Namespace
+) -> dict[str, object]:
+    """JetStream under this run's load: ``args.clients`` publishers, each
+    waiting for windows of ``in_flight x batch`` acks, keyed as ``_load``."""
+    window = args.in_flight * args.batch
+
+    def subjects(index: int) -> list[bytes]:
+        return [b"orders.c%d.k%d" % (index, n // args.batch % 16) for n in range(window)]
+
+    async def run() -> dict[str, object]:
+        addresses = [address for _, address in servers]
+        await jetstream.recreate_stream(addresses[0], replicas=len(servers), subjects="orders.>")
+        before = [cpu_seconds(pid) for pid, _ in servers]
+        client_before = time.process_time()
+        published, acked, elapsed = await jetstream.publish(
+            addresses[0],
+            args.clients,
+            subjects,
+            b"x" * args.size,
+            duration=args.seconds,
+            spread=addresses,
         )
+        client_cpu = time.process_time() - client_before
+        cpu = [cpu_seconds(pid) - start for (pid, _), start in zip(servers, before, strict=True)]
+        return {
+            "mode": mode,
+            "clients": args.clients,
+            "window": window,
+            "message_bytes": args.size,
+            "seconds": round(elapsed, 2),
+            "acked_messages": acked,
+            "msgs_per_s": round(acked / elapsed),
+            "node_cpu_s": [round(seconds, 2) for seconds in cpu],
+            "server_cpu_us_per_msg": round(sum(cpu) / max(acked, 1) * 1e6, 2),
+            "client_cpu_s": round(client_cpu, 2),
+            "lost": published - acked,
+        }
+
+    return trio.run(run)
 
 
 if __name__ == "__main__":

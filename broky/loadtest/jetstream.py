@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import trio
@@ -111,15 +111,24 @@ class NatsConnection:
         await self._stream.aclose()
 
 
-async def recreate_stream(address: tuple[str, int]) -> None:
-    """A fresh file-backed stream on ``bench.>`` (the old one deleted)."""
+async def recreate_stream(
+    address: tuple[str, int], *, replicas: int = 1, subjects: str = "bench.>"
+) -> None:
+    """A fresh file-backed stream on ``subjects`` (the old one deleted),
+    with ``replicas`` copies (more than one needs a cluster:
+    ``broky.loadtest.jetstream_cluster``)."""
     connection = await NatsConnection.open(address)
     try:
         with contextlib.suppress(NatsError):  # there was none
             await connection.request(f"$JS.API.STREAM.DELETE.{STREAM}")
         await connection.request(
             f"$JS.API.STREAM.CREATE.{STREAM}",
-            {"name": STREAM, "subjects": ["bench.>"], "storage": "file", "num_replicas": 1},
+            {
+                "name": STREAM,
+                "subjects": [subjects],
+                "storage": "file",
+                "num_replicas": replicas,
+            },
         )
     finally:
         await connection.aclose()
@@ -171,10 +180,12 @@ async def publish(
     *,
     duration: float = 0.0,
     messages: int = 0,
+    spread: Sequence[tuple[str, int]] = (),
 ) -> tuple[int, int, float]:
     """``publishers`` connections publishing for ``duration`` seconds or,
     with ``messages``, exactly that many in all; returns (published, acked,
-    seconds)."""
+    seconds). With ``spread`` (a cluster's servers), publisher ``i``
+    connects to ``spread[i % len(spread)]`` instead of ``address``."""
     counts = [[0, 0] for _ in range(publishers)]
     start = time.monotonic()
     async with trio.open_nursery() as nursery:
@@ -184,7 +195,7 @@ async def publish(
                 continue
             nursery.start_soon(
                 _publisher,
-                address,
+                spread[index % len(spread)] if spread else address,
                 index,
                 subjects_of(index),
                 payload,

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broky.loadtest import jetstream, peers
+from broky.loadtest.jetstream_cluster import jetstream_cluster
 from broky.loadtest.natsproto import (
     Err,
     Info,
@@ -92,3 +93,30 @@ async def test_jetstream_publishes_are_acked_and_a_pull_consumer_acks_them_all()
         with trio.fail_after(30):
             seen, _ = await jetstream.consume(address, 2, 1000)
         assert sorted(seen) == list(range(1, 1001))
+
+
+@pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server is not installed")
+def test_a_three_replica_stream_on_the_benchmark_cluster_acks_every_publish() -> None:
+    """``bench_replication``'s peer: three clustered servers, a stream with
+    three replicas, publishers spread over the servers, every publish acked,
+    and the stream reports two replicas beside its leader."""
+
+    async def run(addresses: list[tuple[str, int]]) -> tuple[int, int, object]:
+        await jetstream.recreate_stream(addresses[0], replicas=3, subjects="orders.>")
+        published, acked, _ = await jetstream.publish(
+            addresses[0], 3, lambda index: [b"orders.c%d" % index] * 100, b"x" * 10,
+            messages=900, spread=addresses,
+        )  # fmt: skip
+        api = await jetstream.NatsConnection.open(addresses[1])
+        try:
+            info = await api.request(f"$JS.API.STREAM.INFO.{jetstream.STREAM}")
+        finally:
+            await api.aclose()
+        return published, acked, info
+
+    with jetstream_cluster(3) as servers:
+        published, acked, info = trio.run(run, [address for _, address in servers])
+    assert (published, acked) == (900, 900)
+    assert isinstance(info, dict)
+    assert info["state"]["messages"] == 900
+    assert len(info["cluster"]["replicas"]) == 2
