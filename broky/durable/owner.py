@@ -248,14 +248,27 @@ class PartitionOwner:
                 parts = plan.parts
                 nbytes -= plan.answered_bytes
             runs, stamps, producers = _columns(parts)
+            rest = [] if refusal else runs
             # Checked per round, on this thread: once a follower's
             # truncation is queued, no client run can land after it.
             # No await from the check of ``_lent`` above to here: the log is ours.
             self._in_round = True
             try:
-                outcome, results = await run_in_thread(
-                    partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
-                )
+                appended: int | StorageError | OSError | None = None
+                if rest and self._log.append_is_quick(
+                    nbytes, sum(run.count for run in rest), len(rest)
+                ):
+                    appended = self._append(rest, stamps, producers, in_thread=False)
+                    rest = []
+                hop = bool(rest or requests or tick or self._must_sync(appended))
+                if hop:
+                    outcome, results = await run_in_thread(
+                        partial(self._round, rest, stamps, producers, requests, tick, appended),
+                        started=isinstance(appended, int),
+                    )
+                else:  # nothing to fsync, ask or tidy: no thread for this round
+                    outcome, results = appended, []
+                    self.refresh(self._log)
             finally:
                 self._in_round = False
                 self._free()
@@ -264,6 +277,13 @@ class PartitionOwner:
                 self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
+            # A round whose thread started after its append on the event
+            # loop took no cancellation (``started``): it is raised here;
+            # a round without a thread has not yielded yet: it does here.
+            if hop:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            else:
+                await trio.lowlevel.checkpoint()
 
     def _hold_back(self, parts: list[Part]) -> None:
         """The round was refused retriably: each producer's later runs wait
@@ -272,6 +292,42 @@ class PartitionOwner:
             if part.producer:
                 self.producers.refused(part.producer, part.sequences)
 
+    def _must_sync(self, appended: int | StorageError | OSError | None) -> bool:
+        """Whether a round that appended (``appended``: its first offset)
+        is fsynced before it is settled: with ``fsync = "always"``, and
+        always on a replicated partition (a replica counts only for
+        fsynced data)."""
+        return isinstance(appended, int) and (self._fsync_always or self.replica is not None)
+
+    def _append(
+        self,
+        runs: list[Run],
+        stamps: list[int],
+        producers: list[Identity] | None,
+        *,
+        in_thread: bool,
+    ) -> int | StorageError | OSError:
+        """Append the round's runs (one append: as few batches as fit, group
+        commit for the disk and for the format); the first offset or the
+        error. On the event loop when the append is only a ``write()``
+        (``PartitionLog.append_is_quick``): the replication gate is then
+        told at once, with no hand-back from a thread mid-round, and the
+        round's thread only fsyncs; else in the round's thread."""
+        partition_log = self._log
+        try:
+            first = partition_log.append(runs, stamps, producers).first_offset
+        except (StorageError, OSError) as exc:
+            log.error("append to %s failed: %s", partition_log.directory, exc)
+            return exc
+        replica = self.replica
+        if replica is not None:
+            # Followers fetch the round while we fsync it.
+            if not in_thread:
+                replica.written(first, runs, stamps, producers)
+            elif self._trio_token is not None:
+                self._trio_token.run_sync_soon(replica.written, first, runs, stamps, producers)
+        return first
+
     def _round(
         self,
         runs: list[Run],
@@ -279,26 +335,19 @@ class PartitionOwner:
         producers: list[Identity] | None,
         requests: list[tuple[LogRequest, Callable[[Any], None]]],
         tick: bool,
+        appended: int | StorageError | OSError | None,
     ) -> tuple[int | StorageError | OSError | None, list[Any]]:
-        """One round, in a worker thread: append + fsync, requests, tick.
-
-        Every run of the round goes into one append, which packs them into
-        as few batches as fit (group commit for the disk and for the format).
-        """
+        """One round, in a worker thread: the append unless the event loop
+        did it (``appended``), the fsync, requests, tick."""
         partition_log = self._log
-        outcome: int | StorageError | OSError | None = None
+        outcome = appended
         if runs:
+            outcome = self._append(runs, stamps, producers, in_thread=True)
+        if self._must_sync(outcome):
             try:
-                outcome = partition_log.append(runs, stamps, producers).first_offset
-                if self.replica is not None and self._trio_token is not None:
-                    # Followers fetch the round while we fsync it.
-                    self._trio_token.run_sync_soon(
-                        self.replica.written, outcome, runs, stamps, producers
-                    )
-                if self._fsync_always or self.replica is not None:
-                    partition_log.sync()
+                partition_log.sync()
             except (StorageError, OSError) as exc:
-                log.error("append to %s failed: %s", partition_log.directory, exc)
+                log.error("fsync of %s failed: %s", partition_log.directory, exc)
                 outcome = exc
         results: list[Any] = []
         for request, _ in requests:
