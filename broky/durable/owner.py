@@ -25,6 +25,7 @@ from broky.durable.parts import Part
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.replica_gate import ReplicaGate
 from broky.durable.rounds import RoundPlan
+from broky.durable.syncer import run_synced
 from broky.durable.thread_hop import run_in_thread
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
@@ -262,7 +263,10 @@ class PartitionOwner:
                     rest = []
                 hop = bool(rest or requests or tick or self._must_sync(appended))
                 if hop:
-                    outcome, results = await run_in_thread(
+                    # An fsync alone (the usual round under load) shares the
+                    # syncer thread; anything longer takes a thread of its own.
+                    hand_off = run_in_thread if rest or requests or tick else run_synced
+                    outcome, results = await hand_off(
                         partial(self._round, rest, stamps, producers, requests, tick, appended),
                         started=isinstance(appended, int),
                     )
