@@ -4,9 +4,10 @@
 why: group commit, one thread call per round, arrival order). Apart from
 the store, which owns the policies, the partitions' owners and the shared
 backpressure bounds, because a round is a job of its own: sort the runs of
-idempotent producers (broky.durable.rounds), append and fsync in a thread,
-then, back on the trio thread, hold the round for the replication gate
-(broky.replication.gate) or settle it (fan out, acks).
+idempotent producers (broky.durable.rounds), append (on the event loop
+when that is one ``write()``) and fsync in a thread (the shared syncer,
+broky.durable.syncer, when that is all), then, back on the trio thread, hold
+the round for the replication gate (broky.replication.gate) or settle it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
-from broky.durable.parts import Part
+from broky.durable.parts import Part, round_columns
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.replica_gate import ReplicaGate
 from broky.durable.rounds import RoundPlan
@@ -248,7 +249,7 @@ class PartitionOwner:
                 plan = RoundPlan(self.producers, self.end_offset, parts)
                 parts = plan.parts
                 nbytes -= plan.answered_bytes
-            runs, stamps, producers = _columns(parts)
+            runs, stamps, producers, messages = round_columns(parts)
             rest = [] if refusal else runs
             # Checked per round, on this thread: once a follower's
             # truncation is queued, no client run can land after it.
@@ -256,9 +257,7 @@ class PartitionOwner:
             self._in_round = True
             try:
                 appended: int | StorageError | OSError | None = None
-                if rest and self._log.append_is_quick(
-                    nbytes, sum(run.count for run in rest), len(rest)
-                ):
+                if rest and self._log.append_is_quick(nbytes, messages, len(rest)):
                     appended = self._append(rest, stamps, producers, in_thread=False)
                     rest = []
                 hop = bool(rest or requests or tick or self._must_sync(appended))
@@ -281,9 +280,8 @@ class PartitionOwner:
                 self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
-            # A round whose thread started after its append on the event
-            # loop took no cancellation (``started``): it is raised here;
-            # a round without a thread has not yielded yet: it does here.
+            # A cancellation the thread call did not take (``started``) is
+            # raised here; a round without a thread yields here.
             if hop:
                 await trio.lowlevel.checkpoint_if_cancelled()
             else:
@@ -297,10 +295,8 @@ class PartitionOwner:
                 self.producers.refused(part.producer, part.sequences)
 
     def _must_sync(self, appended: int | StorageError | OSError | None) -> bool:
-        """Whether a round that appended (``appended``: its first offset)
-        is fsynced before it is settled: with ``fsync = "always"``, and
-        always on a replicated partition (a replica counts only for
-        fsynced data)."""
+        """Whether a round that appended (``appended``: its first offset) is
+        fsynced before it settles (a replica counts only for fsynced data)."""
         return isinstance(appended, int) and (self._fsync_always or self.replica is not None)
 
     def _append(
@@ -311,12 +307,11 @@ class PartitionOwner:
         *,
         in_thread: bool,
     ) -> int | StorageError | OSError:
-        """Append the round's runs (one append: as few batches as fit, group
-        commit for the disk and for the format); the first offset or the
-        error. On the event loop when the append is only a ``write()``
-        (``PartitionLog.append_is_quick``): the replication gate is then
-        told at once, with no hand-back from a thread mid-round, and the
-        round's thread only fsyncs; else in the round's thread."""
+        """Append the round's runs (one append: as few batches as fit); the
+        first offset or the error. On the event loop when that is one
+        ``write()`` (``PartitionLog.append_is_quick``): the gate is told at
+        once, not by a wake from the thread mid-round, and the thread only
+        fsyncs (a hand-off costs more CPU here than the append)."""
         partition_log = self._log
         try:
             first = partition_log.append(runs, stamps, producers).first_offset
@@ -411,31 +406,14 @@ class PartitionOwner:
         self._settle(parts, runs, stamps, outcome, nbytes)
 
     def _answer(self, plan: RoundPlan, outcome: int | Exception | None) -> None:
-        """Answer the runs the round's plan kept out of the append: retries
-        at their original offsets, out-of-order runs refused. On a replicated
-        partition a retry is acked only once the high watermark passes the
-        log's end as this round left it (its original lies below), so it is
-        never acknowledged before its original is."""
+        """Answer the runs the round's plan kept out of the append (retries,
+        runs out of order: ``RoundPlan.answer``); they leave the bounds."""
         store = self.store
         store.pending_bytes -= plan.answered_bytes
         store.pending_runs -= plan.answered_runs
         store.room_changed()
         where = f"{self.topic.name}/{self.partition}"
-        replica = self.replica
-        if replica is None or not plan.answered or isinstance(outcome, Exception):
-            for queue in plan.settle(outcome, self.partition, where):
-                queue.release()
-            return
-
-        def deliver() -> None:
-            for queue in plan.settle(outcome, self.partition, where):
-                queue.release()
-
-        def fail(code: ErrorCode, reason: str) -> None:
-            for queue in plan.fail(code, f"{where}: {reason}"):
-                queue.release()
-
-        replica.hold(self.end_offset, [], [], deliver, fail)
+        plan.answer(outcome, self.partition, where, self.replica, self.end_offset)
 
     def _settle(
         self,
@@ -515,19 +493,3 @@ class PartitionOwner:
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""
         self._log.close()
-
-
-def _columns(parts: list[Part]) -> tuple[list[Run], list[int], list[Identity] | None]:
-    """The runs of ``parts`` in order, each one's stamp, and each one's
-    producer identity (None when no part has a producer: a version 2 batch)."""
-    runs: list[Run] = []
-    stamps: list[int] = []
-    for part in parts:
-        runs.extend(part.runs)
-        stamps.extend([part.stamp] * len(part.runs))
-    if not any(part.producer for part in parts):
-        return runs, stamps, None
-    producers: list[Identity] = []
-    for part in parts:
-        producers.extend(part.identities())
-    return runs, stamps, producers

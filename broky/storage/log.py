@@ -51,7 +51,7 @@ log = logging.getLogger("broky.storage")
 Clock = Callable[[], int]
 #: Index entries store offsets relative to the segment's base as u32.
 _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
-#: Bytes added to an append's estimated stored size (``append_is_quick``).
+#: Slack in ``append_is_quick``'s estimate.
 _QUICK_MARGIN: Final = 64 * 1024
 #: Bytes of runs one batch takes before the next batch starts. Large enough
 #: that a batch's fixed costs (header, CRC call, index entry, a reader's
@@ -233,14 +233,10 @@ class PartitionLog(LogReader):
         return AppendResult(first, offset - 1)
 
     def append_is_quick(self, nbytes: int, messages: int, runs: int) -> bool:
-        """Whether an append of ``runs`` runs holding ``messages`` messages
-        of ``nbytes`` message bytes is no more than encoding and one
-        ``write()`` to the page cache: no roll (sealing fsyncs a segment and
-        the directory) and no interval fsync. A partition's owner appends
-        such a round on its event loop, where the round's data already is,
-        and hands only the fsync to a thread (broky.durable.owner). The
-        stored size is over-estimated (size tables, keys, batch headers),
-        so a roll is never missed, only sometimes taken in the thread."""
+        """Whether appending ``runs`` runs (``messages`` messages, ``nbytes``
+        message bytes) is one ``write()`` to the page cache, no roll (it
+        fsyncs) and no interval fsync: an owner may do it on its event loop
+        (broky.durable.owner). The stored size is over-estimated."""
         if self.config.fsync is FsyncPolicy.INTERVAL or self._time_roll_due(self._now()):
             return False
         active = self._segments[-1]
