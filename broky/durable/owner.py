@@ -26,7 +26,6 @@ from broky.durable.parts import Part, round_columns
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.replica_gate import ReplicaGate
 from broky.durable.rounds import RoundPlan
-from broky.durable.syncer import run_synced
 from broky.durable.thread_hop import run_in_thread
 from broky.protocol.chunks import durable_chunk
 from broky.protocol.constants import ErrorCode
@@ -262,10 +261,7 @@ class PartitionOwner:
                     rest = []
                 hop = bool(rest or requests or tick or self._must_sync(appended))
                 if hop:
-                    # An fsync alone (the usual round under load) shares the
-                    # syncer thread; anything longer takes a thread of its own.
-                    hand_off = run_in_thread if rest or requests or tick else run_synced
-                    outcome, results = await hand_off(
+                    outcome, results = await run_in_thread(
                         partial(self._round, rest, stamps, producers, requests, tick, appended),
                         started=isinstance(appended, int),
                     )

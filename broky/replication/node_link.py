@@ -35,7 +35,7 @@ from typing import Protocol
 import trio
 
 from broky.durable.owner import PartitionOwner
-from broky.durable.syncer import run_synced
+from broky.durable.thread_hop import run_in_thread
 from broky.replication.faults import LinkSwitch
 from broky.replication.frames import encode_fetch_many
 from broky.replication.link import ReplicationLink, open_stream
@@ -231,9 +231,8 @@ class NodeLink:
 async def append_together(
     batch: Sequence[tuple[LinkMember, tuple[ReplicatedRun, ...]]],
 ) -> dict[tuple[str, int], StorageError | OSError]:
-    """Append and fsync every partition's runs in one call in the syncer
-    thread (broky.durable.syncer), each owner lending its log (taken in key
-    order); the partitions that failed."""
+    """Append and fsync every partition's runs in one thread call, each
+    owner lending its log (taken in key order); the partitions that failed."""
     if not batch:
         return {}
     ordered = sorted(batch, key=lambda item: item[0].key)
@@ -241,7 +240,7 @@ async def append_together(
     try:
         for member, _ in ordered:
             logs.append(await member.owner.borrow())
-        return await run_synced(partial(_append_each, ordered, logs))
+        return await run_in_thread(partial(_append_each, ordered, logs))
     finally:
         for member, _ in ordered[: len(logs)]:
             member.owner.give_back()
