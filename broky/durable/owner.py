@@ -5,9 +5,9 @@ why: group commit, one thread call per round, arrival order). Apart from
 the store, which owns the policies, the partitions' owners and the shared
 backpressure bounds, because a round is a job of its own: sort the runs of
 idempotent producers (broky.durable.rounds), append (on the event loop
-when that is one ``write()``) and fsync in a thread (the shared syncer,
-broky.durable.syncer, when that is all), then, back on the trio thread, hold
-the round for the replication gate (broky.replication.gate) or settle it.
+when that is one ``write()``) and fsync in a thread, then, back on the
+trio thread, hold the round for the replication gate
+(broky.replication.gate) or settle it (fan out, acks).
 """
 
 from __future__ import annotations
