@@ -4,9 +4,9 @@
 why: group commit, one thread call per round, arrival order). Apart from
 the store, which owns the policies, the partitions' owners and the shared
 backpressure bounds, because a round is a job of its own: sort the runs of
-idempotent producers (broky.durable.rounds), append (on the event loop
-when that is one ``write()``) and fsync in a thread, then, back on the
-trio thread, hold the round for the replication gate
+idempotent producers (broky.durable.rounds), append and fsync in a thread
+(a round with no fsync whose append is one ``write()`` takes none), then,
+back on the trio thread, hold the round for the replication gate
 (broky.replication.gate) or settle it (fan out, acks).
 """
 
@@ -256,8 +256,17 @@ class PartitionOwner:
             self._in_round = True
             try:
                 appended: int | StorageError | OSError | None = None
-                if rest and self._log.append_is_quick(nbytes, messages, len(rest)):
-                    appended = self._append(rest, stamps, producers, in_thread=False)
+                if (
+                    rest
+                    and not (self._fsync_always or self.replica is not None)
+                    and self._log.append_is_quick(nbytes, messages, len(rest))
+                ):
+                    # A round with no fsync to wait for (``fsync = "never"``)
+                    # needs no thread when its append is one ``write()``: a
+                    # hand-off costs more CPU than such an append. With an
+                    # fsync to hand off anyway, appending here did not pay
+                    # (the write no longer overlaps the event loop's work).
+                    appended = self._append(rest, stamps, producers)
                     rest = []
                 hop = bool(rest or requests or tick or self._must_sync(appended))
                 if hop:
@@ -296,31 +305,22 @@ class PartitionOwner:
         return isinstance(appended, int) and (self._fsync_always or self.replica is not None)
 
     def _append(
-        self,
-        runs: list[Run],
-        stamps: list[int],
-        producers: list[Identity] | None,
-        *,
-        in_thread: bool,
+        self, runs: list[Run], stamps: list[int], producers: list[Identity] | None
     ) -> int | StorageError | OSError:
-        """Append the round's runs (one append: as few batches as fit); the
-        first offset or the error. On the event loop when that is one
-        ``write()`` (``PartitionLog.append_is_quick``): the gate is told at
-        once, not by a wake from the thread mid-round, and the thread only
-        fsyncs (a hand-off costs more CPU here than the append)."""
+        """Append the round's runs (one append: as few batches as fit, group
+        commit for the disk and for the format); the first offset or the
+        error. In the round's thread, or on the event loop for a round that
+        needs no fsync (``run``)."""
         partition_log = self._log
         try:
             first = partition_log.append(runs, stamps, producers).first_offset
         except (StorageError, OSError) as exc:
             log.error("append to %s failed: %s", partition_log.directory, exc)
             return exc
-        replica = self.replica
-        if replica is not None:
-            # Followers fetch the round while we fsync it.
-            if not in_thread:
-                replica.written(first, runs, stamps, producers)
-            elif self._trio_token is not None:
-                self._trio_token.run_sync_soon(replica.written, first, runs, stamps, producers)
+        if self.replica is not None and self._trio_token is not None:
+            # In the thread (a replicated round is never appended on the
+            # loop): followers fetch the round while we fsync it.
+            self._trio_token.run_sync_soon(self.replica.written, first, runs, stamps, producers)
         return first
 
     def _round(
@@ -337,7 +337,7 @@ class PartitionOwner:
         partition_log = self._log
         outcome = appended
         if runs:
-            outcome = self._append(runs, stamps, producers, in_thread=True)
+            outcome = self._append(runs, stamps, producers)
         if self._must_sync(outcome):
             try:
                 partition_log.sync()
