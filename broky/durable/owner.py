@@ -4,8 +4,9 @@
 why: group commit, one thread call per round, arrival order). Apart from
 the store, which owns the policies, the partitions' owners and the shared
 backpressure bounds, because a round is a job of its own: sort the runs of
-idempotent producers (broky.durable.rounds), append and fsync in a thread,
-then, back on the trio thread, hold the round for the replication gate
+idempotent producers (broky.durable.rounds), append and fsync in a thread
+(a round with no fsync whose append is one ``write()`` takes none), then,
+back on the trio thread, hold the round for the replication gate
 (broky.replication.gate) or settle it (fan out, acks).
 """
 
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from broky.durable.acks import AckQueue, AckTicket
-from broky.durable.parts import Part
+from broky.durable.parts import Part, round_columns
 from broky.durable.producers import RECOVERY_TAIL_BYTES, Identity, ProducerWindow
 from broky.durable.replica_gate import ReplicaGate
 from broky.durable.rounds import RoundPlan
@@ -247,15 +248,35 @@ class PartitionOwner:
                 plan = RoundPlan(self.producers, self.end_offset, parts)
                 parts = plan.parts
                 nbytes -= plan.answered_bytes
-            runs, stamps, producers = _columns(parts)
+            runs, stamps, producers, messages = round_columns(parts)
+            rest = [] if refusal else runs
             # Checked per round, on this thread: once a follower's
             # truncation is queued, no client run can land after it.
             # No await from the check of ``_lent`` above to here: the log is ours.
             self._in_round = True
             try:
-                outcome, results = await run_in_thread(
-                    partial(self._round, [] if refusal else runs, stamps, producers, requests, tick)
-                )
+                appended: int | StorageError | OSError | None = None
+                if (
+                    rest
+                    and not (self._fsync_always or self.replica is not None)
+                    and self._log.append_is_quick(nbytes, messages, len(rest))
+                ):
+                    # A round with no fsync to wait for (``fsync = "never"``)
+                    # needs no thread when its append is one ``write()``: a
+                    # hand-off costs more CPU than such an append. With an
+                    # fsync to hand off anyway, appending here did not pay
+                    # (the write no longer overlaps the event loop's work).
+                    appended = self._append(rest, stamps, producers)
+                    rest = []
+                hop = bool(rest or requests or tick or self._must_sync(appended))
+                if hop:
+                    outcome, results = await run_in_thread(
+                        partial(self._round, rest, stamps, producers, requests, tick, appended),
+                        started=isinstance(appended, int),
+                    )
+                else:  # nothing to fsync, ask or tidy: no thread for this round
+                    outcome, results = appended, []
+                    self.refresh(self._log)
             finally:
                 self._in_round = False
                 self._free()
@@ -264,6 +285,12 @@ class PartitionOwner:
                 self._answer(plan, outcome)
             for (_, done), result in zip(requests, results, strict=True):
                 done(result)
+            # A cancellation the thread call did not take (``started``) is
+            # raised here; a round without a thread yields here.
+            if hop:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            else:
+                await trio.lowlevel.checkpoint()
 
     def _hold_back(self, parts: list[Part]) -> None:
         """The round was refused retriably: each producer's later runs wait
@@ -272,6 +299,30 @@ class PartitionOwner:
             if part.producer:
                 self.producers.refused(part.producer, part.sequences)
 
+    def _must_sync(self, appended: int | StorageError | OSError | None) -> bool:
+        """Whether a round that appended (``appended``: its first offset) is
+        fsynced before it settles (a replica counts only for fsynced data)."""
+        return isinstance(appended, int) and (self._fsync_always or self.replica is not None)
+
+    def _append(
+        self, runs: list[Run], stamps: list[int], producers: list[Identity] | None
+    ) -> int | StorageError | OSError:
+        """Append the round's runs (one append: as few batches as fit, group
+        commit for the disk and for the format); the first offset or the
+        error. In the round's thread, or on the event loop for a round that
+        needs no fsync (``run``)."""
+        partition_log = self._log
+        try:
+            first = partition_log.append(runs, stamps, producers).first_offset
+        except (StorageError, OSError) as exc:
+            log.error("append to %s failed: %s", partition_log.directory, exc)
+            return exc
+        if self.replica is not None and self._trio_token is not None:
+            # In the thread (a replicated round is never appended on the
+            # loop): followers fetch the round while we fsync it.
+            self._trio_token.run_sync_soon(self.replica.written, first, runs, stamps, producers)
+        return first
+
     def _round(
         self,
         runs: list[Run],
@@ -279,26 +330,19 @@ class PartitionOwner:
         producers: list[Identity] | None,
         requests: list[tuple[LogRequest, Callable[[Any], None]]],
         tick: bool,
+        appended: int | StorageError | OSError | None,
     ) -> tuple[int | StorageError | OSError | None, list[Any]]:
-        """One round, in a worker thread: append + fsync, requests, tick.
-
-        Every run of the round goes into one append, which packs them into
-        as few batches as fit (group commit for the disk and for the format).
-        """
+        """One round, in a worker thread: the append unless the event loop
+        did it (``appended``), the fsync, requests, tick."""
         partition_log = self._log
-        outcome: int | StorageError | OSError | None = None
+        outcome = appended
         if runs:
+            outcome = self._append(runs, stamps, producers)
+        if self._must_sync(outcome):
             try:
-                outcome = partition_log.append(runs, stamps, producers).first_offset
-                if self.replica is not None and self._trio_token is not None:
-                    # Followers fetch the round while we fsync it.
-                    self._trio_token.run_sync_soon(
-                        self.replica.written, outcome, runs, stamps, producers
-                    )
-                if self._fsync_always or self.replica is not None:
-                    partition_log.sync()
+                partition_log.sync()
             except (StorageError, OSError) as exc:
-                log.error("append to %s failed: %s", partition_log.directory, exc)
+                log.error("fsync of %s failed: %s", partition_log.directory, exc)
                 outcome = exc
         results: list[Any] = []
         for request, _ in requests:
@@ -358,31 +402,14 @@ class PartitionOwner:
         self._settle(parts, runs, stamps, outcome, nbytes)
 
     def _answer(self, plan: RoundPlan, outcome: int | Exception | None) -> None:
-        """Answer the runs the round's plan kept out of the append: retries
-        at their original offsets, out-of-order runs refused. On a replicated
-        partition a retry is acked only once the high watermark passes the
-        log's end as this round left it (its original lies below), so it is
-        never acknowledged before its original is."""
+        """Answer the runs the round's plan kept out of the append (retries,
+        runs out of order: ``RoundPlan.answer``); they leave the bounds."""
         store = self.store
         store.pending_bytes -= plan.answered_bytes
         store.pending_runs -= plan.answered_runs
         store.room_changed()
         where = f"{self.topic.name}/{self.partition}"
-        replica = self.replica
-        if replica is None or not plan.answered or isinstance(outcome, Exception):
-            for queue in plan.settle(outcome, self.partition, where):
-                queue.release()
-            return
-
-        def deliver() -> None:
-            for queue in plan.settle(outcome, self.partition, where):
-                queue.release()
-
-        def fail(code: ErrorCode, reason: str) -> None:
-            for queue in plan.fail(code, f"{where}: {reason}"):
-                queue.release()
-
-        replica.hold(self.end_offset, [], [], deliver, fail)
+        plan.answer(outcome, self.partition, where, self.replica, self.end_offset)
 
     def _settle(
         self,
@@ -462,19 +489,3 @@ class PartitionOwner:
     def close(self) -> None:
         """Sync and close the log (the owner task has stopped)."""
         self._log.close()
-
-
-def _columns(parts: list[Part]) -> tuple[list[Run], list[int], list[Identity] | None]:
-    """The runs of ``parts`` in order, each one's stamp, and each one's
-    producer identity (None when no part has a producer: a version 2 batch)."""
-    runs: list[Run] = []
-    stamps: list[int] = []
-    for part in parts:
-        runs.extend(part.runs)
-        stamps.extend([part.stamp] * len(part.runs))
-    if not any(part.producer for part in parts):
-        return runs, stamps, None
-    producers: list[Identity] = []
-    for part in parts:
-        producers.extend(part.identities())
-    return runs, stamps, producers

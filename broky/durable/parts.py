@@ -25,6 +25,7 @@ from itertools import accumulate, repeat
 import attrs
 
 from broky.durable.acks import AckQueue, AckTicket
+from broky.durable.producers import Identity
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import Run
 
@@ -114,3 +115,24 @@ class Part:
             part.nbytes += len(run.messages)
         part.next_sequence = self.next_sequence
         return part
+
+
+def round_columns(
+    parts: list[Part],
+) -> tuple[list[Run], list[int], list[Identity] | None, int]:
+    """The runs of a round's ``parts`` in order, each one's stamp, each
+    one's producer identity (None when no part has a producer: a version 2
+    batch) and their message count (broky.durable.owner)."""
+    runs: list[Run] = []
+    stamps: list[int] = []
+    messages = 0
+    for part in parts:
+        runs.extend(part.runs)
+        stamps.extend([part.stamp] * len(part.runs))
+        messages += part.messages
+    if not any(part.producer for part in parts):
+        return runs, stamps, None, messages
+    producers: list[Identity] = []
+    for part in parts:
+        producers.extend(part.identities())
+    return runs, stamps, producers, messages

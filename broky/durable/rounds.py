@@ -28,6 +28,7 @@ import attrs
 from broky.durable.acks import AckQueue
 from broky.durable.parts import Part
 from broky.durable.producers import Duplicate, Held, OutOfOrder, ProducerWindow
+from broky.durable.replica_gate import ReplicaGate
 from broky.protocol.constants import ErrorCode
 
 
@@ -105,6 +106,34 @@ class RoundPlan:
     @property
     def answered_runs(self) -> int:
         return sum(answer.runs for answer in self.answered)
+
+    def answer(
+        self,
+        outcome: int | Exception | None,
+        partition: int,
+        where: str,
+        replica: ReplicaGate | None,
+        end_offset: int,
+    ) -> None:
+        """Answer the runs kept out of the append: retries at their original
+        offsets, out-of-order runs refused. On a replicated partition a
+        retry is acked only once the high watermark passes ``end_offset``
+        (the log's end as the round left it; its original lies below), so
+        it is never acknowledged before its original is."""
+        if replica is None or not self.answered or isinstance(outcome, Exception):
+            for queue in self.settle(outcome, partition, where):
+                queue.release()
+            return
+
+        def deliver() -> None:
+            for queue in self.settle(outcome, partition, where):
+                queue.release()
+
+        def fail(code: ErrorCode, reason: str) -> None:
+            for queue in self.fail(code, f"{where}: {reason}"):
+                queue.release()
+
+        replica.hold(end_offset, [], [], deliver, fail)
 
     def fail(self, code: ErrorCode, reason: str) -> set[AckQueue]:
         """Fail the tickets of the answered runs (a replicated partition's

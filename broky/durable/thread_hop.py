@@ -29,9 +29,15 @@ if TYPE_CHECKING:  # trio's own dependency: its result type, not ours to import
 T = TypeVar("T")
 
 
-async def run_in_thread(function: Callable[[], T]) -> T:
-    """``function()`` in a worker thread; its result or exception here."""
-    await trio.lowlevel.checkpoint_if_cancelled()
+async def run_in_thread(function: Callable[[], T], *, started: bool = False) -> T:
+    """``function()`` in a worker thread; its result or exception here.
+
+    ``started``: the caller has already begun what ``function`` finishes
+    (an owner's round appended on the event loop, which its thread must
+    fsync), so a cancellation does not stop it from starting either: it is
+    raised at the caller's next checkpoint."""
+    if not started:
+        await trio.lowlevel.checkpoint_if_cancelled()
     token = trio.lowlevel.current_trio_token()
     task = trio.lowlevel.current_task()
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import Final
 
+from broky.protocol.constants import MAX_KEY_BYTES
 from broky.protocol.frames import Run
 from broky.storage.batch import BATCH_HEADER_BYTES, encode_runs, stored_byte_ends
 from broky.storage.config import FsyncPolicy, LogConfig
@@ -50,6 +51,8 @@ log = logging.getLogger("broky.storage")
 Clock = Callable[[], int]
 #: Index entries store offsets relative to the segment's base as u32.
 _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
+#: Slack in ``append_is_quick``'s estimate.
+_QUICK_MARGIN: Final = 64 * 1024
 #: Bytes of runs one batch takes before the next batch starts. Large enough
 #: that a batch's fixed costs (header, CRC call, index entry, a reader's
 #: decode setup) vanish per message; small enough that a read from the
@@ -228,6 +231,19 @@ class PartitionLog(LogReader):
         if self.config.fsync is FsyncPolicy.INTERVAL:
             self._sync_if_due(now)
         return AppendResult(first, offset - 1)
+
+    def append_is_quick(self, nbytes: int, messages: int, runs: int) -> bool:
+        """Whether appending ``runs`` runs (``messages`` messages, ``nbytes``
+        message bytes) is one ``write()`` to the page cache, no roll (it
+        fsyncs) and no interval fsync: an owner may do it on its event loop
+        (broky.durable.owner). The stored size is over-estimated."""
+        if self.config.fsync is FsyncPolicy.INTERVAL or self._time_roll_due(self._now()):
+            return False
+        active = self._segments[-1]
+        stored = nbytes + 8 * messages + (MAX_KEY_BYTES + 64) * runs + _QUICK_MARGIN
+        if active.size + stored > self.config.segment_bytes:
+            return False
+        return self.end_offset + messages - active.base_offset <= _MAX_RELATIVE_OFFSET
 
     def _batch_bounds(self, runs: list[Run]) -> list[tuple[int, int]]:
         """Where ``runs`` split into batches, as index ranges: a batch stays

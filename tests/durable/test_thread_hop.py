@@ -61,3 +61,16 @@ async def test_a_caller_cancelled_before_the_call_does_not_start_it() -> None:
         await run_in_thread(lambda: calls.append(1))
     assert scope.cancelled_caught
     assert calls == []
+
+
+async def test_a_call_the_caller_already_started_runs_even_if_cancelled() -> None:
+    """``started``: the caller began what the call finishes (a round
+    appended on the event loop), so it runs, and the cancellation comes at
+    the caller's next checkpoint."""
+    calls: list[int] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await run_in_thread(lambda: calls.append(1), started=True)
+        assert calls == [1]
+        await trio.lowlevel.checkpoint()
+    assert scope.cancelled_caught

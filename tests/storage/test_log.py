@@ -282,3 +282,30 @@ def test_statistics_count_what_happened(tmp_path: Path) -> None:
         assert (stats.appended_batches, stats.appended_messages) == (3, 4)
         assert (stats.start_offset, stats.end_offset, stats.durable_offset) == (0, 4, 4)
         assert stats.rolls == stats.segments - 1 >= 1
+
+
+def test_an_append_said_quick_never_rolls_or_syncs(tmp_path: Path) -> None:
+    """``append_is_quick`` (an owner then appends on its event loop) is
+    never wrong the dangerous way: an append it calls quick stays one write
+    to the active segment; near a roll, or with interval fsyncs, it says no."""
+    clock = FakeClock()
+    with open_log(tmp_path, clock, segment_bytes=256 * 1024, fsync=FsyncPolicy.ALWAYS) as log:
+        quick_seen = 0
+        for index in range(80):
+            runs = [make_run(b"k%d" % index, [b"x" * 1000] * 5) for _ in range(3)]
+            nbytes = sum(len(run.messages) for run in runs)
+            quick = log.append_is_quick(nbytes, 15, len(runs))
+            segments = len(log.segments)
+            log.append(runs)
+            if quick:
+                quick_seen += 1
+                assert len(log.segments) == segments
+        assert len(log.segments) > 3
+        assert quick_seen > 40
+    with open_log(tmp_path / "timed", clock, roll=RollSchedule.every(60)) as log:
+        log.append([make_run(b"k", [b"1"])])
+        assert log.append_is_quick(1, 1, 1)
+        clock.advance(60)
+        assert not log.append_is_quick(1, 1, 1)  # the next append rolls by time
+    with open_log(tmp_path / "interval", clock, fsync=FsyncPolicy.INTERVAL) as log:
+        assert not log.append_is_quick(1, 1, 1)
