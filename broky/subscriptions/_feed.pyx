@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twins of the subscription core's delivery side: the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` and
-``broky.subscriptions.round_events``' ``needed_spans_pure`` and
-``sort_events_pure`` (see those modules for what they do and why), with the
+``broky.subscriptions.round_events``' ``needed_spans_pure``,
+``event_bounds_pure`` and ``sort_events_pure`` (see those modules for what they do and why), with the
 Deliver events built and read through their slots. The ack side is
 ``broky.subscriptions._passes``.
 """
@@ -308,6 +308,30 @@ def needed_spans(batches):
             elif isinstance(event, _DeadLetter):
                 spans.append((event.offset, event.offset + 1))
     return spans
+
+
+def event_bounds(batches):
+    cdef object low = None, high = None, first, stop
+    if _Deliver is None:
+        _load_model()
+    for batch in batches:
+        for event in batch:
+            if type(event) is _Deliver or isinstance(event, _Deliver):
+                first = _field(event, 1)
+                stop = _field(event, 3)
+            elif isinstance(event, _DeadLetter):
+                first = event.offset
+                stop = first + 1
+            else:
+                continue
+            if low is None:
+                low, high = first, stop
+            else:
+                if first < low:
+                    low = first
+                if stop > high:
+                    high = stop
+    return None if low is None else (low, high)
 
 
 def sort_events(list events):

@@ -149,7 +149,7 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         spans = spans if isinstance(spans, list) else list(spans)
-        if spans and self._holds(*span_bounds(spans)):
+        if spans and self.holds(*span_bounds(spans)):
             # The usual round: every delivery lies in batches this round
             # read, held back to back (one pass, at C speed when compiled:
             # no sort and no Python step per delivery).
@@ -177,7 +177,7 @@ class BatchCache:
                     ranges.append((offset, upto))
         return ranges
 
-    def _holds(self, first: int, stop: int) -> bool:
+    def holds(self, first: int, stop: int) -> bool:
         """Whether held spans cover ``[first, stop)`` without a gap."""
         bases, stops = self._bases, self._stops
         index = bisect_right(bases, first) - 1

@@ -48,7 +48,7 @@ from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
-from broky.subscriptions.round_events import needed_spans, sort_events
+from broky.subscriptions.round_events import event_bounds, needed_spans, sort_events
 from broky.subscriptions.round_reads import READ_GAP, read_new, read_ranges
 from broky.subscriptions.slots import NOBODY, message_slots, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
@@ -314,9 +314,16 @@ class PartitionSubscriptions:
         for dispatcher in self.dispatchers.values():
             dispatcher.events = []
         retry, self.dead_letter_retry = self.dead_letter_retry, []
-        needed = needed_spans(events.values())
-        needed.extend((event.offset, event.offset + 1) for _, event in retry)
-        missing = cache.missing(needed, READ_GAP)
+        # The usual round's deliveries all lie in batches it read: two
+        # bounds show it, with no span listed per event (about one per
+        # message or two in a key-shared round).
+        bounds = event_bounds(events.values())
+        if not retry and (bounds is None or cache.holds(*bounds)):
+            missing = []
+        else:
+            needed = needed_spans(events.values())
+            needed.extend((event.offset, event.offset + 1) for _, event in retry)
+            missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
                 rewrites, spans = await self.owner.call(

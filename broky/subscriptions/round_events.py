@@ -35,6 +35,32 @@ def needed_spans_pure(batches: Iterable[list[Event]]) -> list[tuple[int, int]]:
     return spans
 
 
+def event_bounds_pure(batches: Iterable[list[Event]]) -> tuple[int, int] | None:
+    """The lowest first and the highest stop of :func:`needed_spans_pure`'s
+    spans, without the spans (None when there are none).
+
+    Why: in the usual round every delivery lies in batches the round just
+    read, and the driver only needs these two bounds to see that
+    (``BatchCache.holds``); the list of spans (a tuple per event, about one
+    per message or two in a key-shared round) is built only when it does
+    not."""
+    low: int | None = None
+    high = 0
+    for batch in batches:
+        for event in batch:
+            if isinstance(event, Deliver):
+                first, stop = event.offset, event.stop
+            elif isinstance(event, DeadLetter):
+                first, stop = event.offset, event.offset + 1
+            else:
+                continue
+            if low is None:
+                low, high = first, stop
+            else:
+                low, high = min(low, first), max(high, stop)
+    return None if low is None else (low, high)
+
+
 def sort_events_pure(events: list[Event]) -> Sorted:
     """One dispatcher's events: its deliveries per consumer, how many
     messages they deliver and how many of those again, and the other
@@ -60,5 +86,9 @@ needed_spans_compiled: Callable[[Iterable[list[Event]]], list[tuple[int, int]]] 
     compiled_twin(_MODULE, "needed_spans")
 )
 sort_events_compiled: Callable[[list[Event]], Sorted] | None = compiled_twin(_MODULE, "sort_events")
+event_bounds_compiled: Callable[[Iterable[list[Event]]], tuple[int, int] | None] | None = (
+    compiled_twin(_MODULE, "event_bounds")
+)
 needed_spans = needed_spans_compiled or needed_spans_pure
+event_bounds = event_bounds_compiled or event_bounds_pure
 sort_events = sort_events_compiled or sort_events_pure

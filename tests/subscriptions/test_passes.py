@@ -53,6 +53,7 @@ def test_the_compiled_twins_are_built() -> None:
     assert slots.assign_compiled is not None
     assert round_events.sort_events_compiled is not None
     assert round_events.needed_spans_compiled is not None
+    assert round_events.event_bounds_compiled is not None
     assert dispatch.feed_fresh_compiled is not None, "broky.subscriptions._feed not built"
 
 
@@ -290,8 +291,15 @@ def test_a_rounds_events_sort_alike_compiled_or_pure(batches: list[list[Event]])
             c: [(e.offset, e.stop, e.count) for e in deliveries if e.consumer == c]
             for c in dict.fromkeys(e.consumer for e in deliveries)
         }
+    # The bounds the driver checks first: those of the spans, without them.
+    bounds = round_events.event_bounds_pure(batches)
+    assert bounds == (
+        (min(first for first, _ in spans), max(stop for _, stop in spans)) if spans else None
+    )
     if round_events.needed_spans_compiled is None or round_events.sort_events_compiled is None:
         return
+    assert round_events.event_bounds_compiled is not None
+    assert round_events.event_bounds_compiled(batches) == bounds
     assert round_events.needed_spans_compiled(batches) == spans
     for events in batches:
         sorted_compiled = round_events.sort_events_compiled(events)
