@@ -2,8 +2,9 @@
 """Compiled twins of the subscription core's delivery side: the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` and
 ``broky.subscriptions.round_events``' ``needed_spans_pure``,
-``event_bounds_pure`` and ``sort_events_pure`` (see those modules for what they do and why), with the
-Deliver events built and read through their slots. The ack side is
+``event_bounds_pure``, ``sort_events_pure`` and ``sort_segments_pure``
+(see those modules for what they do and why), with the Deliver events
+built and read through their slots. The ack side is
 ``broky.subscriptions._passes``.
 """
 
@@ -359,3 +360,106 @@ def sort_events(list events):
         if count > 1:
             redelivered += size
     return per_consumer, delivered, redelivered, others
+
+
+cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
+    cdef Py_ssize_t low = 0, high = len(values), middle
+    while low < high:
+        middle = (low + high) // 2
+        if target < <int64_t>values[middle]:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+cdef class _Cut:
+    """One consumer's deliveries being cut along the held spans: its
+    segments and lost offsets (what ``delivery_segments`` returns), the
+    open segment's span index and ranges, and where those ranges end."""
+    cdef list segments
+    cdef list lost
+    cdef list ranges
+    cdef list counts
+    cdef Py_ssize_t current
+    cdef int64_t end
+
+
+def sort_segments(list events, list bases, list stops):
+    cdef dict per_consumer = {}
+    cdef dict cuts = {}
+    cdef list others = []
+    cdef Py_ssize_t held = len(bases), index
+    cdef int64_t first, stop, offset, upto, span_stop, redelivered
+    cdef int64_t delivered = 0, again = 0
+    cdef object consumer, count, last_consumer = None
+    cdef _Cut cut = None
+    cdef PyObject* found
+    if len(stops) != held:
+        raise ValueError("held spans' bases and stops differ in length")
+    if _Deliver is None:
+        _load_model()
+    for event in events:
+        if type(event) is not _Deliver and not isinstance(event, _Deliver):
+            others.append(event)
+            continue
+        consumer = _field(event, 0)
+        first = _field(event, 1)
+        count = _field(event, 2)
+        stop = _field(event, 3)
+        delivered += stop - first
+        if count > 1:
+            again += stop - first
+        # A consumer's cut found by its id, the last one without a lookup.
+        if cut is None or consumer is not last_consumer:
+            found = PyDict_GetItem(cuts, consumer)
+            if found == NULL:
+                cut = _Cut.__new__(_Cut)
+                cut.segments = []
+                cut.lost = []
+                cut.current = -1
+                cut.end = 0
+                cuts[consumer] = cut
+                per_consumer[consumer] = (cut.segments, cut.lost)
+            else:
+                cut = <_Cut>found
+            last_consumer = consumer
+        # ``delivery_segments``' step, on this consumer's open segment.
+        offset = first
+        if (
+            cut.current >= 0
+            and <int64_t>bases[cut.current] <= offset
+            and offset < <int64_t>stops[cut.current]
+        ):
+            index = cut.current
+        else:
+            index = _bisect_right(bases, offset) - 1
+        while offset < stop:
+            if index >= 0 and offset < <int64_t>stops[index]:
+                span_stop = stops[index]
+                upto = stop if stop < span_stop else span_stop
+                if index == cut.current and offset >= cut.end:
+                    if offset == cut.end:
+                        cut.ranges[len(cut.ranges) - 1] = upto
+                    else:
+                        cut.ranges.append(offset)
+                        cut.ranges.append(upto)
+                else:
+                    cut.current = index
+                    cut.ranges = [offset, upto]
+                    cut.counts = []
+                    cut.segments.append((index, cut.ranges, cut.counts))
+                cut.end = upto
+                if count > 1:
+                    for redelivered in range(offset, upto):
+                        cut.counts.append((redelivered, count))
+            else:
+                if index + 1 < held and <int64_t>bases[index + 1] < stop:
+                    upto = bases[index + 1]
+                else:
+                    upto = stop
+                cut.lost.extend(range(offset, upto))
+            offset = upto
+            if index + 1 < held and <int64_t>bases[index + 1] <= offset:
+                index += 1
+    return per_consumer, delivered, again, others
