@@ -12,6 +12,7 @@ from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 
 
 cdef extern from "Python.h":
@@ -110,6 +111,23 @@ cdef int _store_rooms(_Room* rooms, list states) except -1:
     return 0
 
 
+cdef inline int _set_stop(object event, int64_t stop) except -1:
+    """``event.stop = stop`` for a Deliver, through its slot when the
+    layout was checked (``_DELIVER_DIRECT``): the old value released."""
+    cdef object value = stop
+    cdef PyObject** place
+    cdef PyObject* old
+    if not _DELIVER_DIRECT:
+        event.stop = value
+        return 0
+    place = <PyObject**>((<char*><PyObject*>event) + _DELIVER_AT[3])
+    old = place[0]
+    Py_INCREF(value)
+    place[0] = <PyObject*>value
+    Py_DecRef(old)  # NULL-safe
+    return 0
+
+
 cdef inline bint _continues(object last, object owner, object offset) except -1:
     """Whether event ``last`` is a first delivery to ``owner`` that ends
     right before ``offset`` (it then grows instead of a new event)."""
@@ -198,6 +216,12 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     cdef list owner_ids = [state.id for state in states]
     cdef Py_ssize_t consumers = len(ids)
     cdef object offset, slot, owner, state, span, held, last, waiting
+    # The Deliver this feed appended or grew last, its consumer's index and
+    # its stop (``_continues`` without reading its fields).
+    cdef object tail = None
+    cdef Py_ssize_t tail_index = -1
+    cdef int64_t tail_stop = 0
+    cdef bint grows
     cdef PyObject* found
     cdef PyObject* holder
     cdef _Room* room
@@ -265,11 +289,25 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                     held_by_slot[slot] = {offset: None}
                 else:
                     PyDict_SetItem(<dict>found, offset, None)
-                last = events[len(events) - 1] if events else None
-                if _continues(last, owner, offset):
-                    last.stop += 1
+                # The event this feed made last grows on C checks (another
+                # one, a slow-path delivery's or one from before this feed,
+                # is checked through its fields and then adopted).
+                grows = False
+                if PyList_GET_SIZE(events):
+                    last = <object>PyList_GET_ITEM(events, PyList_GET_SIZE(events) - 1)
+                    if last is tail:
+                        grows = tail_index == index and tail_stop == first + at
+                    elif _continues(last, owner, offset):
+                        grows = True
+                        tail = last
+                        tail_index = index
+                tail_stop = first + at + 1
+                if grows:
+                    _set_stop(tail, tail_stop)
                 else:
-                    events.append(_new_deliver(owner, offset, first + at + 1))
+                    tail = _new_deliver(owner, offset, tail_stop)
+                    events.append(tail)
+                    tail_index = index
                 continue
         # The slow path sees the read position the pure loop would have set.
         tracker.read_position = first + at + 1

@@ -308,7 +308,7 @@ def test_a_rounds_events_sort_alike_compiled_or_pure(batches: list[list[Event]])
         assert list(sorted_compiled[0]) == list(round_events.sort_events_pure(events)[0])
 
 
-@settings(deadline=None)  # it failed once, not reproduced, in a full run on a loaded machine
+@settings(deadline=None)  # a shared, loaded machine: hypothesis deadlines fail at random
 @given(
     st.lists(st.tuples(st.integers(0, 6), st.integers(1, 8)), max_size=6),
     st.lists(
