@@ -289,9 +289,8 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                     held_by_slot[slot] = {offset: None}
                 else:
                     PyDict_SetItem(<dict>found, offset, None)
-                # The event this feed made last grows on C checks (another
-                # one, a slow-path delivery's or one from before this feed,
-                # is checked through its fields and then adopted).
+                # This feed's last event grows on C checks; another one (the
+                # slow path's, or older) is checked through its fields.
                 grows = False
                 if PyList_GET_SIZE(events):
                     last = <object>PyList_GET_ITEM(events, PyList_GET_SIZE(events) - 1)
@@ -413,8 +412,8 @@ cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
 
 cdef class _Cut:
     """One consumer's deliveries being cut along the held spans: its
-    segments and lost offsets (what ``delivery_segments`` returns), the
-    open segment's span index and ranges, and where those ranges end."""
+    segments and lost offsets (``delivery_segments``' answer) and its open
+    segment (span index, ranges, where they end)."""
     cdef list segments
     cdef list lost
     cdef list ranges

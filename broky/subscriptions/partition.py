@@ -314,9 +314,8 @@ class PartitionSubscriptions:
         for dispatcher in self.dispatchers.values():
             dispatcher.events = []
         retry, self.dead_letter_retry = self.dead_letter_retry, []
-        # The usual round's deliveries all lie in batches it read: two
-        # bounds show it, with no span listed per event (about one per
-        # message or two in a key-shared round).
+        # The usual round's deliveries all lie in batches it read: two bounds
+        # show it, with no span listed per event (one a message or two).
         bounds = event_bounds(events.values())
         if not retry and (bounds is None or cache.holds(*bounds)):
             missing = []
@@ -377,9 +376,8 @@ class PartitionSubscriptions:
     ) -> None:
         """Send deliveries (per consumer, in decision order), dead letters, evictions."""
         service = self.service
-        # One pass over the events, each delivery cut along the held spans
-        # as it is sorted (compiled: a key-shared round has a delivery per
-        # message or two), then the others in order.
+        # One pass cuts each delivery along the held spans as it sorts it
+        # (compiled: a key-shared round has one a message or two).
         per_consumer, delivered, redelivered, others = sort_segments(events, *cache.bounds())
         per_link = [
             (consumer, cache.spans_of(segments), lost)
