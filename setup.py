@@ -18,7 +18,8 @@ of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
 ``broky.subscriptions.settle_ranges.gather_ranges_pure`` and
 ``broky.subscriptions.delivery.delivery_segments_pure`` (and
 ``broky.subscriptions.image.put_pairs_pure``); ``broky.subscriptions._feed`` of
-``broky.subscriptions.round_events``' ``needed_spans_pure`` and ``sort_events_pure`` and
+``broky.subscriptions.round_events``' ``needed_spans_pure``, ``event_bounds_pure`` and
+``sort_events_pure`` and
 the fresh-read loop of ``Dispatcher.feed_slots``;
 ``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.
 Each is optional twice over: the build continues without it when compiling fails

@@ -18,7 +18,7 @@ import sys
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_Size
 from cpython.object cimport PyObject
 from broky.protocol._run_slots cimport (
     RUN_COUNT, RUN_KEY, RUN_MESSAGES, RUN_SIZES, RUN_TS_BROKER, new_run, run_field,
@@ -157,6 +157,16 @@ cdef object _message_slot(
     return run_slot
 
 
+#: Run key -> slot, kept across calls (a slot is a function of the key
+#: alone): a key-shared subscription over a thousand keys meets each of
+#: them in every batch it reads, and hashing each again (an xxh3 call, a
+#: shift of its 64-bit int, an insert) was a third of this pass. Emptied
+#: when it holds ``_KNOWN_MAX`` keys, so keys that never come back cost at
+#: most that much memory.
+cdef dict _KNOWN = {}
+cdef Py_ssize_t _KNOWN_MAX = 1 << 16
+
+
 def message_slots(batch, int64_t start, int64_t stop):
     """See ``broky.subscriptions.slots.message_slots_pure``."""
     cdef object counts = batch.counts, key_lengths = batch.key_lengths, messages = batch.messages
@@ -165,7 +175,7 @@ def message_slots(batch, int64_t start, int64_t stop):
     cdef Py_ssize_t runs = len(counts), run, index, sized
     cdef int64_t offset = batch.base_offset, key_at = 0, position = 0, count, key_length, size
     cdef Py_ssize_t message = 0
-    cdef dict known = {}
+    cdef dict known = _KNOWN
     cdef list slots = []
     cdef object key, run_slot
     cdef PyObject* entry
@@ -197,6 +207,8 @@ def message_slots(batch, int64_t start, int64_t stop):
                         entry = PyDict_GetItem(known, key)
                         if entry == NULL:
                             run_slot = _xxh3(key) >> 48
+                            if PyDict_Size(known) >= _KNOWN_MAX:
+                                known.clear()
                             known[key] = run_slot
                         else:
                             run_slot = <object>entry

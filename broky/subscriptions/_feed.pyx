@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twins of the subscription core's delivery side: the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` and
-``broky.subscriptions.round_events``' ``needed_spans_pure`` and
-``sort_events_pure`` (see those modules for what they do and why), with the
-Deliver events built and read through their slots. The ack side is
+``broky.subscriptions.round_events``' ``needed_spans_pure``,
+``event_bounds_pure``, ``sort_events_pure`` and ``sort_segments_pure``
+(see those modules for what they do and why), with the Deliver events
+built and read through their slots. The ack side is
 ``broky.subscriptions._passes``.
 """
 
@@ -11,6 +12,7 @@ from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 
 
 cdef extern from "Python.h":
@@ -109,6 +111,23 @@ cdef int _store_rooms(_Room* rooms, list states) except -1:
     return 0
 
 
+cdef inline int _set_stop(object event, int64_t stop) except -1:
+    """``event.stop = stop`` for a Deliver, through its slot when the
+    layout was checked (``_DELIVER_DIRECT``): the old value released."""
+    cdef object value = stop
+    cdef PyObject** place
+    cdef PyObject* old
+    if not _DELIVER_DIRECT:
+        event.stop = value
+        return 0
+    place = <PyObject**>((<char*><PyObject*>event) + _DELIVER_AT[3])
+    old = place[0]
+    Py_INCREF(value)
+    place[0] = <PyObject*>value
+    Py_DecRef(old)  # NULL-safe
+    return 0
+
+
 cdef inline bint _continues(object last, object owner, object offset) except -1:
     """Whether event ``last`` is a first delivery to ``owner`` that ends
     right before ``offset`` (it then grows instead of a new event)."""
@@ -197,6 +216,12 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     cdef list owner_ids = [state.id for state in states]
     cdef Py_ssize_t consumers = len(ids)
     cdef object offset, slot, owner, state, span, held, last, waiting
+    # The Deliver this feed appended or grew last, its consumer's index and
+    # its stop (``_continues`` without reading its fields).
+    cdef object tail = None
+    cdef Py_ssize_t tail_index = -1
+    cdef int64_t tail_stop = 0
+    cdef bint grows
     cdef PyObject* found
     cdef PyObject* holder
     cdef _Room* room
@@ -264,11 +289,24 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                     held_by_slot[slot] = {offset: None}
                 else:
                     PyDict_SetItem(<dict>found, offset, None)
-                last = events[len(events) - 1] if events else None
-                if _continues(last, owner, offset):
-                    last.stop += 1
+                # This feed's last event grows on C checks; another one (the
+                # slow path's, or older) is checked through its fields.
+                grows = False
+                if PyList_GET_SIZE(events):
+                    last = <object>PyList_GET_ITEM(events, PyList_GET_SIZE(events) - 1)
+                    if last is tail:
+                        grows = tail_index == index and tail_stop == first + at
+                    elif _continues(last, owner, offset):
+                        grows = True
+                        tail = last
+                        tail_index = index
+                tail_stop = first + at + 1
+                if grows:
+                    _set_stop(tail, tail_stop)
                 else:
-                    events.append(_new_deliver(owner, offset, first + at + 1))
+                    tail = _new_deliver(owner, offset, tail_stop)
+                    events.append(tail)
+                    tail_index = index
                 continue
         # The slow path sees the read position the pure loop would have set.
         tracker.read_position = first + at + 1
@@ -310,6 +348,30 @@ def needed_spans(batches):
     return spans
 
 
+def event_bounds(batches):
+    cdef object low = None, high = None, first, stop
+    if _Deliver is None:
+        _load_model()
+    for batch in batches:
+        for event in batch:
+            if type(event) is _Deliver or isinstance(event, _Deliver):
+                first = _field(event, 1)
+                stop = _field(event, 3)
+            elif isinstance(event, _DeadLetter):
+                first = event.offset
+                stop = first + 1
+            else:
+                continue
+            if low is None:
+                low, high = first, stop
+            else:
+                if first < low:
+                    low = first
+                if stop > high:
+                    high = stop
+    return None if low is None else (low, high)
+
+
 def sort_events(list events):
     cdef dict per_consumer = {}
     cdef list others = []
@@ -335,3 +397,106 @@ def sort_events(list events):
         if count > 1:
             redelivered += size
     return per_consumer, delivered, redelivered, others
+
+
+cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
+    cdef Py_ssize_t low = 0, high = len(values), middle
+    while low < high:
+        middle = (low + high) // 2
+        if target < <int64_t>values[middle]:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+cdef class _Cut:
+    """One consumer's deliveries being cut along the held spans: its
+    segments and lost offsets (``delivery_segments``' answer) and its open
+    segment (span index, ranges, where they end)."""
+    cdef list segments
+    cdef list lost
+    cdef list ranges
+    cdef list counts
+    cdef Py_ssize_t current
+    cdef int64_t end
+
+
+def sort_segments(list events, list bases, list stops):
+    cdef dict per_consumer = {}
+    cdef dict cuts = {}
+    cdef list others = []
+    cdef Py_ssize_t held = len(bases), index
+    cdef int64_t first, stop, offset, upto, span_stop, redelivered
+    cdef int64_t delivered = 0, again = 0
+    cdef object consumer, count, last_consumer = None
+    cdef _Cut cut = None
+    cdef PyObject* found
+    if len(stops) != held:
+        raise ValueError("held spans' bases and stops differ in length")
+    if _Deliver is None:
+        _load_model()
+    for event in events:
+        if type(event) is not _Deliver and not isinstance(event, _Deliver):
+            others.append(event)
+            continue
+        consumer = _field(event, 0)
+        first = _field(event, 1)
+        count = _field(event, 2)
+        stop = _field(event, 3)
+        delivered += stop - first
+        if count > 1:
+            again += stop - first
+        # A consumer's cut found by its id, the last one without a lookup.
+        if cut is None or consumer is not last_consumer:
+            found = PyDict_GetItem(cuts, consumer)
+            if found == NULL:
+                cut = _Cut.__new__(_Cut)
+                cut.segments = []
+                cut.lost = []
+                cut.current = -1
+                cut.end = 0
+                cuts[consumer] = cut
+                per_consumer[consumer] = (cut.segments, cut.lost)
+            else:
+                cut = <_Cut>found
+            last_consumer = consumer
+        # ``delivery_segments``' step, on this consumer's open segment.
+        offset = first
+        if (
+            cut.current >= 0
+            and <int64_t>bases[cut.current] <= offset
+            and offset < <int64_t>stops[cut.current]
+        ):
+            index = cut.current
+        else:
+            index = _bisect_right(bases, offset) - 1
+        while offset < stop:
+            if index >= 0 and offset < <int64_t>stops[index]:
+                span_stop = stops[index]
+                upto = stop if stop < span_stop else span_stop
+                if index == cut.current and offset >= cut.end:
+                    if offset == cut.end:
+                        cut.ranges[len(cut.ranges) - 1] = upto
+                    else:
+                        cut.ranges.append(offset)
+                        cut.ranges.append(upto)
+                else:
+                    cut.current = index
+                    cut.ranges = [offset, upto]
+                    cut.counts = []
+                    cut.segments.append((index, cut.ranges, cut.counts))
+                cut.end = upto
+                if count > 1:
+                    for redelivered in range(offset, upto):
+                        cut.counts.append((redelivered, count))
+            else:
+                if index + 1 < held and <int64_t>bases[index + 1] < stop:
+                    upto = bases[index + 1]
+                else:
+                    upto = stop
+                cut.lost.extend(range(offset, upto))
+            offset = upto
+            if index + 1 < held and <int64_t>bases[index + 1] <= offset:
+                index += 1
+    return per_consumer, delivered, again, others

@@ -44,6 +44,19 @@ class AckedRanges:
         """The number of ranges above the cursor (what ``max_ack_ranges`` caps)."""
         return len(self._firsts)
 
+    def count_below(self, end: int) -> int:
+        """How many offsets of the ranges lie below ``end``. Sums over the
+        two lists at C speed, not a step per range: a key-shared
+        subscription holds thousands of scattered ranges, and the stall
+        watch asks for every partition's backlog each second it sees no
+        delivery (the end of a run is such a second)."""
+        firsts, lasts = self._firsts, self._lasts
+        whole = bisect_right(lasts, end - 1)  # the ranges that end below ``end``
+        count = sum(lasts[:whole]) - sum(firsts[:whole]) + whole
+        if whole < len(firsts) and firsts[whole] < end:
+            count += end - firsts[whole]
+        return count
+
     def ranges(self) -> tuple[tuple[int, int], ...]:
         return tuple(zip(self._firsts, self._lasts, strict=True))
 

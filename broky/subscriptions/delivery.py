@@ -37,6 +37,14 @@ from broky.storage.batch_reading import BatchSpan, RecordBatch
 FRAME_SHARE: Final = 2
 
 
+#: A segment of deliveries (``delivery_segments``): a held span's index,
+#: ascending start/stop pairs of offsets in it, its redelivered offsets
+#: with their counts.
+Segment = tuple[int, list[int], list[tuple[int, int]]]
+#: A :data:`Segment` with the held span itself in place of its index.
+SpanSegment = tuple[BatchSpan, list[int], list[tuple[int, int]]]
+
+
 class _RunIndex:
     """Where each run of a batch begins in its columns: built once a round
     per batch that a delivery begins inside (a key-shared consumer gets
@@ -149,7 +157,7 @@ class BatchCache:
         many keys are cheaper read as a few spans than one read each. Costs
         a bisection per held batch or missing range, not per offset."""
         spans = spans if isinstance(spans, list) else list(spans)
-        if spans and self._holds(*span_bounds(spans)):
+        if spans and self.holds(*span_bounds(spans)):
             # The usual round: every delivery lies in batches this round
             # read, held back to back (one pass, at C speed when compiled:
             # no sort and no Python step per delivery).
@@ -177,7 +185,7 @@ class BatchCache:
                     ranges.append((offset, upto))
         return ranges
 
-    def _holds(self, first: int, stop: int) -> bool:
+    def holds(self, first: int, stop: int) -> bool:
         """Whether held spans cover ``[first, stop)`` without a gap."""
         bases, stops = self._bases, self._stops
         index = bisect_right(bases, first) - 1
@@ -211,12 +219,22 @@ class BatchCache:
 
     def segments(
         self, deliveries: Sequence[tuple[int, int, int]]
-    ) -> tuple[list[tuple[BatchSpan, list[int], list[tuple[int, int]]]], list[int]]:
+    ) -> tuple[list[SpanSegment], list[int]]:
         """:func:`delivery_segments` over the held spans, with each
         segment's span itself."""
         segments, lost = delivery_segments(deliveries, self._bases, self._stops)
+        return self.spans_of(segments), lost
+
+    def bounds(self) -> tuple[list[int], list[int]]:
+        """The held spans' bases and stops, what :func:`delivery_segments`
+        cuts along (the lists themselves: read them before any ``add``)."""
+        return self._bases, self._stops
+
+    def spans_of(self, segments: list[Segment]) -> list[SpanSegment]:
+        """``segments`` (cut along :meth:`bounds`) with each span index
+        replaced by the held span itself."""
         spans = self._spans
-        return [(spans[index], ranges, counts) for index, ranges, counts in segments], lost
+        return [(spans[index], ranges, counts) for index, ranges, counts in segments]
 
 
 def span_bounds_pure(spans: list[tuple[int, int]]) -> tuple[int, int]:
@@ -236,7 +254,6 @@ span_bounds_compiled: Callable[[list[tuple[int, int]]], tuple[int, int]] | None 
 span_bounds = span_bounds_compiled or span_bounds_pure
 
 
-Segment = tuple[int, list[int], list[tuple[int, int]]]
 DeliverySegments = Callable[
     [Sequence[tuple[int, int, int]], list[int], list[int]], tuple[list[Segment], list[int]]
 ]
@@ -317,6 +334,26 @@ def delivery_frames(
 
     ``name_topic``: the stream's last ``Redelivered`` named another topic
     (or none yet), so the first frame must name ``topic``."""
+    segments, lost = cache.segments(deliveries)
+    frames = segment_frames(
+        stream, topic, partition, segments, cache, max_frame_bytes, name_topic=name_topic
+    )
+    return frames, lost
+
+
+def segment_frames(
+    stream: int,
+    topic: str,
+    partition: int,
+    segments: list[SpanSegment],
+    cache: BatchCache,
+    max_frame_bytes: int,
+    *,
+    name_topic: bool,
+) -> list[bytes]:
+    """:func:`delivery_frames` of deliveries already cut along the held
+    spans (``BatchCache.segments``, or ``round_events.sort_segments`` for
+    a whole round's events at once)."""
     frames: list[bytes] = []
     budget = max_frame_bytes // FRAME_SHARE
     chunks: list[bytes] = []
@@ -408,7 +445,6 @@ def delivery_frames(
         used = 0
 
     begin = cache.begin
-    segments, lost = cache.segments(deliveries)
     for span, ranges, redeliveries in segments:
         close_run()
         if used >= budget:
@@ -418,7 +454,7 @@ def delivery_frames(
         counts += redeliveries
     close_run()
     close_frame()
-    return frames, lost
+    return frames
 
 
 def dead_letter_run(

@@ -45,10 +45,10 @@ from broky.storage.state import StateStore
 from broky.storage.topics import sticky_keys
 from broky.subscriptions.commits import GroupCommitter
 from broky.subscriptions.definition import Definition, DefinitionError
-from broky.subscriptions.delivery import BatchCache, delivery_frames
+from broky.subscriptions.delivery import BatchCache, segment_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.model import DeadLetter, Deliver, Evict, SubscriptionType
-from broky.subscriptions.round_events import needed_spans, sort_events
+from broky.subscriptions.round_events import event_bounds, needed_spans, sort_segments
 from broky.subscriptions.round_reads import READ_GAP, read_new, read_ranges
 from broky.subscriptions.slots import NOBODY, message_slots, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
@@ -314,9 +314,15 @@ class PartitionSubscriptions:
         for dispatcher in self.dispatchers.values():
             dispatcher.events = []
         retry, self.dead_letter_retry = self.dead_letter_retry, []
-        needed = needed_spans(events.values())
-        needed.extend((event.offset, event.offset + 1) for _, event in retry)
-        missing = cache.missing(needed, READ_GAP)
+        # The usual round's deliveries all lie in batches it read: two bounds
+        # show it, with no span listed per event (one a message or two).
+        bounds = event_bounds(events.values())
+        if not retry and (bounds is None or cache.holds(*bounds)):
+            missing = []
+        else:
+            needed = needed_spans(events.values())
+            needed.extend((event.offset, event.offset + 1) for _, event in retry)
+            missing = cache.missing(needed, READ_GAP)
         if missing:
             try:
                 rewrites, spans = await self.owner.call(
@@ -370,9 +376,13 @@ class PartitionSubscriptions:
     ) -> None:
         """Send deliveries (per consumer, in decision order), dead letters, evictions."""
         service = self.service
-        # One pass over the events (compiled: a key-shared round has a
-        # delivery per message or two), then the others in order.
-        per_consumer, delivered, redelivered, others = sort_events(events)
+        # One pass cuts each delivery along the held spans as it sorts it
+        # (compiled: a key-shared round has one a message or two).
+        per_consumer, delivered, redelivered, others = sort_segments(events, *cache.bounds())
+        per_link = [
+            (consumer, cache.spans_of(segments), lost)
+            for consumer, (segments, lost) in per_consumer.items()
+        ]
         for event in others:
             if isinstance(event, DeadLetter):
                 service.dead_letters.send(self, name, event, cache)
@@ -381,15 +391,15 @@ class PartitionSubscriptions:
         counters = service.counters(name)
         counters.delivered += delivered
         counters.redelivered += redelivered
-        for consumer, deliveries in per_consumer.items():
+        for consumer, segments, lost in per_link:
             link = service.consumers.get(consumer)
             if link is None:
                 continue  # gone meanwhile: its detach released these
-            frames, lost = delivery_frames(
+            frames = segment_frames(
                 link.stream,
                 self.topic,
                 self.partition,
-                deliveries,
+                segments,
                 cache,
                 link.max_frame_bytes,
                 name_topic=link.named_topic != self.topic,

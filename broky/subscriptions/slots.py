@@ -55,7 +55,8 @@ def message_slots_pure(batch: RecordBatch, start: int, stop: int) -> list[int]:
     change on every message would otherwise make a run object per message
     to learn its key. Each distinct run key is hashed once per call. The
     compiled twin (``broky.storage._partitions.message_slots``) reads the
-    same fields in C and gives the same slots, or raises the same errors.
+    same fields in C and gives the same slots, or raises the same errors;
+    it also keeps run keys' slots across calls (up to 65,536 keys).
     """
     view = batch.messages
     size_table = u32_array(batch.sizes)

@@ -157,12 +157,7 @@ class AckTracker:
 
     def unacked_below(self, end: int) -> int:
         """Offsets in [cursor, end) not acked (the backlog up to ``end``)."""
-        count = max(0, end - self.cursor)
-        for first, last in self.acked.ranges():
-            if first >= end:
-                break
-            count -= min(last, end - 1) - first + 1
-        return count
+        return max(0, end - self.cursor) - self.acked.count_below(end)
 
     # --- changes -----------------------------------------------------------------
 

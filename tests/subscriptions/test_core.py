@@ -52,6 +52,10 @@ def test_acked_ranges_add_range_matches_a_set(spans: list[tuple[int, int]], curs
     assert all(first > ranges.cursor for first, _ in pairs[:1])
     assert all(last + 1 < first for (_, last), (first, _) in itertools.pairwise(pairs))
     assert AckedRanges(ranges.cursor, pairs).ranges() == pairs
+    # What the backlog counts: the acked offsets above the cursor below each end.
+    for end in range(-1, 262, 7):
+        above = {offset for offset in model if ranges.cursor <= offset < end}
+        assert ranges.count_below(end) == len(above)
 
 
 def test_a_shared_read_goes_as_spans_whose_offsets_settle_one_by_one() -> None:

@@ -53,6 +53,8 @@ def test_the_compiled_twins_are_built() -> None:
     assert slots.assign_compiled is not None
     assert round_events.sort_events_compiled is not None
     assert round_events.needed_spans_compiled is not None
+    assert round_events.event_bounds_compiled is not None
+    assert round_events.sort_segments_compiled is not None
     assert dispatch.feed_fresh_compiled is not None, "broky.subscriptions._feed not built"
 
 
@@ -290,10 +292,60 @@ def test_a_rounds_events_sort_alike_compiled_or_pure(batches: list[list[Event]])
             c: [(e.offset, e.stop, e.count) for e in deliveries if e.consumer == c]
             for c in dict.fromkeys(e.consumer for e in deliveries)
         }
+    # The bounds the driver checks first: those of the spans, without them.
+    bounds = round_events.event_bounds_pure(batches)
+    assert bounds == (
+        (min(first for first, _ in spans), max(stop for _, stop in spans)) if spans else None
+    )
     if round_events.needed_spans_compiled is None or round_events.sort_events_compiled is None:
         return
+    assert round_events.event_bounds_compiled is not None
+    assert round_events.event_bounds_compiled(batches) == bounds
     assert round_events.needed_spans_compiled(batches) == spans
     for events in batches:
         sorted_compiled = round_events.sort_events_compiled(events)
         assert sorted_compiled == round_events.sort_events_pure(events)
         assert list(sorted_compiled[0]) == list(round_events.sort_events_pure(events)[0])
+
+
+@settings(deadline=None)  # a shared, loaded machine: hypothesis deadlines fail at random
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 8)), max_size=6),
+    st.lists(
+        st.one_of(
+            st.builds(
+                Deliver,
+                st.integers(0, 3),
+                st.integers(0, 60),
+                st.sampled_from([1, 1, 1, 2, 5]),
+                st.integers(0, 66),
+            ),
+            _EVENT,
+        ),
+        max_size=30,
+    ),
+)
+def test_a_rounds_events_sort_into_segments_alike_compiled_or_pure(
+    layout: list[tuple[int, int]], events: list[Event]
+) -> None:
+    """Sorting a round's events and cutting each consumer's deliveries
+    along held spans with gaps (deliveries past, between and across them,
+    some redelivered, some empty): one compiled pass answers as the pure
+    sort followed by the pure cut, consumers in the same order."""
+    bases: list[int] = []
+    stops: list[int] = []
+    position = 0
+    for gap, length in layout:
+        bases.append(position + gap)
+        stops.append(position + gap + length)
+        position += gap + length
+    pure = round_events.sort_segments_pure(events, bases, stops)
+    per_consumer, delivered, redelivered, others = round_events.sort_events_pure(events)
+    assert pure[1:] == (delivered, redelivered, others)
+    assert list(pure[0]) == list(per_consumer)
+    compiled = round_events.sort_segments_compiled
+    if compiled is None:
+        return
+    answer = compiled(events, bases, stops)
+    assert answer == pure
+    assert list(answer[0]) == list(pure[0])
