@@ -2,7 +2,7 @@
 """Compiled twins of the subscription core's delivery side: the fresh-read
 loop of ``broky.subscriptions.dispatch.Dispatcher.feed_slots`` and
 ``broky.subscriptions.round_events``' ``needed_spans_pure``,
-``event_bounds_pure``, ``sort_events_pure`` and ``sort_segments_pure``
+``event_bounds_pure`` and ``sort_segments_pure``
 (see those modules for what they do and why), with the Deliver events
 built and read through their slots. The ack side is
 ``broky.subscriptions._passes``.
@@ -370,33 +370,6 @@ def event_bounds(batches):
                 if stop > high:
                     high = stop
     return None if low is None else (low, high)
-
-
-def sort_events(list events):
-    cdef dict per_consumer = {}
-    cdef list others = []
-    cdef object mine, consumer, offset, stop, count
-    cdef object delivered = 0, redelivered = 0, size
-    if _Deliver is None:
-        _load_model()
-    for event in events:
-        if type(event) is not _Deliver and not isinstance(event, _Deliver):
-            others.append(event)
-            continue
-        consumer = _field(event, 0)
-        offset = _field(event, 1)
-        count = _field(event, 2)
-        stop = _field(event, 3)
-        size = stop - offset
-        mine = per_consumer.get(consumer)
-        if mine is None:
-            per_consumer[consumer] = [(offset, stop, count)]
-        else:
-            (<list>mine).append((offset, stop, count))
-        delivered += size
-        if count > 1:
-            redelivered += size
-    return per_consumer, delivered, redelivered, others
 
 
 cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:

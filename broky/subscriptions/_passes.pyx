@@ -328,7 +328,7 @@ def delivery_segments(deliveries, list bases, list stops):
     if len(stops) != held:
         raise ValueError("held spans' bases and stops differ in length")
     for delivery in deliveries:
-        # ``sort_events`` gives tuples: read in place (a generic unpack
+        # Deliveries come as tuples: read in place (a generic unpack
         # iterates the tuple, once per delivery); any other triple unpacks.
         if type(delivery) is tuple and PyTuple_GET_SIZE(delivery) == 3:
             first = <object>PyTuple_GET_ITEM(delivery, 0)

@@ -107,7 +107,6 @@ _MODULE = "broky.subscriptions._feed"
 needed_spans_compiled: Callable[[Iterable[list[Event]]], list[tuple[int, int]]] | None = (
     compiled_twin(_MODULE, "needed_spans")
 )
-sort_events_compiled: Callable[[list[Event]], Sorted] | None = compiled_twin(_MODULE, "sort_events")
 event_bounds_compiled: Callable[[Iterable[list[Event]]], tuple[int, int] | None] | None = (
     compiled_twin(_MODULE, "event_bounds")
 )
@@ -116,5 +115,4 @@ sort_segments_compiled: Callable[[list[Event], list[int], list[int]], SortedSegm
 )
 needed_spans = needed_spans_compiled or needed_spans_pure
 event_bounds = event_bounds_compiled or event_bounds_pure
-sort_events = sort_events_compiled or sort_events_pure
 sort_segments = sort_segments_compiled or sort_segments_pure

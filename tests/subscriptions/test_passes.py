@@ -45,13 +45,12 @@ def test_the_compiled_twins_are_built() -> None:
     if os.environ.get("BROKY_PURE") == "1":
         assert twins == (None, None)
         assert slots.assign_compiled is None
-        assert round_events.sort_events_compiled is None
+        assert round_events.sort_segments_compiled is None
         assert dispatch.feed_fresh_compiled is None
         assert ack_pass.merge_acked is ack_pass.merge_acked_pure
         return
     assert all(twins), "broky.subscriptions._passes not built"
     assert slots.assign_compiled is not None
-    assert round_events.sort_events_compiled is not None
     assert round_events.needed_spans_compiled is not None
     assert round_events.event_bounds_compiled is not None
     assert round_events.sort_segments_compiled is not None
@@ -297,15 +296,11 @@ def test_a_rounds_events_sort_alike_compiled_or_pure(batches: list[list[Event]])
     assert bounds == (
         (min(first for first, _ in spans), max(stop for _, stop in spans)) if spans else None
     )
-    if round_events.needed_spans_compiled is None or round_events.sort_events_compiled is None:
+    if round_events.needed_spans_compiled is None:
         return
     assert round_events.event_bounds_compiled is not None
     assert round_events.event_bounds_compiled(batches) == bounds
     assert round_events.needed_spans_compiled(batches) == spans
-    for events in batches:
-        sorted_compiled = round_events.sort_events_compiled(events)
-        assert sorted_compiled == round_events.sort_events_pure(events)
-        assert list(sorted_compiled[0]) == list(round_events.sort_events_pure(events)[0])
 
 
 @settings(deadline=None)  # a shared, loaded machine: hypothesis deadlines fail at random
