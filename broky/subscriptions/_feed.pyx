@@ -25,6 +25,7 @@ cdef extern from "Python.h":
 from libc.stdint cimport int64_t
 
 from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
+from broky.subscriptions._int_bisect cimport bisect_right
 
 from bisect import insort
 
@@ -372,17 +373,6 @@ def event_bounds(batches):
     return None if low is None else (low, high)
 
 
-cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
-    cdef Py_ssize_t low = 0, high = len(values), middle
-    while low < high:
-        middle = (low + high) // 2
-        if target < <int64_t>values[middle]:
-            high = middle
-        else:
-            low = middle + 1
-    return low
-
-
 cdef class _Cut:
     """One consumer's deliveries being cut along the held spans: its
     segments and lost offsets (``delivery_segments``' answer) and its open
@@ -443,7 +433,7 @@ def sort_segments(list events, list bases, list stops):
         ):
             index = cut.current
         else:
-            index = _bisect_right(bases, offset) - 1
+            index = bisect_right(bases, offset) - 1
         while offset < stop:
             if index >= 0 and offset < <int64_t>stops[index]:
                 span_stop = stops[index]

@@ -27,6 +27,8 @@ cdef extern from "Python.h":
     Py_ssize_t PyDict_GET_SIZE(object mapping)
 from libc.stdint cimport INT64_MAX, int64_t
 
+from broky.subscriptions._int_bisect cimport bisect_left, bisect_right
+
 from broky.protocol.constants import SettleKind
 
 cdef object _ZERO = 0
@@ -101,28 +103,6 @@ cdef inline int _free_slot(dict slot_at, dict held_by_slot, dict holders,
     return 0
 
 
-cdef Py_ssize_t _bisect_left(list values, int64_t target) except -1:
-    cdef Py_ssize_t low = 0, high = len(values), middle
-    while low < high:
-        middle = (low + high) // 2
-        if <int64_t>values[middle] < target:
-            low = middle + 1
-        else:
-            high = middle
-    return low
-
-
-cdef Py_ssize_t _bisect_right(list values, int64_t target) except -1:
-    cdef Py_ssize_t low = 0, high = len(values), middle
-    while low < high:
-        middle = (low + high) // 2
-        if target < <int64_t>values[middle]:
-            high = middle
-        else:
-            low = middle + 1
-    return low
-
-
 cdef struct _Open:
     # The merged range being built: [first, last], when ``opened``, with
     # the int objects that hold those bounds (borrowed from the ranges or
@@ -163,8 +143,8 @@ def merge_acked(list firsts, list lasts, object cursor, list offsets):
     cdef int64_t position = cursor
     cdef int64_t lowest = offsets[0]
     cdef int64_t highest = offsets[count - 1]
-    cdef Py_ssize_t low = _bisect_left(lasts, lowest - 1)
-    cdef Py_ssize_t high = _bisect_right(firsts, highest + 1)
+    cdef Py_ssize_t low = bisect_left(lasts, lowest - 1)
+    cdef Py_ssize_t high = bisect_right(firsts, highest + 1)
     cdef Py_ssize_t index = low, at, drop
     cdef int64_t offset, first
     cdef object offset_object, first_object, last_object
@@ -347,7 +327,7 @@ def delivery_segments(deliveries, list bases, list stops):
         ):
             index = current
         else:
-            index = _bisect_right(bases, offset) - 1
+            index = bisect_right(bases, offset) - 1
         while offset < stop:
             if index >= 0 and offset < <int64_t>stops[index]:
                 span_stop = stops[index]
