@@ -231,7 +231,7 @@ def run_stored_bytes(run: Run) -> int:
 
 def stored_byte_ends_pure(runs: Sequence[Run]) -> list[int]:
     """The running total of ``run_stored_bytes`` over ``runs``: where a log
-    cuts a round into batches (``PartitionLog._batch_bounds``)."""
+    cuts a round into batches (``broky.storage.batch_bounds``)."""
     return list(accumulate(map(run_stored_bytes, runs)))
 
 

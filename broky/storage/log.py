@@ -27,19 +27,20 @@ import contextlib
 import logging
 import struct
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import Final
 
 from broky.protocol.constants import MAX_KEY_BYTES
 from broky.protocol.frames import Run
-from broky.storage.batch import BATCH_HEADER_BYTES, encode_runs, stored_byte_ends
+from broky.storage.batch import encode_runs, stored_byte_ends
+from broky.storage.batch_bounds import batch_bounds
 from broky.storage.config import FsyncPolicy, LogConfig
 from broky.storage.errors import OffsetOutOfRangeError, StorageError
 from broky.storage.log_reads import LogReader
 from broky.storage.log_results import AppendResult, LogStatistics, RetentionResult
 from broky.storage.recovery import RecoveryReport, open_segments
+from broky.storage.retention import expired_prefix
 from broky.storage.rewrite import cut_segments, replace_segments
 from broky.storage.segment import Segment, fsync_directory
 
@@ -53,19 +54,11 @@ Clock = Callable[[], int]
 _MAX_RELATIVE_OFFSET: Final = 0xFFFF_FFFF
 #: Slack in ``append_is_quick``'s estimate.
 _QUICK_MARGIN: Final = 64 * 1024
-#: Bytes of runs one batch takes before the next batch starts. Large enough
-#: that a batch's fixed costs (header, CRC call, index entry, a reader's
-#: decode setup) vanish per message; small enough that a read from the
-#: middle of a batch (a replay position, ``last``) verifies little it does
-#: not return, and that a batch stays within one read window.
-BATCH_TARGET_BYTES: Final = 256 * 1024
 #: The producer id of a ``(producer, sequence)`` entry (read in C, once per run).
 _PRODUCER: Final = itemgetter(0)
 #: A record batch's message count: a u32 at byte 16 of its header (broky.storage.batch).
 _BATCH_COUNT: Final = struct.Struct("<I")
 _BATCH_COUNT_AT: Final = 16
-#: A batch's bytes besides its runs: the header and at most three paddings.
-_BATCH_OVERHEAD: Final = BATCH_HEADER_BYTES + 3 * 7
 
 
 class PartitionLog(LogReader):
@@ -193,7 +186,8 @@ class PartitionLog(LogReader):
             self.roll()
         first = offset = self.end_offset
         encoded: list[tuple[int, int, bytes]] = []
-        for start, stop in self._batch_bounds(runs):
+        ends = stored_byte_ends(runs)
+        for start, stop in batch_bounds(ends, self._segments[-1].size, self.config.segment_bytes):
             group = runs[start:stop]
             stamps = None if ts_brokers is None else ts_brokers[start:stop]
             identities = None if producers is None else producers[start:stop]
@@ -244,34 +238,6 @@ class PartitionLog(LogReader):
         if active.size + stored > self.config.segment_bytes:
             return False
         return self.end_offset + messages - active.base_offset <= _MAX_RELATIVE_OFFSET
-
-    def _batch_bounds(self, runs: list[Run]) -> list[tuple[int, int]]:
-        """Where ``runs`` split into batches, as index ranges: a batch stays
-        under ``BATCH_TARGET_BYTES`` and inside what is left of its segment
-        (a run too big for either gets a batch of its own). Found by binary
-        search over the running total of the runs' sizes: one step per
-        batch, not per run."""
-        limit = self.config.segment_bytes
-        target = min(BATCH_TARGET_BYTES, limit)
-        ends = stored_byte_ends(runs)
-        filled = self._segments[-1].size
-        bounds = []
-        start = 0
-        before = 0  # the running total before run ``start``
-        while start < len(runs):
-            room = min(target, limit - filled) - _BATCH_OVERHEAD
-            stop = max(bisect_right(ends, before + room, start), start + 1)
-            if stop == start + 1 and filled and ends[start] - before > room:
-                filled = 0  # a run that fits no more here starts a segment
-                continue
-            bounds.append((start, stop))
-            size = _BATCH_OVERHEAD + ends[stop - 1] - before
-            filled += size
-            if filled + _BATCH_OVERHEAD >= limit:
-                filled = 0  # the next batch starts a segment
-            before = ends[stop - 1]
-            start = stop
-        return bounds
 
     def _write(self, parts: list[bytes], positions: list[tuple[int, int, int]], end: int) -> None:
         if not parts:
@@ -418,15 +384,10 @@ class PartitionLog(LogReader):
         self._rolls += 1
 
     def enforce_retention(self) -> RetentionResult:
-        """Delete the oldest sealed segments that retention no longer keeps.
-
-        By age: a segment goes when its newest batch is older than
-        ``retention_seconds`` (an idle active segment that old is rolled
-        first, so it can go too). By bytes: the oldest go while the
-        partition holds more than ``retention_bytes``. The active segment is
-        never deleted, so a partition keeps at most
-        ``max(retention_bytes, active segment)`` bytes.
-        """
+        """Delete the oldest sealed segments that retention no longer keeps
+        (the rule: ``broky.storage.retention.expired_prefix``); an idle
+        active segment older than ``retention_seconds`` is rolled first, so
+        it can go too."""
         self._check_open()
         age = self.config.retention_ns
         limit = self.config.retention_bytes
@@ -434,20 +395,18 @@ class PartitionLog(LogReader):
         active = self._segments[-1]
         if age is not None and active.size and active.last_log_time < now - age:
             self.roll()
-        total = sum(segment.size for segment in self._segments)
-        deleted = deleted_bytes = 0
-        while len(self._segments) > 1:
-            oldest = self._segments[0]
-            expired = age is not None and oldest.last_log_time < now - age
-            oversize = limit is not None and total > limit
-            if not (expired or oversize):
-                break
-            oldest.delete()
-            del self._segments[0]
-            del self._bases[0]
-            total -= oldest.size
-            deleted += 1
-            deleted_bytes += oldest.size
+        segments = self._segments
+        deleted = expired_prefix(
+            [segment.size for segment in segments],
+            [segment.last_log_time for segment in segments],
+            now,
+            age,
+            limit,
+        )
+        deleted_bytes = sum(segment.size for segment in segments[:deleted])
+        for _ in range(deleted):
+            segments[0].delete()
+            del segments[0], self._bases[0]
         if deleted:
             fsync_directory(self.directory)
             self._deleted_segments += deleted
