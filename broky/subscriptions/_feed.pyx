@@ -207,7 +207,6 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     cdef list owners = dispatcher.table.owners
     cdef dict holders = dispatcher._holder
     cdef dict waiting_by_slot = dispatcher._waiting
-    cdef dict slot_at = dispatcher._slot_at
     cdef dict held_by_slot = dispatcher._held
     cdef list events = dispatcher.events
     cdef int64_t limit = tracker.durable_limit
@@ -277,7 +276,6 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 room.group_last = first + at
                 room.group_size += 1
                 PyDict_SetItem(pending, offset, span)
-                slot_at[offset] = slot
                 if not room.in_flight:
                     state.last_progress = now
                 room.in_flight += 1

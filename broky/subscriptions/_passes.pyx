@@ -45,14 +45,15 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
     cdef object held
     cdef object last_held = None
     cdef Py_ssize_t run = 0
-    cdef dict slot_at = None
+    cdef list window = None
+    cdef int64_t base = 0
     cdef dict held_by_slot = None
     cdef dict holders = None
     cdef bint freeing = slots is not None
     if freeing:
-        slot_at, held_by_slot, holders = slots
-        if slot_at is None or held_by_slot is None or holders is None:
-            raise TypeError("take_acked's slot maps must be three dicts")
+        window, base, held_by_slot, holders = slots
+        if window is None or held_by_slot is None or holders is None:
+            raise TypeError("take_acked's slot maps must be a list, an int and two dicts")
     for offset in offsets:
         # One lookup that takes the delivery out (a look, then a delete,
         # probed the table twice: most acked offsets are pending).
@@ -72,7 +73,7 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
         done.append(offset)
         ended.append(offset)
         if freeing:
-            _free_slot(slot_at, held_by_slot, holders, offset)
+            _free_slot(window, base, held_by_slot, holders, offset)
         # Consecutive offsets mostly share one delivery (a group): counted
         # as a run, one dict update per run.
         if held is last_held:
@@ -88,10 +89,14 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
     return done, ended, lost, waiting
 
 
-cdef inline int _free_slot(dict slot_at, dict held_by_slot, dict holders,
+cdef inline int _free_slot(list window, int64_t base, dict held_by_slot, dict holders,
                            object offset) except -1:
-    """``offset`` leaves its slot's held offsets; a slot holding none loses its holder."""
-    slot = slot_at.pop(offset, _ZERO)
+    """``offset`` leaves its slot's held offsets; a slot holding none loses
+    its holder. Its slot is read from the window (0 outside it)."""
+    cdef int64_t at = <int64_t>offset - base
+    cdef object slot = _ZERO
+    if 0 <= at < PyList_GET_SIZE(window):
+        slot = <object>PyList_GET_ITEM(window, <Py_ssize_t>at)
     cdef PyObject* found = PyDict_GetItem(held_by_slot, slot)
     if found == NULL:
         return 0

@@ -26,9 +26,10 @@ from broky.compiled import compiled_twin
 
 _Delivery = TypeVar("_Delivery")
 
-#: An ordered dispatcher's slot maps (``DispatchCore``): the slot of each
-#: pending offset, the pending offsets of each slot, each slot's holder.
-SlotMaps = tuple[dict[int, int], dict[int, dict[int, None]], dict[int, int]]
+#: An ordered dispatcher's slot maps (``DispatchCore``): the slot window
+#: (the slot of each offset read from the window's base on) and its base,
+#: the pending offsets of each slot, each slot's holder.
+SlotMaps = tuple[list[int], int, dict[int, dict[int, None]], dict[int, int]]
 
 
 class TakeAcked(Protocol):
@@ -72,7 +73,7 @@ def take_acked_pure(
     lost: dict[_Delivery, int] = {}
     waiting: list[int] = []
     if slots is not None:
-        slot_at, held_by_slot, holders = slots
+        window, base, held_by_slot, holders = slots
     for offset in offsets:
         held = pending.pop(offset, None)
         if held is None:
@@ -87,7 +88,7 @@ def take_acked_pure(
         done.append(offset)
         ended.append(offset)
         if slots is not None:
-            free_slot(slot_at, held_by_slot, holders, offset)
+            free_slot(window, base, held_by_slot, holders, offset)
         lost[held] = lost.get(held, 0) + 1
     done.sort()
     return done, ended, lost, waiting
@@ -138,16 +139,17 @@ def merge_acked_pure(firsts: list[int], lasts: list[int], cursor: int, offsets: 
 
 
 def free_slot(
-    slot_at: dict[int, int],
+    window: list[int],
+    base: int,
     held_by_slot: dict[int, dict[int, None]],
     holders: dict[int, int],
     offset: int,
 ) -> int:
     """An ordered dispatcher's side of ``offset``'s delivery ending: it
     leaves its slot's held offsets, and a slot holding none has no holder
-    any more (it may move to its new owner). Returns the slot (0 if none
-    was recorded)."""
-    slot = slot_at.pop(offset, 0)
+    any more (it may move to its new owner). Returns the slot, read from
+    the slot window (0 for an offset outside it)."""
+    slot = window[offset - base] if 0 <= offset - base < len(window) else 0
     held = held_by_slot.get(slot)
     if held is not None:
         held.pop(offset, None)

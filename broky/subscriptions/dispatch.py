@@ -169,6 +169,7 @@ class Dispatcher(DispatchCore):
         (``broky.subscriptions._feed.feed_fresh``, the same decisions and
         state, held equal by ``tests/subscriptions/test_passes.py``)."""
         assert self.ordered
+        self.note_slots(first, slots)
         tracker = self.tracker
         counts, due = tracker.counts, tracker.due
         # Read right at the position with nothing acked ahead: no offset
@@ -274,8 +275,12 @@ class Dispatcher(DispatchCore):
         # Ordered types free each ended offset's slot in the same pass
         # (``_forget`` for all of them: a key-shared consumer acks
         # scattered offsets).
-        slots = (self._slot_at, self._held, self._holder) if self.ordered else None
+        slots = (
+            (self._window, self._window_base, self._held, self._holder) if self.ordered else None
+        )
         _, lost, waiting = self.tracker.ack_delivered(offsets, slots)
+        if self.ordered:
+            self.trim_window()
         for offset in waiting:
             slot = self._slot_waiting(offset)
             if slot is not None:

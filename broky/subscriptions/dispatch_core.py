@@ -28,6 +28,11 @@ from broky.subscriptions.model import (
 from broky.subscriptions.slots import NOBODY, SlotTable
 from broky.subscriptions.tracker import AckTracker, Pending, SubscriptionImage
 
+#: The slot window's front is cut once this many offsets lie under the
+#: cursor: a cut moves the rest (up to ``max_unacked`` pointers), so it is
+#: paid once per this many acked offsets, not on every settle.
+_WINDOW_CUT = 4096
+
 
 class DispatchCore:
     """A dispatcher's state and delivery mechanics (module docstring)."""
@@ -58,9 +63,17 @@ class DispatchCore:
         # Ordered types: per slot, the holder of its pending messages and how many.
         self._holder: dict[int, int] = {}
         self._held: dict[int, dict[int, None]] = {}
-        #: Ordered types: the slot of each pending offset (a delivery may
-        #: group offsets of several slots: ``AckTracker.deliver_group``).
-        self._slot_at: dict[int, int] = {}
+        #: Ordered types: the slot of each offset read, from ``_window_base``
+        #: on (``note_slots``; 0 for the types other than key-shared). An
+        #: offset's slot never changes, so it is written once at its read
+        #: and the window's front is cut as the cursor passes it
+        #: (``trim_window``), where a dict of the pending offsets' slots
+        #: cost an insert at each delivery and a delete at each ack. Bound:
+        #: reads stop ``max_unacked`` past the cursor, so it holds at most
+        #: ``max_unacked + _WINDOW_CUT`` entries (a pointer each, the int
+        #: objects shared with the read's slot list).
+        self._window: list[int] = []
+        self._window_base = image.cursor
         #: Ordered types: offsets waiting per slot (parked or due again), sorted.
         self._waiting: dict[int, list[int]] = {}
         self.parked = 0
@@ -117,7 +130,36 @@ class DispatchCore:
             state.in_flight -= 1
         if not self.ordered:
             return 0
-        return free_slot(self._slot_at, self._held, self._holder, offset)
+        return free_slot(self._window, self._window_base, self._held, self._holder, offset)
+
+    def note_slots(self, first: int, slots: Sequence[int]) -> None:
+        """Offsets ``first, first + 1, ...`` were read with ``slots`` (ordered
+        types: key-shared's key slots, 0 for the others): the window learns
+        the ones past its end. A gap (offsets skipped unread, or acked
+        before the read) is filled with slot 0: none of them is delivered."""
+        window = self._window
+        end = self._window_base + len(window)
+        if first > end:
+            if not window:
+                self._window_base = first
+            else:
+                window.extend([0] * (first - end))
+            end = first
+        if first + len(slots) > end:
+            if self.options.type is SubscriptionType.KEY_SHARED:
+                window.extend(slots[end - first :])
+            else:
+                window.extend([0] * (first + len(slots) - end))
+
+    def trim_window(self) -> None:
+        """Cut the slot window's offsets under the cursor (acked: none is
+        pending again), in one cut once they are many (a cut moves the
+        rest of the window)."""
+        cut = self.tracker.cursor - self._window_base
+        window = self._window
+        if cut >= _WINDOW_CUT or cut >= len(window) > 0:
+            del window[:cut]
+            self._window_base += cut
 
     def _release(self, offset: int, due: float, error: str = "") -> None:
         """Take ``offset`` back for redelivery at ``due``; in ordered types the
@@ -179,7 +221,6 @@ class DispatchCore:
         state.in_flight += 1
         state.credit -= 1
         if self.ordered:
-            self._slot_at[offset] = slot
             self._holder[slot] = state.id
             held = self._held.get(slot)
             if held is None:
@@ -205,7 +246,6 @@ class DispatchCore:
             groups[owner] = [offset]
         else:
             group.append(offset)
-        self._slot_at[offset] = slot
         if not state.in_flight:
             state.last_progress = now
         state.in_flight += 1

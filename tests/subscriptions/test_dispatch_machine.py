@@ -328,6 +328,20 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert all(len(h) == 1 for h in holders.values()), holders
 
     @invariant()
+    def slot_window_holds_every_pending_slot(self) -> None:
+        """The slot window (``DispatchCore.note_slots``) gives each pending
+        offset of an ordered type its slot: an ack frees that slot, a
+        take-back rewinds it."""
+        dispatcher = self.dispatcher
+        if not dispatcher.ordered:
+            return
+        keyed = self.options.type is SubscriptionType.KEY_SHARED
+        window, base = dispatcher._window, dispatcher._window_base
+        for offset in dispatcher.tracker.pending:
+            assert 0 <= offset - base < len(window), (offset, base, len(window))
+            assert window[offset - base] == (self.slot(offset) if keyed else 0)
+
+    @invariant()
     def in_flight_matches_pending(self) -> None:
         dispatcher = self.dispatcher
         held = Counter(p.consumer for p in dispatcher.tracker.pending.values())

@@ -84,3 +84,27 @@ def test_no_filter_takes_every_message(shapes: list[list[int]], kind: Subscripti
         for offset in range(event.offset, event.stop)
     )
     assert delivered == list(range(base))
+
+
+def test_the_slot_window_learns_each_read_once_and_drops_what_the_cursor_passed() -> None:
+    """``note_slots``: a re-read changes nothing, a gap (offsets skipped
+    unread) is slot 0, an empty window starts at the first offset noted;
+    ``trim_window`` cuts the offsets under the cursor once they are many,
+    or all of them once the cursor passed the window's end."""
+    dispatcher = Dispatcher(Options(type=SubscriptionType.KEY_SHARED), SubscriptionImage(0), 10**6)
+    dispatcher.note_slots(0, [7, 8, 9])
+    dispatcher.note_slots(1, [70, 80, 90])  # 1 and 2 known: only 3 is new
+    dispatcher.note_slots(6, [5])  # 4 and 5 skipped unread
+    assert (dispatcher._window_base, dispatcher._window) == (0, [7, 8, 9, 90, 0, 0, 5])
+    dispatcher.tracker.ack_unread(0)
+    dispatcher.trim_window()  # one offset under the cursor: not worth a cut
+    assert dispatcher._window_base == 0
+    for offset in range(1, 7):
+        dispatcher.tracker.ack_unread(offset)
+    dispatcher.trim_window()  # the cursor passed the window's end
+    assert (dispatcher._window_base, dispatcher._window) == (7, [])
+    dispatcher.note_slots(20, [3, 4])
+    assert (dispatcher._window_base, dispatcher._window) == (20, [3, 4])
+    failover = Dispatcher(Options(type=SubscriptionType.FAILOVER), SubscriptionImage(5), 10**6)
+    failover.note_slots(5, [1, 2])  # the other ordered types: one slot, 0
+    assert (failover._window_base, failover._window) == (5, [0, 0])

@@ -119,11 +119,16 @@ def test_take_acked_frees_the_slots_of_the_offsets_it_ends(
     holders_of: dict[int, int], slot_at: dict[int, int], offsets: list[int]
 ) -> None:
     """With an ordered dispatcher's slot maps, each offset whose pending
-    delivery ends leaves its slot's held offsets; a slot left holding none
-    loses its holder; the other slots keep theirs. What is returned is what
+    delivery ends leaves its slot's held offsets (its slot read from the
+    window; 0 for one outside it); a slot left holding none loses its
+    holder; the other slots keep theirs. What is returned is what
     ``take_acked`` gives without the maps."""
     deliveries = [object() for _ in range(3)]
     pending = {offset: deliveries[index] for offset, index in holders_of.items()}
+    # The window starts at the lowest offset with a slot, so the others
+    # below it fall outside (slot 0), as do those past its end.
+    base = min(slot_at, default=0)
+    window = [slot_at.get(offset, 0) for offset in range(base, max(slot_at, default=-1) + 1)]
     # The maps hold pending offsets (and offsets no longer pending: left alone).
     held: dict[int, dict[int, None]] = {}
     for offset, slot in slot_at.items():
@@ -138,11 +143,11 @@ def test_take_acked_frees_the_slots_of_the_offsets_it_ends(
     expected = ack_pass.take_acked_pure({}, dict(pending), {}, list(offsets))
     for take in _twins(ack_pass.take_acked_pure, ack_pass.take_acked_compiled):
         assert callable(take)
-        left_pending, left_slot_at = dict(pending), dict(slot_at)
+        left_pending, left_window = dict(pending), list(window)
         left_held, left_holders = copy.deepcopy(held), dict(holders)
-        maps = (left_slot_at, left_held, left_holders)
+        maps = (left_window, base, left_held, left_holders)
         assert take({}, left_pending, {}, iter(offsets), maps) == expected
-        assert left_slot_at == {o: s for o, s in slot_at.items() if o not in gone}
+        assert left_window == window
         assert left_held == expected_held
         assert left_holders == {slot: slot + 100 for slot in expected_held}
 
@@ -201,7 +206,8 @@ def _dispatcher_state(dispatcher: Dispatcher) -> object:
         },
         tracker.due,
         tracker.next_deadline(),
-        dispatcher._slot_at,
+        dispatcher._window,
+        dispatcher._window_base,
         dispatcher._held,
         dispatcher._holder,
         dispatcher._waiting,
