@@ -65,18 +65,16 @@ from typing import Final
 import attrs
 import trio
 
-from broky.durable.consumer_gate import CreditGate, Waiting
-from broky.durable.consumer_parts import Receipt, RemotePart, Share, waiting_runs
+from broky.durable.consumer_gate import CreditGate, Entry
+from broky.durable.consumer_parts import DeliveryReader, Receipt, RemotePart, Share
 from broky.durable.forwarding import Forwarder
 from broky.durable.owner_channel import OwnerChannel
-from broky.protocol.codec import decode_frame, encode_frame
+from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import (
     Consume,
-    Deliver,
     Error,
     Flow,
-    Redelivered,
     Settle,
     Settled,
     Subscribed,
@@ -89,8 +87,6 @@ from broky.subscriptions.service import SubscriptionService
 
 log = logging.getLogger("broky.subscriptions")
 
-#: Size prefix of an encoded frame.
-PREFIX_BYTES = 4
 #: Seconds a spread consumer waits for a lost owner to come back before it
 #: ends with OwnerUnavailable: a supervised worker restarts and loads its
 #: subscriptions within a few seconds, even on a loaded machine.
@@ -137,8 +133,8 @@ class SpreadConsumer:
         self._forwarder = forwarder
         store = service.store
         self._worker = store.worker
-        #: The topic the local part's frames last named (Redelivered).
-        self._local_topic = ""
+        #: The local part's frames, read as the gate's entries.
+        self._local_reader = DeliveryReader(frame.stream)
         self._topics = {
             topic.name: topic
             for topic in store.policies.policies
@@ -283,7 +279,7 @@ class SpreadConsumer:
             self.gate.grant(self._frame.credit)
             self._pump()
 
-    def delivered(self, owner: int, runs: list[Waiting]) -> None:
+    def delivered(self, owner: int, runs: list[Entry]) -> None:
         """``owner`` delivered ``runs``: on to the client as its window allows."""
         if self.closed:
             return
@@ -345,8 +341,7 @@ class SpreadConsumer:
         self._reattaching.discard(owner)
         if owner not in self._lost:
             self._lost[owner] = trio.current_time() + REATTACH_SECONDS
-            owner_index = self._service.store.owner_index
-            self.gate.drop(owner, lambda run: owner_index(run.topic, run.partition) == owner)
+            self.gate.drop(owner)
             for sequence, share in list(self._receipts.items()):
                 if share.owner == owner:
                     del self._receipts[sequence]
@@ -413,15 +408,4 @@ class SpreadConsumer:
         self.part_settled(sequence, stale, unconfirmed)
 
     def delivered_frames(self, frames: Sequence[bytes]) -> None:
-        counts: list[tuple[str, int, int, int]] = []
-        runs: list[Waiting] = []
-        for data in frames:
-            frame = decode_frame(memoryview(data)[PREFIX_BYTES:])
-            if isinstance(frame, Redelivered):
-                entries = zip(frame.partitions, frame.offsets, frame.counts, strict=True)
-                counts.extend((frame.topic, p, o, c) for p, o, c in entries)
-                self._local_topic = frame.topic
-            elif isinstance(frame, Deliver):
-                runs.extend(waiting_runs(frame.runs, counts, self._local_topic))
-                counts = []
-        self.delivered(self._worker, runs)
+        self.delivered(self._worker, self._local_reader.read(frames))
