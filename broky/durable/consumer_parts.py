@@ -14,9 +14,7 @@ import attrs
 from broky.durable.consumer_gate import Entry, PartCount, waiting_frame, waiting_runs
 from broky.durable.owner_channel import OwnerChannel
 from broky.durable.relays import ConsumerFrame
-from broky.protocol.chunk_reading import read_runs_frame
 from broky.protocol.codec import decode_frame, encode_frame
-from broky.protocol.constants import BodyType
 from broky.protocol.frames import (
     Buffer,
     Consume,
@@ -73,14 +71,10 @@ class DeliveryReader:
 
     def deliver(self, buf: Buffer) -> list[Entry]:
         """The Deliver frame ``buf`` (the bytes after its size prefix)."""
-        whole = waiting_frame(buf, self.stream, self._counts, self._topic)
-        if whole is not None:
-            self._counts = []
-            return [whole]
-        frame = decode_frame(buf)
-        if not isinstance(frame, Deliver):
-            raise TypeError(f"a Deliver frame was expected, not {type(frame).__name__}")
-        return self.runs(frame)
+        entries = self._read(buf)
+        if entries is None:
+            raise TypeError("a Deliver frame was expected")
+        return entries
 
     def runs(self, frame: Deliver) -> list[Entry]:
         """A decoded Deliver's runs, one entry each."""
@@ -91,15 +85,22 @@ class DeliveryReader:
         """The size-prefixed frames the local subscription service delivered."""
         entries: list[Entry] = []
         for data in frames:
-            buf = memoryview(data)[PREFIX_BYTES:]
-            head = read_runs_frame(buf)
-            if head is not None and head[0] == BodyType.DELIVER:
-                entries.extend(self.deliver(buf))
-                continue
-            frame = decode_frame(buf)
-            if isinstance(frame, Redelivered):
-                self.redelivered(frame)
+            entries.extend(self._read(memoryview(data)[PREFIX_BYTES:]) or ())
         return entries
+
+    def _read(self, buf: Buffer) -> list[Entry] | None:
+        """The entries of frame ``buf`` if it is a Deliver (a Redelivered is
+        noted, for the Deliver after it)."""
+        whole = waiting_frame(buf, self.stream, self._counts, self._topic)
+        if whole is not None:
+            self._counts = []
+            return [whole]
+        frame = decode_frame(buf)
+        if isinstance(frame, Deliver):
+            return self.runs(frame)
+        if isinstance(frame, Redelivered):
+            self.redelivered(frame)
+        return None
 
 
 @attrs.define(slots=True, eq=False)

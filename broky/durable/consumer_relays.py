@@ -140,6 +140,12 @@ class SpreadConsumer:
             for topic in store.policies.policies
             if patterns_overlap(topic.pattern, frame.pattern)
         }
+        #: The owner of each partition of each topic read: a settle looks up
+        #: one per range, and key-shared acks come in ranges of a message or two.
+        self._partition_owners = {
+            name: tuple(store.owner_index(name, number) for number in range(topic.partitions))
+            for name, topic in self._topics.items()
+        }
         self.gate = CreditGate(frame.stream, owners, outlet.max_frame_bytes // FRAME_SHARE)
         #: Every owner: ``Subscribed`` waits for each (the gate forgets lost ones).
         self._owners = frozenset(owners)
@@ -203,13 +209,13 @@ class SpreadConsumer:
                 f"does not read (it reads {', '.join(sorted(topics))}); nothing settled",
             )
             return
-        owner_index = self._service.store.owner_index
+        owners = self._partition_owners[name]
         shares: dict[int, list[tuple[int, int, int]]] = {}
         for number, first, last in zip(
             frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
         ):
-            if 0 <= number < topic.partitions:
-                shares.setdefault(owner_index(name, number), []).append((number, first, last))
+            if 0 <= number < len(owners):
+                shares.setdefault(owners[number], []).append((number, first, last))
         receipt = Receipt(frame.sequence, len(shares)) if frame.sequence else None
         if receipt is not None and not shares:
             self.outlet.send_control(encode_frame(Settled(self.stream, frame.sequence, 0)))

@@ -287,6 +287,10 @@ class OwnerChannel:
             if not data:
                 raise trio.BrokenResourceError("the owner closed the channel")
             for received in machine.receive_deliveries(data):
+                if type(received) is PublishAck:
+                    self.publishes.acked(received, self.owner)
+                    self._forwarder.room_changed()
+                    continue
                 if (
                     self.consumer_parts
                     and isinstance(received, ConsumerFrame)
@@ -300,10 +304,7 @@ class OwnerChannel:
                     if type(received) is LocatedDeliver
                     else cast(Frame, received)
                 )
-                if type(frame) is PublishAck:
-                    self.publishes.acked(frame, self.owner)
-                    self._forwarder.room_changed()
-                elif type(frame) is Deliver:
+                if type(frame) is Deliver:
                     relay = self._relays.get(frame.stream)
                     if relay is not None:  # else unsubscribed meanwhile
                         relay.receive(frame.runs)
