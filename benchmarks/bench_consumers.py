@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m benchmarks.bench_consumers [--messages N]
 [--duration S] [--redeliveries N] [--credit N] [--max-in-flight N]
-[--ack-interval S] [--dir DIR] [--client-only]``. Prints one JSON object
+[--ack-interval S] [--workers N] [--dir DIR] [--client-only]``. Prints one JSON object
 per line. The sans-IO core alone (the dispatcher's CPU per message, one sqlite
 group commit) is ``benchmarks/bench_subscriptions.py``; this one adds the
 sockets, the log reads and the client. Scenarios:
@@ -33,6 +33,13 @@ phase divided by the messages acked (it covers reading, delivering and
 acking, so it bounds the ack part from above); ``client_us_per_msg`` is the
 same for this process (the 4 consumers and this checker's record), the
 figure to compare on a shared machine, where rates move with the load.
+
+``--workers N`` (default 1) runs each broker with N worker processes (as
+``broky serve`` does by default, one per core): the durable partitions
+spread over them and a consumer connected to one worker reads the others'
+partitions through the owner channels (a spread consumer). The server CPU
+is then summed over the worker processes (``bench_durable.worker_cpu``), so
+``server_us_per_msg`` covers the relaying too; every row says ``workers``.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.bench_durable import write_config
+from benchmarks.bench_durable import worker_cpu, write_config
 from benchmarks.interrupt import stop_children_on_signals
 from broky import BrokyError, Start, connect
 from broky.client.consumer import Consumer
@@ -61,7 +68,6 @@ from broky.client.consumer_options import (
     consumer_options,
 )
 from broky.client.delivery import Delivery
-from broky.loadtest.servers import cpu_seconds
 from broky.protocol.frames import Frame, Run, Settle
 from broky.protocol.message import encode_message, pack_sizes
 
@@ -205,7 +211,7 @@ async def consume_rate(
     published = await _load(address, messages, keys)
     seen = Seen(keep_keys=kind == "key-shared")
     stop = trio.Event()
-    server_before = cpu_seconds(pid)
+    server_before = sum(worker_cpu(pid))
     client_before = time.process_time()
     start = time.monotonic()
     deadline = trio.current_time() + duration
@@ -222,7 +228,7 @@ async def consume_rate(
                 _consume, address, f"bench-{kind}", kind, index, seen, stop, deadline + 10, settings
             )
     elapsed = time.monotonic() - start
-    server_seconds = cpu_seconds(pid) - server_before
+    server_seconds = sum(worker_cpu(pid)) - server_before
     client_seconds = time.process_time() - client_before
     unique = set(zip(seen.partitions, seen.offsets, strict=True))
     figures: dict[str, object] = {
@@ -305,11 +311,12 @@ def emit(scenario: str, **fields: object) -> None:
     print(json.dumps({"scenario": scenario, **fields}), flush=True)
 
 
-def _against_broker(root: Path, name: str, run: object, *args: object) -> None:
-    """Run scenario ``run`` against a fresh ``broky serve`` process; a broker
-    that refuses is reported as the row's ``error``, never as a rate."""
+def _against_broker(root: Path, name: str, workers: int, run: object, *args: object) -> None:
+    """Run scenario ``run`` against a fresh ``broky serve`` process of
+    ``workers`` workers; a broker that refuses is reported as the row's
+    ``error``, never as a rate."""
     config = root / f"{name}.toml"
-    write_config(config, root / f"data-{name}", "interval")
+    write_config(config, root / f"data-{name}", "interval", workers)
     process = subprocess.Popen(
         [sys.executable, "-m", "broky", "serve", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -319,10 +326,10 @@ def _against_broker(root: Path, name: str, run: object, *args: object) -> None:
         assert process.stdout is not None
         address = process.stdout.readline().strip().rsplit(" ", 1)[-1]
         figures: dict[str, object] = trio.run(run, address, process.pid, *args)  # type: ignore[arg-type]
-        emit(name, **figures)
+        emit(name, workers=workers, **figures)
     except* BrokyError as refused:
         # Each consumer task raises the same refusal: report it once.
-        emit(name, error=str(refused.exceptions[0]))
+        emit(name, workers=workers, error=str(refused.exceptions[0]))
     finally:
         process.terminate()
         process.wait(10)
@@ -341,6 +348,7 @@ def main() -> None:
     parser.add_argument("--credit", type=int, default=20_000, help="per consumer")
     parser.add_argument("--max-in-flight", type=int, default=50_000, help="per consumer")
     parser.add_argument("--ack-interval", type=float, default=ACK_INTERVAL, help="seconds")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes per broker")
     args = parser.parse_args()
     stop_children_on_signals()
     settings = ConsumerSettings(
@@ -362,14 +370,22 @@ def main() -> None:
             if args.only not in (None, name):
                 continue
             _against_broker(
-                root, name, consume_rate, args.messages, keys, kind, args.duration, settings
+                root,
+                name,
+                args.workers,
+                consume_rate,
+                args.messages,
+                keys,
+                kind,
+                args.duration,
+                settings,
             )
 
         async def nack(address: str, pid: int) -> dict[str, object]:
             return await nack_latency(address, args.redeliveries)
 
         if args.only in (None, "nack_redelivery"):
-            _against_broker(root, "nack_redelivery", nack)
+            _against_broker(root, "nack_redelivery", args.workers, nack)
 
 
 if __name__ == "__main__":

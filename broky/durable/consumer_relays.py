@@ -65,18 +65,16 @@ from typing import Final
 import attrs
 import trio
 
-from broky.durable.consumer_gate import CreditGate, Waiting
-from broky.durable.consumer_parts import Receipt, RemotePart, Share, waiting_runs
+from broky.durable.consumer_gate import CreditGate, Entry
+from broky.durable.consumer_parts import DeliveryReader, Receipt, RemotePart, Share
 from broky.durable.forwarding import Forwarder
 from broky.durable.owner_channel import OwnerChannel
-from broky.protocol.codec import decode_frame, encode_frame
+from broky.protocol.codec import encode_frame
 from broky.protocol.constants import ErrorCode
 from broky.protocol.frames import (
     Consume,
-    Deliver,
     Error,
     Flow,
-    Redelivered,
     Settle,
     Settled,
     Subscribed,
@@ -89,8 +87,6 @@ from broky.subscriptions.service import SubscriptionService
 
 log = logging.getLogger("broky.subscriptions")
 
-#: Size prefix of an encoded frame.
-PREFIX_BYTES = 4
 #: Seconds a spread consumer waits for a lost owner to come back before it
 #: ends with OwnerUnavailable: a supervised worker restarts and loads its
 #: subscriptions within a few seconds, even on a loaded machine.
@@ -137,12 +133,18 @@ class SpreadConsumer:
         self._forwarder = forwarder
         store = service.store
         self._worker = store.worker
-        #: The topic the local part's frames last named (Redelivered).
-        self._local_topic = ""
+        #: The local part's frames, read as the gate's entries.
+        self._local_reader = DeliveryReader(frame.stream)
         self._topics = {
             topic.name: topic
             for topic in store.policies.policies
             if patterns_overlap(topic.pattern, frame.pattern)
+        }
+        #: The owner of each partition of each topic read: a settle looks up
+        #: one per range, and key-shared acks come in ranges of a message or two.
+        self._partition_owners = {
+            name: tuple(store.owner_index(name, number) for number in range(topic.partitions))
+            for name, topic in self._topics.items()
         }
         self.gate = CreditGate(frame.stream, owners, outlet.max_frame_bytes // FRAME_SHARE)
         #: Every owner: ``Subscribed`` waits for each (the gate forgets lost ones).
@@ -207,13 +209,13 @@ class SpreadConsumer:
                 f"does not read (it reads {', '.join(sorted(topics))}); nothing settled",
             )
             return
-        owner_index = self._service.store.owner_index
+        owners = self._partition_owners[name]
         shares: dict[int, list[tuple[int, int, int]]] = {}
         for number, first, last in zip(
             frame.partitions, frame.first_offsets, frame.last_offsets, strict=True
         ):
-            if 0 <= number < topic.partitions:
-                shares.setdefault(owner_index(name, number), []).append((number, first, last))
+            if 0 <= number < len(owners):
+                shares.setdefault(owners[number], []).append((number, first, last))
         receipt = Receipt(frame.sequence, len(shares)) if frame.sequence else None
         if receipt is not None and not shares:
             self.outlet.send_control(encode_frame(Settled(self.stream, frame.sequence, 0)))
@@ -283,7 +285,7 @@ class SpreadConsumer:
             self.gate.grant(self._frame.credit)
             self._pump()
 
-    def delivered(self, owner: int, runs: list[Waiting]) -> None:
+    def delivered(self, owner: int, runs: list[Entry]) -> None:
         """``owner`` delivered ``runs``: on to the client as its window allows."""
         if self.closed:
             return
@@ -345,8 +347,7 @@ class SpreadConsumer:
         self._reattaching.discard(owner)
         if owner not in self._lost:
             self._lost[owner] = trio.current_time() + REATTACH_SECONDS
-            owner_index = self._service.store.owner_index
-            self.gate.drop(owner, lambda run: owner_index(run.topic, run.partition) == owner)
+            self.gate.drop(owner)
             for sequence, share in list(self._receipts.items()):
                 if share.owner == owner:
                     del self._receipts[sequence]
@@ -413,15 +414,4 @@ class SpreadConsumer:
         self.part_settled(sequence, stale, unconfirmed)
 
     def delivered_frames(self, frames: Sequence[bytes]) -> None:
-        counts: list[tuple[str, int, int, int]] = []
-        runs: list[Waiting] = []
-        for data in frames:
-            frame = decode_frame(memoryview(data)[PREFIX_BYTES:])
-            if isinstance(frame, Redelivered):
-                entries = zip(frame.partitions, frame.offsets, frame.counts, strict=True)
-                counts.extend((frame.topic, p, o, c) for p, o, c in entries)
-                self._local_topic = frame.topic
-            elif isinstance(frame, Deliver):
-                runs.extend(waiting_runs(frame.runs, counts, self._local_topic))
-                counts = []
-        self.delivered(self._worker, runs)
+        self.delivered(self._worker, self._local_reader.read(frames))

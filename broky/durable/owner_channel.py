@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import attrs
 import trio
@@ -32,7 +32,7 @@ from broky.durable.relays import (
 from broky.mesh.link import Connector
 from broky.mesh.outgoing import OutgoingFrames
 from broky.protocol.chunks import encode_chunk, runs_frame_parts
-from broky.protocol.codec import encode_frame
+from broky.protocol.codec import decode_frame, encode_frame
 from broky.protocol.connection import ProtocolMachine, Role
 from broky.protocol.constants import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -49,8 +49,10 @@ from broky.protocol.frames import (
     Fetch,
     Fetched,
     Flow,
+    Frame,
     Hello,
     ListPartitions,
+    LocatedDeliver,
     Notice,
     Partitions,
     Ping,
@@ -284,17 +286,25 @@ class OwnerChannel:
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
                 raise trio.BrokenResourceError("the owner closed the channel")
-            for frame in machine.receive_data(data):
-                if type(frame) is PublishAck:
-                    self.publishes.acked(frame, self.owner)
+            for received in machine.receive_deliveries(data):
+                if type(received) is PublishAck:
+                    self.publishes.acked(received, self.owner)
                     self._forwarder.room_changed()
-                elif (
+                    continue
+                if (
                     self.consumer_parts
-                    and isinstance(frame, ConsumerFrame)
-                    and (part := self.consumer_parts.get(frame.stream)) is not None
+                    and isinstance(received, ConsumerFrame)
+                    and (part := self.consumer_parts.get(received.stream)) is not None
                 ):
-                    part.receive(frame)
-                elif type(frame) is Deliver:
+                    part.receive(received)
+                    continue
+                # Only a spread consumer's part takes a Deliver left in the frame.
+                frame = (
+                    decode_frame(received.buffer)
+                    if type(received) is LocatedDeliver
+                    else cast(Frame, received)
+                )
+                if type(frame) is Deliver:
                     relay = self._relays.get(frame.stream)
                     if relay is not None:  # else unsubscribed meanwhile
                         relay.receive(frame.runs)

@@ -29,6 +29,7 @@ from broky.protocol.frames import (
     Deliver,
     EncodedRun,
     Error,
+    LocatedDeliver,
     Redelivered,
     Run,
     Settled,
@@ -45,8 +46,12 @@ RELAY_START_CREDIT: Final = 8
 RELAY_MAX_CREDIT: Final = 8192
 
 #: What an owner sends on a relayed consumer's stream (or a relayed
-#: subscription deletion's, broky.durable.subscription_deletes).
-ConsumerFrame = Deliver | Redelivered | Settled | Subscribed | Error | DeletedSubscription
+#: subscription deletion's, broky.durable.subscription_deletes); a durable
+#: Deliver comes as a ``LocatedDeliver``, left in the frame, where the
+#: compiled chunk reader is built.
+ConsumerFrame = (
+    Deliver | LocatedDeliver | Redelivered | Settled | Subscribed | Error | DeletedSubscription
+)
 
 
 class ChannelConsumer(Protocol):

@@ -106,6 +106,22 @@ def read_chunk_runs_pure(view: memoryview, start: int, count: int) -> list[Run |
     return runs
 
 
+def count_located_pure(view: Buffer, start: int, count: int) -> int:
+    """The messages of the ``count`` runs whose uoffsets start at ``start``
+    (known to lie in ``view``) when every one is a located chunk, else -1:
+    the pure twin of ``broky.protocol._forward.count_located``."""
+    view = memoryview(view)
+    slot = start
+    total = 0
+    for offset in struct.unpack_from(f"<{count}I", view, start):
+        run = read_located_run(view, slot + offset)
+        if run is None:
+            return -1
+        total += run.count
+        slot += 4
+    return total
+
+
 LocatedEncoder = Callable[[bytes, int, Buffer, Buffer, int, int], bytes]
 
 
