@@ -50,7 +50,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT, read_runs_frame
+from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT, RUNS_FRAME_STREAM_AT, read_runs_frame
 from broky.protocol.chunks import RUNS_VECTOR_AT, encode_chunk, runs_frame_parts
 from broky.protocol.codec import (
     count_located,
@@ -71,8 +71,6 @@ Count = tuple[str, int, int]
 PartCount = tuple[str, int, int, int]
 
 _U32 = struct.Struct("<I")
-#: Where a runs frame's stream lies, counting its size prefix (``chunks``).
-_STREAM_AT = 44
 #: Size of a frame's size prefix.
 _PREFIX_BYTES = 4
 
@@ -175,7 +173,7 @@ def waiting_frame(
     messages = located_messages(buf, RUNS_FRAME_RUNS_AT, runs)
     if messages < 0:
         return None
-    at = _STREAM_AT - _PREFIX_BYTES
+    at = RUNS_FRAME_STREAM_AT
     data = b"".join((_U32.pack(len(buf)), buf[:at], _U32.pack(stream), buf[at + 4 :]))
     return WaitingFrame(data, messages, runs, counts, topic)
 

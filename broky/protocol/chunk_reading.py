@@ -184,6 +184,9 @@ def read_forwardable(view: memoryview, count: int, limit: int) -> list[ChunkPart
 _RUNS_FRAME_READ: Final = struct.Struct("<36siIIBB2xI")
 #: Where the runs vector's uoffsets start, after the size prefix.
 RUNS_FRAME_RUNS_AT: Final = RUNS_VECTOR_AT
+#: Where the frame's stream (a u32) lies, after the size prefix: the field
+#: ``_RUNS_FRAME_READ`` reads third (a relay patches it in place).
+RUNS_FRAME_STREAM_AT: Final = struct.calcsize("<36si")
 
 
 def _runs_frame_start(body_type: BodyType, vtable: tuple[int, ...]) -> bytes:
