@@ -78,6 +78,9 @@ class Report:
     acked: list[Acked] = attrs.field(factory=list)
     #: Batches whose publish raised after all retries (outcome unknown).
     indeterminate: int = 0
+    #: Why they did (the first few errors, with when and which key), so a
+    #: failed assertion on ``indeterminate`` says what refused them.
+    gave_up: list[str] = attrs.field(factory=list)
     retries: int = 0
     #: Seconds from each leader SIGKILL to the next ack on each partition it led.
     failovers: list[float] = attrs.field(factory=list)
@@ -211,8 +214,10 @@ async def _publisher(
                 batch = [payload(client, seq + i) for i in range(BATCH)]
                 try:
                     runs = await publisher.publish(key, batch)
-                except BrokyError:
+                except BrokyError as error:
                     report.indeterminate += 1
+                    if len(report.gave_up) < 10:
+                        report.gave_up.append(f"{trio.current_time():.2f} {key}: {error!r}")
                 else:
                     acked_at = trio.current_time()
                     for run in runs:

@@ -131,14 +131,15 @@ async def test_a_joining_node_takes_its_share_and_a_removed_node_hands_its_repli
     assert not any(held["n1"].values()), {p: len(r) for p, r in held["n1"].items()}
     duplicates, on_n4 = verify(report, held, final)
     print(
-        f"join balanced in {join_took:.2f} s, removal in {remove_took:.2f} s; "
+        f"join at {join_started:.2f} balanced in {join_took:.2f} s, removal at "
+        f"{remove_started:.2f} in {remove_took:.2f} s; "
         f"acked {len(report.acked)} ({acked_at_join} before the join settled), "
         f"duplicates {duplicates}, indeterminate batches {report.indeterminate}, "
         f"client retries {report.retries}; n4 holds {on_n4} of {TOPIC.partitions} partitions"
     )
     assert len(report.acked) > acked_at_join > 0
     # Publishes kept working through the moves: none gave up (10 s of retries).
-    assert report.indeterminate == 0
+    assert report.indeterminate == 0, report.gave_up
 
 
 async def test_moves_carry_on_after_the_controller_and_the_new_node_are_killed(
