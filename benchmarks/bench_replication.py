@@ -134,21 +134,36 @@ async def _measure(
     await trio.sleep(0.5)
     for node in nodes:
         node.stop(signal.SIGTERM)
+    load = {"in_flight": args.in_flight, "batch": args.batch}
+    return _row(mode, args, load, elapsed, count, cpu, client_cpu, _lost(nodes, acked))
+
+
+def _row(
+    mode: str,
+    args: argparse.Namespace,
+    load: dict[str, object],
+    elapsed: float,
+    acked: int,
+    cpu: list[float],
+    client_cpu: float,
+    lost: int,
+) -> dict[str, object]:
+    """One mode's JSON row, Broky's and JetStream's alike (``load``: how
+    each drove its publishes)."""
     return {
         "mode": mode,
         "clients": args.clients,
-        "in_flight": args.in_flight,
-        "batch": args.batch,
+        **load,
         "message_bytes": args.size,
         "seconds": round(elapsed, 2),
-        "acked_messages": count,
-        "msgs_per_s": round(count / elapsed),
+        "acked_messages": acked,
+        "msgs_per_s": round(acked / elapsed),
         # CPU seconds per node during the load, and per acked message over
-        # all nodes (the client's apart: it is the same load in both modes).
+        # all nodes (the client's apart: it is the same load in every mode).
         "node_cpu_s": [round(seconds, 2) for seconds in cpu],
-        "server_cpu_us_per_msg": round(sum(cpu) / max(count, 1) * 1e6, 2),
+        "server_cpu_us_per_msg": round(sum(cpu) / max(acked, 1) * 1e6, 2),
         "client_cpu_s": round(client_cpu, 2),
-        "lost": _lost(nodes, acked),
+        "lost": lost,
     }
 
 
@@ -271,19 +286,9 @@ def _jetstream_rate(
         )
         client_cpu = time.process_time() - client_before
         cpu = [cpu_seconds(pid) - start for (pid, _), start in zip(servers, before, strict=True)]
-        return {
-            "mode": mode,
-            "clients": args.clients,
-            "window": window,
-            "message_bytes": args.size,
-            "seconds": round(elapsed, 2),
-            "acked_messages": acked,
-            "msgs_per_s": round(acked / elapsed),
-            "node_cpu_s": [round(seconds, 2) for seconds in cpu],
-            "server_cpu_us_per_msg": round(sum(cpu) / max(acked, 1) * 1e6, 2),
-            "client_cpu_s": round(client_cpu, 2),
-            "lost": published - acked,
-        }
+        return _row(
+            mode, args, {"window": window}, elapsed, acked, cpu, client_cpu, published - acked
+        )
 
     return trio.run(run)
 

@@ -25,7 +25,7 @@ cdef extern from "Python.h":
 from libc.stdint cimport int64_t
 
 from broky.protocol._run_slots cimport load_slot, slot_offsets, store_slot
-from broky.subscriptions._int_bisect cimport bisect_right
+from broky.subscriptions._int_bisect cimport span_at
 
 from bisect import insort
 
@@ -424,14 +424,7 @@ def sort_segments(list events, list bases, list stops):
             last_consumer = consumer
         # ``delivery_segments``' step, on this consumer's open segment.
         offset = first
-        if (
-            cut.current >= 0
-            and <int64_t>bases[cut.current] <= offset
-            and offset < <int64_t>stops[cut.current]
-        ):
-            index = cut.current
-        else:
-            index = bisect_right(bases, offset) - 1
+        index = span_at(bases, stops, cut.current, offset)
         while offset < stop:
             if index >= 0 and offset < <int64_t>stops[index]:
                 span_stop = stops[index]

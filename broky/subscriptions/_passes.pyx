@@ -27,7 +27,7 @@ cdef extern from "Python.h":
     Py_ssize_t PyDict_GET_SIZE(object mapping)
 from libc.stdint cimport INT64_MAX, int64_t
 
-from broky.subscriptions._int_bisect cimport bisect_left, bisect_right
+from broky.subscriptions._int_bisect cimport bisect_left, bisect_right, span_at
 
 from broky.protocol.constants import SettleKind
 
@@ -322,17 +322,7 @@ def delivery_segments(deliveries, list bases, list stops):
         else:
             first, stop, count = delivery
         offset = first
-        # A consumer's deliveries mostly go up one held span after another:
-        # one still in the span of the last is in it (the spans are sorted
-        # and disjoint), with no bisection.
-        if (
-            current >= 0
-            and <int64_t>bases[current] <= offset
-            and offset < <int64_t>stops[current]
-        ):
-            index = current
-        else:
-            index = bisect_right(bases, offset) - 1
+        index = span_at(bases, stops, current, offset)
         while offset < stop:
             if index >= 0 and offset < <int64_t>stops[index]:
                 span_stop = stops[index]

@@ -19,6 +19,7 @@ from broky.storage.batch_reading import BatchSpan, decode_batch
 from broky.subscriptions import delivery
 from broky.subscriptions.definition import Definition, DefinitionError
 from broky.subscriptions.delivery import BatchCache, dead_letter_run, delivery_frames
+from tests.subscriptions.spans import held_spans
 
 
 def _run(base: int, count: int, key: bytes) -> Run:
@@ -210,13 +211,7 @@ def test_the_compiled_segments_pass_cuts_as_the_pure_one(
     compiled = delivery.delivery_segments_compiled
     if compiled is None:
         pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
-    bases: list[int] = []
-    stops: list[int] = []
-    position = 0
-    for gap, length in layout:
-        bases.append(position + gap)
-        stops.append(position + gap + length)
-        position += gap + length
+    bases, stops = held_spans(layout)
     given_deliveries = [(first, first + length, count) for first, length, count in deliveries]
     pure = delivery.delivery_segments_pure(given_deliveries, bases, stops)
     assert compiled(given_deliveries, bases, stops) == pure

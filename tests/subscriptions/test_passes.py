@@ -30,6 +30,7 @@ from broky.subscriptions.model import (
 )
 from broky.subscriptions.slots import SLOT_TYPECODE, slot_of
 from broky.subscriptions.tracker import SubscriptionImage
+from tests.subscriptions.spans import held_spans
 
 #: Offsets drawn from a small window, so that runs, neighbours and repeats are common.
 _OFFSET = st.integers(0, 60)
@@ -333,13 +334,7 @@ def test_a_rounds_events_sort_into_segments_alike_compiled_or_pure(
     along held spans with gaps (deliveries past, between and across them,
     some redelivered, some empty): one compiled pass answers as the pure
     sort followed by the pure cut, consumers in the same order."""
-    bases: list[int] = []
-    stops: list[int] = []
-    position = 0
-    for gap, length in layout:
-        bases.append(position + gap)
-        stops.append(position + gap + length)
-        position += gap + length
+    bases, stops = held_spans(layout)
     pure = round_events.sort_segments_pure(events, bases, stops)
     per_consumer, delivered, redelivered, others = round_events.sort_events_pure(events)
     assert pure[1:] == (delivered, redelivered, others)
