@@ -25,8 +25,8 @@ import json
 import struct
 from typing import Final
 
-from broky.protocol.errors import LocalProtocolError
-from broky.protocol.message import check_sizes
+from broky.protocol.chunks import u32_array
+from broky.protocol.frames import Buffer
 from broky.replication.wire import (
     Fetch,
     Fetched,
@@ -95,7 +95,7 @@ def decode_fetch(header: memoryview) -> Fetch:
     )
 
 
-def encode_fetched(fetched: Fetched) -> tuple[bytes, list[bytes]]:
+def encode_fetched(fetched: Fetched) -> tuple[bytes, list[Buffer]]:
     """A Fetched's binary header and its payload's parts (no copy of them)."""
     runs = fetched.runs
     state = (
@@ -137,9 +137,10 @@ def decode_fetched(header: memoryview, payload: memoryview) -> Fetched:
     table_end = FETCHED_HEAD.size + RUN_ENTRY.size * run_count
     if table_end > len(header):
         raise ReplicationProtocolError("a Fetched run table runs past its header")
-    entries = list(RUN_ENTRY.iter_unpack(header[FETCHED_HEAD.size : table_end]))
     key_position = table_end
     position = 0
+    payload_length = len(payload)
+    header_length = len(header)
     runs = []
     for (
         epoch_,
@@ -151,24 +152,23 @@ def decode_fetched(header: memoryview, payload: memoryview) -> Fetched:
         messages_length,
         producer,
         sequence,
-    ) in entries:
+    ) in RUN_ENTRY.iter_unpack(header[FETCHED_HEAD.size : table_end]):
         sizes_end = position + sizes_length
         messages_end = sizes_end + messages_length
         key_end = key_position + key_length
         if (
             count < 1
             or sizes_length != 4 * count
-            or messages_end > len(payload)
-            or key_end > len(header)
+            or messages_end > payload_length
+            or key_end > header_length
             or (producer == 0 and sequence != 0)
         ):
             raise ReplicationProtocolError("a run's bytes do not match its header")
-        sizes = bytes(payload[position:sizes_end])
-        messages = bytes(payload[sizes_end:messages_end])
-        try:
-            check_sizes(sizes, messages)
-        except LocalProtocolError as exc:
-            raise ReplicationProtocolError(f"a run's sizes do not add up: {exc}") from exc
+        # Views of the frame, not copies (see ReplicatedRun); the size table
+        # summed in place (``check_sizes`` without its wrapping, per run).
+        sizes = payload[position:sizes_end]
+        if sum(u32_array(sizes)) != messages_length:
+            raise ReplicationProtocolError("a run's sizes do not add up to its messages")
         runs.append(
             ReplicatedRun(
                 epoch_,
@@ -177,7 +177,7 @@ def decode_fetched(header: memoryview, payload: memoryview) -> Fetched:
                 bytes(header[key_position:key_end]),
                 ts_broker,
                 sizes,
-                messages,
+                payload[sizes_end:messages_end],
                 producer,
                 sequence,
             )

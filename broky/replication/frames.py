@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from broky.protocol.frames import Buffer
 from broky.replication.fetch_codec import (
     FETCH_HEAD,
     FETCH_KIND,
@@ -101,9 +102,9 @@ def encode_fetch_many(fetches: list[bytes]) -> bytes:
     return b"".join((_LENGTHS.pack(length, len(header)), header, *fetches))
 
 
-def _frame_parts(message: Message) -> list[bytes]:
+def _frame_parts(message: Message) -> list[Buffer]:
     """``message``'s frame in parts, joined once by ``encode``."""
-    payload: list[bytes] = []
+    payload: list[Buffer] = []
     if isinstance(message, Fetch):
         header = encode_fetch(message)
     elif isinstance(message, Fetched):

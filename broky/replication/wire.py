@@ -38,6 +38,8 @@ from typing import Any, Final
 
 import attrs
 
+from broky.protocol.frames import Buffer
+
 #: Bytes of runs one Fetched carries at most (the leader stops adding runs
 #: past it): large enough that a catching-up follower moves ~1 MiB per round
 #: trip, small enough to bound each follower's in-flight memory.
@@ -97,15 +99,20 @@ class ReplicatedRun:
     producer that published it and the sequence of its first message (0, 0:
     none), which the follower stores with it: a follower that takes the lead
     rebuilds its deduplication window from them (broky.durable.producers), so
-    a retry of a publish the deposed leader stored is not stored again."""
+    a retry of a publish the deposed leader stored is not stored again.
+
+    A follower's decoded runs hold ``sizes`` and ``messages`` as views of
+    the answer's frame (broky.replication.fetch_codec), not copies: the log
+    append copies them into its batch anyway, so a copy per run here only
+    cost CPU on every follower round."""
 
     epoch: int
     base_offset: int
     count: int
     key: bytes
     ts_broker: int
-    sizes: bytes
-    messages: bytes
+    sizes: Buffer
+    messages: Buffer
     producer: int = 0
     sequence: int = 0
 
