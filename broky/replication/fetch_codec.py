@@ -25,7 +25,7 @@ import json
 import struct
 from typing import Final
 
-from broky.protocol.chunks import u32_array
+from broky.protocol.chunks import sum_u32
 from broky.protocol.frames import Buffer
 from broky.replication.wire import (
     Fetch,
@@ -167,7 +167,7 @@ def decode_fetched(header: memoryview, payload: memoryview) -> Fetched:
         # Views of the frame, not copies (see ReplicatedRun); the size table
         # summed in place (``check_sizes`` without its wrapping, per run).
         sizes = payload[position:sizes_end]
-        if sum(u32_array(sizes)) != messages_length:
+        if sum_u32(sizes) != messages_length:
             raise ReplicationProtocolError("a run's sizes do not add up to its messages")
         runs.append(
             ReplicatedRun(

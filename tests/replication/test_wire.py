@@ -255,3 +255,24 @@ def test_a_fetch_many_holds_only_fetches() -> None:
         bad = (4 + len(body)).to_bytes(4, "little") + (8).to_bytes(4, "little") + body
         with pytest.raises(ReplicationProtocolError):
             FrameReader().feed(bad)
+
+
+def test_a_run_whose_sizes_do_not_add_up_is_refused() -> None:
+    """A follower keeps a run's sizes and messages as views of the frame
+    (no copies), so the size table is checked at decode: a table that does
+    not sum to the run's message bytes is garbage, and so is a run whose
+    bytes run past the payload."""
+    run = ReplicatedRun(3, 10, 2, b"k", 7, (2).to_bytes(4, "little") * 2, b"abcd")
+    frame = encode(Fetched(3, 12, (run,)))
+    (decoded,) = FrameReader().feed(frame)
+    assert isinstance(decoded, Fetched)
+    assert decoded.runs == (run,)
+    table = (2).to_bytes(4, "little") * 2 + b"abcd"
+    assert frame.count(table) == 1
+    bad_sizes = (2).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abcd"
+    with pytest.raises(ReplicationProtocolError, match="sizes"):
+        FrameReader().feed(frame.replace(table, bad_sizes))
+    # One message byte short, the frame's length fixed to match.
+    short = frame[4:-1]
+    with pytest.raises(ReplicationProtocolError, match="do not match"):
+        FrameReader().feed(len(short).to_bytes(4, "little") + short)
