@@ -344,6 +344,44 @@ class PartitionLog(LogReader):
             self.roll()
         self.enforce_retention()
 
+    def housekeeping_delay(self) -> float | None:
+        """Seconds until ``tick`` has something to do (0.0: now), or None
+        when nothing becomes due without new writes: an ``INTERVAL`` fsync
+        of data not synced yet, a time roll, a segment retention removes by
+        age (or an idle active segment it would roll first) or by bytes.
+
+        Read-only and cheap: a partition's owner asks it on the event loop
+        between rounds and hands a tick to a thread only when it has work
+        (a hand-off every 0.2 s per idle partition cost a broker of 64 of
+        them 13 % of a core). An idle partition's fsync clock is not reset
+        while it has nothing to sync, so the first data after a pause is
+        synced at the next tick, not up to an interval later."""
+        if self._closed or self._write_failure is not None:
+            return None
+        now = self._now()
+        waits: list[int] = []
+        if self.config.fsync is FsyncPolicy.INTERVAL and self._durable_offset < self.end_offset:
+            waits.append(self._last_sync + self.config.fsync_interval_ns - now)
+        schedule = self.config.roll
+        segments = self._segments
+        first = segments[-1].first_log_time
+        if schedule is not None and first is not None:
+            waits.append(schedule.deadline(first) - now)
+        age = self.config.retention_ns
+        if age is not None:
+            # Segments age oldest first; the active one is rolled once idle.
+            # Both compare strictly (older than ``now - age``): due 1 ns later.
+            if len(segments) > 1:
+                waits.append(segments[0].last_log_time + age + 1 - now)
+            if segments[-1].size:
+                waits.append(segments[-1].last_log_time + age + 1 - now)
+        limit = self.config.retention_bytes
+        if limit is not None and len(segments) > 1 and sum(s.size for s in segments) > limit:
+            return 0.0  # the oldest go by bytes (the active one never does)
+        if not waits:
+            return None
+        return max(0.0, min(waits) / 1e9)
+
     def _sync_if_due(self, now: int) -> None:
         if now - self._last_sync >= self.config.fsync_interval_ns:
             self.sync()
