@@ -71,6 +71,8 @@ def main() -> int:
         else:
             shutil.rmtree(directory, ignore_errors=True)
     print(json.dumps(report.summary()))
+    for reason in report.gave_up:  # why batches ended indeterminate (the first few)
+        print(f"gave up: {reason}", file=sys.stderr)
     return 0 if report.ok else 1
 
 

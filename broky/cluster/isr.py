@@ -277,6 +277,21 @@ class LeaderIsr:
         The caller CASes it and reports ``isr_committed`` or ``isr_failed``."""
         if self.pending_isr is not None:
             return None
+        proposal = self._candidate(now)
+        if proposal is None:
+            return None
+        self.pending_isr = proposal
+        self._advance()
+        return proposal
+
+    def steady(self, now: float) -> bool:
+        """Whether ``propose(now)`` would propose nothing, without its side
+        effects: a leader's periodic review asks this first and takes its
+        vbucket's lock only for a change (broky.replication.service)."""
+        return self.pending_isr is not None or self._candidate(now) is None
+
+    def _candidate(self, now: float) -> tuple[IsrEntry, ...] | None:
+        """The ISR the rules give now, None if it is the committed one."""
         lag_max = self.settings.replica_lag_max
         keep = [self.leader]
         for entry in self.committed_isr:
@@ -306,11 +321,7 @@ class LeaderIsr:
             ):
                 keep.append(entry)
         proposal = tuple(keep)
-        if set(proposal) == set(self.committed_isr):
-            return None
-        self.pending_isr = proposal
-        self._advance()
-        return proposal
+        return None if set(proposal) == set(self.committed_isr) else proposal
 
     def answers(self) -> list[Answer]:
         """Publishes whose fate is now known, in log order (each once; an

@@ -380,6 +380,11 @@ class ReplicationService:
             try:
                 while True:
                     await trio.sleep(ISR_CHECK)
+                    if isr.steady(time.monotonic()):
+                        # Nothing to change: no lock (its checkpoints were
+                        # most of an idle leader's CPU per led partition).
+                        replica.settle()
+                        continue
                     async with self.vbucket_locks.lock(term.vbucket):
                         if not await self.reviews.review(replica, isr, term):
                             return

@@ -121,7 +121,10 @@ class LeaderModel(RuleBasedStateMachine):
     @precondition(lambda self: self.isr.pending_isr is None)
     @rule()
     def propose(self) -> None:
+        # ``steady``, the leader's lock-free look first, agrees with it.
+        steady = self.isr.steady(self.now)
         proposal = self.isr.propose(self.now)
+        assert steady == (proposal is None)
         if proposal is not None:
             assert LEADER in proposal
             assert len({node for node, _ in proposal}) == len(proposal)
@@ -131,6 +134,7 @@ class LeaderModel(RuleBasedStateMachine):
     def etcd_answers(self, succeed: bool) -> None:
         pending = self.isr.pending_isr
         assert pending is not None
+        assert self.isr.steady(self.now), "nothing more is proposed while one change is out"
         if succeed:
             self.isr.isr_committed(pending)
         else:
