@@ -12,14 +12,14 @@ the same results (hypothesis holds them equal,
 ``tests/subscriptions/test_passes.py``); ``BROKY_PURE=1`` or a missing
 build runs these.
 
-The structures are the callers' (the tracker's dicts and acked ranges, the
+The structures are the callers' (the tracker's maps and acked ranges, the
 dispatcher's slot maps): the functions change them in place and own nothing.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Protocol, TypeVar
 
 from broky.compiled import compiled_twin
@@ -28,8 +28,8 @@ _Delivery = TypeVar("_Delivery")
 
 #: An ordered dispatcher's slot maps (``DispatchCore``): the slot window
 #: (the slot of each offset read from the window's base on) and its base,
-#: the pending offsets of each slot, each slot's holder.
-SlotMaps = tuple[list[int], int, dict[int, dict[int, None]], dict[int, int]]
+#: how many offsets each slot has pending, each slot's holder.
+SlotMaps = tuple[list[int], int, dict[int, int], dict[int, int]]
 
 
 class TakeAcked(Protocol):
@@ -38,7 +38,7 @@ class TakeAcked(Protocol):
     def __call__(
         self,
         counts: dict[int, int],
-        pending: dict[int, _Delivery],
+        pending: MutableMapping[int, _Delivery],
         due: dict[int, float],
         offsets: Iterable[int],
         slots: SlotMaps | None = None,
@@ -47,7 +47,7 @@ class TakeAcked(Protocol):
 
 def take_acked_pure(
     counts: dict[int, int],
-    pending: dict[int, _Delivery],
+    pending: MutableMapping[int, _Delivery],
     due: dict[int, float],
     offsets: Iterable[int],
     slots: SlotMaps | None = None,
@@ -141,19 +141,22 @@ def merge_acked_pure(firsts: list[int], lasts: list[int], cursor: int, offsets: 
 def free_slot(
     window: list[int],
     base: int,
-    held_by_slot: dict[int, dict[int, None]],
+    held_by_slot: dict[int, int],
     holders: dict[int, int],
     offset: int,
 ) -> int:
-    """An ordered dispatcher's side of ``offset``'s delivery ending: it
-    leaves its slot's held offsets, and a slot holding none has no holder
-    any more (it may move to its new owner). Returns the slot, read from
-    the slot window (0 for an offset outside it)."""
+    """An ordered dispatcher's side of ``offset``'s delivery ending: its
+    slot holds one offset less, and a slot holding none has no holder any
+    more (it may move to its new owner). Returns the slot, read from the
+    slot window (0 for an offset outside it). The caller ends each pending
+    offset once (``take_acked`` ends only offsets it took from
+    ``pending``)."""
     slot = window[offset - base] if 0 <= offset - base < len(window) else 0
     held = held_by_slot.get(slot)
     if held is not None:
-        held.pop(offset, None)
-        if not held:
+        if held > 1:
+            held_by_slot[slot] = held - 1
+        else:
             del held_by_slot[slot], holders[slot]
     return slot
 
