@@ -140,6 +140,35 @@ cdef inline int _free_slot(list window, int64_t base, dict held_by_slot, dict ho
     return 0
 
 
+def held_after(list window, int64_t base, object slot, int64_t offset, pending):
+    # See ``ack_pass.held_after_pure``. A slot is compared by identity
+    # first (the window's ints are often the very object), then by value;
+    # ``pending``, a ``PendingWindow``, is read through its entries.
+    cdef list later = []
+    cdef Py_ssize_t at, size = PyList_GET_SIZE(window)
+    cdef int64_t wanted = slot, position, entries_base = 0
+    cdef PyObject* item
+    cdef list entries = None
+    cdef bint windowed = type(pending) is not dict and hasattr(pending, "entries")
+    if windowed:
+        entries = pending.entries
+        entries_base = pending.base
+    at = offset + 1 - base if offset + 1 - base > 0 else 0
+    while at < size:
+        item = PyList_GET_ITEM(window, at)
+        if item == <PyObject*>slot or <int64_t><object>item == wanted:
+            position = base + at
+            if windowed:
+                if (0 <= position - entries_base < PyList_GET_SIZE(entries)
+                        and PyList_GET_ITEM(entries, <Py_ssize_t>(position - entries_base))
+                        != <PyObject*>None):
+                    later.append(position)
+            elif position in pending:
+                later.append(position)
+        at += 1
+    return later
+
+
 cdef struct _Open:
     # The merged range being built: [first, last], when ``opened``, with
     # the int objects that hold those bounds (borrowed from the ranges or

@@ -43,9 +43,13 @@ def _twins(pure: object, compiled: object) -> list[object]:
 
 def test_the_compiled_twins_are_built() -> None:
     """``make`` builds them; a silent fallback would leave the slow path on."""
-    twins = (ack_pass.take_acked_compiled, ack_pass.merge_acked_compiled)
+    twins = (
+        ack_pass.take_acked_compiled,
+        ack_pass.merge_acked_compiled,
+        ack_pass.held_after_compiled,
+    )
     if os.environ.get("BROKY_PURE") == "1":
-        assert twins == (None, None)
+        assert twins == (None, None, None)
         assert slots.assign_compiled is None
         assert round_events.sort_segments_compiled is None
         assert dispatch.feed_fresh_compiled is None

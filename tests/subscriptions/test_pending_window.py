@@ -127,3 +127,29 @@ def test_take_acked_takes_from_a_window_as_from_a_dict(
         assert take(left_counts, window, {}, iter(offsets)) == expected
         assert left_counts == expected_counts
         assert dict(window.items()) == expected_pending
+
+
+@given(
+    st.integers(0, 20),
+    st.lists(st.integers(0, 3), max_size=60),
+    st.sets(st.integers(0, 90)),
+    st.integers(0, 3),
+    st.integers(0, 90),
+    st.booleans(),
+)
+def test_held_after_finds_the_later_pending_offsets_of_a_slot(
+    base: int, window: list[int], pending: set[int], slot: int, offset: int, windowed: bool
+) -> None:
+    """Pure and compiled, over a dict or a window of the pending offsets
+    (some outside the slot window): the offsets past ``offset`` whose
+    slot is ``slot`` and that are pending, ascending."""
+    expected = [
+        base + at
+        for at, given in enumerate(window)
+        if given == slot and base + at > offset and base + at in pending
+    ]
+    held: dict[int, object] = dict.fromkeys(pending, "held")
+    container = _window(min(pending, default=0), held) if windowed else held
+    finds = [ack_pass.held_after_pure, ack_pass.held_after_compiled]
+    for find in [find for find in finds if find is not None]:
+        assert find(list(window), base, slot, offset, container) == expected
