@@ -203,7 +203,13 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     tracker = dispatcher.tracker
     cdef dict counts = tracker.counts
     cdef dict due = tracker.due
-    cdef dict pending = tracker.pending
+    # ``pending``: the tracker's ``PendingWindow`` (an ordered tracker's),
+    # appended to at the read position through its entries; a dict (a
+    # caller's stand-in) through the mapping.
+    pending = tracker.pending
+    cdef bint windowed = type(pending) is not dict
+    cdef list entries = pending.entries if windowed else None
+    cdef int64_t entries_base = pending.base if windowed else 0
     cdef list owners = dispatcher.table.owners
     cdef dict holders = dispatcher._holder
     cdef dict waiting_by_slot = dispatcher._waiting
@@ -275,7 +281,10 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                     room.group_size = 0
                 room.group_last = first + at
                 room.group_size += 1
-                PyDict_SetItem(pending, offset, span)
+                if windowed and first + at - entries_base == PyList_GET_SIZE(entries):
+                    entries.append(span)
+                else:
+                    pending[offset] = span
                 if not room.in_flight:
                     state.last_progress = now
                 room.in_flight += 1
@@ -283,11 +292,9 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 room.touched = True
                 if holder == NULL:  # else it holds the slot already
                     holders[slot] = owner
+                # The slot's count of pending offsets (``DispatchCore._held``).
                 found = PyDict_GetItem(held_by_slot, slot)
-                if found == NULL:
-                    held_by_slot[slot] = {offset: None}
-                else:
-                    PyDict_SetItem(<dict>found, offset, None)
+                PyDict_SetItem(held_by_slot, slot, 1 if found == NULL else <object>found + 1)
                 # This feed's last event grows on C checks; another one (the
                 # slow path's, or older) is checked through its fields.
                 grows = False
@@ -312,6 +319,8 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
         _store_rooms(rooms, states)
         delivered = try_deliver(slot, offset, now)
         _load_rooms(rooms, states)
+        if windowed:
+            entries_base = pending.base
         if not delivered:
             waiting_by_slot[slot] = [offset]
             parked += 1

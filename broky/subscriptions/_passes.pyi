@@ -4,13 +4,14 @@ functions, of ``broky.subscriptions.slots.assign_pure``, of
 ``broky.subscriptions.delivery``'s ``delivery_segments_pure`` and
 ``span_bounds_pure``, and of ``broky.subscriptions.image.put_pairs_pure``."""
 
-from broky.subscriptions.ack_pass import MergeAcked, TakeAcked
+from broky.subscriptions.ack_pass import HeldAfter, MergeAcked, TakeAcked
 from broky.subscriptions.delivery import DeliverySegments
 from broky.subscriptions.image import PutPairs
 from broky.subscriptions.settle_ranges import GatherRanges
 
 take_acked: TakeAcked
 merge_acked: MergeAcked
+held_after: HeldAfter
 
 def assign(owners: list[int], slots: list[int], owner: int) -> None: ...
 

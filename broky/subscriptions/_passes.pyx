@@ -15,7 +15,7 @@ is ``broky.subscriptions._feed``.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING
-from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem
+from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.object cimport PyObject
@@ -37,7 +37,35 @@ cdef object _ABSENT = object()
 cdef object _ACK = SettleKind.ACK
 
 
-def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
+cdef inline object _window_pop(list entries, int64_t base, object offset):
+    """``PendingWindow.pop(offset, _ABSENT)`` on its ``entries`` from
+    ``base``: one index load and store (the window's reference passes to
+    the caller)."""
+    cdef int64_t at = <int64_t>offset - base
+    cdef PyObject* found
+    cdef object value
+    if at < 0 or at >= PyList_GET_SIZE(entries):
+        return _ABSENT
+    found = PyList_GET_ITEM(entries, <Py_ssize_t>at)
+    if found == <PyObject*>None:
+        return _ABSENT
+    value = <object>found
+    Py_INCREF(None)
+    PyList_SET_ITEM(entries, <Py_ssize_t>at, None)
+    Py_DecRef(found)
+    return value
+
+
+def take_acked(dict counts, pending, dict due, offsets, tuple slots=None):
+    # ``pending``: a dict, or an ordered tracker's ``PendingWindow``
+    # (``broky.subscriptions.pending_window``), read through its entries.
+    cdef bint windowed = type(pending) is not dict
+    cdef dict pending_dict = None if windowed else pending
+    cdef list entries = None
+    cdef int64_t entries_base = 0
+    if windowed:
+        entries = pending.entries
+        entries_base = pending.base
     cdef list done = []
     cdef list ended = []
     cdef list waiting = []
@@ -57,7 +85,10 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
     for offset in offsets:
         # One lookup that takes the delivery out (a look, then a delete,
         # probed the table twice: most acked offsets are pending).
-        held = pending.pop(offset, _ABSENT)
+        if windowed:
+            held = _window_pop(entries, entries_base, offset)
+        else:
+            held = pending_dict.pop(offset, _ABSENT)
         if held is _ABSENT:
             if not PyDict_GET_SIZE(counts) or PyDict_GetItem(counts, offset) == NULL:
                 continue
@@ -91,7 +122,7 @@ def take_acked(dict counts, dict pending, dict due, offsets, tuple slots=None):
 
 cdef inline int _free_slot(list window, int64_t base, dict held_by_slot, dict holders,
                            object offset) except -1:
-    """``offset`` leaves its slot's held offsets; a slot holding none loses
+    """``offset``'s slot holds one offset less; a slot holding none loses
     its holder. Its slot is read from the window (0 outside it)."""
     cdef int64_t at = <int64_t>offset - base
     cdef object slot = _ZERO
@@ -100,12 +131,42 @@ cdef inline int _free_slot(list window, int64_t base, dict held_by_slot, dict ho
     cdef PyObject* found = PyDict_GetItem(held_by_slot, slot)
     if found == NULL:
         return 0
-    cdef object held = <object>found
-    (<dict?>held).pop(offset, None)
-    if not PyDict_GET_SIZE(held):
-        PyDict_DelItem(held_by_slot, slot)
-        del holders[slot]
+    cdef Py_ssize_t held = <object>found
+    if held > 1:
+        PyDict_SetItem(held_by_slot, slot, held - 1)
+        return 0
+    PyDict_DelItem(held_by_slot, slot)
+    del holders[slot]
     return 0
+
+
+def held_after(list window, int64_t base, object slot, int64_t offset, pending):
+    # See ``ack_pass.held_after_pure``. A slot is compared by identity
+    # first (the window's ints are often the very object), then by value;
+    # ``pending``, a ``PendingWindow``, is read through its entries.
+    cdef list later = []
+    cdef Py_ssize_t at, size = PyList_GET_SIZE(window)
+    cdef int64_t wanted = slot, position, entries_base = 0
+    cdef PyObject* item
+    cdef list entries = None
+    cdef bint windowed = type(pending) is not dict and hasattr(pending, "entries")
+    if windowed:
+        entries = pending.entries
+        entries_base = pending.base
+    at = offset + 1 - base if offset + 1 - base > 0 else 0
+    while at < size:
+        item = PyList_GET_ITEM(window, at)
+        if item == <PyObject*>slot or <int64_t><object>item == wanted:
+            position = base + at
+            if windowed:
+                if (0 <= position - entries_base < PyList_GET_SIZE(entries)
+                        and PyList_GET_ITEM(entries, <Py_ssize_t>(position - entries_base))
+                        != <PyObject*>None):
+                    later.append(position)
+            elif position in pending:
+                later.append(position)
+        at += 1
+    return later
 
 
 cdef struct _Open:
@@ -366,17 +427,35 @@ cdef inline Py_ssize_t _varint(unsigned char* out, int64_t value) except -1:
     return length + 1
 
 
-def put_pairs(bytearray out, int64_t previous, tuple pairs, bint ranges):
-    """See ``broky.subscriptions.image.put_pairs_pure``."""
-    cdef Py_ssize_t count = PyTuple_GET_SIZE(pairs), index, length = 0
+def put_pairs(bytearray out, int64_t previous, pairs, bint ranges):
+    """See ``broky.subscriptions.image.put_pairs_pure``. ``pairs``: a tuple
+    of pairs, or ``acked_ranges.RangePairs`` (read through its columns:
+    no tuple per range)."""
+    cdef list firsts = None
+    cdef list seconds = None
+    cdef tuple given = None
+    cdef Py_ssize_t count, index, length = 0
     cdef object pair
     cdef int64_t first, second
+    if type(pairs) is tuple:
+        given = pairs
+        count = PyTuple_GET_SIZE(given)
+    else:
+        firsts = pairs.firsts
+        seconds = pairs.lasts
+        count = PyList_GET_SIZE(firsts)
+        if PyList_GET_SIZE(seconds) != count:
+            raise ValueError("range columns of different lengths")
     # Two varints of at most 10 bytes per pair.
     cdef bytearray buffer = bytearray(20 * count)
     cdef unsigned char* data = <unsigned char*>PyByteArray_AS_STRING(buffer)
     for index in range(count):
-        pair = <object>PyTuple_GET_ITEM(pairs, index)
-        first, second = pair
+        if given is not None:
+            pair = <object>PyTuple_GET_ITEM(given, index)
+            first, second = pair
+        else:
+            first = <object>PyList_GET_ITEM(firsts, index)
+            second = <object>PyList_GET_ITEM(seconds, index)
         length += _varint(data + length, first - previous)
         if ranges:
             length += _varint(data + length, second - first)

@@ -10,9 +10,58 @@ and the settle path merges into it in bulk (``ack_pass.merge_acked``).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 from broky.subscriptions.ack_pass import merge_acked
+
+
+class RangePairs(Sequence[tuple[int, int]]):
+    """Inclusive ``(first, last)`` ranges kept as the two columns they were
+    copied from (``AckedRanges.columns``), read as pairs.
+
+    Why: a key-shared subscription's image holds thousands of scattered
+    acked ranges and is taken at every group commit; a tuple per range
+    (``ranges``) was built, encoded once and freed each time, where two
+    list copies cost a pointer copy a range and the compiled image writer
+    (``_passes.put_pairs``) reads the columns. Equal to any sequence of
+    the same pairs (an image read back holds a tuple of them)."""
+
+    __slots__ = ("firsts", "lasts")
+
+    def __init__(self, firsts: list[int], lasts: list[int]) -> None:
+        if len(firsts) != len(lasts):
+            raise ValueError("range columns of different lengths")
+        self.firsts = firsts
+        self.lasts = lasts
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[tuple[int, int], ...]: ...
+    def __getitem__(self, index: int | slice) -> tuple[int, int] | tuple[tuple[int, int], ...]:
+        if isinstance(index, slice):
+            return tuple(zip(self.firsts[index], self.lasts[index], strict=True))
+        return self.firsts[index], self.lasts[index]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(self.firsts, self.lasts, strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RangePairs):
+            return self.firsts == other.firsts and self.lasts == other.lasts
+        if isinstance(other, Sequence):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"RangePairs({tuple(self)!r})"
 
 
 class AckedRanges:
@@ -59,6 +108,11 @@ class AckedRanges:
 
     def ranges(self) -> tuple[tuple[int, int], ...]:
         return tuple(zip(self._firsts, self._lasts, strict=True))
+
+    def columns(self) -> RangePairs:
+        """The ranges as a copy of the two columns (what an image takes:
+        see ``RangePairs``)."""
+        return RangePairs(self._firsts[:], self._lasts[:])
 
     def reaches(self, offset: int) -> bool:
         """Whether a range above the cursor ends at or after ``offset``."""

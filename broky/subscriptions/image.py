@@ -16,7 +16,7 @@ range, and ``previous_offset`` starts at the cursor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from broky.compiled import compiled_twin
@@ -36,7 +36,7 @@ def _put(out: bytearray, value: int) -> None:
 
 
 def put_pairs_pure(
-    out: bytearray, previous: int, pairs: tuple[tuple[int, int], ...], ranges: bool
+    out: bytearray, previous: int, pairs: Sequence[tuple[int, int]], ranges: bool
 ) -> None:
     """Write ``pairs`` as the image lays them out, each first as its
     distance from ``previous`` (the cursor, to begin with): ``ranges``,
@@ -59,7 +59,7 @@ def put_pairs_pure(
             previous = first
 
 
-PutPairs = Callable[[bytearray, int, tuple[tuple[int, int], ...], bool], None]
+PutPairs = Callable[[bytearray, int, Sequence[tuple[int, int]], bool], None]
 #: The compiled twin, when built (None otherwise, and with ``BROKY_PURE=1``).
 put_pairs_compiled: PutPairs | None = compiled_twin("broky.subscriptions._passes", "put_pairs")
 put_pairs: PutPairs = put_pairs_compiled or put_pairs_pure

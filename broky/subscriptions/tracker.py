@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from typing import Final
 
 import attrs
 
 from broky.subscriptions.ack_pass import SlotMaps, take_acked
 from broky.subscriptions.acked_ranges import AckedRanges
+from broky.subscriptions.pending_window import PendingWindow
 from broky.subscriptions.timers import TimerQueue
 
 #: Offsets leased ahead of the read position in each image: one commit per
@@ -49,7 +50,10 @@ class SubscriptionImage:
     """The durable state of one (subscription, partition); see the module docstring."""
 
     cursor: int
-    acked: tuple[tuple[int, int], ...] = ()
+    #: Sorted, disjoint, inclusive ranges above the cursor: a tuple of
+    #: pairs, or their columns (``AckedRanges.columns``, what ``image``
+    #: takes); equal either way.
+    acked: Sequence[tuple[int, int]] = ()
     limit: int = 0
     counts: tuple[tuple[int, int], ...] = ()
 
@@ -94,9 +98,13 @@ class AckTracker:
         backoff: Sequence[float] = (),
         lease: int = DEFAULT_LEASE,
         end_offset: int | None = None,
+        ordered: bool = False,
     ) -> None:
         """``end_offset``: the log's end at restore; offsets at or above it
-        cannot have been delivered, whatever the limit says."""
+        cannot have been delivered, whatever the limit says. ``ordered``:
+        an ordered dispatcher's tracker, whose ``pending`` is a window
+        indexed by offset (``PendingWindow``: its acks are scattered
+        offsets, each an index store there, a hash pop in a dict)."""
         self.ack_timeout = ack_timeout
         self.backoff = tuple(backoff)
         self.lease = lease
@@ -111,7 +119,7 @@ class AckTracker:
         #: in ``pending``; ``release`` writes the count of an offset it takes
         #: back from a group.
         self.counts: dict[int, int] = {}
-        self.pending: dict[int, Pending] = {}
+        self.pending: MutableMapping[int, Pending] = PendingWindow(image.cursor) if ordered else {}
         #: Offsets released for redelivery and when they are due.
         self.due: dict[int, float] = {}
         #: Why an offset was last nacked or termed (travels to the dead-letter topic).
@@ -198,7 +206,12 @@ class AckTracker:
         (``pending[offset] is`` it), so the expiry scan checks each one.
         The offsets get no ``counts`` entry (see ``counts``)."""
         span = self.open_group(consumer, now)
-        self.pending.update(dict.fromkeys(offsets, span))
+        pending = self.pending
+        if isinstance(pending, dict):
+            pending.update(dict.fromkeys(offsets, span))
+        else:
+            for offset in offsets:
+                pending[offset] = span
         self.close_group(span, offsets[0], offsets[-1] + 1, len(offsets))
         return span
 
@@ -395,7 +408,7 @@ class AckTracker:
         self.dirty = False
         return SubscriptionImage(
             self.acked.cursor,
-            self.acked.ranges(),
+            self.acked.columns(),
             self.limit,
             tuple(sorted(self._persist.items())),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from hypothesis import given
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from broky.storage.errors import StorageError
 from broky.storage.state import StateStore
-from broky.subscriptions.acked_ranges import AckedRanges
+from broky.subscriptions.acked_ranges import AckedRanges, RangePairs
 from broky.subscriptions.commits import GroupCommitter, all_committed
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.image import (
@@ -44,6 +45,35 @@ def test_image_round_trip(
         tuple(sorted((ranges.cursor + o, c) for o, c in counts.items())),
     )
     assert decode_image(encode_image(image)) == image
+    # A tracker's image holds the ranges' columns: the same bytes, and
+    # equal to the image with the pairs (and to what is read back).
+    columns = attrs.evolve(image, acked=ranges.columns())
+    assert columns == image
+    assert encode_image(columns) == encode_image(image)
+    assert decode_image(encode_image(columns)) == columns
+
+
+@given(st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99)), max_size=12), st.data())
+def test_range_columns_read_as_the_tuple_of_their_pairs(
+    pairs: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """``RangePairs`` answers length, items, slices, iteration, equality
+    and hash as the tuple of the same pairs does."""
+    expected = tuple(pairs)
+    columns = RangePairs([first for first, _ in pairs], [last for _, last in pairs])
+    assert (len(columns), tuple(columns), hash(columns)) == (
+        len(expected),
+        expected,
+        hash(expected),
+    )
+    assert columns == expected
+    assert expected == columns
+    if pairs:
+        index = data.draw(st.integers(-len(pairs), len(pairs) - 1))
+        assert columns[index] == expected[index]
+    cut = data.draw(st.slices(len(pairs) + 1))
+    assert columns[cut] == expected[cut]
+    assert (columns == expected[:-1]) == (expected == expected[:-1])
 
 
 @pytest.mark.skipif(put_pairs_compiled is None, reason="the compiled image writer is not built")
@@ -65,15 +95,18 @@ def test_put_pairs_twins_write_the_same_bytes(
         previous = first + size + 1 if ranges else first
     written: list[bytes | type[Exception]] = []
     assert put_pairs_compiled is not None
+    columns = RangePairs([first for first, _ in pairs], [second for _, second in pairs])
     for put in (put_pairs_pure, put_pairs_compiled):
-        out = bytearray(b"head")
-        try:
-            put(out, start, tuple(pairs), ranges)
-        except ValueError as exc:
-            written.append(type(exc))
-        else:
-            written.append(bytes(out))
-    assert written[0] == written[1]
+        # As a tuple of pairs, and as columns (a tracker's image).
+        for given_pairs in (tuple(pairs), columns):
+            out = bytearray(b"head")
+            try:
+                put(out, start, given_pairs, ranges)
+            except ValueError as exc:
+                written.append(type(exc))
+            else:
+                written.append(bytes(out))
+    assert written.count(written[0]) == len(written)
 
 
 @given(st.binary(max_size=40))

@@ -342,6 +342,21 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert window[offset - base] == (self.slot(offset) if keyed else 0)
 
     @invariant()
+    def held_counts_are_the_pending_offsets_of_each_slot(self) -> None:
+        """Each slot's count (``DispatchCore._held``: an ack takes one off,
+        a slot at none loses its holder) is how many offsets of it are
+        pending, and the slots holding none have no entry."""
+        dispatcher = self.dispatcher
+        if not dispatcher.ordered:
+            return
+        keyed = self.options.type is SubscriptionType.KEY_SHARED
+        per_slot = Counter(
+            self.slot(offset) if keyed else 0 for offset in dispatcher.tracker.pending
+        )
+        assert dispatcher._held == dict(per_slot)
+        assert set(dispatcher._holder) == set(per_slot)
+
+    @invariant()
     def in_flight_matches_pending(self) -> None:
         dispatcher = self.dispatcher
         held = Counter(p.consumer for p in dispatcher.tracker.pending.values())

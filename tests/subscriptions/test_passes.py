@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 from array import array
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -42,9 +43,13 @@ def _twins(pure: object, compiled: object) -> list[object]:
 
 def test_the_compiled_twins_are_built() -> None:
     """``make`` builds them; a silent fallback would leave the slow path on."""
-    twins = (ack_pass.take_acked_compiled, ack_pass.merge_acked_compiled)
+    twins = (
+        ack_pass.take_acked_compiled,
+        ack_pass.merge_acked_compiled,
+        ack_pass.held_after_compiled,
+    )
     if os.environ.get("BROKY_PURE") == "1":
-        assert twins == (None, None)
+        assert twins == (None, None, None)
         assert slots.assign_compiled is None
         assert round_events.sort_segments_compiled is None
         assert dispatch.feed_fresh_compiled is None
@@ -120,32 +125,30 @@ def test_take_acked_frees_the_slots_of_the_offsets_it_ends(
     holders_of: dict[int, int], slot_at: dict[int, int], offsets: list[int]
 ) -> None:
     """With an ordered dispatcher's slot maps, each offset whose pending
-    delivery ends leaves its slot's held offsets (its slot read from the
-    window; 0 for one outside it); a slot left holding none loses its
-    holder; the other slots keep theirs. What is returned is what
-    ``take_acked`` gives without the maps."""
+    delivery ends takes one off its slot's count of held offsets (its slot
+    read from the window; 0 for one outside it); a slot left holding none
+    loses its holder; the other slots keep theirs. What is returned is
+    what ``take_acked`` gives without the maps."""
     deliveries = [object() for _ in range(3)]
     pending = {offset: deliveries[index] for offset, index in holders_of.items()}
     # The window starts at the lowest offset with a slot, so the others
     # below it fall outside (slot 0), as do those past its end.
     base = min(slot_at, default=0)
     window = [slot_at.get(offset, 0) for offset in range(base, max(slot_at, default=-1) + 1)]
-    # The maps hold pending offsets (and offsets no longer pending: left alone).
-    held: dict[int, dict[int, None]] = {}
-    for offset, slot in slot_at.items():
-        held.setdefault(slot, {})[offset] = None
+
+    def slot_of(offset: int) -> int:
+        return window[offset - base] if 0 <= offset - base < len(window) else 0
+
+    # The counts: each pending offset's slot, as a dispatcher keeps them.
+    held = Counter(slot_of(offset) for offset in pending)
     holders = {slot: slot + 100 for slot in held}
-    gone = {offset for offset in offsets if offset in pending}
-    expected_held = {
-        slot: {o: None for o in held_offsets if o not in gone}
-        for slot, held_offsets in held.items()
-        if set(held_offsets) - gone
-    }
+    gone = Counter(slot_of(offset) for offset in dict.fromkeys(offsets) if offset in pending)
+    expected_held = {slot: count - gone[slot] for slot, count in held.items() if count > gone[slot]}
     expected = ack_pass.take_acked_pure({}, dict(pending), {}, list(offsets))
     for take in _twins(ack_pass.take_acked_pure, ack_pass.take_acked_compiled):
         assert callable(take)
         left_pending, left_window = dict(pending), list(window)
-        left_held, left_holders = copy.deepcopy(held), dict(holders)
+        left_held, left_holders = dict(held), dict(holders)
         maps = (left_window, base, left_held, left_holders)
         assert take({}, left_pending, {}, iter(offsets), maps) == expected
         assert left_window == window
