@@ -345,29 +345,32 @@ class PartitionLog(LogReader):
         self.enforce_retention()
 
     def housekeeping_delay(self) -> float | None:
-        """Seconds until ``tick`` has something to do (0.0: now), or None
-        when nothing becomes due without new writes: an ``INTERVAL`` fsync
-        of data not synced yet, a time roll, a segment retention removes by
-        age (or an idle active segment it would roll first) or by bytes.
-
-        Read-only and cheap: a partition's owner asks it on the event loop
-        between rounds and hands a tick to a thread only when it has work
-        (a hand-off every 0.2 s per idle partition cost a broker of 64 of
-        them 13 % of a core). An idle partition's fsync clock is not reset
-        while it has nothing to sync, so the first data after a pause is
-        synced at the next tick, not up to an interval later."""
+        """Seconds until ``tick`` has work (0.0: now; None: not without new
+        writes): an ``INTERVAL`` fsync of unsynced data, a time roll, or
+        retention. Read-only: a partition's owner asks it on the event loop
+        and hands a tick to a thread only when it has work (a hand-off every
+        0.2 s per idle partition cost a broker of 64 of them 13 % of a
+        core). The fsync clock of an idle partition is not reset by empty
+        syncs: the first data after a pause is synced at the next tick."""
         if self._closed or self._write_failure is not None:
             return None
         now = self._now()
+        segments = self._segments
+        age = self.config.retention_ns
+        if self.config.retention_bytes is not None and expired_prefix(
+            [segment.size for segment in segments],
+            [segment.last_log_time for segment in segments],
+            now,
+            age,
+            self.config.retention_bytes,
+        ):
+            return 0.0  # retention removes segments now (by bytes, or by age)
         waits: list[int] = []
         if self.config.fsync is FsyncPolicy.INTERVAL and self._durable_offset < self.end_offset:
             waits.append(self._last_sync + self.config.fsync_interval_ns - now)
-        schedule = self.config.roll
-        segments = self._segments
-        first = segments[-1].first_log_time
-        if schedule is not None and first is not None:
-            waits.append(schedule.deadline(first) - now)
-        age = self.config.retention_ns
+        roll = self._roll_deadline()
+        if roll is not None:
+            waits.append(roll - now)
         if age is not None:
             # Segments age oldest first; the active one is rolled once idle.
             # Both compare strictly (older than ``now - age``): due 1 ns later.
@@ -375,9 +378,6 @@ class PartitionLog(LogReader):
                 waits.append(segments[0].last_log_time + age + 1 - now)
             if segments[-1].size:
                 waits.append(segments[-1].last_log_time + age + 1 - now)
-        limit = self.config.retention_bytes
-        if limit is not None and len(segments) > 1 and sum(s.size for s in segments) > limit:
-            return 0.0  # the oldest go by bytes (the active one never does)
         if not waits:
             return None
         return max(0.0, min(waits) / 1e9)
@@ -391,9 +391,14 @@ class PartitionLog(LogReader):
         return now if now > self._last_log_time else self._last_log_time
 
     def _time_roll_due(self, now: int) -> bool:
+        deadline = self._roll_deadline()
+        return deadline is not None and now >= deadline
+
+    def _roll_deadline(self) -> int | None:
+        """When the active segment rolls by time (None: no schedule, or empty)."""
         schedule = self.config.roll
         first = self._segments[-1].first_log_time
-        return schedule is not None and first is not None and now >= schedule.deadline(first)
+        return None if schedule is None or first is None else schedule.deadline(first)
 
     # --- segments ------------------------------------------------------------
 
