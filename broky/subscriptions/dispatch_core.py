@@ -25,14 +25,9 @@ from broky.subscriptions.model import (
     Options,
     SubscriptionType,
 )
-from broky.subscriptions.pending_window import PendingWindow
+from broky.subscriptions.pending_window import WINDOW_CUT, PendingWindow
 from broky.subscriptions.slots import NOBODY, SlotTable
 from broky.subscriptions.tracker import AckTracker, Pending, SubscriptionImage
-
-#: The slot window's front is cut once this many offsets lie under the
-#: cursor: a cut moves the rest (up to ``max_unacked`` pointers), so it is
-#: paid once per this many acked offsets, not on every settle.
-_WINDOW_CUT = 4096
 
 
 class DispatchCore:
@@ -77,7 +72,7 @@ class DispatchCore:
         #: (``trim_window``), where a dict of the pending offsets' slots
         #: cost an insert at each delivery and a delete at each ack. Bound:
         #: reads stop ``max_unacked`` past the cursor, so it holds at most
-        #: ``max_unacked + _WINDOW_CUT`` entries (a pointer each, the int
+        #: ``max_unacked + WINDOW_CUT`` entries (a pointer each, the int
         #: objects shared with the read's slot list).
         self._window: list[int] = []
         self._window_base = image.cursor
@@ -161,11 +156,12 @@ class DispatchCore:
     def trim_window(self) -> None:
         """Cut the slot window's offsets under the cursor (acked: none is
         pending again), in one cut once they are many (a cut moves the
-        rest of the window)."""
+        rest of the window; the same cut as the pending window's,
+        ``WINDOW_CUT``, so both move together)."""
         cursor = self.tracker.cursor
         cut = cursor - self._window_base
         window = self._window
-        if cut >= _WINDOW_CUT or cut >= len(window) > 0:
+        if cut >= WINDOW_CUT or cut >= len(window) > 0:
             del window[:cut]
             self._window_base += cut
         pending = self.tracker.pending
