@@ -117,31 +117,108 @@ def encode_located_chunk(bytes key, int64_t ts_broker, sizes, messages,
         PyBuffer_Release(&sizes_buffer)
 
 
+def run_index(counts, key_lengths, sizes):
+    """See ``broky.protocol.located.run_index_pure``: the same int64 columns,
+    in one pass over the run table in C."""
+    cdef Py_ssize_t runs = len(counts), run
+    cdef Py_buffer sizes_buffer
+    cdef bytes packed = PyBytes_FromStringAndSize(NULL, 24 * (runs + 1))
+    cdef int64_t* out = <int64_t*>PyBytes_AS_STRING(packed)
+    cdef int64_t message = 0, key_at = 0, position = 0, count, key_length, i
+    cdef const uint32_t* table
+    if len(key_lengths) != runs:
+        raise ValueError("run columns of different lengths")
+    PyObject_GetBuffer(sizes, &sizes_buffer, PyBUF_SIMPLE)
+    try:
+        table = <const uint32_t*>sizes_buffer.buf
+        for run in range(runs):
+            out[run] = message
+            out[runs + 1 + run] = key_at
+            out[2 * (runs + 1) + run] = position
+            count = counts[run]
+            key_length = key_lengths[run]
+            if count < 0 or key_length < 0 or 4 * (message + count) > sizes_buffer.len:
+                raise ValueError("run table runs past the batch")
+            for i in range(count):
+                position += table[message + i]
+            message += count
+            key_at += key_length
+        out[runs] = message
+        out[2 * runs + 1] = key_at
+        out[3 * runs + 2] = position
+    finally:
+        PyBuffer_Release(&sizes_buffer)
+    return packed
+
+
+# Messages ahead of the walk from which ``encode_located_runs`` bisects the
+# index for the next range's run instead of stepping over the runs between.
+cdef int64_t _JUMP = 16
+
+
 def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                         int64_t base_offset, ranges, uint32_t partition,
                         Py_ssize_t first_run=0, int64_t first_message=0,
-                        int64_t first_key=0, int64_t first_byte=0):
+                        int64_t first_key=0, int64_t first_byte=0, run_starts=None):
     """See ``broky.protocol.located.encode_located_runs_pure``: the same
     chunks, each written by ``_located`` straight from the columns' buffers,
     with no Python object per run but its chunk. A run table or size table
     that runs past its buffer raises ValueError (a verified batch never
-    does)."""
-    cdef Py_buffer keys_buffer
-    cdef Py_buffer sizes_buffer
-    cdef Py_buffer messages_buffer
+    does); so does an index (``run_starts``) of another length than the
+    run table's."""
+    cdef Py_buffer index_buffer
     cdef list bounds = list(ranges)
-    cdef Py_ssize_t runs = len(counts), index, pairs = len(bounds) // 2, pair = 0, later
-    cdef int64_t offset = base_offset + first_message, end, count, key_length, first, last
-    cdef int64_t message = first_message, key_at = first_key, position = first_byte
-    cdef int64_t run_at, at, length, i, range_start, range_stop
-    cdef const uint32_t* table
-    cdef list chunks = []
+    cdef Py_ssize_t runs = len(counts), pairs = len(bounds) // 2, i
+    cdef const int64_t* starts = NULL
+    cdef int64_t* wanted = NULL
     if len(ts_brokers) != runs or len(key_lengths) != runs:
         raise ValueError("run columns of different lengths")
     if len(bounds) % 2:
         raise ValueError("ranges must be (start, stop) pairs")
     if first_run < 0 or first_message < 0 or first_key < 0 or first_byte < 0:
         raise ValueError("a negative place to begin at")
+    wanted = <int64_t*>PyMem_Malloc(8 * len(bounds) + 8)
+    if wanted == NULL:
+        raise MemoryError()
+    try:
+        for i in range(2 * pairs):
+            wanted[i] = bounds[i]
+        if run_starts is not None:
+            PyObject_GetBuffer(run_starts, &index_buffer, PyBUF_SIMPLE)
+            if index_buffer.len != 24 * (runs + 1):
+                PyBuffer_Release(&index_buffer)
+                raise ValueError("a run index of another batch's length")
+            starts = <const int64_t*>index_buffer.buf
+        try:
+            return _located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                                 base_offset, wanted, pairs, partition, first_run,
+                                 base_offset + first_message, first_message, first_key,
+                                 first_byte, starts, runs)
+        finally:
+            if starts != NULL:
+                PyBuffer_Release(&index_buffer)
+    finally:
+        PyMem_Free(wanted)
+
+
+cdef list _located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                        int64_t base_offset, const int64_t* wanted, Py_ssize_t pairs,
+                        uint32_t partition, Py_ssize_t index, int64_t offset,
+                        int64_t message, int64_t key_at, int64_t position,
+                        const int64_t* starts, Py_ssize_t runs):
+    """``encode_located_runs`` from run ``index`` (at ``offset``, the
+    ``message``-th message, ``key_at``, ``position`` in the columns), with
+    the ranges as ``pairs`` C pairs; with ``starts`` (``run_index``'s
+    columns), a range that begins ``_JUMP`` or more messages ahead is
+    reached by bisection instead of a step per run."""
+    cdef Py_buffer keys_buffer
+    cdef Py_buffer sizes_buffer
+    cdef Py_buffer messages_buffer
+    cdef Py_ssize_t pair = 0, later, low, high, middle, columns = runs + 1
+    cdef int64_t end, count, key_length, first, last
+    cdef int64_t run_at, at, length, i, range_start, range_stop, target
+    cdef const uint32_t* table
+    cdef list chunks = []
     PyObject_GetBuffer(keys, &keys_buffer, PyBUF_SIMPLE)
     try:
         PyObject_GetBuffer(sizes, &sizes_buffer, PyBUF_SIMPLE)
@@ -149,11 +226,29 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
             PyObject_GetBuffer(messages, &messages_buffer, PyBUF_SIMPLE)
             try:
                 table = <const uint32_t*>sizes_buffer.buf
-                for index in range(first_run, runs):
-                    while pair < pairs and <int64_t>bounds[2 * pair + 1] <= offset:
+                while index < runs:
+                    while pair < pairs and wanted[2 * pair + 1] <= offset:
                         pair += 1
                     if pair == pairs:
                         break
+                    if starts != NULL and wanted[2 * pair] - offset >= _JUMP:
+                        # The last run that begins at or before the range.
+                        target = wanted[2 * pair] - base_offset
+                        low, high = index, runs - 1
+                        while low < high:
+                            middle = (low + high + 1) // 2
+                            if starts[middle] <= target:
+                                low = middle
+                            else:
+                                high = middle - 1
+                        index = low
+                        message = starts[index]
+                        key_at = starts[columns + index]
+                        position = starts[2 * columns + index]
+                        if (message < 0 or key_at < 0 or position < 0
+                                or position > messages_buffer.len):
+                            raise ValueError("a run index past the batch")
+                        offset = base_offset + message
                     count = counts[index]
                     key_length = key_lengths[index]
                     end = offset + count
@@ -167,10 +262,10 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                         raise ValueError("size table runs past the messages")
                     later = pair
                     while later < pairs:
-                        range_start = bounds[2 * later]
+                        range_start = wanted[2 * later]
                         if range_start >= end:
                             break
-                        range_stop = bounds[2 * later + 1]
+                        range_stop = wanted[2 * later + 1]
                         later += 1
                         first = (range_start if range_start > offset else offset) - offset
                         last = (range_stop if range_stop < end else end) - offset
@@ -192,6 +287,7 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                     offset = end
                     message += count
                     key_at += key_length
+                    index += 1
                 return chunks
             finally:
                 PyBuffer_Release(&messages_buffer)

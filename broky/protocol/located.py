@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from itertools import islice
+from itertools import accumulate, islice
 from typing import Final
 
 from broky.compiled import compiled_twin
@@ -125,6 +128,49 @@ def count_located_pure(view: Buffer, start: int, count: int) -> int:
 LocatedEncoder = Callable[[bytes, int, Buffer, Buffer, int, int], bytes]
 
 
+#: Messages ahead of the walk from which :func:`encode_located_runs_pure`
+#: bisects the run index for the next range's run instead of stepping over
+#: the runs between (the compiled twin uses the same bound).
+JUMP: Final = 16
+
+
+def run_index_pure(counts: Sequence[int], key_lengths: Sequence[int], sizes: Buffer) -> bytes:
+    """Where each run of a stored batch begins in its columns, as three
+    columns of ``len(counts) + 1`` little-endian int64s: the run's first
+    message's index, where its key begins in the keys, where its first
+    message begins in the messages; each column ends with the batch's
+    totals. :func:`encode_located_runs_pure` jumps through it to the run
+    of a range far ahead: a key-shared consumer handed a message here and
+    there across a batch of a message per run otherwise steps over every
+    run in between (20 runs a message delivered, measured, when credit
+    comes back in small grants)."""
+    if len(key_lengths) != len(counts):
+        raise ValueError("run columns of different lengths")
+    table = u32_array(memoryview(sizes))
+    if sum(counts) > len(table) or min(counts, default=0) < 0 or min(key_lengths, default=0) < 0:
+        raise ValueError("run table runs past the batch")
+    message_starts = list(accumulate(counts, initial=0))
+    key_starts = list(accumulate(key_lengths, initial=0))
+    byte_at = list(accumulate(table, initial=0))
+    columns = array("q", message_starts)
+    columns.extend(key_starts)
+    columns.extend(byte_at[message] for message in message_starts)
+    if sys.byteorder != "little":
+        columns.byteswap()
+    return columns.tobytes()
+
+
+def _index_columns(run_starts: Buffer, runs: int) -> tuple[array[int], array[int], array[int]]:
+    """:func:`run_index_pure`'s three columns, checked against ``runs``."""
+    packed = array("q", bytes(run_starts))
+    if sys.byteorder != "little":
+        packed.byteswap()
+    if len(packed) != 3 * (runs + 1):
+        raise ValueError("a run index of another batch's length")
+    size = runs + 1
+    return packed[:size], packed[size : 2 * size], packed[2 * size :]
+
+
 def encode_located_runs_pure(
     ts_brokers: Sequence[int],
     counts: Sequence[int],
@@ -139,6 +185,7 @@ def encode_located_runs_pure(
     first_message: int = 0,
     first_key: int = 0,
     first_byte: int = 0,
+    run_starts: Buffer | None = None,
 ) -> list[bytes]:
     """One located chunk per run of a stored batch's columns (one entry per
     run in ``ts_brokers``, ``counts``, ``key_lengths``; ``keys``, ``sizes``,
@@ -155,24 +202,37 @@ def encode_located_runs_pure(
 
     The walk begins at run ``first_run``, whose first message, key and
     message bytes are the ``first_message``-th, at ``first_key`` and at
-    ``first_byte`` of their columns (a caller's index of the batch): one
-    offset of a batch of many runs then costs one run, not a walk over every
-    run before it."""
+    ``first_byte`` of their columns. With ``run_starts``
+    (:func:`run_index_pure` of these columns), a range that begins
+    :data:`JUMP` or more messages ahead of the walk is reached by bisecting
+    the index, not by a step per run between: the cost follows the
+    messages laid out, not the stretch of the batch they are spread over."""
     if len(ranges) % 2:
         raise ValueError("ranges must be (start, stop) pairs")
     pairs = list(zip(ranges[::2], ranges[1::2], strict=True))
     table = u32_array(memoryview(sizes))
     sizes_view, messages_view, keys_view = memoryview(sizes), memoryview(messages), memoryview(keys)
+    runs = len(counts)
+    if len(ts_brokers) != runs or len(key_lengths) != runs:
+        raise ValueError("run columns of different lengths")
+    index = None if run_starts is None else _index_columns(run_starts, runs)
     chunks: list[bytes] = []
     offset = base_offset + first_message
     message, key_at, position = first_message, first_key, first_byte
     pair = 0
-    columns = zip(ts_brokers, counts, key_lengths, strict=True)
-    for ts_broker, count, key_length in islice(columns, first_run, None):
+    run = first_run
+    while run < runs:
         while pair < len(pairs) and pairs[pair][1] <= offset:
             pair += 1
         if pair == len(pairs):
             break
+        if index is not None and pairs[pair][0] - offset >= JUMP:
+            message_starts, key_starts, byte_starts = index
+            # The last run that begins at or before the range.
+            run = max(run, bisect_right(message_starts, pairs[pair][0] - base_offset, 0, runs) - 1)
+            message, key_at, position = message_starts[run], key_starts[run], byte_starts[run]
+            offset = base_offset + message
+        ts_broker, count, key_length = ts_brokers[run], counts[run], key_lengths[run]
         end = offset + count
         for start, stop in islice(pairs, pair, None):
             if start >= end:
@@ -197,6 +257,7 @@ def encode_located_runs_pure(
         offset = end
         message += count
         key_at += key_length
+        run += 1
     return chunks
 
 
@@ -219,6 +280,11 @@ encode_located_compiled = _compiled_encoder()
 encode_located: LocatedEncoder = encode_located_compiled or encode_located_chunk
 #: :func:`encode_located_runs_pure` compiled, when it is built.
 encode_located_runs_compiled = compiled_twin("broky.protocol._vectors", "encode_located_runs")
+#: :func:`run_index_pure` compiled, when it is built.
+run_index_compiled = compiled_twin("broky.protocol._vectors", "run_index")
+run_index: Callable[[Sequence[int], Sequence[int], Buffer], bytes] = (
+    run_index_compiled or run_index_pure
+)
 encode_located_runs = encode_located_runs_pure
 if encode_located_runs_compiled is not None:
     encode_located_runs = encode_located_runs_compiled

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate
 from typing import Final
 
 from broky.compiled import compiled_twin
-from broky.protocol.codec import encode_frame, runs_frame_parts, u32_array
+from broky.protocol.codec import encode_frame, runs_frame_parts
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
-from broky.protocol.located import encode_located_runs, encode_located_runs_compiled
+from broky.protocol.located import encode_located_runs, run_index
 from broky.protocol.message import decode_message, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch
 from broky.storage.batch_reading import BatchSpan, RecordBatch
@@ -45,26 +44,6 @@ Segment = tuple[int, list[int], list[tuple[int, int]]]
 SpanSegment = tuple[BatchSpan, list[int], list[tuple[int, int]]]
 
 
-class _RunIndex:
-    """Where each run of a batch begins in its columns: built once a round
-    per batch that a delivery begins inside (a key-shared consumer gets
-    single offsets all over a batch of hundreds of runs)."""
-
-    __slots__ = ("byte_starts", "key_starts", "run_offsets")
-
-    def __init__(self, batch: RecordBatch) -> None:
-        self.run_offsets = list(accumulate(batch.counts, initial=0))
-        self.key_starts = list(accumulate(batch.key_lengths, initial=0))
-        self.byte_starts = list(accumulate(u32_array(batch.sizes), initial=0))
-
-    def begin(self, message: int) -> tuple[int, int, int, int]:
-        """Run index, first message, key and byte position of the run that
-        holds the batch's ``message``-th message."""
-        run = bisect_right(self.run_offsets, message) - 1
-        first = self.run_offsets[run]
-        return run, first, self.key_starts[run], self.byte_starts[first]
-
-
 class BatchCache:
     """Stored batches of one partition by offset: what a driver round read.
 
@@ -78,10 +57,9 @@ class BatchCache:
         #: Each held span's stop, parallel to ``_bases`` (``segments`` reads both).
         self._stops: list[int] = []
         self._spans: list[BatchSpan] = []
-        #: Run indexes of the held batches that deliveries began inside, by ``id``.
-        self._indexes: dict[int, _RunIndex] = {}
-        #: Whether the encoder walks a batch from its start in C (``begin``).
-        self._walks = encode_located_runs_compiled is not None
+        #: Run indexes (``located.run_index``) of the held batches laid out
+        #: from this round, by ``id``.
+        self._indexes: dict[int, bytes] = {}
 
     def add(self, spans: Iterable[BatchSpan]) -> None:
         """Hold ``spans``; the parts of one that held spans cover already
@@ -197,25 +175,16 @@ class BatchCache:
             index += 1
         return True
 
-    def begin(self, batch: RecordBatch, offset: int) -> tuple[int, int, int, int]:
-        """Where ``encode_located_runs`` starts for ``offset`` of held
-        ``batch``: its run's index, first message, key and message bytes
-        (``first_run`` to ``first_byte``).
-
-        With the compiled encoder, always the batch's start: it walks the
-        runs before ``offset`` at C speed, which costs less than building
-        the index (three Python passes over the whole batch) even for an
-        offset near the batch's end (4 consumers' shares of 500-message
-        batches over 125 keys: 943 ns a message with the index, 639 ns
-        without; only their last tenth: 1,628 and 1,131 ns). The pure
-        encoder walks in Python (3.4 times slower so for that last tenth):
-        it keeps the index."""
-        if offset <= batch.base_offset or self._walks:
-            return 0, 0, 0, 0
+    def run_index(self, batch: RecordBatch) -> bytes:
+        """``batch``'s run index (``located.run_index``), built at its first
+        delivery of a round (one pass over its run table, in C when
+        compiled) and shared by every consumer's deliveries from it: they
+        then cost the messages laid out, not the runs between them."""
         index = self._indexes.get(id(batch))
         if index is None:
-            index = self._indexes[id(batch)] = _RunIndex(batch)
-        return index.begin(offset - batch.base_offset)
+            index = run_index(batch.counts, batch.key_lengths, batch.sizes)
+            self._indexes[id(batch)] = index
+        return index
 
     def segments(
         self, deliveries: Sequence[tuple[int, int, int]]
@@ -381,7 +350,7 @@ def segment_frames(
             batch.base_offset,
             run_ranges,
             partition,
-            *begin(batch, run_ranges[0]),
+            run_starts=index_of(batch),
         )
         total = sum(map(len, laid_out))
         if used + total <= budget:
@@ -444,7 +413,7 @@ def segment_frames(
         run_counts = 0
         used = 0
 
-    begin = cache.begin
+    index_of = cache.run_index
     for span, ranges, redeliveries in segments:
         close_run()
         if used >= budget:

@@ -32,6 +32,8 @@ from broky.protocol.located import (
     encode_located_runs_pure,
     read_chunk_runs_pure,
     read_located_run,
+    run_index_compiled,
+    run_index_pure,
 )
 from broky.protocol.message import pack_sizes
 from tests.protocol.test_chunks import runs
@@ -246,6 +248,67 @@ def test_located_runs_over_several_ranges_are_each_ranges_chunks_in_turn(
     assert encode_located_runs_pure(*columns, base, ranges, partition) == expected
     if encode_located_runs_compiled is not None:
         assert encode_located_runs_compiled(*columns, base, ranges, partition) == expected
+
+
+@st.composite
+def many_runs(draw: st.DrawFn) -> list[Run]:
+    """Up to 80 runs of 1-3 messages (keys and payloads of a few bytes):
+    enough that ranges lie more than ``located.JUMP`` messages apart."""
+    drawn = []
+    for index in range(draw(st.integers(1, 80))):
+        payloads = draw(st.lists(st.binary(max_size=3), min_size=1, max_size=3))
+        drawn.append(
+            Run(
+                b"k%d" % draw(st.integers(0, 500)),
+                index,
+                len(payloads),
+                pack_sizes([len(payload) for payload in payloads]),
+                b"".join(payloads),
+            )
+        )
+    return drawn
+
+
+@PROPERTY
+@given(
+    drawn=many_runs(),
+    bounds=st.lists(st.integers(-2, 250), max_size=16, unique=True),
+    base=st.integers(0, 2**40),
+    first=st.booleans(),
+)
+def test_located_runs_jump_through_the_run_index_to_the_same_chunks(
+    drawn: list[Run], bounds: list[int], base: int, first: bool
+) -> None:
+    """Scattered ranges far apart over many runs: with the batch's run
+    index (pure or compiled, the same bytes), both encoders lay out exactly
+    the chunks of the walk without it, also when begun at a later run."""
+    columns = _columns(drawn)
+    ranges = [base + bound for bound in sorted(bounds)[: len(bounds) // 2 * 2]]
+    index = run_index_pure(columns[1], columns[2], columns[4])
+    if run_index_compiled is not None:
+        assert run_index_compiled(columns[1], columns[2], columns[4]) == index
+    walked = encode_located_runs_pure(*columns, base, ranges, 0)
+    begin: tuple[int, ...] = ()
+    if first and ranges and len(drawn) > 1:
+        # Begun at the second run, when the ranges start past the first.
+        head = drawn[0]
+        if base + head.count <= ranges[0]:
+            begin = (1, head.count, len(head.key), len(head.messages))
+    encoders = [encode_located_runs_pure, encode_located_runs_compiled]
+    for encode in filter(None, encoders):
+        assert encode(*columns, base, ranges, 0, *begin, run_starts=index) == walked
+        assert encode(*columns, base, ranges, 0, *begin, run_starts=memoryview(index)) == walked
+
+
+@pytest.mark.parametrize("encode", [encode_located_runs_pure, encode_located_runs_compiled])
+def test_located_runs_refuse_a_run_index_of_another_length(encode: object) -> None:
+    if encode is None:
+        pytest.skip("the compiled encoder is not in use (BROKY_PURE=1)")
+    assert callable(encode)
+    columns = ([1, 2], [1, 1], [1, 1], b"ab", pack_sizes([1, 1]), b"xy")
+    other = run_index_pure([1], [1], pack_sizes([1]))
+    with pytest.raises(ValueError, match="length"):
+        encode(*columns, 0, [0, 2], 0, run_starts=other)
 
 
 @pytest.mark.parametrize("encode", [encode_located_runs_pure, encode_located_runs_compiled])

@@ -177,9 +177,9 @@ def test_scattered_deliveries_from_one_batch_are_laid_out_by_one_call(
     calls: list[list[int]] = []
     encode = encode_located_runs
 
-    def counted(*args: Any) -> list[bytes]:
+    def counted(*args: Any, **keywords: Any) -> list[bytes]:
         calls.append(list(args[7]))
-        return encode(*args)
+        return encode(*args, **keywords)
 
     monkeypatch.setattr(delivery, "encode_located_runs", counted)
     cache = BatchCache()
