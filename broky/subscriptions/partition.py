@@ -183,19 +183,34 @@ class PartitionSubscriptions:
         """Where ``definition`` starts in this partition (run by the owner)."""
 
         def position(partition_log: PartitionLog) -> int:
-            start, end = partition_log.start_offset, partition_log.end_offset
-            kind = definition.start
-            if kind is StartKind.EARLIEST:
-                return start
-            if kind is StartKind.TIME:
+            if definition.start is StartKind.TIME:
                 return partition_log.offset_for_time(definition.start_time)
-            if kind is StartKind.OFFSET:
-                offsets = definition.start_offsets
-                wanted = offsets[self.partition] if self.partition < len(offsets) else start
-                return min(max(wanted, start), end)
-            return end
+            return self._bounded_start(
+                definition, partition_log.start_offset, partition_log.end_offset
+            )
 
         return position
+
+    def start_position_now(self, definition: Definition) -> int | None:
+        """Where ``definition`` starts, from the log's offsets as its owner
+        last copied them (``PartitionOwner.refresh``), with no hand-off to
+        the owner's thread; None for a start by time (the owner reads the
+        log's time index). A hand-off waits for the owner's round, which
+        may be an fsync (~10 ms here), for every partition of a
+        subscription's first attach."""
+        if definition.start is StartKind.TIME:
+            return None
+        return self._bounded_start(definition, self.owner.start_offset, self.owner.end_offset)
+
+    def _bounded_start(self, definition: Definition, start: int, end: int) -> int:
+        kind = definition.start
+        if kind is StartKind.EARLIEST:
+            return start
+        if kind is StartKind.OFFSET:
+            offsets = definition.start_offsets
+            wanted = offsets[self.partition] if self.partition < len(offsets) else start
+            return min(max(wanted, start), end)
+        return end
 
     def changed(self, name: str, acks: int = 0, *, hurry: bool = False) -> None:
         """``name``'s dispatcher changed: commit it (at once with ``hurry``:

@@ -349,9 +349,25 @@ class SubscriptionService:
         new = [p for p in partitions if definition.name not in p.dispatchers]
         if not new:
             return
-        for partition in new:
-            cursor = await partition.owner.call(partition.start_position(definition))
-            partition.create(definition, cursor)
+        cursors: dict[int, int] = {}
+
+        async def ask(index: int, partition: PartitionSubscriptions) -> None:
+            cursors[index] = await partition.owner.call(partition.start_position(definition))
+
+        # A start by time asks each owner's thread (its time index), all at
+        # once: the answers then take one hand-off's time, not one each.
+        async with trio.open_nursery() as nursery:
+            for index, partition in enumerate(new):
+                cursor = partition.start_position_now(definition)
+                if cursor is None:
+                    nursery.start_soon(ask, index, partition)
+                else:
+                    cursors[index] = cursor
+        # Created after every answer came, with no await between: a failed
+        # answer leaves none of them half-created.
+        for index, partition in enumerate(new):
+            if definition.name not in partition.dispatchers:
+                partition.create(definition, cursors[index])
         await all_committed([partition.committer for partition in new])
         log.info(
             "subscription %r created on %d partition(s) (%s, start %s)",

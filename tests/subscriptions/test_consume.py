@@ -3,8 +3,11 @@ redelivery, dead letters."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -167,6 +170,47 @@ async def test_backlog_in_flight_and_consumers_are_listed_and_exported(
             assert sample_value(text, "broky_subscription_backlog_messages", labels) == 10
             assert sample_value(text, "broky_subscription_in_flight_messages", labels) == 3
             assert sample_value(text, "broky_subscription_delivered_messages_total", labels) == 3
+
+
+async def test_a_new_subscription_starts_where_its_start_position_says(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    """Earliest, latest and by offset are taken from the owner's copy of the
+    log's offsets (no hand-off to its thread), by time from its time index:
+    each names the first offset delivered."""
+    with trio.fail_after(TIMEOUT):
+        broker = await start_broker(subscriptions_config(tmp_path, partitions=1))
+        assert broker.address is not None
+        async with broker.connect() as client:
+            await publish(client, 10)
+            await trio.sleep(0.05)
+            middle = time.time_ns()
+            await trio.sleep(0.05)
+            await publish(client, 10, start=10)
+            starts: dict[str, dict[str, Any]] = {
+                "earliest": {"start": StartKind.EARLIEST},
+                "latest": {"start": StartKind.LATEST},
+                "offset": {"start": StartKind.OFFSET, "start_offsets": (7,)},
+                "past-the-end": {"start": StartKind.OFFSET, "start_offsets": (500,)},
+                "time": {"start": StartKind.TIME, "start_time": middle},
+            }
+            firsts: dict[str, int] = {}
+            async with contextlib.AsyncExitStack() as stack:
+                consumers = {}
+                for name, fields in starts.items():
+                    raw = await stack.enter_async_context(connect(broker.address))
+                    consumers[name] = Consumer(raw)
+                    assert isinstance(await consumers[name].consume(name, **fields), Subscribed)
+                await publish(client, 5, start=20)
+                for name, consumer in consumers.items():
+                    firsts[name] = (await consumer.next())[0].offset
+        assert firsts == {
+            "earliest": 0,
+            "latest": 20,
+            "offset": 7,
+            "past-the-end": 20,
+            "time": 10,
+        }
 
 
 async def test_bad_consumes_get_stream_errors_and_the_connection_stays(
