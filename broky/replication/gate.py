@@ -134,13 +134,22 @@ class PartitionReplica:
 
     # --- ReplicaGate (broky.durable.store) -------------------------------------
 
+    def not_leading(self) -> str:
+        """Why this node refuses to serve the partition while it does not
+        lead: the known leader, or, when etcd already names this node and it
+        is still taking over (truncating, reloading subscription state),
+        that, rather than a leader hint naming the refusing node itself."""
+        if self.leader_hint.startswith(f"leader {self.node_id} "):
+            return (
+                f"{self.node_id} is taking over the lead of {self.name} "
+                f"({self.leader_hint}); retry shortly"
+            )
+        return f"{self.node_id} does not lead {self.name}; {self.leader_hint}"
+
     def refusal(self) -> tuple[ErrorCode, str] | None:
         leading = self.leading
         if leading is None:
-            return (
-                ErrorCode.NOT_LEADER,
-                f"{self.node_id} does not lead {self.name}; {self.leader_hint}",
-            )
+            return ErrorCode.NOT_LEADER, self.not_leading()
         if not self.lease_valid():
             return (
                 ErrorCode.NOT_LEADER,

@@ -71,10 +71,7 @@ class SubscriptionReplica:
 
     def refusal(self) -> str:
         """Why a consumer cannot attach to this partition here."""
-        return (
-            f"{self.replica.node_id} does not lead {self.partition.topic}/"
-            f"{self.partition.partition}; {self.replica.leader_hint}"
-        )
+        return self.replica.not_leading()
 
     # --- SubscriptionRole (broky.replication.gate) ---------------------------------------
 

@@ -83,6 +83,32 @@ def test_a_follower_refuses_publishes_naming_the_leader() -> None:
     assert refusal[1].endswith("leader n1 at 127.0.0.1:7722 (epoch 3)")
 
 
+def test_a_node_named_leader_but_still_taking_over_says_so() -> None:
+    """Elected in etcd, not leading yet (truncating, reloading state): the
+    refusal says it is taking over, not that the leader is itself; once it
+    leads, it serves; a node that steps down names the new leader."""
+    replica = PartitionReplica(_Owner(), "n2", EpochHistory([(3, 0)]), 3)  # type: ignore[arg-type]
+    replica.leader_hint = "leader n2 at 127.0.0.1:7723 (epoch 4)"
+    refusal = replica.refusal()
+    assert refusal == (
+        ErrorCode.NOT_LEADER,
+        "n2 is taking over the lead of orders/0 (leader n2 at 127.0.0.1:7723 (epoch 4)); "
+        "retry shortly",
+    )
+    # A hint naming another node whose id starts with ours is not ours.
+    replica.leader_hint = "leader n20 at 127.0.0.1:7724 (epoch 4)"
+    assert replica.not_leading() == (
+        "n2 does not lead orders/0; leader n20 at 127.0.0.1:7724 (epoch 4)"
+    )
+    leader = LeaderIsr(("n2", 1), 4, ("n2",), (("n2", 1),), 0, 0, 0.0, IsrSettings(min_insync=1))
+    replica.lead(Term(0, 4, "n2", 1), leader, "leader n2 at 127.0.0.1:7723 (epoch 4)")
+    assert replica.refusal() is None
+    replica.step_down("leader n1 at 127.0.0.1:7722 (epoch 5)")
+    assert replica.not_leading() == (
+        "n2 does not lead orders/0; leader n1 at 127.0.0.1:7722 (epoch 5)"
+    )
+
+
 def test_too_small_an_isr_refuses_before_storing() -> None:
     replica, _ = _leading(isr=(("n1", 1),))
     refusal = replica.refusal()
