@@ -27,8 +27,11 @@ sockets, the log reads and the client. Scenarios:
   until it arrives again is measured (median, p99, max; ms).
 
 Every rate row reports ``lost`` (published offsets never acked) and
-``duplicates`` (offsets delivered more than once) next to the rate, and
-``server_us_per_msg``: the broker process's CPU seconds during the consume
+``duplicates`` (offsets delivered more than once) next to the rate,
+``first_delivery_ms`` (from the start of the consume phase, which includes
+connecting, creating the subscription and attaching, to the first delivery
+a consumer took: part of the rate's time), and ``server_us_per_msg``: the
+broker process's CPU seconds during the consume
 phase divided by the messages acked (it covers reading, delivering and
 acking, so it bounds the ack part from above); ``client_us_per_msg`` is the
 same for this process (the 4 consumers and this checker's record), the
@@ -90,8 +93,12 @@ class Seen:
         self.offsets = array("q")
         self.keys: list[str] | None = [] if keep_keys else None
         self.per_consumer = [0] * CONSUMERS
+        #: ``time.monotonic()`` when the first delivery was taken.
+        self.first_at: float | None = None
 
     def add(self, batch: list[Delivery], consumer: int) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         self.partitions.extend(map(_PARTITION, batch))
         self.offsets.extend(map(_OFFSET, batch))
         if self.keys is not None:
@@ -247,6 +254,11 @@ async def consume_rate(
         "server_us_per_msg": round(server_seconds / max(len(unique), 1) * 1e6, 2),
         "client_us_per_msg": round(client_seconds / max(len(unique), 1) * 1e6, 2),
         "per_consumer": seen.per_consumer,
+        # From the consume phase's start (4 connects, the subscription's
+        # creation and the consumers' attaches) to the first delivery taken.
+        "first_delivery_ms": (
+            None if seen.first_at is None else round((seen.first_at - start) * 1000, 1)
+        ),
     }
     if kind == "key-shared":
         figures["order_violations"] = _order_violations(seen)
