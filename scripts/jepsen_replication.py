@@ -73,6 +73,13 @@ def main() -> int:
     print(json.dumps(report.summary()))
     for reason in report.gave_up:  # why batches ended indeterminate (the first few)
         print(f"gave up: {reason}", file=sys.stderr)
+    verdict = report.verdict
+    if verdict is not None:  # each violation named (the first 20 of a kind)
+        for kind in ("lost", "divergent", "out_of_order"):
+            for violation in list(getattr(verdict, kind))[:20]:
+                print(f"{kind}: {violation}", file=sys.stderr)
+    for late in report.late_acks[:20]:
+        print(f"ack after lease lost: {late}", file=sys.stderr)
     return 0 if report.ok else 1
 
 
