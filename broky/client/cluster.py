@@ -40,7 +40,10 @@ partition is kept by two rules:
 
 A batch that is given up (``retry_for`` ran out, a refusal that is not
 retriable, a cancelled call) ends the producer id: later batches are drawn
-under a new one, which no partition holds back.
+under a new one, which no partition holds back. A batch of the new id is
+not sent while an earlier related batch of the old one is still being
+retried (acked or given up first): the partitions' holds are per producer,
+so it could be stored ahead of that batch.
 """
 
 from __future__ import annotations
@@ -346,11 +349,20 @@ class ClusterPublisher:
 
     def _may_send(self, batch: _Batch, client: Client) -> bool:
         """Every earlier related batch is in flight on ``client`` and no
-        later one is in flight (module docstring)."""
+        later one is in flight (module docstring), and none of the earlier
+        ones is of another producer id: those must be acked or given up
+        first. Queued behind one on a connection is not enough there: a
+        partition holds back only its own producer's later runs
+        (``SequenceGap``), so the other producer's batch could be stored
+        while the earlier one is refused, which then lands after it once its
+        hold is gone (a new leader never saw it): acked, out of call order.
+        Only after a give-up (a new producer id) does this wait."""
         for other in self._batches:
             if other is batch or not self._related(batch, other):
                 continue
-            if other.order < batch.order and other.client is not client:
+            if other.order < batch.order and (
+                other.client is not client or other.producer_id != batch.producer_id
+            ):
                 return False
             if other.order > batch.order and other.client is not None:
                 return False
