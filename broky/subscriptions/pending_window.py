@@ -25,7 +25,7 @@ on the order, and the tests compare both as mappings).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Final, Generic, TypeVar, overload
 
 #: The window's front is cut once this many offsets lie under the cursor: a
@@ -74,6 +74,25 @@ class PendingWindow(MutableMapping[int, _V], Generic[_V]):
             entries.append(value)
             return
         entries[at] = value
+
+    def put_all(self, offsets: Sequence[int], value: _V) -> None:
+        """``self[offset] = value`` for each of ``offsets`` (ascending), in
+        one pass: the list grown once to the last of them, then an index
+        store each, where a store through ``__setitem__`` was a method call
+        a message (a tracker's ``deliver_group`` hands a group at once)."""
+        if not offsets:
+            return
+        if value is None:
+            raise TypeError("a pending window holds deliveries, not None")
+        if offsets[0] < self.base:
+            self[offsets[0]] = value  # grows the front down to it
+        entries = self.entries
+        base = self.base
+        grow = offsets[-1] - base + 1 - len(entries)
+        if grow > 0:
+            entries.extend([None] * grow)
+        for offset in offsets:
+            entries[offset - base] = value
 
     def __delitem__(self, offset: int) -> None:
         at = offset - self.base

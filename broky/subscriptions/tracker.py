@@ -207,11 +207,10 @@ class AckTracker:
         The offsets get no ``counts`` entry (see ``counts``)."""
         span = self.open_group(consumer, now)
         pending = self.pending
-        if isinstance(pending, dict):
-            pending.update(dict.fromkeys(offsets, span))
+        if isinstance(pending, PendingWindow):
+            pending.put_all(offsets, span)
         else:
-            for offset in offsets:
-                pending[offset] = span
+            pending.update(dict.fromkeys(offsets, span))
         self.close_group(span, offsets[0], offsets[-1] + 1, len(offsets))
         return span
 

@@ -15,7 +15,7 @@ from broky.subscriptions.pending_window import WINDOW_CUT, PendingWindow
 _OFFSET = st.integers(0, 60)
 #: An operation on both the window and its dict model: (name, offset, value).
 _OPERATION = st.tuples(
-    st.sampled_from(["set", "pop", "pop_default", "del", "get", "contains", "trim"]),
+    st.sampled_from(["set", "put_all", "pop", "pop_default", "del", "get", "contains", "trim"]),
     _OFFSET,
     st.integers(0, 3),
 )
@@ -30,8 +30,9 @@ def _window(base: int, items: dict[int, object]) -> PendingWindow[object]:
 
 @given(st.integers(0, 30), st.lists(_OPERATION, max_size=60))
 def test_the_window_answers_as_a_dict(base: int, operations: list[tuple[str, int, int]]) -> None:
-    """Any sequence of stores, pops, deletes and lookups (offsets below the
-    base included: the window grows down to them) leaves the window and a
+    """Any sequence of stores (one at a time or a group), pops, deletes and
+    lookups (offsets below the base included: the window grows down to
+    them) leaves the window and a
     dict holding the same items, and each answer is the dict's; a trim
     under the lowest pending offset changes no answer."""
     values = [object() for _ in range(4)]
@@ -40,6 +41,11 @@ def test_the_window_answers_as_a_dict(base: int, operations: list[tuple[str, int
     for name, offset, index in operations:
         if name == "set":
             window[offset] = model[offset] = values[index]
+        elif name == "put_all":
+            # A group: ``offset`` and the next few, every other one.
+            group = list(range(offset, offset + 2 * index + 1, 2))
+            window.put_all(group, values[index])
+            model.update(dict.fromkeys(group, values[index]))
         elif name == "pop":
             if offset in model:
                 assert window.pop(offset) is model.pop(offset)
