@@ -10,6 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -18,19 +19,13 @@ from broky import subs_cli
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.client.errors import BrokyError
 from broky.cluster import status as cluster_status
-from broky.cluster.node import ClusterNode
-from broky.cluster.service import ClusterStartError, serve_member
+from broky.cluster.service import ClusterStartError
 from broky.config import ACCEPT_MODES, DEFAULT_PORT, LOG_LEVELS, Config, ConfigError
 from broky.consume_cli import add_consumer_flags, consume
-from broky.gcpolicy import tune_for_broker
 from broky.loadtest import flags as bench
-from broky.mesh.workers import serve_node, worker_count
-from broky.observability.top import watch
 from broky.protocol.constants import ErrorCode
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.keys import encode_key
-from broky.reload import reread
-from broky.replication.attach import replicates, service_for
 from broky.security import passwd
 from broky.security.flags import (
     add_client_auth_flags,
@@ -38,7 +33,13 @@ from broky.security.flags import (
     client_credentials,
     client_tls_context,
 )
-from broky.server import Broker
+
+if TYPE_CHECKING:
+    from broky.cluster.node import ClusterNode
+
+# The broker's own modules (the server, the workers, replication, the
+# ``top`` view) are imported by the commands that run them: ``broky pub``
+# and ``broky sub`` need only the client's.
 
 log = logging.getLogger("broky")
 
@@ -101,6 +102,10 @@ async def serve(
     SIGHUP reloads users, allow_anonymous and certificates with ``load``
     (broky.reload). A cluster ``member`` with ``replication_listen`` set
     replicates the durable topics (broky.replication)."""
+    from broky.reload import reread  # noqa: PLC0415 - see the imports
+    from broky.replication.attach import replicates, service_for  # noqa: PLC0415
+    from broky.server import Broker  # noqa: PLC0415
+
     broker = Broker(config)
     if member is not None and replicates(broker, config):
         replication = service_for(broker, config, member, config.replication_listen)
@@ -280,6 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
+            from broky.cluster.service import serve_member  # noqa: PLC0415 - see the imports
+            from broky.gcpolicy import tune_for_broker  # noqa: PLC0415
+            from broky.mesh.workers import serve_node, worker_count  # noqa: PLC0415
+
             config = load_config(args)
             _configure_logging(config.log_level)
             tune_for_broker()
@@ -304,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command in ("bench", "passwd", "cluster", "subs"):
             return int(args.handler(args))
         elif args.command == "top":
+            from broky.observability.top import watch  # noqa: PLC0415 - see the imports
+
             trio.run(
                 partial(
                     watch,

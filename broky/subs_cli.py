@@ -30,7 +30,7 @@ import trio
 
 from broky.client.credentials import ANONYMOUS, Credentials
 from broky.config import DEFAULT_PORT
-from broky.observability.system import METRICS_KEY
+from broky.observability.keys import METRICS_KEY
 from broky.security.flags import (
     add_client_auth_flags,
     add_client_tls_flags,

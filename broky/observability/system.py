@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from broky.connection.reasons import CloseReason
+from broky.observability.keys import EVENTS_PREFIX, METRICS_KEY
 from broky.observability.metrics import WorkerSample
 from broky.protocol.frames import Run
 from broky.protocol.message import encode_message, pack_sizes
@@ -39,10 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broky.system")
 
-#: Key of the periodic metrics snapshot.
-METRICS_KEY: Final = "$SYS.metrics"
-#: Prefix of advisory keys: ``$SYS.events.<kind>``.
-EVENTS_PREFIX: Final = "$SYS.events."
 #: Version of every payload's format.
 PAYLOAD_VERSION: Final = 1
 #: Seconds between two checks for dropping subscriptions: an advisory names

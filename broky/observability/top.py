@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broky.client.credentials import ANONYMOUS, Credentials
-from broky.observability.system import METRICS_KEY
+from broky.observability.keys import METRICS_KEY
 
 
 def _count(value: float) -> str:

@@ -14,7 +14,7 @@ import trio
 from rich.console import Console
 
 import broky
-from broky.observability.system import METRICS_KEY
+from broky.observability.keys import METRICS_KEY
 from broky.observability.top import node_snapshot, per_worker_table, render
 from tests.mesh.test_nodes import nodes
 
