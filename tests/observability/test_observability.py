@@ -11,8 +11,8 @@ from rich.console import Console
 
 import broky
 from broky import Broker, Config
-from broky.observability.metrics import FAMILIES
 from broky.observability.keys import METRICS_KEY
+from broky.observability.metrics import FAMILIES
 from broky.observability.top import render
 from broky.observability.topics import TopicCounter
 from tests.conftest import StartBroker, address_of, eventually
