@@ -181,10 +181,6 @@ def encode_located_runs_pure(
     base_offset: int,
     ranges: Sequence[int],
     partition: int,
-    first_run: int = 0,
-    first_message: int = 0,
-    first_key: int = 0,
-    first_byte: int = 0,
     run_starts: Buffer | None = None,
 ) -> list[bytes]:
     """One located chunk per run of a stored batch's columns (one entry per
@@ -200,9 +196,7 @@ def encode_located_runs_pure(
     call (key-shared over many keys hands a consumer a message here and
     there across a batch; a call per message was most of a delivery's cost).
 
-    The walk begins at run ``first_run``, whose first message, key and
-    message bytes are the ``first_message``-th, at ``first_key`` and at
-    ``first_byte`` of their columns. With ``run_starts``
+    With ``run_starts``
     (:func:`run_index_pure` of these columns), a range that begins
     :data:`JUMP` or more messages ahead of the walk is reached by bisecting
     the index, not by a step per run between: the cost follows the
@@ -217,10 +211,10 @@ def encode_located_runs_pure(
         raise ValueError("run columns of different lengths")
     index = None if run_starts is None else _index_columns(run_starts, runs)
     chunks: list[bytes] = []
-    offset = base_offset + first_message
-    message, key_at, position = first_message, first_key, first_byte
+    offset = base_offset
+    message = key_at = position = 0
     pair = 0
-    run = first_run
+    run = 0
     while run < runs:
         while pair < len(pairs) and pairs[pair][1] <= offset:
             pair += 1

@@ -190,23 +190,6 @@ def test_located_runs_lay_out_each_stored_run_sliced_to_the_range(
             laid_out.append((read.base_offset + index, read.key, read.ts_broker, message))
             at += size
     assert laid_out == expected
-    # Begun at any run up to the first one in the range: the same chunks.
-    for first_run in range(len(drawn)):
-        before = drawn[:first_run]
-        if base + sum(run.count for run in before) > max(start, base):
-            break
-        begin = (
-            first_run,
-            sum(run.count for run in before),
-            sum(len(run.key) for run in before),
-            sum(len(run.messages) for run in before),
-        )
-        assert encode_located_runs_pure(*columns, base, [start, stop], partition, *begin) == chunks
-        if encode_located_runs_compiled is not None:
-            compiled = encode_located_runs_compiled(
-                *columns, base, [start, stop], partition, *begin
-            )
-            assert compiled == chunks
     if encode_located_runs_compiled is not None:
         assert encode_located_runs_compiled(*columns, base, [start, stop], partition) == chunks
         ts_brokers, counts, key_lengths, keys, stored_sizes, messages = columns
@@ -274,30 +257,24 @@ def many_runs(draw: st.DrawFn) -> list[Run]:
     drawn=many_runs(),
     bounds=st.lists(st.integers(-2, 250), max_size=16, unique=True),
     base=st.integers(0, 2**40),
-    first=st.booleans(),
 )
 def test_located_runs_jump_through_the_run_index_to_the_same_chunks(
-    drawn: list[Run], bounds: list[int], base: int, first: bool
+    drawn: list[Run], bounds: list[int], base: int
 ) -> None:
     """Scattered ranges far apart over many runs: with the batch's run
     index (pure or compiled, the same bytes), both encoders lay out exactly
-    the chunks of the walk without it, also when begun at a later run."""
+    the chunks of the walk without it (the compiled one also steps over the
+    runs between near ranges by the index)."""
     columns = _columns(drawn)
     ranges = [base + bound for bound in sorted(bounds)[: len(bounds) // 2 * 2]]
     index = run_index_pure(columns[1], columns[2], columns[4])
     if run_index_compiled is not None:
         assert run_index_compiled(columns[1], columns[2], columns[4]) == index
     walked = encode_located_runs_pure(*columns, base, ranges, 0)
-    begin: tuple[int, ...] = ()
-    if first and ranges and len(drawn) > 1:
-        # Begun at the second run, when the ranges start past the first.
-        head = drawn[0]
-        if base + head.count <= ranges[0]:
-            begin = (1, head.count, len(head.key), len(head.messages))
     encoders = [encode_located_runs_pure, encode_located_runs_compiled]
     for encode in filter(None, encoders):
-        assert encode(*columns, base, ranges, 0, *begin, run_starts=index) == walked
-        assert encode(*columns, base, ranges, 0, *begin, run_starts=memoryview(index)) == walked
+        assert encode(*columns, base, ranges, 0, run_starts=index) == walked
+        assert encode(*columns, base, ranges, 0, run_starts=memoryview(index)) == walked
 
 
 @pytest.mark.parametrize("encode", [encode_located_runs_pure, encode_located_runs_compiled])
@@ -328,6 +305,34 @@ def test_the_compiled_located_runs_refuse_columns_past_their_buffers() -> None:
         encode_located_runs_compiled([1], [2], [1], b"k", sizes, b"abc", 0, [0, 2], 0)
     with pytest.raises(ValueError, match="past"):
         encode_located_runs_compiled([1], [1], [1], b"k", pack_sizes([4]), b"abc", 0, [0, 1], 0)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        # message starts, key starts, byte starts (one entry per run and the totals)
+        ([0, 5], [0, 1], [0, 3]),  # more messages than the size table holds
+        ([0, 1], [0, 9], [0, 3]),  # a key past the keys
+        ([0, 1], [0, 1], [0, 8]),  # bytes past the messages
+        ([0, 1], [0, 1], [2, 1]),  # a run that ends before it begins
+        ([0, 1], [0, 1], [0, 1]),  # sizes that run past the run's bytes
+    ],
+)
+def test_the_compiled_located_runs_refuse_an_index_past_the_batch(
+    forged: tuple[list[int], list[int], list[int]],
+) -> None:
+    """The compiled walk steps by the index's columns: an index that does
+    not describe the batch (its right length, wrong values) is refused, not
+    read past a buffer."""
+    if encode_located_runs_compiled is None:
+        pytest.skip("the compiled encoder is not in use (BROKY_PURE=1)")
+    index = struct.pack("<6q", *forged[0], *forged[1], *forged[2])
+    columns = ([1], [1], [1], b"k", pack_sizes([3]), b"abc")
+    assert encode_located_runs_compiled(
+        *columns, 0, [0, 1], 0, run_starts=run_index_pure([1], [1], pack_sizes([3]))
+    ) == encode_located_runs_pure(*columns, 0, [0, 1], 0)
+    with pytest.raises(ValueError, match="past"):
+        encode_located_runs_compiled(*columns, 0, [0, 1], 0, run_starts=index)
 
 
 def test_the_compiled_reader_stores_run_fields_at_their_slots() -> None:
