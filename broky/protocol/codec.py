@@ -45,6 +45,7 @@ from broky.protocol.consumer_codec import (
     CONSUMER_BODIES,
     decode_consumer_body,
     encode_consumer_frame,
+    write_consumer_frame,
 )
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import (
@@ -69,6 +70,7 @@ from broky.protocol.frames import (
 from broky.protocol.located import read_chunk_runs_pure
 from broky.protocol.producer_frames import producer_frame_parts
 from broky.protocol.storage_codec import STORAGE_BODIES, decode_storage_body, encode_storage_frame
+from broky.protocol.table_writer import control_frame
 from broky.protocol.tables import (
     finish_frame,
     malformed,
@@ -114,7 +116,26 @@ _VT_HEAD = struct.Struct("<HH")
 # --- control frames through flatbuffers.Builder ------------------------------
 
 
+def _write_control(frame: Frame) -> bytes | None:
+    """The steady-state control frames, written without the builder
+    (broky.protocol.table_writer); None for the others."""
+    if isinstance(frame, Flow):
+        return control_frame(
+            BodyType.FLOW, [(0, "I", frame.stream, 0), (1, "I", frame.credit, 0)], ()
+        )
+    if isinstance(frame, (Subscribed, Unsubscribe)):
+        body_type = BodyType.SUBSCRIBED if isinstance(frame, Subscribed) else BodyType.UNSUBSCRIBE
+        return control_frame(body_type, [(0, "I", frame.stream, 0)], ())
+    if isinstance(frame, (Ping, Pong)):
+        body_type = BodyType.PING if isinstance(frame, Ping) else BodyType.PONG
+        return control_frame(body_type, [(0, "Q", frame.nonce, 0)], ())
+    return write_consumer_frame(frame)
+
+
 def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
+    written = _write_control(frame)
+    if written is not None:
+        return written
     builder = flatbuffers.Builder(128)
     if isinstance(frame, Hello):
         name = builder.CreateString(frame.client_name)
@@ -161,21 +182,6 @@ def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
         builder.PrependUint8Slot(2, frame.slow_consumer, 0)
         builder.PrependUint8Slot(4, frame.start, 0)
         return finish_frame(builder, BodyType.SUBSCRIBE, builder.EndObject())
-    if isinstance(frame, (Subscribed, Unsubscribe)):
-        builder.StartObject(1)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        body_type = BodyType.SUBSCRIBED if isinstance(frame, Subscribed) else BodyType.UNSUBSCRIBE
-        return finish_frame(builder, body_type, builder.EndObject())
-    if isinstance(frame, Flow):
-        builder.StartObject(2)
-        builder.PrependUint32Slot(1, frame.credit, 0)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        return finish_frame(builder, BodyType.FLOW, builder.EndObject())
-    if isinstance(frame, (Ping, Pong)):
-        builder.StartObject(1)
-        builder.PrependUint64Slot(0, frame.nonce, 0)
-        body_type = BodyType.PING if isinstance(frame, Ping) else BodyType.PONG
-        return finish_frame(builder, body_type, builder.EndObject())
     if isinstance(frame, Error):
         message = builder.CreateString(frame.message)
         builder.StartObject(3)

@@ -35,6 +35,7 @@ from broky.protocol.frames import (
     Settle,
     Settled,
 )
+from broky.protocol.table_writer import control_frame
 from broky.protocol.tables import (
     check_parallel,
     finish_frame,
@@ -100,47 +101,54 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         builder.PrependUint8Slot(4, frame.start, 0)
         builder.PrependUint8Slot(14, frame.adopt_settings, 0)
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
-    if isinstance(frame, Redelivered):
-        topic = builder.CreateString(frame.topic) if frame.topic else 0
-        counts = packed_vector(builder, frame.counts, "I")
-        offsets = packed_vector(builder, frame.offsets, "q")
-        partitions = packed_vector(builder, frame.partitions, "I")
-        builder.StartObject(5)
-        if topic:
-            builder.PrependUOffsetTRelativeSlot(4, topic, 0)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        builder.PrependUOffsetTRelativeSlot(1, partitions, 0)
-        builder.PrependUOffsetTRelativeSlot(2, offsets, 0)
-        builder.PrependUOffsetTRelativeSlot(3, counts, 0)
-        return finish_frame(builder, BodyType.REDELIVERED, builder.EndObject())
-    if isinstance(frame, Settle):
-        topic = builder.CreateString(frame.topic) if frame.topic else 0
-        reason = builder.CreateString(frame.reason) if frame.reason else 0
-        last = packed_vector(builder, frame.last_offsets, "q")
-        first = packed_vector(builder, frame.first_offsets, "q")
-        partitions = packed_vector(builder, frame.partitions, "I")
-        builder.StartObject(9)
-        if topic:
-            builder.PrependUOffsetTRelativeSlot(8, topic, 0)
-        builder.PrependUint64Slot(1, frame.sequence, 0)
-        builder.PrependInt64Slot(6, frame.delay_ms, -1)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        builder.PrependUOffsetTRelativeSlot(3, partitions, 0)
-        builder.PrependUOffsetTRelativeSlot(4, first, 0)
-        builder.PrependUOffsetTRelativeSlot(5, last, 0)
-        if reason:
-            builder.PrependUOffsetTRelativeSlot(7, reason, 0)
-        builder.PrependUint8Slot(2, frame.kind, 0)
-        return finish_frame(builder, BodyType.SETTLE, builder.EndObject())
-    if isinstance(frame, Settled):
-        builder.StartObject(4)
-        builder.PrependUint64Slot(1, frame.sequence, 0)
-        builder.PrependUint32Slot(0, frame.stream, 0)
-        builder.PrependUint32Slot(2, frame.stale, 0)
-        builder.PrependUint32Slot(3, frame.unconfirmed, 0)
-        return finish_frame(builder, BodyType.SETTLED, builder.EndObject())
     if isinstance(frame, DeleteSubscription | DeletedSubscription):
         return _encode_deletion(builder, frame)
+    return None
+
+
+def write_consumer_frame(frame: Frame) -> bytes | None:
+    """``Redelivered``, ``Settle`` and ``Settled``, written without the
+    builder (broky.protocol.table_writer: a consumer's steady state sends
+    them per delivery batch, ack batch and flush); None for other frames."""
+    if isinstance(frame, Redelivered):
+        return control_frame(
+            BodyType.REDELIVERED,
+            [(0, "I", frame.stream, 0)],
+            [
+                (1, "I", frame.partitions),
+                (2, "q", frame.offsets),
+                (3, "I", frame.counts),
+                *([(4, "s", frame.topic.encode())] if frame.topic else []),
+            ],
+        )
+    if isinstance(frame, Settle):
+        return control_frame(
+            BodyType.SETTLE,
+            [
+                (0, "I", frame.stream, 0),
+                (1, "Q", frame.sequence, 0),
+                (2, "B", frame.kind, 0),
+                (6, "q", frame.delay_ms, -1),
+            ],
+            [
+                (3, "I", frame.partitions),
+                (4, "q", frame.first_offsets),
+                (5, "q", frame.last_offsets),
+                *([(7, "s", frame.reason.encode())] if frame.reason else []),
+                *([(8, "s", frame.topic.encode())] if frame.topic else []),
+            ],
+        )
+    if isinstance(frame, Settled):
+        return control_frame(
+            BodyType.SETTLED,
+            [
+                (0, "I", frame.stream, 0),
+                (1, "Q", frame.sequence, 0),
+                (2, "I", frame.stale, 0),
+                (3, "I", frame.unconfirmed, 0),
+            ],
+            (),
+        )
     return None
 
 
