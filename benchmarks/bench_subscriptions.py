@@ -47,9 +47,9 @@ from broky.storage.batch_reading import BatchSpan, RecordBatch, decode_batch
 from broky.storage.state import StateStore
 from broky.subscriptions.delivery import BatchCache, delivery_frames
 from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.feeding import feed_batches
 from broky.subscriptions.image import encode_image
 from broky.subscriptions.model import Deliver, Options, SubscriptionType
-from broky.subscriptions.partition import feed_batches
 from broky.subscriptions.slots import slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 

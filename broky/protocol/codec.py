@@ -45,7 +45,6 @@ from broky.protocol.consumer_codec import (
     CONSUMER_BODIES,
     decode_consumer_body,
     encode_consumer_frame,
-    write_consumer_frame,
 )
 from broky.protocol.errors import LocalProtocolError
 from broky.protocol.frames import (
@@ -69,8 +68,8 @@ from broky.protocol.frames import (
 )
 from broky.protocol.located import read_chunk_runs_pure
 from broky.protocol.producer_frames import producer_frame_parts
+from broky.protocol.steady_frames import write_steady_frame
 from broky.protocol.storage_codec import STORAGE_BODIES, decode_storage_body, encode_storage_frame
-from broky.protocol.table_writer import control_frame
 from broky.protocol.tables import (
     finish_frame,
     malformed,
@@ -116,24 +115,8 @@ _VT_HEAD = struct.Struct("<HH")
 # --- control frames through flatbuffers.Builder ------------------------------
 
 
-def _write_control(frame: Frame) -> bytes | None:
-    """The steady-state control frames, written without the builder
-    (broky.protocol.table_writer); None for the others."""
-    if isinstance(frame, Flow):
-        return control_frame(
-            BodyType.FLOW, [(0, "I", frame.stream, 0), (1, "I", frame.credit, 0)], ()
-        )
-    if isinstance(frame, (Subscribed, Unsubscribe)):
-        body_type = BodyType.SUBSCRIBED if isinstance(frame, Subscribed) else BodyType.UNSUBSCRIBE
-        return control_frame(body_type, [(0, "I", frame.stream, 0)], ())
-    if isinstance(frame, (Ping, Pong)):
-        body_type = BodyType.PING if isinstance(frame, Ping) else BodyType.PONG
-        return control_frame(body_type, [(0, "Q", frame.nonce, 0)], ())
-    return write_consumer_frame(frame)
-
-
 def _encode_control(frame: Frame) -> bytes:  # noqa: PLR0911
-    written = _write_control(frame)
+    written = write_steady_frame(frame)
     if written is not None:
         return written
     builder = flatbuffers.Builder(128)

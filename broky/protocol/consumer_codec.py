@@ -35,7 +35,6 @@ from broky.protocol.frames import (
     Settle,
     Settled,
 )
-from broky.protocol.table_writer import control_frame
 from broky.protocol.tables import (
     check_parallel,
     finish_frame,
@@ -103,52 +102,6 @@ def encode_consumer_frame(frame: Frame) -> bytes | None:
         return finish_frame(builder, BodyType.CONSUME, builder.EndObject())
     if isinstance(frame, DeleteSubscription | DeletedSubscription):
         return _encode_deletion(builder, frame)
-    return None
-
-
-def write_consumer_frame(frame: Frame) -> bytes | None:
-    """``Redelivered``, ``Settle`` and ``Settled``, written without the
-    builder (broky.protocol.table_writer: a consumer's steady state sends
-    them per delivery batch, ack batch and flush); None for other frames."""
-    if isinstance(frame, Redelivered):
-        return control_frame(
-            BodyType.REDELIVERED,
-            [(0, "I", frame.stream, 0)],
-            [
-                (1, "I", frame.partitions),
-                (2, "q", frame.offsets),
-                (3, "I", frame.counts),
-                *([(4, "s", frame.topic.encode())] if frame.topic else []),
-            ],
-        )
-    if isinstance(frame, Settle):
-        return control_frame(
-            BodyType.SETTLE,
-            [
-                (0, "I", frame.stream, 0),
-                (1, "Q", frame.sequence, 0),
-                (2, "B", frame.kind, 0),
-                (6, "q", frame.delay_ms, -1),
-            ],
-            [
-                (3, "I", frame.partitions),
-                (4, "q", frame.first_offsets),
-                (5, "q", frame.last_offsets),
-                *([(7, "s", frame.reason.encode())] if frame.reason else []),
-                *([(8, "s", frame.topic.encode())] if frame.topic else []),
-            ],
-        )
-    if isinstance(frame, Settled):
-        return control_frame(
-            BodyType.SETTLED,
-            [
-                (0, "I", frame.stream, 0),
-                (1, "Q", frame.sequence, 0),
-                (2, "I", frame.stale, 0),
-                (3, "I", frame.unconfirmed, 0),
-            ],
-            (),
-        )
     return None
 
 

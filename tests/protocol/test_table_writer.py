@@ -35,7 +35,7 @@ def settles(draw: st.DrawFn) -> Settle:
         kind=draw(st.sampled_from(SettleKind)),
         partitions=tuple(draw(st.lists(U32, min_size=count, max_size=count))),
         first_offsets=tuple(firsts),
-        last_offsets=tuple(first + draw(st.integers(0, 2**62)) for first in firsts),
+        last_offsets=tuple(first + draw(st.integers(0, 2**62 - 1)) for first in firsts),
         delay_ms=draw(st.sampled_from([-1, 0]) | I64),
         reason=draw(TEXT),
         topic=draw(TEXT),

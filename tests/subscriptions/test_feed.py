@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from broky.router.matcher import SubscriptionIndex
 from broky.storage.batch_reading import BatchSpan
 from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.feeding import feed_batches
 from broky.subscriptions.model import Deliver, Options, SubscriptionType
-from broky.subscriptions.partition import feed_batches
 from broky.subscriptions.tracker import SubscriptionImage
 from tests.subscriptions.test_delivery import span
 
