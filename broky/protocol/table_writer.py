@@ -19,7 +19,7 @@ size prefix), as flatc's verifier checks size-prefixed buffers. Scalars equal
 to their schema default are left out, as the builder leaves them out.
 ``tests/protocol/test_flatbuffers_compat.py`` reads what is written here
 through flatc's generated code; ``tests/protocol/test_table_writer.py``
-holds it to the builder's frames field for field.
+reads any values back through Broky's decoder and checks the alignment.
 """
 
 from __future__ import annotations
@@ -47,16 +47,13 @@ _U32 = struct.Struct("<I")
 _SIZES: Final = {"B": 1, "H": 2, "I": 4, "i": 4, "Q": 8, "q": 8, "s": 1}
 
 
-def _aligned(position: int, alignment: int) -> int:
-    return position + (-position) % alignment
-
-
 class _Shape:
     """The frame up to the end of its body table for one shape (body type,
-    which scalars are present, which blocks), and how to fill it: every
-    table value (scalars, then the blocks' offsets) in one ``pack_into``."""
+    which scalars are present, which blocks): its fixed bytes (root offset,
+    vtables, the table's soffset) and how to pack the table's values
+    (scalars, then the blocks' offsets) in one ``pack``."""
 
-    __slots__ = ("block_fields", "head", "table_end", "values")
+    __slots__ = ("block_fields", "head", "order", "table_end", "values")
 
     def __init__(
         self, body_type: int, scalars: tuple[tuple[int, str], ...], blocks: tuple[int, ...]
@@ -110,10 +107,12 @@ class _Shape:
         )
         struct.pack_into("<i", head, table_at, table_at - _BODY_VTABLE_AT)
         _U32.pack_into(head, 4, _ROOT_TABLE_AT - 4)
-        self.head = bytes(head)
+        #: The bytes after the size prefix up to the table's values.
+        self.head = bytes(head[4 : table_at + 4])
         self.table_end = at
         self.block_fields = block_fields
-        self.values = (struct.Struct(layout), table_at + 4, order)
+        self.values = struct.Struct(layout)
+        self.order = order
 
 
 _shapes: dict[tuple[int, tuple[tuple[int, str], ...], tuple[int, ...]], _Shape] = {}
@@ -133,14 +132,14 @@ def control_frame(body_type: int, scalars: Sequence[Scalar], blocks: Sequence[Bl
     if shape is None:
         shape = _shapes[key] = _Shape(*key)
     # The blocks after the table: each one's elements aligned to their size.
-    parts = [shape.head]
+    blocks_parts: list[bytes] = []
     at = shape.table_end
     starts: list[int] = []
     for _, code, items in blocks:
         padding = (-at) % 4
         padding += (-(at + padding + 4)) % _SIZES[code]
         if padding:
-            parts.append(bytes(padding))
+            blocks_parts.append(bytes(padding))
             at += padding
         starts.append(at)
         if code == "s":
@@ -148,18 +147,14 @@ def control_frame(body_type: int, scalars: Sequence[Scalar], blocks: Sequence[Bl
             data = _U32.pack(len(items)) + items + b"\0"
         else:
             data = _U32.pack(len(items)) + struct.pack(f"<{len(items)}{code}", *items)
-        parts.append(data)
+        blocks_parts.append(data)
         at += len(data)
-    out = bytearray().join(parts)
-    _U32.pack_into(out, 0, at - 4)
-    layout, values_at, order = shape.values
     fields = shape.block_fields
-    layout.pack_into(
-        out,
-        values_at,
+    values = shape.values.pack(
         *[
             present[index][2] if index >= 0 else starts[-1 - index] - fields[-1 - index]
-            for index in order
-        ],
+            for index in shape.order
+        ]
     )
-    return bytes(out)
+    # One join: the size prefix, the fixed head, the table's values, the blocks.
+    return b"".join((_U32.pack(at - 4), shape.head, values, *blocks_parts))
