@@ -48,6 +48,7 @@ is then summed over the worker processes (``bench_durable.worker_cpu``), so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -55,6 +56,7 @@ import sys
 import tempfile
 import time
 from array import array
+from collections.abc import Iterator
 from operator import attrgetter
 from pathlib import Path
 
@@ -187,7 +189,7 @@ async def _consume(
     kind: SubscriptionType,
     index: int,
     seen: Seen,
-    stop: trio.Event,
+    stop: Stop,
     deadline: float,
     settings: ConsumerSettings,
 ) -> None:
@@ -197,12 +199,43 @@ async def _consume(
     ):
         with trio.move_on_at(deadline):
             batches = consumer.batches()
-            while not stop.is_set():
-                with trio.move_on_after(0.2):
+            while True:
+                with stop.waiting() as wait:
                     batch = await anext(batches)
-                    seen.add(batch, index)
-                    await consumer.settle_all(batch)
+                if wait.cancelled_caught:
+                    break
+                seen.add(batch, index)
+                await consumer.settle_all(batch)
         await consumer.flush()
+
+
+class Stop:
+    """Ends the consumers' waits for a batch the moment everything is seen.
+
+    Only the wait is cancelled, never a settle: each consumer then flushes
+    (its acks sent and their receipts back, so committed) before the clock
+    stops. A consumer waiting for a batch that will never come would
+    otherwise sit out a poll timeout inside the timed phase."""
+
+    def __init__(self) -> None:
+        self._waits: set[trio.CancelScope] = set()
+        self.stopped = False
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope() as scope:
+            if self.stopped:
+                scope.cancel()
+            self._waits.add(scope)
+            try:
+                yield scope
+            finally:
+                self._waits.discard(scope)
+
+    def set(self) -> None:
+        self.stopped = True
+        for scope in self._waits:
+            scope.cancel()
 
 
 async def consume_rate(
@@ -217,7 +250,7 @@ async def consume_rate(
     """Load the topic, then time 4 consumers consuming and acking all of it."""
     published = await _load(address, messages, keys)
     seen = Seen(keep_keys=kind == "key-shared")
-    stop = trio.Event()
+    stop = Stop()
     server_before = sum(worker_cpu(pid))
     client_before = time.process_time()
     start = time.monotonic()
