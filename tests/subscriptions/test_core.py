@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broky.subscriptions.acked_ranges import AckedRanges
-from broky.subscriptions.dispatch import Dispatcher
+from broky.subscriptions.dispatch import START_READ, Dispatcher
 from broky.subscriptions.model import (
     DeadLetter,
     Deliver,
@@ -374,3 +374,21 @@ def test_a_span_ack_reaching_an_offset_taken_back_acks_the_rest_one_by_one() -> 
     tracker.deliver_span(0, 4, 2, 0.0)
     tracker.release(3, 0.0, "poison")
     assert tracker.ack_spans(range(2, 4)) == ([], 2)
+
+
+@pytest.mark.parametrize("kind", [SubscriptionType.SHARED, SubscriptionType.KEY_SHARED])
+def test_the_first_read_is_small_then_the_whole_room(kind: SubscriptionType) -> None:
+    """With nothing in flight (a consumer just attached to a backlog) a
+    round reads START_READ offsets, so the first messages go out after a
+    small read; once some are in flight the next read fills the room."""
+    end = 5 * START_READ
+    dispatcher = Dispatcher(Options(type=kind, lease=end), SubscriptionImage(0), end)
+    dispatcher.attach(1, 0.0, credit=3 * START_READ, max_in_flight=4 * START_READ)
+    dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    assert dispatcher.wants() == START_READ
+    for offset in range(START_READ):
+        dispatcher.feed(offset, slot_of(b"k"), 0.0)
+    assert len(deliveries(dispatcher)) == START_READ
+    assert dispatcher.wants() == 2 * START_READ  # the credit left
+    dispatcher.ack(1, range(START_READ), 0.0)
+    assert dispatcher.wants() == START_READ  # caught up: small again
