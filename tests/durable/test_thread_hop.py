@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -74,3 +75,12 @@ async def test_a_call_the_caller_already_started_runs_even_if_cancelled() -> Non
         assert calls == [1]
         await trio.lowlevel.checkpoint()
     assert scope.cancelled_caught
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH on this platform")
+async def test_worker_threads_run_as_sched_batch() -> None:
+    """A round's thread never preempts the event loop's thread on wakeup
+    (the module docstring): it runs under SCHED_BATCH, and the loop's
+    thread keeps its own policy."""
+    assert await run_in_thread(lambda: os.sched_getscheduler(0)) == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) != os.SCHED_BATCH
