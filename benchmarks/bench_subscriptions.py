@@ -195,8 +195,10 @@ def _nack(messages: int) -> dict[str, object]:
     dispatcher = Dispatcher(options, SubscriptionImage(0), messages)
     dispatcher.attach(1, 0.0, credit=10**9, max_in_flight=10**9)
     dispatcher.committed(dispatcher.tracker.image(), 0.0)
-    for offset in range(dispatcher.wants()):
-        dispatcher.feed(offset, 0, 0.0)
+    while wanted := dispatcher.wants():  # the first read is START_READ offsets
+        position = dispatcher.tracker.read_position
+        for offset in range(position, position + wanted):
+            dispatcher.feed(offset, 0, 0.0)
     dispatcher.events.clear()
     nacked = list(range(0, messages, 10))
     start = time.process_time_ns()

@@ -58,13 +58,14 @@ from broky.subscriptions.tracker import (
     backoff_delay,
 )
 
-#: At most this many new offsets are read for a dispatcher none of whose
-#: consumers holds anything (a consumer just attached, or all caught up):
-#: the first deliveries go out after a small read and feed instead of after
-#: every partition read and fed its consumers' whole credit (~4,000
-#: messages each for a key-shared subscription over 8 partitions, ~100 ms
-#: before the first message reached anyone); the next round, woken by this
-#: one's progress, reads the rest.
+#: At most this many new offsets are read in the first read after a
+#: consumer attached: the first deliveries go out after a small read and
+#: feed instead of after every partition read and fed its consumers' whole
+#: credit (~4,000 messages each for a key-shared subscription over 8
+#: partitions, ~100 ms before the first message reached anyone); the next
+#: round, woken by this one's progress, reads the rest. Only then: a cap
+#: whenever nothing is in flight also cut the reads of consumers that ack
+#: all they hold between two rounds (more, smaller rounds).
 START_READ: Final = 1024
 
 #: The compiled fresh-read loop of a key-shared ``feed_slots``, when built.
@@ -100,6 +101,7 @@ class Dispatcher(DispatchCore):
         if state is None:
             state = Consumer(consumer, priority, credit, max_in_flight, 0, now)
         self.consumers[consumer] = state
+        self.starting = True
         if kind is SubscriptionType.KEY_SHARED:
             self.table.join(consumer)
         self._elect()
@@ -127,7 +129,8 @@ class Dispatcher(DispatchCore):
     # --- reading new offsets ----------------------------------------------------------
 
     def wants(self) -> int:
-        """How many new offsets (from ``tracker.read_position``) to read and ``feed``."""
+        """How many new offsets (from ``tracker.read_position``) to read and
+        ``feed``: START_READ at most the first time it is not 0 after an attach."""
         tracker = self.tracker
         tracker.want_lease()
         options = self.options
@@ -146,9 +149,11 @@ class Dispatcher(DispatchCore):
                 return 0
         else:
             room -= len(self._ready)
-        if not any(state.in_flight for state in self.consumers.values()):
-            room = min(room, START_READ)
-        return max(0, min(available, room))
+        wanted = max(0, min(available, room))
+        if self.starting and wanted:
+            self.starting = False
+            return min(wanted, START_READ)
+        return wanted
 
     def _take_read(self, offset: int) -> bool:
         """Move the read position over ``offset``; whether it is to deliver."""

@@ -79,6 +79,8 @@ class DispatchCore:
         #: Ordered types: offsets waiting per slot (parked or due again), sorted.
         self._waiting: dict[int, list[int]] = {}
         self.parked = 0
+        #: The next read is a consumer's first (``Dispatcher.wants``: START_READ).
+        self.starting = False
         # Shared: offsets due again, by due time, and those due with no room yet.
         self._retry: list[tuple[float, int]] = []
         self._ready: deque[int] = deque()

@@ -377,11 +377,15 @@ def test_a_span_ack_reaching_an_offset_taken_back_acks_the_rest_one_by_one() -> 
 
 
 @pytest.mark.parametrize("kind", [SubscriptionType.SHARED, SubscriptionType.KEY_SHARED])
-def test_the_first_read_is_small_then_the_whole_room(kind: SubscriptionType) -> None:
-    """With nothing in flight (a consumer just attached to a backlog) a
-    round reads START_READ offsets, so the first messages go out after a
-    small read; once some are in flight the next read fills the room."""
-    end = 5 * START_READ
+def test_the_first_read_after_an_attach_is_small_then_the_whole_room(
+    kind: SubscriptionType,
+) -> None:
+    """A consumer attached to a backlog: the first round reads START_READ
+    offsets, so the first messages go out after a small read; the next
+    reads fill the room, also once the consumer acked all it held (a cap
+    then would only make more, smaller rounds); another attach is small
+    again."""
+    end = 8 * START_READ
     dispatcher = Dispatcher(Options(type=kind, lease=end), SubscriptionImage(0), end)
     dispatcher.attach(1, 0.0, credit=3 * START_READ, max_in_flight=4 * START_READ)
     dispatcher.committed(dispatcher.tracker.image(), 0.0)
@@ -391,4 +395,7 @@ def test_the_first_read_is_small_then_the_whole_room(kind: SubscriptionType) -> 
     assert len(deliveries(dispatcher)) == START_READ
     assert dispatcher.wants() == 2 * START_READ  # the credit left
     dispatcher.ack(1, range(START_READ), 0.0)
-    assert dispatcher.wants() == START_READ  # caught up: small again
+    assert dispatcher.wants() == 2 * START_READ  # caught up: still the whole room
+    dispatcher.attach(2, 0.0, credit=3 * START_READ, max_in_flight=4 * START_READ)
+    assert dispatcher.wants() == START_READ
+    assert dispatcher.wants() == 5 * START_READ
