@@ -10,6 +10,7 @@ exception from struct.
 from __future__ import annotations
 
 import struct
+import sys
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from itertools import accumulate, islice
@@ -38,6 +39,9 @@ from broky.storage.batch import (
     runs_batch_length,
 )
 from broky.storage.errors import CorruptRecordError
+
+#: The batch format is little-endian; a native cast reads it only then.
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 @attrs.frozen(slots=True)
@@ -307,6 +311,17 @@ class BatchSpan:
         return self.batch.runs(max(start, self.start), upper)
 
 
+def _u64s(view: memoryview, at: int, count: int) -> Sequence[int]:
+    """``count`` little-endian uint64 from ``at``, read only as they are
+    indexed (a cast view: no int object per entry until one is read; a
+    consumer's reads never look at a run's producer and sequence, which
+    were two objects per run, a message each over many keys); unpacked on
+    a big-endian host."""
+    if _LITTLE_ENDIAN:
+        return view[at : at + 8 * count].cast("Q")
+    return struct.unpack_from(f"<{count}Q", view, at)
+
+
 def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
     """Check the batch at ``position`` whole (framing, CRC32C, run table) and view it.
 
@@ -336,8 +351,8 @@ def verify_batch(buf: Buffer, position: int) -> RecordBatch | str:
         if min(counts) < 1 or sum(counts) != header.count:
             return "run counts disagree with the message count"
         if header.version == 3:
-            identities = struct.unpack_from(f"<{2 * runs}Q", view, keys_at + 16 * runs)
-            producers, sequences = identities[:runs], identities[runs:]
+            at = keys_at + 16 * runs
+            producers, sequences = _u64s(view, at, runs), _u64s(view, at + 8 * runs, runs)
         keys_at += header.entry_bytes * runs
     sizes_at = keys_at + header.keys_length + pad8(header.keys_length)
     messages_at = sizes_at + 4 * header.count + pad8(4 * header.count)
