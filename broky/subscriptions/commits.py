@@ -9,12 +9,12 @@ registered has committed: that is when an ack receipt may leave, and when
 the dispatchers' crash gates open (``Dispatcher.committed``).
 
 Ownership: the committer owns the state store; the sqlite calls run in a
-worker thread (sqlite blocks for the fsync; ``run_in_thread``, the
-partitions' owners' cheaper hand-off: a busy partition commits every 5 ms),
-one at a time (a commit round,
-or, for a replicated partition, a follower storing its leader's rows or a
-new leader reading them back: broky.subscriptions.replica), and the
-dispatchers are only touched on the trio thread, before and after it.
+worker thread (sqlite blocks for the fsync; a commit round takes
+``run_in_thread``, the partitions' owners' cheaper hand-off, as a busy
+partition commits every 5 ms), one at a time (a commit round, or, for a
+replicated partition, a follower storing its leader's rows or a new leader
+reading them back: broky.subscriptions.replica), and the dispatchers are
+only touched on the trio thread, before and after it.
 """
 
 from __future__ import annotations

@@ -63,9 +63,10 @@ from broky.subscriptions.tracker import (
 #: feed instead of after every partition read and fed its consumers' whole
 #: credit (~4,000 messages each for a key-shared subscription over 8
 #: partitions, ~100 ms before the first message reached anyone); the next
-#: round, woken by this one's progress, reads the rest. Only then: a cap
-#: whenever nothing is in flight also cut the reads of consumers that ack
-#: all they hold between two rounds (more, smaller rounds).
+#: round, woken by this one's progress, reads the rest. Only that read:
+#: capping every read with nothing in flight also cut the reads of
+#: consumers that ack all they hold between two rounds (more, smaller
+#: rounds).
 START_READ: Final = 1024
 
 #: The compiled fresh-read loop of a key-shared ``feed_slots``, when built.
