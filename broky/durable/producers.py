@@ -23,8 +23,9 @@ appended here, ``(first sequence, count, first offset)``, for the last
   one was refused, could be stored first (the ISR recovered, or this node
   was elected, in between), and the earlier one's retry would then be out
   of order. The client resends from the refused run (broky.client.cluster),
-  and any run stored from the producer at or below the refused sequence
-  ends the hold.
+  and a stored run of the producer that reaches the refused sequence ends
+  the hold (one that ends below it, an earlier run stored by another leader
+  and replicated here, leaves the gap open).
 
 The client keeps at most ``WINDOW_SEQUENCES`` sequences unacknowledged, so
 every retry it makes falls inside the window. The window is rebuilt from the
@@ -191,14 +192,16 @@ class ProducerWindow:
         elif producer != self._last:
             producers.move_to_end(producer)
         self._last = producer
-        if self._refused:
-            # At or below the refused sequence (a later run was held), or a
-            # leader's run a follower replicates: the gap is closed.
-            self._refused.pop(producer, None)
         runs.sequences.extend(sequences)
         runs.counts.extend(counts)
         runs.offsets.extend(offsets)
         runs.next_sequence = sequences[-1] + counts[-1]
+        if self._refused and runs.next_sequence > self._refused.get(producer, runs.next_sequence):
+            # The refused sequence is stored now (resent here, or a leader's
+            # run a follower replicates): the gap is closed. A run that ends
+            # below it (an earlier batch stored elsewhere and replicated
+            # here) leaves the gap open: the hold stays.
+            del self._refused[producer]
         floor = runs.next_sequence - self.window
         stored = runs.sequences
         # Runs never overlap, so every run before the last one starting below

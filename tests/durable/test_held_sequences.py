@@ -5,7 +5,8 @@ partitions), so it cannot see a gap. A pipelined producer (broky.client.cluster)
 has batch k+1 in flight behind batch k; if k is refused retriably (NotLeader,
 NotEnoughReplicas) and k+1 stored, k's retry is out of order. The window
 therefore remembers the first sequence it refused and answers later runs of
-that producer ``Held`` until a run at or below it is stored.
+that producer ``Held`` until a run that reaches it is stored (a run below
+it, stored elsewhere and replicated here, leaves the gap open).
 
 The property test plays a pipelined producer against one partition: rounds
 are refused at random, the producer resends from the refused batch oldest
@@ -34,6 +35,20 @@ def test_a_refused_sequence_holds_later_runs_back_until_it_is_stored() -> None:
     assert window.check(3, 15, 1) is None  # other producers are not held
     assert window.admit(PRODUCER, 10, 3, 2) is None  # the resend: stored, hold ends
     assert window.admit(PRODUCER, 15, 1, 5) is None
+
+
+def test_a_replicated_run_below_the_refused_sequence_keeps_the_hold() -> None:
+    """Sequence 1243 was refused here; an earlier batch (1240-1242) stored
+    by another leader reaches this node as a follower's replicated run:
+    1243 is still missing, so 1244 must still wait for it (without the hold
+    a later leadership here could store 1244 first and refuse 1243's retry
+    as out of order, seen once under load in the rebalance test)."""
+    window = ProducerWindow()
+    window.refused(PRODUCER, [1243])
+    window.record(PRODUCER, 1240, 3, 0)
+    assert isinstance(window.check(PRODUCER, 1244, 3), Held)
+    window.record(PRODUCER, 1243, 1, 3)  # the refused run, stored: the gap closes
+    assert window.check(PRODUCER, 1244, 3) is None
 
 
 def test_refusing_stored_runs_again_holds_nothing() -> None:
