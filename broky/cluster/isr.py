@@ -138,11 +138,16 @@ class LeaderIsr:
         #: Per follower life, and the newest life seen of each node.
         self._followers: dict[IsrEntry, _Follower] = {}
         self._lives: dict[str, int] = {}
+        #: The newest life ever seen of each node, kept when its follower is
+        #: forgotten: a late ack of an older life must still be ignored then
+        #: (else it would be taken for a new life with that life's data).
+        self._newest_life: dict[str, int] = {}
         for entry in self.committed_isr:
             if entry != leader:
                 # An ISR member had everything below the HW when it was added.
                 self._followers[entry] = _Follower(high_watermark, now, log_end, now)
                 self._lives[entry[0]] = entry[1]
+                self._newest_life[entry[0]] = entry[1]
         self._waiting: deque[tuple[int, Acks, object]] = deque()
 
     # -- inputs ---------------------------------------------------------------
@@ -178,7 +183,7 @@ class LeaderIsr:
         if epoch != self.epoch or node not in self.replicas or node == self.leader[0]:
             return
         durable = min(durable, self.log_end)  # a follower cannot hold more than we wrote
-        if node_epoch < self._lives.get(node, node_epoch):
+        if node_epoch < self._newest_life.get(node, node_epoch):
             return  # a late ack of a life that has ended
         entry = (node, node_epoch)
         follower = self._followers.get(entry)
@@ -188,7 +193,7 @@ class LeaderIsr:
             # but is never renewed, so propose() drops it.
             follower = _Follower(0, -float("inf"), self.log_end, now)
             self._followers[entry] = follower
-            self._lives[node] = node_epoch
+            self._lives[node] = self._newest_life[node] = node_epoch
         # An ISR member's fsynced end only grows, so a late ack must not
         # lower it (the HW never goes back); outside the ISR the latest
         # report is the truth, even if lower (its copy was deleted).

@@ -253,3 +253,25 @@ def test_follower_lags_count_from_each_nodes_newest_life() -> None:
     isr.follower_ack("F2", 2, EPOCH, 3, 1.0)  # a new life: counted from what it says
     isr.follower_ack("F2", 1, EPOCH, 9, 1.0)  # the ended life's late ack is ignored
     assert isr.follower_lags() == {"F1": 3, "F2": 7}
+
+
+def test_a_late_ack_of_a_forgotten_life_does_not_rejoin_the_isr() -> None:
+    """Found by the state machine: F1 restarts (life 2), lags and is dropped
+    from the ISR (its follower forgotten); a late ack of life 1 then came in
+    as a new life holding offset 1 and rejoined the ISR, counting a life
+    that had fsynced nothing. The newest life of a node is kept after its
+    follower is forgotten, so that ack is ignored."""
+    model = LeaderModel()
+    model.restart(node="F1")
+    model.propose()
+    model.time_passes(seconds=2.0)
+    model.publish(acks=Acks.ALL, count=1)
+    model.leader_sync()
+    model.etcd_answers(succeed=True)
+    model.propose()
+    model.etcd_answers(succeed=True)
+    assert model.isr.committed_isr == (("L", 1),)
+    model.old_life_ack(node="F1", offset=1)
+    model.propose()
+    assert model.isr.pending_isr is None  # nothing to add: the ack was ignored
+    model.high_watermark_is_safe_and_monotone()
