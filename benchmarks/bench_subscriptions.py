@@ -4,14 +4,24 @@ Run: ``.venv/bin/python -m benchmarks.bench_subscriptions [--messages N]``.
 Prints one JSON object per line. What it measures is the sans-IO core only
 (``broky.subscriptions``: dispatcher decisions, ack tracking, crash gates,
 image encoding, group commits on a real sqlite file); sockets, log reads and
-the client are not in it yet, because the broker does not drive the
-dispatchers yet (issue 13 step 4). Scenarios:
+the client are in ``bench_consumers``. Scenarios:
 
-- ``shared_x4``: a shared subscription with 4 consumers, messages fed in
-  offset order, each consumer acking what it got in ranges of up to 512, one
-  image commit per 4,096 acks (the group-commit batch).
-- ``key_shared_1000_keys``: the same over 1,000 keys with 4 consumers, a 5th
-  consumer joining half-way (slots move and drain).
+- ``shared_x4``: a shared subscription with 4 consumers, messages fed a
+  read at a time (``queue`` then ``pump``, as ``feed_batches`` does), each
+  consumer acking what it got in ranges of up to 512, one image commit per
+  4,096 acks (the group-commit batch).
+- ``key_shared_1000_keys``: the same over 1,000 keys with 4 consumers (fed
+  with ``feed_slots``), a 5th consumer joining half-way (slots move and
+  drain).
+- ``shared_x4_rounds`` and ``key_shared_1000_keys_rounds``: a partition
+  driver's rounds on the broker's own path, from stored batches (reads of
+  ``READ_BYTES``) to Deliver frames and the consumers' Settles applied as
+  the broker applies them (see ``_rounds``); the figure to follow for the
+  broker's subscription CPU. Until 2026-11-30 these fed through a key
+  filter, laid frames out from per-consumer tuples, and read everything
+  wanted at once, none of which the broker does; and the two rows above
+  fed one offset at a time through ``Dispatcher.feed`` (9-15 us a message,
+  a path the broker never takes). Figures before then are not comparable.
 - ``nack_redelivery``: nack every 10th message with no delay and no backoff;
   reports the dispatcher CPU per redelivery (the commit gate included).
 - ``group_commit_sqlite``: wall time of one group commit (image encode +
@@ -36,20 +46,21 @@ import os
 import statistics
 import tempfile
 import time
-from itertools import chain, starmap
 
 from broky.gcpolicy import tune_for_broker
-from broky.protocol.frames import Run
+from broky.protocol.frames import Run, Settle
 from broky.protocol.message import encode_message, pack_sizes
-from broky.router.matcher import SubscriptionIndex
 from broky.storage.batch import encode_runs
 from broky.storage.batch_reading import BatchSpan, RecordBatch, decode_batch
 from broky.storage.state import StateStore
-from broky.subscriptions.delivery import BatchCache, delivery_frames
+from broky.subscriptions.delivery import BatchCache, Segment, segment_frames
 from broky.subscriptions.dispatch import Dispatcher
 from broky.subscriptions.feeding import feed_batches
 from broky.subscriptions.image import encode_image
 from broky.subscriptions.model import Deliver, Options, SubscriptionType
+from broky.subscriptions.round_events import sort_segments
+from broky.subscriptions.round_reads import READ_BYTES
+from broky.subscriptions.settle_ranges import gather_ranges
 from broky.subscriptions.slots import slot_of
 from broky.subscriptions.tracker import SubscriptionImage
 
@@ -74,8 +85,12 @@ def _run(
         tracker = dispatcher.tracker
         wanted = dispatcher.wants()
         position = tracker.read_position
-        for offset in range(position, position + wanted):
-            dispatcher.feed(offset, slots[offset], 0.0)
+        # Fed a read at a time, as ``feed_batches`` feeds the broker's.
+        if dispatcher.ordered:
+            dispatcher.feed_slots(position, slots[position : position + wanted], 0.0)
+        else:
+            dispatcher.queue(position, position + wanted)
+            dispatcher.pump(0.0)
         events, dispatcher.events = dispatcher.events, []
         for event in events:
             if isinstance(event, Deliver):
@@ -127,28 +142,35 @@ def _stored(messages: int, keys: int) -> list[RecordBatch]:
 
 
 def _read(batches: list[RecordBatch], start: int, stop: int) -> list[BatchSpan]:
-    """What ``LogReader.read_spans`` gives for ``[start, stop)`` of ``batches``."""
-    if start >= stop:
-        return []
-    return [
-        BatchSpan(batch, max(start, batch.base_offset), min(stop, batch.next_offset))
-        for batch in batches[start // RUNS_PER_BATCH : -(-stop // RUNS_PER_BATCH)]
-    ]
+    """What ``LogReader.read_spans`` gives for ``[start, stop)`` of
+    ``batches`` within a round's ``READ_BYTES`` (the first batch always)."""
+    spans: list[BatchSpan] = []
+    used = 0
+    for batch in batches[start // RUNS_PER_BATCH : -(-stop // RUNS_PER_BATCH)]:
+        if spans and used + batch.stored_bytes > READ_BYTES:
+            break
+        used += batch.stored_bytes
+        spans.append(BatchSpan(batch, max(start, batch.base_offset), min(stop, batch.next_offset)))
+    return spans
 
 
 def _rounds(messages: int, kind: SubscriptionType, keys: int) -> dict[str, object]:
-    """A partition driver's rounds without the sockets: read batches in
-    hand fed as the driver feeds them (``feed_batches``), 4 consumers,
-    Deliver frames laid out per consumer (``delivery_frames``), each
-    consumer's deliveries acked back as the ranges its client would send,
-    an image per 4,096 acks."""
+    """A partition driver's rounds without the sockets, on the broker's own
+    path (``PartitionSubscriptions._round``/``_carry_out`` and
+    ``apply_settle``): read batches in hand fed whole (``feed_batches``
+    with no key filter: the subscription's pattern covers the topic's, as
+    in ``bench_consumers``), 4 consumers, the round's events sorted and
+    cut along the held spans at once (``sort_segments``), Deliver frames
+    laid out per consumer (``segment_frames``), each consumer's
+    deliveries acked back as the ``Settle`` its client would send (the
+    offsets merged into ranges) and applied as the broker applies it
+    (``gather_ranges``, ``ack_ranges``), an image per 4,096 acks."""
     batches = _stored(messages, keys)
     dispatcher = Dispatcher(Options(type=kind), SubscriptionImage(0), messages)
-    matcher: SubscriptionIndex[int] = SubscriptionIndex()
-    matcher.add(b"bench.>", 0)
     for consumer in range(1, 5):
         dispatcher.attach(consumer, 0.0, credit=10**9, max_in_flight=20_000)
     dispatcher.committed(dispatcher.tracker.image(), 0.0)
+    tracker_of = lambda number: dispatcher.tracker  # noqa: E731 (one partition)
     acked = since_commit = frames = 0
     start = time.process_time_ns()
     while acked < messages:
@@ -156,26 +178,22 @@ def _rounds(messages: int, kind: SubscriptionType, keys: int) -> dict[str, objec
         read = _read(batches, position, position + dispatcher.wants())
         cache = BatchCache()
         cache.add(read)
-        feed_batches(dispatcher, matcher, read, 0.0)
+        feed_batches(dispatcher, None, read, 0.0)
         events, dispatcher.events = dispatcher.events, []
-        per_consumer: dict[int, list[tuple[int, int, int]]] = {}
-        for event in events:
-            if isinstance(event, Deliver):
-                per_consumer.setdefault(event.consumer, []).append(
-                    (event.offset, event.stop, event.count)
-                )
-        for consumer, deliveries in per_consumer.items():
-            sent, _ = delivery_frames(
-                consumer, "bench", 0, deliveries, cache, 1 << 20, name_topic=False
+        per_consumer, delivered, _, _ = sort_segments(events, *cache.bounds())
+        for consumer, (segments, _) in per_consumer.items():
+            sent = segment_frames(
+                consumer, "bench", 0, cache.spans_of(segments), cache, 1 << 20, name_topic=False
             )
             frames += len(sent)
-            # What the consumer's client settles: its offsets as ranges, in
-            # one Settle (applied as one ack per partition).
-            spans = sorted((first, stop) for first, stop, _ in deliveries)
-            dispatcher.ack(consumer, chain.from_iterable(starmap(range, spans)), 0.0)
-            delivered = sum(stop - first for first, stop in spans)
-            acked += delivered
-            since_commit += delivered
+            firsts, lasts = _settled_ranges(segments)
+            settle = Settle(
+                consumer, partitions=(0,) * len(firsts), first_offsets=firsts, last_offsets=lasts
+            )
+            spans, _ = gather_ranges(settle, tracker_of)
+            dispatcher.ack_ranges(consumer, spans[0], 0.0)
+        acked += delivered
+        since_commit += delivered
         if since_commit >= COMMIT_EVERY or not per_consumer:
             image = dispatcher.tracker.image()
             encode_image(image)
@@ -188,6 +206,24 @@ def _rounds(messages: int, kind: SubscriptionType, keys: int) -> dict[str, objec
         "deliver_frames": frames,
         "cursor": dispatcher.tracker.cursor,
     }
+
+
+def _settled_ranges(segments: list[Segment]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A consumer's delivered offsets (``segments``' ranges) as the first
+    and last offsets of a Settle: merged where they touch, ascending (what
+    the client's ``RangeSet`` sends)."""
+    pairs = sorted(
+        (ranges[at], ranges[at + 1]) for _, ranges, _ in segments for at in range(0, len(ranges), 2)
+    )
+    firsts: list[int] = []
+    lasts: list[int] = []
+    for first, stop in pairs:
+        if lasts and lasts[-1] + 1 == first:
+            lasts[-1] = stop - 1
+        else:
+            firsts.append(first)
+            lasts.append(stop - 1)
+    return tuple(firsts), tuple(lasts)
 
 
 def _nack(messages: int) -> dict[str, object]:
