@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench clean bytecode
 
-$(STAMP): pyproject.toml setup.py $(wildcard broky/*/*.pyx) $(wildcard broky/*/*.pxd)
+$(STAMP): pyproject.toml setup.py $(wildcard broky/*/*.pyx) $(wildcard broky/*/*.pxd) vendor/xxhash/xxhash.h
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'

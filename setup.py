@@ -35,7 +35,14 @@ except ImportError:  # no Cython at build time: the pure-Python reader runs
 else:
     extensions = cythonize(
         [
-            Extension(name, [name.replace(".", "/") + ".pyx"], optional=True)
+            # ``vendor/xxhash``: xxHash's header, inlined where a key's slot
+            # is hashed in C (``broky.storage._partitions``).
+            Extension(
+                name,
+                [name.replace(".", "/") + ".pyx"],
+                include_dirs=["vendor/xxhash"],
+                optional=True,
+            )
             for name in (
                 "broky.protocol._runs",
                 "broky.protocol._run_slots",

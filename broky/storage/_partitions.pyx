@@ -19,6 +19,7 @@ import sys
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem, PyDict_Size
+from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport PyObject
 from broky.protocol._run_slots cimport (
     RUN_COUNT, RUN_KEY, RUN_MESSAGES, RUN_SIZES, RUN_TS_BROKER, new_run, run_field,
@@ -35,6 +36,35 @@ if sys.byteorder != "little":
     raise ImportError("the compiled partition reader assumes a little-endian host")
 
 _xxh3 = xxhash.xxh3_64_intdigest
+
+
+cdef extern from *:
+    """
+    #define XXH_INLINE_ALL
+    #include "xxhash.h"
+    """
+    # xxHash's own XXH3 (``vendor/xxhash``, the algorithm and version the
+    # ``xxhash`` package wraps): hashed where the key lies, with no bytes
+    # object, call or dict lookup per key.
+    unsigned long long XXH3_64bits(const void* data, size_t length) nogil
+
+
+#: One int object per slot (65,536 of them at most, made at first use): the
+#: dispatcher's slot maps are dicts keyed by slot, and a lookup whose key
+#: is the very object stored there skips the value comparison a fresh int
+#: costs (with a new int per message, each of the feed's and the ack's
+#: slot lookups cost ~50 instructions more).
+cdef list _SLOT_OBJECTS = [None] * 65536
+
+
+cdef inline object _slot_at(const void* key, Py_ssize_t length):
+    """``slots.slot_of`` of the ``length`` bytes at ``key``."""
+    cdef Py_ssize_t slot = <Py_ssize_t>(XXH3_64bits(key, <size_t>length) >> 48)
+    cdef object found = <object>PyList_GET_ITEM(_SLOT_OBJECTS, slot)
+    if found is None:
+        found = slot
+        _SLOT_OBJECTS[slot] = found
+    return found
 
 
 cdef inline uint32_t _u32(const uint8_t* p) noexcept nogil:
@@ -149,22 +179,13 @@ cdef object _message_slot(
     if position + size <= total:
         start = _key_start(buf + position, size, &end)
     if start >= 0:
-        sticky = PyBytes_FromStringAndSize(<const char*>(buf + position + start), end - start)
-    else:
-        sticky = key_partition(memoryview(messages)[position : position + size])
+        if end == start:
+            return run_slot  # an empty key_partition: the run key's slot
+        return _slot_at(buf + position + start, end - start)
+    sticky = key_partition(memoryview(messages)[position : position + size])
     if sticky:
         return _xxh3(sticky) >> 48
     return run_slot
-
-
-#: Run key -> slot, kept across calls (a slot is a function of the key
-#: alone): a key-shared subscription over a thousand keys meets each of
-#: them in every batch it reads, and hashing each again (an xxh3 call, a
-#: shift of its 64-bit int, an insert) was a third of this pass. Emptied
-#: when it holds ``_KNOWN_MAX`` keys, so keys that never come back cost at
-#: most that much memory.
-cdef dict _KNOWN = {}
-cdef Py_ssize_t _KNOWN_MAX = 1 << 16
 
 
 def message_slots(batch, int64_t start, int64_t stop):
@@ -175,10 +196,8 @@ def message_slots(batch, int64_t start, int64_t stop):
     cdef Py_ssize_t runs = len(counts), run, index, sized
     cdef int64_t offset = batch.base_offset, key_at = 0, position = 0, count, key_length, size
     cdef Py_ssize_t message = 0
-    cdef dict known = _KNOWN
     cdef list slots = []
-    cdef object key, run_slot
-    cdef PyObject* entry
+    cdef object run_slot
     if len(key_lengths) != runs:
         raise ValueError("run columns of different lengths")
     PyObject_GetBuffer(batch.keys, &keys_buffer, PyBUF_SIMPLE)
@@ -201,17 +220,7 @@ def message_slots(batch, int64_t start, int64_t stop):
                         for index in range(message, message + count):
                             position += _u32(size_table + 4 * index)
                     else:
-                        key = PyBytes_FromStringAndSize(
-                            <const char*>keys_buffer.buf + key_at, key_length
-                        )
-                        entry = PyDict_GetItem(known, key)
-                        if entry == NULL:
-                            run_slot = _xxh3(key) >> 48
-                            if PyDict_Size(known) >= _KNOWN_MAX:
-                                known.clear()
-                            known[key] = run_slot
-                        else:
-                            run_slot = <object>entry
+                        run_slot = _slot_at(<const char*>keys_buffer.buf + key_at, key_length)
                         for index in range(message, message + count):
                             size = _u32(size_table + 4 * index)
                             if start <= offset + index - message < stop:

@@ -8,7 +8,7 @@ built and read through their slots. The ack side is
 ``broky.subscriptions._passes``.
 """
 
-from cpython.dict cimport PyDict_Contains, PyDict_GetItem, PyDict_SetItem
+from cpython.dict cimport PyDict_Contains, PyDict_GetItemWithError, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdlib cimport calloc, free
 from cpython.object cimport PyObject
@@ -259,11 +259,11 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                     index = look
                     break
             if index < 0:
-                found = PyDict_GetItem(index_of, owner)
+                found = PyDict_GetItemWithError(index_of, owner)
                 if found != NULL:
                     index = <object>found
             room = NULL if index < 0 else &rooms[index]
-            holder = PyDict_GetItem(holders, slot)
+            holder = PyDict_GetItemWithError(holders, slot)
             if (
                 room != NULL
                 and room.credit > 0
@@ -293,7 +293,7 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 if holder == NULL:  # else it holds the slot already
                     holders[slot] = owner
                 # The slot's count of pending offsets (``DispatchCore._held``).
-                found = PyDict_GetItem(held_by_slot, slot)
+                found = PyDict_GetItemWithError(held_by_slot, slot)
                 PyDict_SetItem(held_by_slot, slot, 1 if found == NULL else <object>found + 1)
                 # This feed's last event grows on C checks; another one (the
                 # slow path's, or older) is checked through its fields.
@@ -419,7 +419,7 @@ def sort_segments(list events, list bases, list stops):
             again += stop - first
         # A consumer's cut found by its id, the last one without a lookup.
         if cut is None or consumer is not last_consumer:
-            found = PyDict_GetItem(cuts, consumer)
+            found = PyDict_GetItemWithError(cuts, consumer)
             if found == NULL:
                 cut = _Cut.__new__(_Cut)
                 cut.segments = []

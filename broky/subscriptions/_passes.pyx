@@ -15,7 +15,7 @@ is ``broky.subscriptions._feed``.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING
-from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItem, PyDict_SetItem
+from cpython.dict cimport PyDict_Contains, PyDict_DelItem, PyDict_GetItemWithError, PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.object cimport PyObject
@@ -90,7 +90,7 @@ def take_acked(dict counts, pending, dict due, offsets, tuple slots=None):
         else:
             held = pending_dict.pop(offset, _ABSENT)
         if held is _ABSENT:
-            if not PyDict_GET_SIZE(counts) or PyDict_GetItem(counts, offset) == NULL:
+            if not PyDict_GET_SIZE(counts) or PyDict_GetItemWithError(counts, offset) == NULL:
                 continue
             PyDict_DelItem(counts, offset)
             done.append(offset)
@@ -99,7 +99,7 @@ def take_acked(dict counts, pending, dict due, offsets, tuple slots=None):
             continue
         # A group's offsets have no count entry (``AckTracker.counts``),
         # and ``counts`` is empty while nothing was redelivered.
-        if PyDict_GET_SIZE(counts) and PyDict_GetItem(counts, offset) != NULL:
+        if PyDict_GET_SIZE(counts) and PyDict_GetItemWithError(counts, offset) != NULL:
             PyDict_DelItem(counts, offset)
         done.append(offset)
         ended.append(offset)
@@ -128,7 +128,7 @@ cdef inline int _free_slot(list window, int64_t base, dict held_by_slot, dict ho
     cdef object slot = _ZERO
     if 0 <= at < PyList_GET_SIZE(window):
         slot = <object>PyList_GET_ITEM(window, <Py_ssize_t>at)
-    cdef PyObject* found = PyDict_GetItem(held_by_slot, slot)
+    cdef PyObject* found = PyDict_GetItemWithError(held_by_slot, slot)
     if found == NULL:
         return 0
     cdef Py_ssize_t held = <object>found

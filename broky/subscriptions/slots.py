@@ -56,7 +56,8 @@ def message_slots_pure(batch: RecordBatch, start: int, stop: int) -> list[int]:
     to learn its key. Each distinct run key is hashed once per call. The
     compiled twin (``broky.storage._partitions.message_slots``) reads the
     same fields in C and gives the same slots, or raises the same errors;
-    it also keeps run keys' slots across calls (up to 65,536 keys).
+    it hashes each key where it lies with xxHash's own XXH3 (the vendored
+    header, ``vendor/xxhash``), with no bytes object per key.
     """
     view = batch.messages
     size_table = u32_array(batch.sizes)
