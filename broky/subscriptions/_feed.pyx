@@ -357,7 +357,9 @@ def needed_spans(batches):
 
 
 def event_bounds(batches):
-    cdef object low = None, high = None, first, stop
+    # C integers: two comparisons an event, not two rich compares of ints.
+    cdef int64_t low = 0, high = 0, first, stop
+    cdef bint found = False
     if _Deliver is None:
         _load_model()
     for batch in batches:
@@ -370,14 +372,21 @@ def event_bounds(batches):
                 stop = first + 1
             else:
                 continue
-            if low is None:
-                low, high = first, stop
+            if not found:
+                low, high, found = first, stop, True
             else:
                 if first < low:
                     low = first
                 if stop > high:
                     high = stop
-    return None if low is None else (low, high)
+    return (low, high) if found else None
+
+
+cdef inline object _bound(object given, int64_t value, int64_t wanted):
+    """``wanted`` as an int object: ``given`` itself when it is ``value``."""
+    if value == wanted:
+        return given
+    return wanted
 
 
 cdef class _Cut:
@@ -399,7 +408,7 @@ def sort_segments(list events, list bases, list stops):
     cdef Py_ssize_t held = len(bases), index
     cdef int64_t first, stop, offset, upto, span_stop, redelivered
     cdef int64_t delivered = 0, again = 0
-    cdef object consumer, count, last_consumer = None
+    cdef object consumer, count, last_consumer = None, first_object, stop_object
     cdef _Cut cut = None
     cdef PyObject* found
     if len(stops) != held:
@@ -411,11 +420,13 @@ def sort_segments(list events, list bases, list stops):
             others.append(event)
             continue
         consumer = _field(event, 0)
-        first = _field(event, 1)
+        first_object = _field(event, 1)
         count = _field(event, 2)
-        stop = _field(event, 3)
+        stop_object = _field(event, 3)
+        first = first_object
+        stop = stop_object
         delivered += stop - first
-        if count > 1:
+        if count is not _ONE and count > 1:
             again += stop - first
         # A consumer's cut found by its id, the last one without a lookup.
         if cut is None or consumer is not last_consumer:
@@ -438,19 +449,23 @@ def sort_segments(list events, list bases, list stops):
             if index >= 0 and offset < <int64_t>stops[index]:
                 span_stop = stops[index]
                 upto = stop if stop < span_stop else span_stop
+                # A delivery inside one held span (the usual one) keeps
+                # its event's int objects: no new int a bound.
                 if index == cut.current and offset >= cut.end:
                     if offset == cut.end:
-                        cut.ranges[len(cut.ranges) - 1] = upto
+                        cut.ranges[len(cut.ranges) - 1] = _bound(stop_object, stop, upto)
                     else:
-                        cut.ranges.append(offset)
-                        cut.ranges.append(upto)
+                        cut.ranges.append(_bound(first_object, first, offset))
+                        cut.ranges.append(_bound(stop_object, stop, upto))
                 else:
                     cut.current = index
-                    cut.ranges = [offset, upto]
+                    cut.ranges = [
+                        _bound(first_object, first, offset), _bound(stop_object, stop, upto)
+                    ]
                     cut.counts = []
                     cut.segments.append((index, cut.ranges, cut.counts))
                 cut.end = upto
-                if count > 1:
+                if count is not _ONE and count > 1:
                     for redelivered in range(offset, upto):
                         cut.counts.append((redelivered, count))
             else:
