@@ -13,7 +13,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.string cimport memcmp, memcpy, memset
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_RawFree, PyMem_RawMalloc, PyMem_RawRealloc
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
@@ -39,6 +39,33 @@ def chunk_offsets(chunks, int64_t position):
         index += 1
     if index != count:
         raise ValueError("chunks changed size while being read")
+    return packed, total
+
+
+def length_offsets(lengths, int64_t position):
+    """See ``broky.protocol.chunks.length_offsets_pure``."""
+    cdef Py_buffer lengths_buffer
+    cdef Py_ssize_t count, index
+    cdef const uint32_t* table
+    cdef bytes packed
+    cdef char* out
+    cdef int64_t total = 0
+    cdef uint32_t offset
+    PyObject_GetBuffer(lengths, &lengths_buffer, PyBUF_SIMPLE)
+    try:
+        if lengths_buffer.len % 4:
+            raise ValueError("chunk lengths must be whole uint32s")
+        count = lengths_buffer.len // 4
+        table = <const uint32_t*>lengths_buffer.buf
+        packed = PyBytes_FromStringAndSize(NULL, 4 * count)
+        out = PyBytes_AS_STRING(packed)
+        for index in range(count):
+            offset = <uint32_t>position
+            memcpy(out + 4 * index, &offset, 4)
+            position += <int64_t>table[index] - 4
+            total += table[index]
+    finally:
+        PyBuffer_Release(&lengths_buffer)
     return packed, total
 
 
@@ -94,6 +121,83 @@ cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
     memcpy(out + messages_at + 4, messages, messages_len)
     memcpy(out + key_at + 4, key, key_len)
     return chunk
+
+
+cdef struct _Blob:
+    # ``encode_located_blob``'s output as it grows: the chunks back to
+    # back, and each one's length (uint32s).
+    char* data
+    Py_ssize_t used
+    Py_ssize_t capacity
+    uint32_t* lengths
+    Py_ssize_t count
+    Py_ssize_t slots
+
+
+cdef int _blob_grow(_Blob* blob, Py_ssize_t more) except -1:
+    """Room in ``blob`` for ``more`` bytes and one more length (doubling)."""
+    cdef Py_ssize_t wanted
+    cdef void* grown
+    if blob.used + more > blob.capacity:
+        wanted = 2 * blob.capacity
+        if wanted < blob.used + more:
+            wanted = blob.used + more
+        grown = PyMem_RawRealloc(blob.data, wanted)
+        if grown == NULL:
+            raise MemoryError()
+        blob.data = <char*>grown
+        blob.capacity = wanted
+    if blob.count == blob.slots:
+        wanted = 2 * blob.slots if blob.slots else 1024
+        grown = PyMem_RawRealloc(blob.lengths, 4 * wanted)
+        if grown == NULL:
+            raise MemoryError()
+        blob.lengths = <uint32_t*>grown
+        blob.slots = wanted
+    return 0
+
+
+cdef int _blob_located(_Blob* blob, const char* key, int64_t key_len, int64_t ts_broker,
+                       const char* sizes, int64_t sizes_len,
+                       const char* messages, int64_t messages_len,
+                       uint32_t partition, int64_t base_offset) except -1:
+    """``_located``'s chunk written at the end of ``blob`` and its length
+    noted: the same bytes, no object per chunk."""
+    cdef int64_t sizes_end = 64 + 4 + sizes_len
+    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
+    cdef int64_t key_at = (messages_at + 4 + messages_len + 3) & ~3
+    cdef int64_t chunk_end = (key_at + 4 + key_len + 1 + 7) & ~7
+    cdef char* out
+    if blob.used + chunk_end > blob.capacity or blob.count == blob.slots:
+        _blob_grow(blob, chunk_end)
+    out = blob.data + blob.used
+    memset(out, 0, chunk_end)
+    _put_u32(out, 64, <uint32_t>(sizes_len >> 2))
+    _put_u32(out, messages_at, <uint32_t>messages_len)
+    _put_u32(out, key_at, <uint32_t>key_len)
+    memcpy(out + 12, &_LOCATED_SOFFSET, 4)
+    memcpy(out + 16, &ts_broker, 8)
+    memcpy(out + 24, &base_offset, 8)
+    _put_u32(out, 32, <uint32_t>(key_at - 32))
+    _put_u32(out, 36, _LOCATED_SIZES_UOFFSET)
+    _put_u32(out, 40, <uint32_t>(messages_at - 40))
+    _put_u32(out, 44, partition)
+    memcpy(out + 48, _LOCATED_VTABLE, 16)
+    memcpy(out + 68, sizes, sizes_len)
+    memcpy(out + messages_at + 4, messages, messages_len)
+    memcpy(out + key_at + 4, key, key_len)
+    blob.lengths[blob.count] = <uint32_t>chunk_end
+    blob.count += 1
+    blob.used += chunk_end
+    return 0
+
+
+#: A blob's first buffer: ``_BLOB_PER_RANGE`` bytes a range asked for (a
+#: located chunk of a 100-byte message is about 200 bytes), at least
+#: ``_BLOB_FIRST`` (from the C heap, below its mmap threshold: what is not
+#: used costs nothing), grown by doubling past it.
+cdef Py_ssize_t _BLOB_PER_RANGE = 512
+cdef Py_ssize_t _BLOB_FIRST = 64 * 1024
 
 
 def encode_located_chunk(bytes key, int64_t ts_broker, sizes, messages,
@@ -164,6 +268,46 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
     that runs past its buffer raises ValueError (a verified batch never
     does); so does an index (``run_starts``) of another length than the
     run table's."""
+    return _encode_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                        base_offset, ranges, partition, run_starts, NULL)
+
+
+def encode_located_blob(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                        int64_t base_offset, ranges, uint32_t partition, run_starts=None):
+    """See ``broky.protocol.located.encode_located_blob_pure``: the chunks
+    of ``encode_located_runs`` written back to back into one buffer, and
+    their lengths (packed little-endian uint32s). Why: a key-shared
+    consumer's delivery is a chunk a message, and a bytes object each (made,
+    measured, listed, joined into the frame and freed) cost more than the
+    chunk's own bytes; the same checks and errors as ``encode_located_runs``."""
+    cdef _Blob blob
+    blob.used = blob.count = blob.slots = 0
+    blob.lengths = NULL
+    blob.capacity = _BLOB_PER_RANGE * (len(ranges) // 2 + 1)
+    if blob.capacity < _BLOB_FIRST:
+        blob.capacity = _BLOB_FIRST
+    blob.data = <char*>PyMem_RawMalloc(blob.capacity)
+    if blob.data == NULL:
+        raise MemoryError()
+    try:
+        _encode_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                     base_offset, ranges, partition, run_starts, &blob)
+        if not blob.count:
+            return b"", b""
+        return (
+            PyBytes_FromStringAndSize(blob.data, blob.used),
+            PyBytes_FromStringAndSize(<char*>blob.lengths, 4 * blob.count),
+        )
+    finally:
+        PyMem_RawFree(blob.data)
+        PyMem_RawFree(blob.lengths)
+
+
+cdef object _encode_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
+                         int64_t base_offset, ranges, uint32_t partition, run_starts,
+                         _Blob* blob):
+    """``encode_located_runs`` (``blob`` NULL: a list of chunks) or
+    ``encode_located_blob`` (the chunks into ``blob``)."""
     cdef Py_buffer index_buffer
     cdef list bounds = list(ranges)
     cdef Py_ssize_t runs = len(counts), pairs = len(bounds) // 2, i
@@ -187,7 +331,7 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
             starts = <const int64_t*>index_buffer.buf
         try:
             return _located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
-                                 base_offset, wanted, pairs, partition, starts, runs)
+                                 base_offset, wanted, pairs, partition, starts, runs, blob)
         finally:
             if starts != NULL:
                 PyBuffer_Release(&index_buffer)
@@ -197,7 +341,8 @@ def encode_located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
 
 cdef list _located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                         int64_t base_offset, const int64_t* wanted, Py_ssize_t pairs,
-                        uint32_t partition, const int64_t* starts, Py_ssize_t runs):
+                        uint32_t partition, const int64_t* starts, Py_ssize_t runs,
+                        _Blob* blob):
     """``encode_located_runs`` with the ranges as ``pairs`` C pairs. With
     ``starts`` (``run_index``'s columns), the walk goes straight to the run
     where the next range begins (by bisection when it begins ``_JUMP`` or
@@ -288,6 +433,15 @@ cdef list _located_runs(ts_brokers, counts, key_lengths, keys, sizes, messages,
                             length += table[message + i]
                         if at + length > position:
                             raise ValueError("size table runs past the run")
+                        if blob != NULL:
+                            _blob_located(
+                                blob, <const char*>keys_buffer.buf + key_at, key_length,
+                                ts_brokers[index],
+                                <const char*>sizes_buffer.buf + 4 * (message + first),
+                                4 * (last - first),
+                                <const char*>messages_buffer.buf + at, length,
+                                partition, offset + first)
+                            continue
                         chunks.append(_located(
                             <const char*>keys_buffer.buf + key_at, key_length,
                             ts_brokers[index],

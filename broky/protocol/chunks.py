@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Final
 
+from broky.compiled import compiled_twin
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Buffer, Run
 
@@ -326,6 +327,26 @@ chunk_offsets_compiled = _compiled_offsets()
 chunk_offsets = chunk_offsets_compiled or chunk_offsets_pure
 
 
+def length_offsets_pure(lengths: bytes, position: int) -> tuple[bytes, int]:
+    """:func:`chunk_offsets_pure` of chunks known by their lengths
+    (``lengths``: packed little-endian uint32s)."""
+    if len(lengths) % 4:
+        raise ValueError("chunk lengths must be whole uint32s")
+    sizes = struct.unpack(f"<{len(lengths) // 4}I", lengths)
+    offsets = []
+    for size in sizes:
+        offsets.append(position)
+        position += size - 4
+    return struct.pack(f"<{len(offsets)}I", *offsets), sum(sizes)
+
+
+#: :func:`length_offsets_pure` compiled (``broky.protocol._vectors``), when built.
+length_offsets_compiled: Callable[[bytes, int], tuple[bytes, int]] | None = compiled_twin(
+    "broky.protocol._vectors", "length_offsets"
+)
+length_offsets = length_offsets_compiled or length_offsets_pure
+
+
 def runs_frame_parts(
     body_type: BodyType,
     stream: int,
@@ -344,12 +365,48 @@ def runs_frame_parts(
     offsets, chunk_bytes = chunk_offsets(
         chunks, vector_end + pad + CHUNK_TABLE_OFFSET - RUNS_VECTOR_AT - 4
     )
-    total = vector_end + pad + chunk_bytes
+    parts = [
+        _runs_head(body_type, stream, count, vector_end + pad + chunk_bytes, stamp_ts_broker, ack),
+        offsets,
+        PADDING[pad],
+    ]
+    parts.extend(chunks)
+    return parts
+
+
+def sized_runs_frame_parts(
+    body_type: BodyType, stream: int, blobs: Sequence[bytes], lengths: bytes
+) -> list[bytes]:
+    """:func:`runs_frame_parts` of chunks given back to back in ``blobs``
+    (any grouping), ``lengths`` each chunk's length in order (packed
+    little-endian uint32s, as ``located.encode_located_blob`` gives them):
+    the same frame, with no bytes object per chunk."""
+    count = len(lengths) // 4
+    vector_end = RUNS_VECTOR_AT + 4 + 4 * count
+    pad = (-vector_end) & 7
+    offsets, chunk_bytes = length_offsets(
+        lengths, vector_end + pad + CHUNK_TABLE_OFFSET - RUNS_VECTOR_AT - 4
+    )
+    if chunk_bytes != sum(map(len, blobs)):
+        raise ValueError("chunk lengths do not add up to the chunks given")
+    parts = [
+        _runs_head(body_type, stream, count, vector_end + pad + chunk_bytes, False, False),
+        offsets,
+        PADDING[pad],
+    ]
+    parts.extend(blobs)
+    return parts
+
+
+def _runs_head(
+    body_type: BodyType, stream: int, count: int, total: int, stamp_ts_broker: bool, ack: bool
+) -> bytes:
+    """A runs frame's bytes up to its runs vector (``total`` bytes in all)."""
     if body_type == BodyType.PUBLISH:
         vtable = PUBLISH_ACK_VTABLE if ack else PUBLISH_VTABLE
     else:
         vtable = DELIVER_VTABLE
-    head = _RUNS_HEAD.pack(
+    return _RUNS_HEAD.pack(
         total - 4,
         *RUNS_FRAME_ROOT_FIELDS,
         body_type,
@@ -361,9 +418,6 @@ def runs_frame_parts(
         1 if ack else 0,
         count,
     )
-    parts = [head, offsets, PADDING[pad]]
-    parts.extend(chunks)
-    return parts
 
 
 def forward_chunk(run: Run, ts_broker: int = 0) -> bytes:

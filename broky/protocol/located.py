@@ -255,6 +255,38 @@ def encode_located_runs_pure(
     return chunks
 
 
+def encode_located_blob_pure(
+    ts_brokers: Sequence[int],
+    counts: Sequence[int],
+    key_lengths: Sequence[int],
+    keys: Buffer,
+    sizes: Buffer,
+    messages: Buffer,
+    base_offset: int,
+    ranges: Sequence[int],
+    partition: int,
+    run_starts: Buffer | None = None,
+) -> tuple[bytes, bytes]:
+    """:func:`encode_located_runs_pure`'s chunks back to back in one bytes,
+    and each one's length (packed little-endian uint32s): what a delivery
+    frame takes (``chunks.sized_runs_frame_parts``) without a bytes object
+    per chunk. The compiled twin (``broky.protocol._vectors``) writes them
+    into one buffer as it lays them out."""
+    chunks = encode_located_runs_pure(
+        ts_brokers,
+        counts,
+        key_lengths,
+        keys,
+        sizes,
+        messages,
+        base_offset,
+        ranges,
+        partition,
+        run_starts,
+    )
+    return b"".join(chunks), struct.pack(f"<{len(chunks)}I", *map(len, chunks))
+
+
 def _compiled_encoder() -> LocatedEncoder | None:
     if os.environ.get("BROKY_PURE") == "1":
         return None
@@ -282,3 +314,8 @@ run_index: Callable[[Sequence[int], Sequence[int], Buffer], bytes] = (
 encode_located_runs = encode_located_runs_pure
 if encode_located_runs_compiled is not None:
     encode_located_runs = encode_located_runs_compiled
+#: :func:`encode_located_blob_pure` compiled, when it is built.
+encode_located_blob_compiled = compiled_twin("broky.protocol._vectors", "encode_located_blob")
+encode_located_blob = encode_located_blob_pure
+if encode_located_blob_compiled is not None:
+    encode_located_blob = encode_located_blob_compiled

@@ -18,15 +18,17 @@ First deliveries of the topic a stream last named cost nothing extra.
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final
 
 from broky.compiled import compiled_twin
-from broky.protocol.codec import encode_frame, runs_frame_parts
+from broky.protocol.chunks import sized_runs_frame_parts
+from broky.protocol.codec import encode_frame
 from broky.protocol.constants import BodyType
 from broky.protocol.frames import Redelivered, Run
-from broky.protocol.located import encode_located_runs, run_index
+from broky.protocol.located import encode_located_blob, run_index
 from broky.protocol.message import decode_message, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch
 from broky.storage.batch_reading import BatchSpan, RecordBatch
@@ -296,7 +298,7 @@ def delivery_frames(
     offsets the cache did not hold (trimmed from the log by retention: the
     caller acks them away). Costs a step per stored batch, and a located
     chunk per stored run laid out from the batch's columns
-    (``encode_located_runs``), not a step per offset: deliveries that go on
+    (``encode_located_blob``), not a step per offset: deliveries that go on
     up one batch are laid out by one call, however many they are (a
     key-shared consumer's share of a batch over many keys is scattered
     deliveries of a message or two each).
@@ -325,7 +327,10 @@ def segment_frames(
     a whole round's events at once)."""
     frames: list[bytes] = []
     budget = max_frame_bytes // FRAME_SHARE
-    chunks: list[bytes] = []
+    #: The open frame's chunks, back to back in pieces (a stored run's
+    #: chunks are one piece), and each chunk's length (packed uint32s).
+    blobs: list[bytes] = []
+    lengths: list[bytes] = []
     counts: list[tuple[int, int]] = []
     used = 0
     #: The open run: ascending ``start, stop`` pairs of one held span.
@@ -340,7 +345,9 @@ def segment_frames(
             return
         batch = run_span.batch
         run_span = None
-        laid_out = encode_located_runs(
+        # One bytes for all the chunks of this span's ranges (a chunk a
+        # message when keys change on every message), not one each.
+        laid_out, laid_lengths = encode_located_blob(
             batch.ts_brokers,
             batch.counts,
             batch.key_lengths,
@@ -352,10 +359,12 @@ def segment_frames(
             partition,
             run_starts=index_of(batch),
         )
-        total = sum(map(len, laid_out))
-        if used + total <= budget:
-            chunks.extend(laid_out)
-            used += total
+        if not laid_out:
+            return
+        if used + len(laid_out) <= budget:
+            blobs.append(laid_out)
+            lengths.append(laid_lengths)
+            used += len(laid_out)
             return
         # Past the budget: the frame ends between two stored runs, and the
         # redelivery counts of the runs after the cut go with them.
@@ -366,11 +375,15 @@ def segment_frames(
                 batch.base_offset, batch.counts, run_ranges[pair], run_ranges[pair + 1]
             )
         )
-        for chunk, chunk_first in zip(laid_out, firsts, strict=True):
+        sizes = struct.unpack(f"<{len(laid_lengths) // 4}I", laid_lengths)
+        position = 0
+        for index, (size, chunk_first) in enumerate(zip(sizes, firsts, strict=True)):
             if used >= budget:
                 close_frame(chunk_first)
-            chunks.append(chunk)
-            used += len(chunk)
+            blobs.append(laid_out[position : position + size])
+            lengths.append(laid_lengths[4 * index : 4 * index + 4])
+            position += size
+            used += size
 
     def run_firsts(
         offset: int, stored_counts: Sequence[int], start: int, stop: int
@@ -387,7 +400,7 @@ def segment_frames(
         """End the frame; redelivery counts of the open run's offsets from
         ``carry_from`` on stay for the next one."""
         nonlocal used, name_topic, run_counts
-        if not chunks:
+        if not blobs:
             return
         carried: list[tuple[int, int]] = []
         if carry_from is not None:
@@ -407,8 +420,11 @@ def segment_frames(
                     )
                 )
             )
-        frames.append(b"".join(runs_frame_parts(BodyType.DELIVER, stream, chunks)))
-        chunks.clear()
+        frames.append(
+            b"".join(sized_runs_frame_parts(BodyType.DELIVER, stream, blobs, b"".join(lengths)))
+        )
+        blobs.clear()
+        lengths.clear()
         counts[:] = carried
         run_counts = 0
         used = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import struct
 
 import attrs
@@ -19,14 +20,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broky.protocol import chunks as chunks_module
 from broky.protocol import codec
 from broky.protocol.chunk_reading import RUNS_FRAME_RUNS_AT
-from broky.protocol.chunks import encode_located_chunk, runs_frame_parts
+from broky.protocol.chunks import encode_located_chunk, runs_frame_parts, sized_runs_frame_parts
 from broky.protocol.codec import _decode_run, decode_frame, encode_frame
 from broky.protocol.constants import BodyType
 from broky.protocol.errors import RemoteProtocolError
 from broky.protocol.frames import Deliver, Publish, Run
 from broky.protocol.located import (
+    encode_located_blob_compiled,
+    encode_located_blob_pure,
     encode_located_compiled,
     encode_located_runs_compiled,
     encode_located_runs_pure,
@@ -275,6 +279,54 @@ def test_located_runs_jump_through_the_run_index_to_the_same_chunks(
     for encode in filter(None, encoders):
         assert encode(*columns, base, ranges, 0, run_starts=index) == walked
         assert encode(*columns, base, ranges, 0, run_starts=memoryview(index)) == walked
+    # The same chunks back to back, with their lengths (what a delivery
+    # frame is assembled from), with the index or without.
+    blob = (b"".join(walked), struct.pack(f"<{len(walked)}I", *map(len, walked)))
+    for encode_blob in filter(None, [encode_located_blob_pure, encode_located_blob_compiled]):
+        assert encode_blob(*columns, base, ranges, 0) == blob
+        assert encode_blob(*columns, base, ranges, 0, run_starts=index) == blob
+
+
+@pytest.mark.parametrize("encode", [encode_located_blob_pure, encode_located_blob_compiled])
+def test_located_blobs_refuse_what_located_runs_refuse(encode: object) -> None:
+    """The blob encoder checks its arguments as ``encode_located_runs`` does."""
+    if encode is None:
+        pytest.skip("the compiled twin is not in use (BROKY_PURE=1)")
+    assert callable(encode)
+    with pytest.raises(ValueError, match="pairs"):
+        encode([1], [1], [1], b"k", pack_sizes([1]), b"a", 0, [0], 0)
+    other = run_index_pure([1, 1], [1, 1], pack_sizes([1, 1]))
+    with pytest.raises(ValueError, match="length"):
+        encode([1], [1], [1], b"k", pack_sizes([1]), b"a", 0, [0, 1], 0, run_starts=other)
+    assert encode([1], [1], [1], b"k", pack_sizes([1]), b"a", 5, [0, 5], 0) == (b"", b"")
+
+
+@PROPERTY
+@given(drawn=st.lists(located_runs(), min_size=1, max_size=6), cuts=st.lists(st.integers(0, 6)))
+def test_a_frame_of_sized_chunks_is_the_frame_of_the_chunks(
+    drawn: list[Run], cuts: list[int]
+) -> None:
+    """Chunks given back to back in any grouping with their lengths
+    (``sized_runs_frame_parts``) make the very frame ``runs_frame_parts``
+    makes of them one by one; lengths that do not add up are refused."""
+    chunks = [
+        encode_located_chunk(run.key, run.ts_broker, run.sizes, run.messages, 7, 100)
+        for run in drawn
+    ]
+    lengths = struct.pack(f"<{len(chunks)}I", *map(len, chunks))
+    edges = sorted({0, len(chunks), *(min(cut, len(chunks)) for cut in cuts)})
+    blobs = [b"".join(chunks[low:high]) for low, high in itertools.pairwise(edges)]
+    expected = b"".join(runs_frame_parts(BodyType.DELIVER, 9, chunks))
+    assert b"".join(sized_runs_frame_parts(BodyType.DELIVER, 9, blobs, lengths)) == expected
+    assert chunks_module.length_offsets_pure(lengths, 40) == chunks_module.chunk_offsets_pure(
+        chunks, 40
+    )
+    if chunks_module.length_offsets_compiled is not None:
+        assert chunks_module.length_offsets_compiled(lengths, 40) == (
+            chunks_module.chunk_offsets_pure(chunks, 40)
+        )
+    with pytest.raises(ValueError, match="add up"):
+        sized_runs_frame_parts(BodyType.DELIVER, 9, [*blobs, b"extra"], lengths)
 
 
 @pytest.mark.parametrize("encode", [encode_located_runs_pure, encode_located_runs_compiled])

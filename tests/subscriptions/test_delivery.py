@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from broky.protocol.codec import decode_frame
 from broky.protocol.constants import StartKind, SubscriptionKind
 from broky.protocol.frames import Consume, Deliver, Redelivered, Run
-from broky.protocol.located import encode_located_runs
+from broky.protocol.located import encode_located_blob
 from broky.protocol.message import decode_run, encode_message, pack_sizes
 from broky.storage.batch import StoredBatch, encode_runs
 from broky.storage.batch_reading import BatchSpan, RecordBatch, decode_batch
@@ -175,13 +175,13 @@ def test_scattered_deliveries_from_one_batch_are_laid_out_by_one_call(
     """A key-shared consumer's share of a batch over many keys (every other
     message here) costs one encoder call, not one per delivery."""
     calls: list[list[int]] = []
-    encode = encode_located_runs
+    encode = encode_located_blob
 
-    def counted(*args: Any, **keywords: Any) -> list[bytes]:
+    def counted(*args: Any, **keywords: Any) -> tuple[bytes, bytes]:
         calls.append(list(args[7]))
         return encode(*args, **keywords)
 
-    monkeypatch.setattr(delivery, "encode_located_runs", counted)
+    monkeypatch.setattr(delivery, "encode_located_blob", counted)
     cache = BatchCache()
     cache.add([span(100, [1] * 10)])
     deliveries = [(offset, offset + 1, 1) for offset in range(100, 110, 2)]
