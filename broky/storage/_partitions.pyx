@@ -18,7 +18,7 @@ import sys
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.dict cimport PyDict_GetItem, PyDict_Size
+from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport PyObject
 from broky.protocol._run_slots cimport (
