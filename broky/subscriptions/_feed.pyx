@@ -211,9 +211,9 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     cdef list entries = pending.entries if windowed else None
     cdef int64_t entries_base = pending.base if windowed else 0
     cdef list owners = dispatcher.table.owners
-    cdef dict holders = dispatcher._holder
+    # Per slot with pending offsets, ``[holder, count]`` (``DispatchCore._holds``).
+    cdef dict holds = dispatcher._holds
     cdef dict waiting_by_slot = dispatcher._waiting
-    cdef dict held_by_slot = dispatcher._held
     cdef list events = dispatcher.events
     cdef int64_t limit = tracker.durable_limit
     cdef Py_ssize_t at, parked = 0, size = len(slots), index, scanned, look, slot_index
@@ -221,7 +221,7 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     # feed rather than once a message.
     cdef list owner_ids = [state.id for state in states]
     cdef Py_ssize_t consumers = len(ids)
-    cdef object offset, slot, owner, state, span, held, last, waiting
+    cdef object offset, slot, owner, state, span, held, last, waiting, hold
     # The Deliver this feed appended or grew last, its consumer's index and
     # its stop (``_continues`` without reading its fields).
     cdef object tail = None
@@ -229,7 +229,6 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
     cdef int64_t tail_stop = 0
     cdef bint grows
     cdef PyObject* found
-    cdef PyObject* holder
     cdef _Room* room
     scanned = consumers if consumers <= _SCANNED else 0
     open_group = tracker.open_group
@@ -263,12 +262,18 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 if found != NULL:
                     index = <object>found
             room = NULL if index < 0 else &rooms[index]
-            holder = PyDict_GetItemWithError(holders, slot)
+            found = PyDict_GetItemWithError(holds, slot)
+            if found == NULL:
+                hold = None
+            else:
+                hold = <object>found
+                if type(hold) is not list or PyList_GET_SIZE(hold) != 2:
+                    raise TypeError("a slot's hold must be a [holder, count] list")
             if (
                 room != NULL
                 and room.credit > 0
                 and room.in_flight < room.max_in_flight
-                and (holder == NULL or <object>holder == owner)
+                and (hold is None or <object>PyList_GET_ITEM(hold, 0) == owner)
             ):
                 state = states[index]
                 owner = <object>PyList_GET_ITEM(owner_ids, index)
@@ -290,11 +295,12 @@ cdef int _feed_fresh(dispatcher, int64_t first, list slots, object now, list sta
                 room.in_flight += 1
                 room.credit -= 1
                 room.touched = True
-                if holder == NULL:  # else it holds the slot already
-                    holders[slot] = owner
-                # The slot's count of pending offsets (``DispatchCore._held``).
-                found = PyDict_GetItemWithError(held_by_slot, slot)
-                PyDict_SetItem(held_by_slot, slot, 1 if found == NULL else <object>found + 1)
+                # The slot's hold: made with this offset, or one more in it
+                # (its holder is this owner already).
+                if hold is None:
+                    PyDict_SetItem(holds, slot, [owner, _ONE])
+                else:
+                    (<list>hold)[1] = <object>PyList_GET_ITEM(hold, 1) + 1
                 # This feed's last event grows on C checks; another one (the
                 # slow path's, or older) is checked through its fields.
                 grows = False

@@ -75,17 +75,16 @@ def take_acked(dict counts, pending, dict due, offsets, tuple slots=None):
     cdef Py_ssize_t run = 0
     cdef list window = None
     cdef int64_t base = 0
-    cdef dict held_by_slot = None
-    cdef dict holders = None
+    cdef dict holds = None
     cdef bint freeing = slots is not None
     # Whether ``done`` is ascending as built (a settle's ranges come in
     # order): the final sort, rich compares of ints, is then skipped.
     cdef bint ascending = True
     cdef int64_t last_done = -1, value
     if freeing:
-        window, base, held_by_slot, holders = slots
-        if window is None or held_by_slot is None or holders is None:
-            raise TypeError("take_acked's slot maps must be a list, an int and two dicts")
+        window, base, holds = slots
+        if window is None or holds is None:
+            raise TypeError("take_acked's slot maps must be a list, an int and a dict")
     for offset in offsets:
         # One lookup that takes the delivery out (a look, then a delete,
         # probed the table twice: most acked offsets are pending).
@@ -116,7 +115,7 @@ def take_acked(dict counts, pending, dict due, offsets, tuple slots=None):
         done.append(offset)
         ended.append(offset)
         if freeing:
-            _free_slot(window, base, held_by_slot, holders, offset)
+            _free_slot(window, base, holds, offset)
         # Consecutive offsets mostly share one delivery (a group): counted
         # as a run, one dict update per run.
         if held is last_held:
@@ -133,23 +132,25 @@ def take_acked(dict counts, pending, dict due, offsets, tuple slots=None):
     return done, ended, lost, waiting
 
 
-cdef inline int _free_slot(list window, int64_t base, dict held_by_slot, dict holders,
-                           object offset) except -1:
-    """``offset``'s slot holds one offset less; a slot holding none loses
-    its holder. Its slot is read from the window (0 outside it)."""
+cdef inline int _free_slot(list window, int64_t base, dict holds, object offset) except -1:
+    """``offset``'s slot holds one offset less (``holds``: slot ->
+    ``[holder, count]``, changed in place); a slot holding none loses its
+    entry, hence its holder. Its slot is read from the window (0 outside it)."""
     cdef int64_t at = <int64_t>offset - base
     cdef object slot = _ZERO
     if 0 <= at < PyList_GET_SIZE(window):
         slot = <object>PyList_GET_ITEM(window, <Py_ssize_t>at)
-    cdef PyObject* found = PyDict_GetItemWithError(held_by_slot, slot)
+    cdef PyObject* found = PyDict_GetItemWithError(holds, slot)
     if found == NULL:
         return 0
-    cdef Py_ssize_t held = <object>found
+    if type(<object>found) is not list or PyList_GET_SIZE(<object>found) != 2:
+        raise TypeError("a slot's hold must be a [holder, count] list")
+    cdef list hold = <list>found
+    cdef Py_ssize_t held = <object>PyList_GET_ITEM(hold, 1)
     if held > 1:
-        PyDict_SetItem(held_by_slot, slot, held - 1)
+        hold[1] = held - 1
         return 0
-    PyDict_DelItem(held_by_slot, slot)
-    del holders[slot]
+    PyDict_DelItem(holds, slot)
     return 0
 
 

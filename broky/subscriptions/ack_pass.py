@@ -28,8 +28,8 @@ _Delivery = TypeVar("_Delivery")
 
 #: An ordered dispatcher's slot maps (``DispatchCore``): the slot window
 #: (the slot of each offset read from the window's base on) and its base,
-#: how many offsets each slot has pending, each slot's holder.
-SlotMaps = tuple[list[int], int, dict[int, int], dict[int, int]]
+#: and per slot with pending offsets ``[its holder, how many]``.
+SlotMaps = tuple[list[int], int, dict[int, list[int]]]
 
 
 class TakeAcked(Protocol):
@@ -73,7 +73,7 @@ def take_acked_pure(
     lost: dict[_Delivery, int] = {}
     waiting: list[int] = []
     if slots is not None:
-        window, base, held_by_slot, holders = slots
+        window, base, holds = slots
     for offset in offsets:
         held = pending.pop(offset, None)
         if held is None:
@@ -88,7 +88,7 @@ def take_acked_pure(
         done.append(offset)
         ended.append(offset)
         if slots is not None:
-            free_slot(window, base, held_by_slot, holders, offset)
+            free_slot(window, base, holds, offset)
         lost[held] = lost.get(held, 0) + 1
     done.sort()
     return done, ended, lost, waiting
@@ -138,26 +138,21 @@ def merge_acked_pure(firsts: list[int], lasts: list[int], cursor: int, offsets: 
     return cursor
 
 
-def free_slot(
-    window: list[int],
-    base: int,
-    held_by_slot: dict[int, int],
-    holders: dict[int, int],
-    offset: int,
-) -> int:
+def free_slot(window: list[int], base: int, holds: dict[int, list[int]], offset: int) -> int:
     """An ordered dispatcher's side of ``offset``'s delivery ending: its
-    slot holds one offset less, and a slot holding none has no holder any
+    slot holds one offset less (``holds``: slot -> ``[holder, count]``,
+    ``DispatchCore._holds``), and a slot holding none has no holder any
     more (it may move to its new owner). Returns the slot, read from the
     slot window (0 for an offset outside it). The caller ends each pending
     offset once (``take_acked`` ends only offsets it took from
     ``pending``)."""
     slot = window[offset - base] if 0 <= offset - base < len(window) else 0
-    held = held_by_slot.get(slot)
-    if held is not None:
-        if held > 1:
-            held_by_slot[slot] = held - 1
+    hold = holds.get(slot)
+    if hold is not None:
+        if hold[1] > 1:
+            hold[1] -= 1
         else:
-            del held_by_slot[slot], holders[slot]
+            del holds[slot]
     return slot
 
 

@@ -198,7 +198,7 @@ class Dispatcher(DispatchCore):
             feed_fresh_compiled(self, first, list(slots), now)
             return
         owners = self.table.owners if key_shared else None
-        consumers, holders, waiting_by_slot = self.consumers, self._holder, self._waiting
+        consumers, holds, waiting_by_slot = self.consumers, self._holds, self._waiting
         limit = tracker.durable_limit
         groups: dict[int, list[int]] = {}
         for offset, given in enumerate(slots, first):
@@ -220,7 +220,7 @@ class Dispatcher(DispatchCore):
                     state is not None
                     and state.credit > 0
                     and state.in_flight < state.max_in_flight
-                    and holders.get(slot, owner) == owner
+                    and holds.get(slot, (owner,))[0] == owner
                 ):
                     self._hand_fresh(state, offset, slot, now, groups)
                     continue
@@ -293,9 +293,7 @@ class Dispatcher(DispatchCore):
         # Ordered types free each ended offset's slot in the same pass
         # (``_forget`` for all of them: a key-shared consumer acks
         # scattered offsets).
-        slots = (
-            (self._window, self._window_base, self._held, self._holder) if self.ordered else None
-        )
+        slots = (self._window, self._window_base, self._holds) if self.ordered else None
         _, lost, waiting = self.tracker.ack_delivered(offsets, slots)
         if self.ordered:
             self.trim_window()

@@ -2,7 +2,7 @@
 
 ``DispatchCore`` is the base class of ``Dispatcher`` (in
 broky.subscriptions.dispatch, whose docstring states the rules: types,
-slots, draining, flow control). It owns the per-slot holders and waiting
+slots, draining, flow control). It owns the per-slot holds and waiting
 lists (ordered types), the ready and retry queues (shared) and the
 counters, and does the steps every public call ends in: hand a message or a span to a consumer, take
 messages back for redelivery (with the rewind of their slot), dead-letter,
@@ -57,14 +57,14 @@ class DispatchCore:
         #: Failover: which of the top-priority consumers is active here (the
         #: partition number, so a subscription's partitions spread over them).
         self.spread = spread
-        # Ordered types: per slot, the holder of its pending messages and how many.
-        self._holder: dict[int, int] = {}
-        #: How many offsets each slot has pending (a slot with none has no
-        #: entry and no holder). A count, not the offsets: an ack is then a
-        #: counter store where a per-slot dict cost a hash pop on scattered
-        #: memory; the rare question which of them lie past an offset (a
-        #: rewind, ``_held_after``) reads the slot window.
-        self._held: dict[int, int] = {}
+        #: Ordered types: per slot with pending messages, ``[holder, count]``:
+        #: the consumer holding them and how many (a slot with none has no
+        #: entry, hence no holder). One entry for both, changed in place: a
+        #: delivery and an ack each look a slot up once (two dicts, a holder's
+        #: and a count's, cost three to four dict operations a message). A
+        #: count, not the offsets: the rare question which of them lie past
+        #: an offset (a rewind, ``_held_after``) reads the slot window.
+        self._holds: dict[int, list[int]] = {}
         #: Ordered types: the slot of each offset read, from ``_window_base``
         #: on (``note_slots``; 0 for the types other than key-shared). An
         #: offset's slot never changes, so it is written once at its read
@@ -134,7 +134,7 @@ class DispatchCore:
             state.in_flight -= 1
         if not self.ordered:
             return 0
-        return free_slot(self._window, self._window_base, self._held, self._holder, offset)
+        return free_slot(self._window, self._window_base, self._holds, offset)
 
     def note_slots(self, first: int, slots: Sequence[int]) -> None:
         """Offsets ``first, first + 1, ...`` were read with ``slots`` (ordered
@@ -193,7 +193,7 @@ class DispatchCore:
         per rewind (a nack, a timeout, a detach: once per slot, as the
         rewind releases the rest), never on the delivery or ack path.
         Other ordered types than key-shared have every offset on slot 0."""
-        if not self._held.get(slot):
+        if slot not in self._holds:
             return []
         return held_after(self._window, self._window_base, slot, offset, self.tracker.pending)
 
@@ -221,8 +221,8 @@ class DispatchCore:
         state = self.consumers.get(owner)
         if state is None or state.room <= 0:
             return False
-        holder = self._holder.get(slot)
-        if holder is not None and holder != owner:
+        hold = self._holds.get(slot)
+        if hold is not None and hold[0] != owner:
             return False  # draining: the old owner still holds messages of this slot
         return self._hand(state, offset, slot, now)
 
@@ -240,8 +240,7 @@ class DispatchCore:
         state.in_flight += 1
         state.credit -= 1
         if self.ordered:
-            self._holder[slot] = state.id
-            self._held[slot] = self._held.get(slot, 0) + 1
+            self._hold(slot, state.id)
         self.events.append(Deliver(state.id, offset, pending.count, offset + 1))
         return True
 
@@ -265,8 +264,7 @@ class DispatchCore:
             state.last_progress = now
         state.in_flight += 1
         state.credit -= 1
-        self._holder[slot] = owner
-        self._held[slot] = self._held.get(slot, 0) + 1
+        self._hold(slot, owner)
         events = self.events
         last = events[-1] if events else None
         if (
@@ -278,6 +276,15 @@ class DispatchCore:
             last.stop += 1
         else:
             events.append(Deliver(owner, offset, 1, offset + 1))
+
+    def _hold(self, slot: int, holder: int) -> None:
+        """``slot`` holds one more pending offset, held by ``holder``."""
+        hold = self._holds.get(slot)
+        if hold is None:
+            self._holds[slot] = [holder, 1]
+        else:
+            hold[0] = holder
+            hold[1] += 1
 
     def _deliver_groups(self, groups: dict[int, list[int]], now: float) -> None:
         """Record ``_hand_fresh``'s deliveries with the tracker."""
@@ -319,7 +326,7 @@ class DispatchCore:
                     and offset < tracker.durable_limit
                     and state.credit > 0  # ``state.room > 0``, without the call
                     and state.in_flight < state.max_in_flight
-                    and self._holder.get(slot, owner) == owner
+                    and self._holds.get(slot, (owner,))[0] == owner
                 ):
                     self._hand_fresh(state, offset, slot, now, groups)
                 elif not self._try_deliver(slot, offset, now):

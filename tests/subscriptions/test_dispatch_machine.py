@@ -343,18 +343,22 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     @invariant()
     def held_counts_are_the_pending_offsets_of_each_slot(self) -> None:
-        """Each slot's count (``DispatchCore._held``: an ack takes one off,
-        a slot at none loses its holder) is how many offsets of it are
-        pending, and the slots holding none have no entry."""
+        """Each slot's hold (``DispatchCore._holds``: ``[holder, count]``, an
+        ack takes one off, a slot at none loses its entry) counts the
+        offsets of it that are pending and names the consumer they are
+        pending with; the slots holding none have no entry."""
         dispatcher = self.dispatcher
         if not dispatcher.ordered:
             return
         keyed = self.options.type is SubscriptionType.KEY_SHARED
-        per_slot = Counter(
-            self.slot(offset) if keyed else 0 for offset in dispatcher.tracker.pending
-        )
-        assert dispatcher._held == dict(per_slot)
-        assert set(dispatcher._holder) == set(per_slot)
+        per_slot: Counter[int] = Counter()
+        holder_of: dict[int, int] = {}
+        for offset, pending in dispatcher.tracker.pending.items():
+            slot = self.slot(offset) if keyed else 0
+            per_slot[slot] += 1
+            holder_of[slot] = pending.consumer
+        assert {slot: hold[1] for slot, hold in dispatcher._holds.items()} == dict(per_slot)
+        assert {slot: hold[0] for slot, hold in dispatcher._holds.items()} == holder_of
 
     @invariant()
     def in_flight_matches_pending(self) -> None:

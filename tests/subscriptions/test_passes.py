@@ -141,19 +141,20 @@ def test_take_acked_frees_the_slots_of_the_offsets_it_ends(
 
     # The counts: each pending offset's slot, as a dispatcher keeps them.
     held = Counter(slot_of(offset) for offset in pending)
-    holders = {slot: slot + 100 for slot in held}
     gone = Counter(slot_of(offset) for offset in dict.fromkeys(offsets) if offset in pending)
-    expected_held = {slot: count - gone[slot] for slot, count in held.items() if count > gone[slot]}
+    # Each slot's hold is ``[holder, count]``; a slot left with none has no entry.
+    expected_holds = {
+        slot: [slot + 100, count - gone[slot]] for slot, count in held.items() if count > gone[slot]
+    }
     expected = ack_pass.take_acked_pure({}, dict(pending), {}, list(offsets))
     for take in _twins(ack_pass.take_acked_pure, ack_pass.take_acked_compiled):
         assert callable(take)
         left_pending, left_window = dict(pending), list(window)
-        left_held, left_holders = dict(held), dict(holders)
-        maps = (left_window, base, left_held, left_holders)
+        left_holds = {slot: [slot + 100, count] for slot, count in held.items()}
+        maps = (left_window, base, left_holds)
         assert take({}, left_pending, {}, iter(offsets), maps) == expected
         assert left_window == window
-        assert left_held == expected_held
-        assert left_holders == {slot: slot + 100 for slot in expected_held}
+        assert left_holds == expected_holds
 
 
 @pytest.mark.parametrize("name", ["merge_acked_pure", "merge_acked_compiled"])
@@ -212,8 +213,7 @@ def _dispatcher_state(dispatcher: Dispatcher) -> object:
         tracker.next_deadline(),
         dispatcher._window,
         dispatcher._window_base,
-        dispatcher._held,
-        dispatcher._holder,
+        dispatcher._holds,
         dispatcher._waiting,
         dispatcher.parked,
         {c: (s.credit, s.in_flight, s.last_progress) for c, s in dispatcher.consumers.items()},
