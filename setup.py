@@ -5,9 +5,8 @@
 ``broky.storage._partitions``, ``broky.storage._batch`` and ``broky.client._uniform``
 (Cython) are the compiled twins of ``broky.protocol.frames.EncodedRunPure``,
 ``broky.protocol.forward.walk_pure``, ``broky.protocol.chunks.chunk_offsets_pure``
-(and ``broky.protocol.located.encode_located_runs_pure``,
-``broky.protocol.chunks.encode_run_chunk_from_pure``,
-``broky.storage.batch_reading.distinct_keys_pure``),
+(and ``length_offsets_pure``, ``broky.protocol.located.encode_located_runs_pure``,
+``encode_located_blob_pure``, ``broky.protocol.chunks.encode_run_chunk_from_pure``),
 ``broky.router.fanout.fan_out_pure``, ``broky.storage.topics.message_partitions_pure``
 (and ``broky.storage.grouping.partition_groups_pure``),
 ``broky.storage.batch.encode_runs_pure`` (and ``stored_byte_ends_pure``) and
@@ -21,6 +20,8 @@ of ``broky.client.delivery.convert_runs_pure`` and ``settle_ranges_pure``;
 ``broky.subscriptions.round_events``' ``needed_spans_pure``, ``event_bounds_pure`` and
 ``sort_events_pure`` and
 the fresh-read loop of ``Dispatcher.feed_slots``;
+``broky.protocol._columns`` of ``broky.storage.batch_reading.distinct_keys_pure`` and
+``broky.durable.acks.ack_columns_pure``;
 ``broky.protocol._run_slots`` builds the compiled reader's Runs and has no twin of its own.
 Each is optional twice over: the build continues without it when compiling fails
 (``optional=True``), and Broky runs the pure-Python version whenever one is missing.
@@ -48,6 +49,7 @@ else:
                 "broky.protocol._run_slots",
                 "broky.protocol._forward",
                 "broky.protocol._vectors",
+                "broky.protocol._columns",
                 "broky.router._fanout",
                 "broky.storage._partitions",
                 "broky.storage._batch",

@@ -25,7 +25,7 @@ def test_a_twin_missing_from_its_module_is_none() -> None:
     [
         (batch.encode_runs_compiled, "broky.storage._batch"),
         (batch.stored_byte_ends_compiled, "broky.storage._batch"),
-        (acks.ack_columns_compiled, "broky.protocol._vectors"),
+        (acks.ack_columns_compiled, "broky.protocol._columns"),
     ],
 )
 def test_the_durable_path_twins_are_built(found: object, name: str) -> None:

@@ -166,11 +166,11 @@ def ack_columns_pure(
     return ordered[0], ordered[1], ordered[2], ordered[3]
 
 
-#: The compiled twin (``broky.protocol._vectors``) where it is built: the
+#: The compiled twin (``broky.protocol._columns``) where it is built: the
 #: same columns by a counting pass when no run index repeats, None otherwise.
 ack_columns_compiled: (
     Callable[[list[int], list[int], list[int], list[int]], AckColumns | None] | None
-) = compiled_twin("broky.protocol._vectors", "ack_columns")
+) = compiled_twin("broky.protocol._columns", "ack_columns")
 
 
 def ack_columns(ticket: AckTicket) -> AckColumns:

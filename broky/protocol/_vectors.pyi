@@ -19,15 +19,4 @@ def length_offsets(lengths: bytes | bytearray | memoryview, position: int) -> tu
 def run_index(
     counts: Sequence[int], key_lengths: Sequence[int], sizes: bytes | bytearray | memoryview
 ) -> bytes: ...
-def distinct_keys(
-    counts: Sequence[int],
-    key_lengths: Sequence[int],
-    keys: bytes | bytearray | memoryview,
-    base_offset: int,
-    start: int,
-    stop: int,
-) -> set[bytes]: ...
 def encode_run_chunk_from(key: bytes, sizes: list[int], messages: list[bytes]) -> bytes: ...
-def ack_columns(
-    run_indexes: list[int], partitions: list[int], firsts: list[int], lasts: list[int]
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None: ...

@@ -168,7 +168,7 @@ def distinct_keys_pure(
     """The distinct keys of the runs (``counts`` messages each, the first at
     ``base_offset``, their keys ``key_lengths`` long back to back in
     ``keys``) with messages in ``[start, stop)``. The compiled twin
-    (``broky.protocol._vectors.distinct_keys``) makes a ``bytes`` only per
+    (``broky.protocol._columns.distinct_keys``) makes a ``bytes`` only per
     key it has not met, not per run."""
     view = memoryview(keys)
     found: set[bytes] = set()
@@ -185,7 +185,7 @@ def distinct_keys_pure(
 
 
 #: :func:`distinct_keys_pure` compiled, when it is built.
-distinct_keys_compiled = compiled_twin("broky.protocol._vectors", "distinct_keys")
+distinct_keys_compiled = compiled_twin("broky.protocol._columns", "distinct_keys")
 distinct_keys = distinct_keys_pure
 if distinct_keys_compiled is not None:
     distinct_keys = distinct_keys_compiled
