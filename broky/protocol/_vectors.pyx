@@ -82,34 +82,51 @@ cdef uint32_t _LOCATED_SIZES_UOFFSET = 28
 cdef uint16_t[8] _LOCATED_VTABLE = [16, 36, 20, 4, 24, 28, 32, 12]
 
 
-cdef bytes _chunk_buffer(int64_t sizes_at, int64_t key_len, int64_t sizes_len,
-                        int64_t messages_len, int64_t* messages_at, int64_t* key_at):
-    """A zeroed chunk whose size table starts at ``sizes_at``, laid out as
-    ``chunks._chunk_layout`` lays it out, with its three vectors' lengths
-    written; sets where the messages vector and the key string start."""
+cdef inline int64_t _chunk_layout(int64_t sizes_at, int64_t key_len, int64_t sizes_len,
+                                  int64_t messages_len, int64_t* messages_at,
+                                  int64_t* key_at) noexcept:
+    """The length of a chunk whose size table starts at ``sizes_at``, laid
+    out as ``chunks._chunk_layout`` lays it out; sets where the messages
+    vector and the key string start."""
     cdef int64_t sizes_end = sizes_at + 4 + sizes_len
     messages_at[0] = sizes_end + ((4 - sizes_end) & 7)
-    cdef int64_t messages_end = messages_at[0] + 4 + messages_len
-    key_at[0] = (messages_end + 3) & ~3
-    cdef int64_t key_end = key_at[0] + 4 + key_len + 1
-    cdef int64_t chunk_end = (key_end + 7) & ~7
-    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
-    cdef char* out = PyBytes_AS_STRING(chunk)
+    key_at[0] = (messages_at[0] + 4 + messages_len + 3) & ~3
+    return (key_at[0] + 4 + key_len + 1 + 7) & ~7
+
+
+cdef inline void _zeroed_vectors(char* out, int64_t chunk_end, int64_t sizes_at,
+                                 int64_t key_len, int64_t sizes_len, int64_t messages_len,
+                                 int64_t messages_at, int64_t key_at) noexcept:
+    """Zero a chunk of ``chunk_end`` bytes at ``out`` and write its three
+    vectors' lengths."""
     memset(out, 0, chunk_end)
     _put_u32(out, sizes_at, <uint32_t>(sizes_len >> 2))
-    _put_u32(out, messages_at[0], <uint32_t>messages_len)
-    _put_u32(out, key_at[0], <uint32_t>key_len)
+    _put_u32(out, messages_at, <uint32_t>messages_len)
+    _put_u32(out, key_at, <uint32_t>key_len)
+
+
+cdef bytes _chunk_buffer(int64_t sizes_at, int64_t key_len, int64_t sizes_len,
+                        int64_t messages_len, int64_t* messages_at, int64_t* key_at):
+    """A zeroed chunk (``_chunk_layout``) with its three vectors' lengths
+    written; sets where the messages vector and the key string start."""
+    cdef int64_t chunk_end = _chunk_layout(
+        sizes_at, key_len, sizes_len, messages_len, messages_at, key_at
+    )
+    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    _zeroed_vectors(PyBytes_AS_STRING(chunk), chunk_end, sizes_at, key_len, sizes_len,
+                    messages_len, messages_at[0], key_at[0])
     return chunk
 
 
-cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
-                    const char* sizes, int64_t sizes_len,
-                    const char* messages, int64_t messages_len,
-                    uint32_t partition, int64_t base_offset):
-    """The located chunk of one run, written into one new buffer."""
-    cdef int64_t messages_at, key_at
-    cdef bytes chunk = _chunk_buffer(64, key_len, sizes_len, messages_len, &messages_at, &key_at)
-    cdef char* out = PyBytes_AS_STRING(chunk)
+cdef inline int64_t _write_located(char* out, const char* key, int64_t key_len,
+                                   int64_t ts_broker, const char* sizes, int64_t sizes_len,
+                                   const char* messages, int64_t messages_len,
+                                   uint32_t partition, int64_t base_offset,
+                                   int64_t chunk_end, int64_t messages_at,
+                                   int64_t key_at) noexcept:
+    """The located chunk of one run written at ``out`` (``chunk_end`` bytes,
+    laid out by ``_chunk_layout`` from 64); returns its length."""
+    _zeroed_vectors(out, chunk_end, 64, key_len, sizes_len, messages_len, messages_at, key_at)
     memcpy(out + 12, &_LOCATED_SOFFSET, 4)
     memcpy(out + 16, &ts_broker, 8)
     memcpy(out + 24, &base_offset, 8)
@@ -121,6 +138,22 @@ cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
     memcpy(out + 68, sizes, sizes_len)
     memcpy(out + messages_at + 4, messages, messages_len)
     memcpy(out + key_at + 4, key, key_len)
+    return chunk_end
+
+
+cdef bytes _located(const char* key, int64_t key_len, int64_t ts_broker,
+                    const char* sizes, int64_t sizes_len,
+                    const char* messages, int64_t messages_len,
+                    uint32_t partition, int64_t base_offset):
+    """The located chunk of one run, written into one new buffer."""
+    cdef int64_t messages_at, key_at
+    cdef int64_t chunk_end = _chunk_layout(
+        64, key_len, sizes_len, messages_len, &messages_at, &key_at
+    )
+    cdef bytes chunk = PyBytes_FromStringAndSize(NULL, chunk_end)
+    _write_located(PyBytes_AS_STRING(chunk), key, key_len, ts_broker, sizes, sizes_len,
+                   messages, messages_len, partition, base_offset, chunk_end, messages_at,
+                   key_at)
     return chunk
 
 
@@ -164,32 +197,17 @@ cdef int _blob_located(_Blob* blob, const char* key, int64_t key_len, int64_t ts
                        uint32_t partition, int64_t base_offset) except -1:
     """``_located``'s chunk written at the end of ``blob`` and its length
     noted: the same bytes, no object per chunk."""
-    cdef int64_t sizes_end = 64 + 4 + sizes_len
-    cdef int64_t messages_at = sizes_end + ((4 - sizes_end) & 7)
-    cdef int64_t key_at = (messages_at + 4 + messages_len + 3) & ~3
-    cdef int64_t chunk_end = (key_at + 4 + key_len + 1 + 7) & ~7
-    cdef char* out
+    cdef int64_t messages_at, key_at
+    cdef int64_t chunk_end = _chunk_layout(
+        64, key_len, sizes_len, messages_len, &messages_at, &key_at
+    )
     if blob.used + chunk_end > blob.capacity or blob.count == blob.slots:
         _blob_grow(blob, chunk_end)
-    out = blob.data + blob.used
-    memset(out, 0, chunk_end)
-    _put_u32(out, 64, <uint32_t>(sizes_len >> 2))
-    _put_u32(out, messages_at, <uint32_t>messages_len)
-    _put_u32(out, key_at, <uint32_t>key_len)
-    memcpy(out + 12, &_LOCATED_SOFFSET, 4)
-    memcpy(out + 16, &ts_broker, 8)
-    memcpy(out + 24, &base_offset, 8)
-    _put_u32(out, 32, <uint32_t>(key_at - 32))
-    _put_u32(out, 36, _LOCATED_SIZES_UOFFSET)
-    _put_u32(out, 40, <uint32_t>(messages_at - 40))
-    _put_u32(out, 44, partition)
-    memcpy(out + 48, _LOCATED_VTABLE, 16)
-    memcpy(out + 68, sizes, sizes_len)
-    memcpy(out + messages_at + 4, messages, messages_len)
-    memcpy(out + key_at + 4, key, key_len)
+    blob.used += _write_located(blob.data + blob.used, key, key_len, ts_broker, sizes,
+                                sizes_len, messages, messages_len, partition, base_offset,
+                                chunk_end, messages_at, key_at)
     blob.lengths[blob.count] = <uint32_t>chunk_end
     blob.count += 1
-    blob.used += chunk_end
     return 0
 
 

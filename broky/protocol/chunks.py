@@ -24,6 +24,7 @@ import os
 import struct
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import Final
 
@@ -359,18 +360,9 @@ def runs_frame_parts(
     The caller joins the parts (usually together with other frames, for one
     write). ``chunks`` must come from :func:`encode_run_chunk`.
     """
-    count = len(chunks)
-    vector_end = RUNS_VECTOR_AT + 4 + 4 * count
-    pad = (-vector_end) & 7
-    offsets, chunk_bytes = chunk_offsets(
-        chunks, vector_end + pad + CHUNK_TABLE_OFFSET - RUNS_VECTOR_AT - 4
+    parts, _ = _runs_frame(
+        body_type, stream, len(chunks), partial(chunk_offsets, chunks), chunks, stamp_ts_broker, ack
     )
-    parts = [
-        _runs_head(body_type, stream, count, vector_end + pad + chunk_bytes, stamp_ts_broker, ack),
-        offsets,
-        PADDING[pad],
-    ]
-    parts.extend(chunks)
     return parts
 
 
@@ -381,21 +373,36 @@ def sized_runs_frame_parts(
     (any grouping), ``lengths`` each chunk's length in order (packed
     little-endian uint32s, as ``located.encode_located_blob`` gives them):
     the same frame, with no bytes object per chunk."""
-    count = len(lengths) // 4
-    vector_end = RUNS_VECTOR_AT + 4 + 4 * count
-    pad = (-vector_end) & 7
-    offsets, chunk_bytes = length_offsets(
-        lengths, vector_end + pad + CHUNK_TABLE_OFFSET - RUNS_VECTOR_AT - 4
+    parts, chunk_bytes = _runs_frame(
+        body_type, stream, len(lengths) // 4, partial(length_offsets, lengths), blobs, False, False
     )
     if chunk_bytes != sum(map(len, blobs)):
         raise ValueError("chunk lengths do not add up to the chunks given")
-    parts = [
-        _runs_head(body_type, stream, count, vector_end + pad + chunk_bytes, False, False),
-        offsets,
-        PADDING[pad],
-    ]
-    parts.extend(blobs)
     return parts
+
+
+def _runs_frame(
+    body_type: BodyType,
+    stream: int,
+    count: int,
+    offsets_from: Callable[[int], tuple[bytes, int]],
+    pieces: Sequence[bytes],
+    stamp_ts_broker: bool,
+    ack: bool,
+) -> tuple[list[bytes], int]:
+    """The parts of a runs frame of ``count`` chunks given in ``pieces``,
+    and the chunks' bytes; ``offsets_from(position)`` gives the runs
+    vector's uoffsets (``chunk_offsets``' answer) when the first chunk's
+    table is ``position`` bytes after the first uoffset."""
+    vector_end = RUNS_VECTOR_AT + 4 + 4 * count
+    pad = (-vector_end) & 7
+    offsets, chunk_bytes = offsets_from(vector_end + pad + CHUNK_TABLE_OFFSET - RUNS_VECTOR_AT - 4)
+    head = _runs_head(
+        body_type, stream, count, vector_end + pad + chunk_bytes, stamp_ts_broker, ack
+    )
+    parts = [head, offsets, PADDING[pad]]
+    parts.extend(pieces)
+    return parts, chunk_bytes
 
 
 def _runs_head(

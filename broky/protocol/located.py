@@ -189,7 +189,8 @@ def encode_located_runs_pure(
     of ``ranges`` they share messages with, sliced to them, in offset order:
     a subscription's delivery straight from the columns, with no object per
     run in between (the compiled twin,
-    ``broky.protocol._vectors.encode_located_runs``, is what makes that pay).
+    ``broky.protocol._vectors.encode_located_runs``, is what makes that pay;
+    deliveries take the chunks in one bytes, :func:`encode_located_blob_pure`).
 
     ``ranges`` is flat ``start, stop`` pairs of offsets, ascending and not
     overlapping: all of one consumer's deliveries from one batch in one
@@ -311,9 +312,6 @@ run_index_compiled = compiled_twin("broky.protocol._vectors", "run_index")
 run_index: Callable[[Sequence[int], Sequence[int], Buffer], bytes] = (
     run_index_compiled or run_index_pure
 )
-encode_located_runs = encode_located_runs_pure
-if encode_located_runs_compiled is not None:
-    encode_located_runs = encode_located_runs_compiled
 #: :func:`encode_located_blob_pure` compiled, when it is built.
 encode_located_blob_compiled = compiled_twin("broky.protocol._vectors", "encode_located_blob")
 encode_located_blob = encode_located_blob_pure
